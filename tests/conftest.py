@@ -1,0 +1,53 @@
+"""Shared fixtures: one local Spark session per test process, temporary homes."""
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small-data settings: one session, two cores, few partitions.
+SPARK_TEST_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.databricks.delta.snapshotPartitions": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def spark():  # noqa: ANN201 - pyspark SparkSession
+    """The one Spark session of this test process (local[2], Delta configured)."""
+    from watermark_dagster.spark import build_spark_session
+
+    session = build_spark_session(master="local[2]", app_name="watermark-tests",
+                                  conf=SPARK_TEST_CONF)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary DAGSTER_HOME holding the repository's dagster.yaml."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    yield home
+
+
+@pytest.fixture
+def watermark_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary WATERMARK_HOME (demo tables and control tables)."""
+    home = tmp_path / "watermark_home"
+    home.mkdir()
+    monkeypatch.setenv("WATERMARK_HOME", str(home))
+    return home
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("PYSPARK_PYTHON", shutil.which("python") or "python3")

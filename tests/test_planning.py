@@ -1,0 +1,162 @@
+"""The pure planning rules: ranges, NOOPs, gaps and what may advance."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from watermark_dagster.core.planning import (
+    AdvanceDecision,
+    PlannedInput,
+    UpstreamPosition,
+    batch_is_due,
+    decide_advance,
+    finalize_step,
+    plan_batch,
+)
+from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.errors import (
+    UpstreamRecreatedError,
+    WatermarkGapError,
+    WatermarkRegressionError,
+)
+
+PIPELINES = {"pipeline_a": ["up1", "up2"], "pipeline_b": ["up2", "up3"]}
+
+
+def positions(**latest_and_committed: tuple[int, int | None]) -> list[UpstreamPosition]:
+    return [UpstreamPosition(n, lv, cv) for n, (lv, cv) in latest_and_committed.items()]
+
+
+@pytest.mark.parametrize(
+    ("state", "expected_ranges", "expected_pipelines"),
+    [
+        pytest.param(
+            {"up1": (3, None), "up2": (0, None), "up3": (5, None)},
+            {"up1": (0, 3), "up2": (0, 0), "up3": (0, 5)},
+            ("pipeline_a", "pipeline_b"),
+            id="first batch starts at version 0",
+        ),
+        pytest.param(
+            {"up1": (7, 3), "up2": (4, 4), "up3": (5, 5)},
+            {"up1": (4, 7), "up2": None, "up3": None},
+            ("pipeline_a",),
+            id="only pipeline_a has work; up2 and up3 NOOP",
+        ),
+        pytest.param(
+            {"up1": (3, 3), "up2": (9, 4), "up3": (5, 5)},
+            {"up1": None, "up2": (5, 9), "up3": None},
+            ("pipeline_a", "pipeline_b"),
+            id="shared upstream changes: both pipelines run",
+        ),
+        pytest.param(
+            {"up1": (3, 3), "up2": (4, 4), "up3": (5, 5)},
+            {"up1": None, "up2": None, "up3": None},
+            (),
+            id="nothing new: no work",
+        ),
+    ],
+)
+def test_plan_ranges(state, expected_ranges, expected_pipelines) -> None:
+    plan = plan_batch(positions(**state), PIPELINES)
+    got = {u: (i.range.start, i.range.end) if i.range else None for u, i in plan.inputs.items()}
+    assert got == expected_ranges
+    assert plan.pipelines == expected_pipelines
+    assert plan.has_work == bool(expected_pipelines)
+    for name, planned in plan.inputs.items():
+        if planned.range is None:
+            assert planned.mode is ReadMode.NOOP
+            # A NOOP input is read as of the committed version.
+            assert planned.snapshot_version == state[name][1]
+        else:
+            assert planned.snapshot_version == planned.range.end
+
+
+def test_max_versions_per_batch_caps_the_range() -> None:
+    plan = plan_batch(
+        [UpstreamPosition("up1", 100, 9, max_versions_per_batch=10)], {"p": ["up1"]}
+    )
+    assert plan.inputs["up1"].range == VersionRange(10, 19)
+
+
+def test_unconsumed_upstream_gets_no_range() -> None:
+    plan = plan_batch(
+        [UpstreamPosition("up1", 5, None), UpstreamPosition("orphan", 5, None)], {"p": ["up1"]}
+    )
+    assert plan.inputs["orphan"].mode is ReadMode.NOOP
+
+
+def test_recreated_upstream_fails_loudly() -> None:
+    with pytest.raises(UpstreamRecreatedError, match=r"'up1' is at version 2, below .* 7") as e:
+        plan_batch([UpstreamPosition("up1", 2, 7)], {"p": ["up1"]})
+    assert "watermark reset -t up1" in str(e.value)
+    assert e.value.upstream == "up1"
+
+
+def test_version_range_rejects_bad_bounds() -> None:
+    with pytest.raises(ValueError, match="below 0"):
+        VersionRange(-1, 3)
+    with pytest.raises(ValueError, match="end before it starts"):
+        VersionRange(5, 4)
+    assert VersionRange(3, 5).size == 3
+
+
+@pytest.mark.parametrize(
+    ("committed", "rng", "expected"),
+    [
+        pytest.param(None, (0, 4), AdvanceDecision.ADVANCE, id="first advance from nothing"),
+        pytest.param(4, (5, 9), AdvanceDecision.ADVANCE, id="contiguous"),
+        pytest.param(9, (5, 9), AdvanceDecision.ALREADY_DONE, id="repeat after a crash"),
+    ],
+)
+def test_decide_advance(committed, rng, expected) -> None:
+    assert decide_advance("up1", committed, VersionRange(*rng), "b000002") is expected
+
+
+def test_advance_refuses_a_gap() -> None:
+    with pytest.raises(WatermarkGapError, match="skip versions 3..4"):
+        decide_advance("up1", 2, VersionRange(5, 9), "b000002")
+
+
+def test_advance_refuses_a_regression() -> None:
+    with pytest.raises(WatermarkRegressionError, match="backwards"):
+        decide_advance("up1", 12, VersionRange(5, 9), "b000002")
+
+
+def _inputs(**ranges: tuple[int, int] | None) -> dict[str, PlannedInput]:
+    out = {}
+    for name, rng in ranges.items():
+        if rng is None:
+            out[name] = PlannedInput(name, ReadMode.NOOP, None, 0)
+        else:
+            out[name] = PlannedInput(name, ReadMode.CDF, VersionRange(*rng), rng[1])
+    return out
+
+
+CONSUMERS = {"up1": {"pipeline_a"}, "up2": {"pipeline_a", "pipeline_b"}, "up3": {"pipeline_b"}}
+
+
+def test_fan_out_gating() -> None:
+    inputs = _inputs(up1=(0, 3), up2=(0, 4), up3=(0, 5))
+    both = ("pipeline_a", "pipeline_b")
+    step = finalize_step(inputs, [], CONSUMERS, both, succeeded={"pipeline_a"})
+    assert step.advance == ("up1",)
+    assert step.waiting == {"up2": ("pipeline_b",), "up3": ("pipeline_b",)}
+    assert not step.complete
+    step = finalize_step(inputs, ["up1"], CONSUMERS, both, succeeded={"pipeline_a", "pipeline_b"})
+    assert step.advance == ("up2", "up3")
+    assert step.complete
+
+
+def test_noop_inputs_never_advance_and_absent_pipelines_do_not_block() -> None:
+    inputs = _inputs(up1=(4, 7), up2=None, up3=None)
+    step = finalize_step(inputs, [], CONSUMERS, ["pipeline_a"], succeeded={"pipeline_a"})
+    assert step.advance == ("up1",)
+    assert step.complete
+
+
+def test_batch_is_due() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    minute = timedelta(minutes=1)
+    assert batch_is_due(None, now, minute)
+    assert not batch_is_due(now - timedelta(seconds=30), now, minute)
+    assert batch_is_due(now - minute, now, minute)

@@ -1,0 +1,188 @@
+"""The watermark store on real delta-rs tables: atomic plans, exactly-once advances, races."""
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from watermark_dagster.core.planning import AdvanceDecision, UpstreamPosition
+from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError
+from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+
+PIPELINES = {"pipeline_a": ["up1", "up2"], "pipeline_b": ["up2", "up3"]}
+
+
+def _positions(up1: int = 3, up2: int = 4, up3: int = 5) -> list[UpstreamPosition]:
+    return [
+        UpstreamPosition("up1", up1, None),
+        UpstreamPosition("up2", up2, None),
+        UpstreamPosition("up3", up3, None),
+    ]
+
+
+def test_tables_are_created_on_first_use_and_readable_as_delta(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path / "control")
+    assert store.committed() == {}
+    for name in ("batches", "committed_watermarks", "pipeline_checkpoints", "history"):
+        assert DeltaTable(str(tmp_path / "control" / name)).version() == 0
+
+
+def test_batch_is_one_commit_and_an_open_batch_is_not_replanned(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path)
+    before = store.table_version("batches")
+    batch, created = store.create_batch(_positions(), PIPELINES, actor="test")
+    assert created and batch is not None
+    assert store.table_version("batches") == before + 1  # all upstream rows, one commit
+    assert batch.batch_id == "b000001"
+    assert {u: str(i.range) for u, i in batch.inputs.items()} == {
+        "up1": "[0, 3]", "up2": "[0, 4]", "up3": "[0, 5]"
+    }
+    again, created_again = store.create_batch(_positions(9, 9, 9), PIPELINES, actor="test")
+    assert not created_again
+    assert again == batch  # the open batch, unchanged: ranges are immutable (I3)
+    assert store.table_version("batches") == before + 1
+
+
+def test_advance_is_contiguous_idempotent_and_completes(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path)
+    batch, _ = store.create_batch(_positions(), PIPELINES, actor="test")
+    assert batch is not None
+    with pytest.raises(BatchStateError, match="not advanced"):
+        store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="test")
+    for upstream in ("up1", "up2", "up3"):
+        assert store.advance(batch, upstream, actor="test") is AdvanceDecision.ADVANCE
+    # A finalizer that died after advancing repeats the step: nothing moves twice.
+    version = store.table_version("committed_watermarks")
+    assert store.advance(batch, "up1", actor="test") is AdvanceDecision.ALREADY_DONE
+    assert store.table_version("committed_watermarks") == version
+    assert store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="test")
+    assert store.open_batch() is None
+    assert store.committed_versions() == {"up1": 3, "up2": 4, "up3": 5}
+
+    nxt, created = store.create_batch(_positions(up1=6), PIPELINES, actor="test")
+    assert created and nxt is not None
+    assert str(nxt.inputs["up1"].range) == "[4, 6]"
+    assert nxt.inputs["up2"].range is None and nxt.inputs["up2"].snapshot_version == 4
+    assert nxt.pipelines == ("pipeline_a",)
+    events = [h["event"] for h in store.history()]
+    assert events.count("WATERMARK_ADVANCED") == 3
+    assert events.count("BATCH_PLANNED") == 2
+
+
+def test_replaying_an_old_advance_never_regresses(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path)
+    batch, _ = store.create_batch(_positions(), PIPELINES, actor="test")
+    assert batch is not None
+    for upstream in ("up1", "up2", "up3"):
+        store.advance(batch, upstream, actor="test")
+    store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="test")
+    nxt, _ = store.create_batch(_positions(up1=9), PIPELINES, actor="test")
+    assert nxt is not None
+    store.advance(nxt, "up1", actor="test")
+    assert store.committed_versions()["up1"] == 9
+    versions = store.table_version("committed_watermarks")
+    with pytest.raises(WatermarkRegressionError, match="backwards"):
+        store.advance(batch, "up1", actor="test")  # batch 1 ended at 3: would move 9 -> 3
+    assert store.table_version("committed_watermarks") == versions
+    assert store.committed_versions()["up1"] == 9
+
+
+def test_gap_is_refused(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path)
+    batch, _ = store.create_batch(_positions(), PIPELINES, actor="test")
+    assert batch is not None
+    # Someone moved up1's watermark back by hand while the batch was open.
+    from dataclasses import replace
+
+    from watermark_dagster.core.ranges import VersionRange
+
+    shifted = replace(
+        batch,
+        inputs={**batch.inputs, "up1": replace(batch.inputs["up1"], range=VersionRange(2, 3))},
+    )
+    with pytest.raises(WatermarkGapError, match="skip versions 0..1"):
+        store.advance(shifted, "up1", actor="test")
+    assert store.committed_versions() == {}
+
+
+def test_checkpoint_attempts(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path)
+    assert store.begin_checkpoint("p", "b000001", run_id="r1") == 1
+    store.finish_checkpoint("p", "b000001", 1, CheckpointStatus.FAILED, error="boom")
+    assert store.begin_checkpoint("p", "b000001", run_id="r2") == 2
+    store.finish_checkpoint("p", "b000001", 2, CheckpointStatus.SUCCESS, rows_read=3,
+                            rows_written=2)
+    got = [(c.attempt, c.status, c.error, c.rows_written) for c in store.checkpoints()]
+    assert got == [(1, CheckpointStatus.FAILED, "boom", None), (2, CheckpointStatus.SUCCESS, None, 2)]
+
+
+# ------------------------------------------------------------------ races between processes
+
+
+def _plan_at(root: str, start_at: float, latest: int) -> tuple[str | None, bool]:
+    store = WatermarkStore(root)
+    store.ensure_tables()
+    time.sleep(max(0.0, start_at - time.time()))
+    batch, created = store.create_batch(_positions(latest, latest, latest), PIPELINES,
+                                        actor=f"proc-{latest}")
+    return (batch.batch_id if batch else None), created
+
+
+def _advance_at(root: str, start_at: float, upstream: str) -> str:
+    store = WatermarkStore(root)
+    batch = store.open_batch()
+    assert batch is not None
+    time.sleep(max(0.0, start_at - time.time()))
+    return store.advance(batch, upstream, actor="racer").value
+
+
+def _checkpoint_at(root: str, start_at: float, pipeline: str) -> int:
+    store = WatermarkStore(root)
+    store.ensure_tables()
+    time.sleep(max(0.0, start_at - time.time()))
+    attempt = store.begin_checkpoint(pipeline, "b000001", run_id=pipeline)
+    store.finish_checkpoint(pipeline, "b000001", attempt, CheckpointStatus.SUCCESS, rows_read=1)
+    return attempt
+
+
+@pytest.fixture(scope="module")
+def pool():
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as p:
+        yield p
+
+
+def test_concurrent_planners_create_one_batch(tmp_path: Path, pool) -> None:
+    root = str(tmp_path)
+    WatermarkStore(root).ensure_tables()
+    start = time.time() + 1.5
+    results = pool.starmap(_plan_at, [(root, start, 10 + i) for i in range(4)])
+    assert sum(created for _, created in results) == 1, results
+    assert {bid for bid, _ in results} == {"b000001"}
+    store = WatermarkStore(root)
+    batches = store.batches()
+    assert len(batches) == 1 and len(batches[0].inputs) == 3
+
+
+def test_concurrent_finalizers_advance_once(tmp_path: Path, pool) -> None:
+    root = str(tmp_path)
+    store = WatermarkStore(root)
+    store.create_batch(_positions(), PIPELINES, actor="test")
+    start = time.time() + 1.5
+    results = pool.starmap(_advance_at, [(root, start, "up2")] * 4)
+    assert sorted(results) == ["ADVANCE", "ALREADY_DONE", "ALREADY_DONE", "ALREADY_DONE"]
+    advanced = [h for h in store.history() if h["event"] == "WATERMARK_ADVANCED"]
+    assert len(advanced) == 1
+    assert store.committed_versions() == {"up2": 4}
+
+
+def test_parallel_checkpoints_lose_no_row(tmp_path: Path, pool) -> None:
+    root = str(tmp_path)
+    start = time.time() + 1.5
+    pipelines = [f"p{i}" for i in range(6)]
+    pool.starmap(_checkpoint_at, [(root, start, p) for p in pipelines])
+    rows = WatermarkStore(root).checkpoints(batch_id="b000001")
+    assert sorted(c.pipeline for c in rows) == pipelines
+    assert all(c.status is CheckpointStatus.SUCCESS for c in rows)

@@ -1,0 +1,1 @@
+"""The pure core: ranges and planning rules, with no Dagster, Spark or delta-rs imports."""

@@ -1,0 +1,1 @@
+"""The Dagster adapters: resources, assets, sensors and the definitions builder."""

@@ -1,0 +1,191 @@
+"""Dagster assets: upstreams as observable sources, pipelines as batch-partitioned assets."""
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    AssetSpec,
+    BetaWarning,
+    DataVersion,
+    DynamicPartitionsDefinition,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    ObserveResult,
+    asset,
+    multi_observable_source_asset,
+)
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
+from watermark_dagster.dagster_defs.runs import PLAN_ID_METADATA, WORKER_TAG, worker_identity
+from watermark_dagster.errors import TerminalError, UpstreamUnavailableError
+from watermark_dagster.execute import PipelineOutcome, execute_pipeline
+from watermark_dagster.observe.delta_log import Observation, Observer
+from watermark_dagster.registry import Pipeline, Registry, Upstream
+
+BATCHES_PARTITIONS_NAME = "watermark_batches"
+
+
+class WatermarkTranslator:
+    """Maps upstreams and pipelines to asset keys and groups; override to change them."""
+
+    def upstream_asset_key(self, upstream: Upstream) -> AssetKey:
+        """Asset key of an upstream (default: its name)."""
+        return AssetKey([upstream.name])
+
+    def pipeline_asset_key(self, pipeline: Pipeline) -> AssetKey:
+        """Asset key of a pipeline (default: its name)."""
+        return AssetKey([pipeline.name])
+
+    def upstream_group(self, upstream: Upstream) -> str:
+        """Asset group of upstreams."""
+        return "upstreams"
+
+    def pipeline_group(self, pipeline: Pipeline) -> str:
+        """Asset group of pipelines."""
+        return "pipelines"
+
+
+def observation_metadata(obs: Observation, committed: int | None) -> dict[str, Any]:
+    """What an upstream observation shows: versions, lag, CDF flag, identity."""
+    lag = obs.latest_version - (-1 if committed is None else committed)
+    return {
+        "latest_version": obs.latest_version,
+        "committed_version": MetadataValue.int(committed) if committed is not None else "none",
+        "lag_versions": lag,
+        "cdf_enabled": obs.cdf_enabled,
+        "table_id": obs.table_id,
+        "schema_fingerprint": obs.schema_fingerprint,
+        "path": MetadataValue.path(obs.path),
+    }
+
+
+def observation_event(obs: Observation, key: AssetKey, committed: int | None) -> AssetObservation:
+    """An observation event a sensor can report (data version = Delta version)."""
+    return AssetObservation(
+        asset_key=key,
+        metadata=observation_metadata(obs, committed),
+        tags={DATA_VERSION_TAG: str(obs.latest_version)},
+    )
+
+
+def build_upstream_assets(
+    registry: Registry, translator: WatermarkTranslator, observer: Observer
+) -> AssetsDefinition:
+    """One observable source asset per upstream (observed without a JVM)."""
+    keys = {translator.upstream_asset_key(u): u for u in registry.upstreams.values()}
+    specs = [
+        AssetSpec(
+            key=key,
+            group_name=translator.upstream_group(u),
+            description=u.description or f"Delta table at {u.path}",
+            metadata={"path": MetadataValue.path(u.path)},
+            kinds={"delta"},
+        )
+        for key, u in keys.items()
+    ]
+
+    def observe_upstreams(
+        context: AssetExecutionContext, watermark_store: WatermarkStoreResource
+    ) -> Iterator[ObserveResult]:
+        committed = watermark_store.get_store().committed_versions()
+        for key in context.selected_asset_keys:
+            upstream = keys[key]
+            try:
+                obs = observer.observe(upstream)
+            except UpstreamUnavailableError as e:
+                context.log.error(str(e))
+                raise Failure(description=str(e), metadata=e.metadata()) from e
+            yield ObserveResult(
+                asset_key=key,
+                data_version=DataVersion(str(obs.latest_version)),
+                metadata=observation_metadata(obs, committed.get(upstream.name)),
+            )
+
+    # multi_observable_source_asset is the current, non-deprecated form; it is marked beta.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)
+        return multi_observable_source_asset(
+            specs=specs, can_subset=True, name="watermark_upstreams"
+        )(observe_upstreams)
+
+
+def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
+    """Materialization metadata: per-upstream mode and range, rows read and written."""
+    meta: dict[str, Any] = {
+        "batch_id": outcome.batch.batch_id,
+        "batch_seq": outcome.batch.seq,
+        PLAN_ID_METADATA: outcome.batch.plan_id,
+    }
+    if outcome.skipped_reason:
+        meta["skipped"] = outcome.skipped_reason
+        return meta
+    rows = []
+    for r in outcome.inputs:
+        prefix = f"{r.upstream}"
+        meta[f"{prefix}/read_mode"] = r.mode
+        meta[f"{prefix}/start_version"] = (
+            MetadataValue.int(r.start_version) if r.start_version is not None else "none"
+        )
+        meta[f"{prefix}/end_version"] = r.end_version
+        meta[f"{prefix}/rows_read"] = r.rows_read
+        rng = f"[{r.start_version}, {r.end_version}]" if r.start_version is not None else "—"
+        rows.append(f"| {r.upstream} | {r.mode} | {rng} | {r.rows_read} |")
+    meta["ranges"] = MetadataValue.md(
+        "| upstream | mode | versions | rows read |\n|---|---|---|---|\n" + "\n".join(rows)
+    )
+    meta["rows_read"] = outcome.rows_read
+    meta["rows_written"] = outcome.rows_written
+    if outcome.write is not None:
+        meta["rows_inserted"] = outcome.write.rows_inserted
+        meta["rows_updated"] = outcome.write.rows_updated
+        meta["rows_deleted"] = outcome.write.rows_deleted
+        meta["target_version"] = outcome.write.target_version
+    meta["attempt"] = outcome.attempt or 0
+    return meta
+
+
+def build_pipeline_asset(
+    pipeline: Pipeline,
+    registry: Registry,
+    translator: WatermarkTranslator,
+    partitions_def: DynamicPartitionsDefinition,
+) -> AssetsDefinition:
+    """The batch-partitioned asset that runs ``pipeline`` on one batch."""
+    deps = [translator.upstream_asset_key(registry.upstreams[u]) for u in pipeline.upstreams]
+
+    @asset(
+        key=translator.pipeline_asset_key(pipeline),
+        deps=deps,
+        partitions_def=partitions_def,
+        group_name=translator.pipeline_group(pipeline),
+        description=pipeline.description or f"Pipeline {pipeline.name} → {pipeline.target}",
+        metadata={"target": MetadataValue.path(pipeline.target), "keys": list(pipeline.keys)},
+        kinds={"spark", "delta"},
+    )
+    def _pipeline_asset(
+        context: AssetExecutionContext,
+        spark: SparkSessionResource,
+        watermark_store: WatermarkStoreResource,
+    ) -> MaterializeResult:
+        context.instance.add_run_tags(context.run_id, {WORKER_TAG: worker_identity()})
+        try:
+            outcome = execute_pipeline(
+                spark=spark.get_session(),
+                store=watermark_store.get_store(),
+                registry=registry,
+                pipeline_name=pipeline.name,
+                batch_id=context.partition_key,
+                run_id=context.run_id,
+            )
+        except TerminalError as e:
+            raise Failure(description=str(e), metadata=e.metadata(), allow_retries=False) from e
+        return MaterializeResult(metadata=outcome_metadata(outcome))
+
+    return _pipeline_asset

@@ -1,0 +1,108 @@
+"""Building a code location's ``Definitions`` from a registry."""
+
+from dagster import (
+    AssetSelection,
+    Definitions,
+    DynamicPartitionsDefinition,
+    define_asset_job,
+    in_process_executor,
+)
+
+from watermark_dagster.dagster_defs.assets import (
+    BATCHES_PARTITIONS_NAME,
+    WatermarkTranslator,
+    build_pipeline_asset,
+    build_upstream_assets,
+)
+from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
+from watermark_dagster.dagster_defs.sensors import (
+    WatermarkSettings,
+    build_coordinator_sensor,
+    build_finalizer_sensor,
+)
+from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.observe.delta_log import Observer
+from watermark_dagster.registry import Registry
+
+BATCH_JOB = "watermark_batch_job"
+
+
+def build_definitions(
+    registry: Registry,
+    *,
+    control_root: str,
+    spark: SparkSessionResource | None = None,
+    settings: WatermarkSettings | None = None,
+    translator: WatermarkTranslator | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> Definitions:
+    """Everything a watermark code location needs, from its registry.
+
+    Upstreams become observable source assets, pipelines batch-partitioned assets selected
+    by one job, and the coordinator and finalizer sensors drive them. The in-process
+    executor runs all pipelines of a run in one process: one JVM per run, not per asset.
+
+    Args:
+        registry: the upstreams and pipelines.
+        control_root: where the control tables live.
+        spark: the Spark resource (default: local[*] with Delta).
+        settings: sensor and batching settings.
+        translator: asset keys and groups.
+        storage_options: delta-rs storage options for the control root.
+
+    Example:
+        >>> defs = build_definitions(registry, control_root="/lake/_watermark")
+    """
+    if not registry.pipelines:
+        raise ConfigurationError(
+            "The registry has no pipeline; there is nothing to run.",
+            fix="declare at least one pipeline with @pipeline(...).",
+        )
+    settings = settings or WatermarkSettings()
+    translator = translator or WatermarkTranslator()
+    observer = Observer()
+    partitions_def = DynamicPartitionsDefinition(name=BATCHES_PARTITIONS_NAME)
+    upstream_keys = {
+        n: translator.upstream_asset_key(u) for n, u in registry.upstreams.items()
+    }
+    pipeline_keys = {
+        n: translator.pipeline_asset_key(p) for n, p in registry.pipelines.items()
+    }
+    pipeline_assets = [
+        build_pipeline_asset(p, registry, translator, partitions_def)
+        for p in registry.pipelines.values()
+    ]
+    job = define_asset_job(
+        BATCH_JOB,
+        selection=AssetSelection.assets(*pipeline_keys.values()),
+        description="Runs the pipelines of one batch partition (one process, one JVM).",
+    )
+    return Definitions(
+        assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
+        jobs=[job],
+        sensors=[
+            build_coordinator_sensor(
+                registry=registry,
+                observer=observer,
+                job=job,
+                partitions_def=partitions_def,
+                upstream_keys=upstream_keys,
+                pipeline_keys=pipeline_keys,
+                settings=settings,
+            ),
+            build_finalizer_sensor(
+                registry=registry,
+                observer=observer,
+                upstream_keys=upstream_keys,
+                pipeline_keys=pipeline_keys,
+                settings=settings,
+            ),
+        ],
+        resources={
+            "spark": spark or SparkSessionResource(),
+            "watermark_store": WatermarkStoreResource(
+                control_root=control_root, storage_options=storage_options
+            ),
+        },
+        executor=in_process_executor,
+    )

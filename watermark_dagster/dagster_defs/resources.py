@@ -1,0 +1,86 @@
+"""Dagster resources: the Spark session and the watermark store."""
+
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
+from pyspark.sql import SparkSession
+
+from watermark_dagster.spark import build_spark_session
+from watermark_dagster.store import WatermarkStore
+
+
+class SparkSessionResource(ConfigurableResource):
+    """A Spark session with Delta Lake, created lazily once per run process.
+
+    Steps that never touch Spark start no JVM. With the in-process executor a run is one
+    process, so every pipeline asset of a run shares one session; it is stopped when the
+    run ends unless it existed before (a test's or a notebook's session is left alone).
+
+    Example:
+        >>> SparkSessionResource(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+        >>> SparkSessionResource(remote="sc://spark-connect:15002")
+    """
+
+    master: str = Field(
+        default="local[*]",
+        description="Spark master: local[*], local[N], or spark://host:7077 for a cluster.",
+    )
+    remote: str | None = Field(
+        default=None,
+        description="Spark Connect URL (sc://host:port); takes precedence over master. "
+        "The server must have Delta Lake's jars.",
+    )
+    app_name: str = Field(default="watermark-dagster", description="Spark application name.")
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark settings, applied after the defaults (e.g. "
+        "spark.sql.shuffle.partitions, spark.jars for offline Delta jars).",
+    )
+    stop_on_teardown: bool = Field(
+        default=True,
+        description="Stop the session when the run ends (only if this resource created it).",
+    )
+
+    _session: SparkSession | None = PrivateAttr(default=None)
+    _created: bool = PrivateAttr(default=False)
+
+    def get_session(self) -> SparkSession:
+        """The run's session, created on first use."""
+        if self._session is None:
+            existed = SparkSession.getActiveSession() is not None
+            self._session = build_spark_session(
+                master=self.master, remote=self.remote, app_name=self.app_name, conf=self.conf
+            )
+            self._created = not existed
+        return self._session
+
+    @contextmanager
+    def yield_for_execution(self, context: InitResourceContext) -> Iterator["SparkSessionResource"]:
+        try:
+            yield self
+        finally:
+            if self._session is not None and self._created and self.stop_on_teardown:
+                self._session.stop()
+            self._session = None
+
+
+class WatermarkStoreResource(ConfigurableResource):
+    """The control tables (batches, committed watermarks, checkpoints, history).
+
+    Example:
+        >>> WatermarkStoreResource(control_root="/lake/_watermark")
+    """
+
+    control_root: str = Field(
+        description="Folder or object-store URI holding the four control tables; created on "
+        "first use."
+    )
+    storage_options: dict[str, str] | None = Field(
+        default=None, description="delta-rs storage options for object stores."
+    )
+
+    def get_store(self) -> WatermarkStore:
+        """A plain :class:`WatermarkStore` usable without Dagster."""
+        return WatermarkStore(self.control_root, storage_options=self.storage_options)

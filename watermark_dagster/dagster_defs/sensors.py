@@ -1,0 +1,277 @@
+"""The coordinator and finalizer sensors: thin adapters over the store and the core rules.
+
+Coordinator: resume the open batch (request its unfinished pipelines when no run of them
+is in flight), or plan a new one when there is new data and the minimum interval passed.
+Finalizer: advance each upstream of the open batch whose consumers all succeeded, then
+complete the batch.
+"""
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    DefaultSensorStatus,
+    DynamicPartitionsDefinition,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from watermark_dagster.core.planning import UpstreamPosition, batch_is_due, finalize_step
+from watermark_dagster.dagster_defs.assets import observation_event
+from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
+from watermark_dagster.dagster_defs.runs import (
+    ATTEMPT_TAG,
+    BATCH_TAG,
+    batch_runs,
+    consumers_from_graph,
+    succeeded_pipelines,
+)
+from watermark_dagster.errors import UpstreamUnavailableError
+from watermark_dagster.faults import fault_point
+from watermark_dagster.observe.delta_log import Observation, Observer
+from watermark_dagster.registry import Registry
+from watermark_dagster.store import BatchStatus
+
+COORDINATOR = "watermark_coordinator"
+FINALIZER = "watermark_finalizer"
+
+
+@dataclass(frozen=True)
+class WatermarkSettings:
+    """How often and how eagerly batches are planned and retried.
+
+    Attributes:
+        min_batch_interval_seconds: no batch is planned sooner than this after the previous
+            one; changes in between are coalesced (keeps the partition count down).
+        sensor_interval_seconds: how often the coordinator and finalizer tick.
+        max_attempts: runs of one batch that may fail before the coordinator stops
+            resubmitting it and reports it stuck.
+        default_status: whether the sensors start running when the code location loads.
+    """
+
+    min_batch_interval_seconds: float = 60.0
+    sensor_interval_seconds: int = 30
+    max_attempts: int = 3
+    default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
+
+
+def _observe_all(
+    registry: Registry, observer: Observer, context: SensorEvaluationContext
+) -> tuple[dict[str, Observation], dict[str, str]]:
+    observed: dict[str, Observation] = {}
+    errors: dict[str, str] = {}
+    for upstream in registry.consumed_upstreams():
+        try:
+            observed[upstream.name] = observer.observe(upstream)
+        except UpstreamUnavailableError as e:
+            errors[upstream.name] = str(e)
+            context.log.error(str(e))
+    return observed, errors
+
+
+def build_coordinator_sensor(
+    *,
+    registry: Registry,
+    observer: Observer,
+    job: Any,
+    partitions_def: DynamicPartitionsDefinition,
+    upstream_keys: Mapping[str, AssetKey],
+    pipeline_keys: Mapping[str, AssetKey],
+    settings: WatermarkSettings,
+):
+    """The sensor that plans batches and (re)submits their runs."""
+
+    @sensor(
+        name=COORDINATOR,
+        job=job,
+        minimum_interval_seconds=settings.sensor_interval_seconds,
+        default_status=settings.default_status,
+        description="Plans a batch when upstreams have new versions and no batch is open; "
+        "resumes the open batch by requesting its unfinished pipelines.",
+    )
+    def watermark_coordinator(
+        context: SensorEvaluationContext, watermark_store: WatermarkStoreResource
+    ) -> SensorResult | SkipReason:
+        store = watermark_store.get_store()
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        seen: dict[str, int] = cursor.get("observed", {})
+        events: list[AssetObservation] = []
+
+        batch = store.open_batch()
+        if batch is None:
+            observed, errors = _observe_all(registry, observer, context)
+            committed = store.committed_versions()
+            for name, obs in observed.items():
+                if seen.get(name) != obs.latest_version:
+                    events.append(
+                        observation_event(obs, upstream_keys[name], committed.get(name))
+                    )
+                    seen[name] = obs.latest_version
+            cursor["observed"] = seen
+            runnable = {
+                p: ups
+                for p, ups in registry.pipeline_inputs().items()
+                if all(u in observed for u in ups)
+            }
+            now = datetime.now(UTC)
+            interval = timedelta(seconds=settings.min_batch_interval_seconds)
+            if not batch_is_due(store.last_planned_at(), now, interval):
+                return SensorResult(
+                    skip_reason=f"previous batch planned less than {interval} ago",
+                    asset_events=events,
+                    cursor=json.dumps(cursor),
+                )
+            positions = [
+                UpstreamPosition(
+                    name=name,
+                    latest_version=obs.latest_version,
+                    committed_version=committed.get(name),
+                    max_versions_per_batch=registry.upstreams[name].max_versions_per_batch,
+                )
+                for name, obs in observed.items()
+            ]
+            batch, created = store.create_batch(
+                positions,
+                runnable,
+                actor=f"sensor:{COORDINATOR}",
+                table_ids={n: o.table_id for n, o in observed.items()},
+                schema_fingerprints={n: o.schema_fingerprint for n, o in observed.items()},
+            )
+            if batch is None:
+                reason = "no upstream has new versions"
+                if errors:
+                    reason += f"; unavailable: {sorted(errors)}"
+                return SensorResult(
+                    skip_reason=reason, asset_events=events, cursor=json.dumps(cursor)
+                )
+            if created:
+                context.log.info(
+                    f"planned batch {batch.batch_id}: "
+                    + ", ".join(
+                        f"{u}={i.range if i.range else 'NOOP'}" for u, i in batch.inputs.items()
+                    )
+                    + f"; pipelines {list(batch.pipelines)}"
+                )
+
+        add_partition = []
+        if not context.instance.has_dynamic_partition(partitions_def.name, batch.batch_id):
+            add_partition = [partitions_def.build_add_request([batch.batch_id])]
+
+        runs = batch_runs(context.instance, batch.batch_id)
+        if runs.dead:
+            context.log.warning(f"batch {batch.batch_id}: runs {list(runs.dead)} lost their worker")
+            for run_id in runs.dead:
+                store.record("RUN_DIED", actor=f"sensor:{COORDINATOR}",
+                             batch_id=batch.batch_id, detail={"run_id": run_id})
+
+        def result(skip: str | None, requests: list[RunRequest] | None = None) -> SensorResult:
+            return SensorResult(
+                run_requests=requests or None,
+                skip_reason=None if requests else skip,
+                dynamic_partitions_requests=add_partition or None,
+                asset_events=events,
+                cursor=json.dumps(cursor),
+            )
+
+        if runs.in_flight:
+            return result(f"batch {batch.batch_id}: run(s) {list(runs.in_flight)} in flight")
+        done = succeeded_pipelines(context.instance, batch, pipeline_keys)
+        todo = [p for p in batch.pipelines if p not in done and p in pipeline_keys]
+        if not todo:
+            return result(f"batch {batch.batch_id}: all pipelines succeeded; finalizer's turn")
+        if runs.failed >= settings.max_attempts:
+            if cursor.get("stuck") != batch.batch_id:
+                cursor["stuck"] = batch.batch_id
+                store.record(
+                    "BATCH_STUCK",
+                    actor=f"sensor:{COORDINATOR}",
+                    batch_id=batch.batch_id,
+                    detail={"failed_runs": runs.failed, "pipelines": todo},
+                )
+            return result(
+                f"batch {batch.batch_id} is stuck: {runs.failed} failed runs (max_attempts="
+                f"{settings.max_attempts}); pipelines {todo} unfinished. Fix the cause and "
+                "re-execute the batch partition from the UI."
+            )
+        attempt = runs.last_attempt + 1
+        request = RunRequest(
+            run_key=f"{batch.batch_id}:{attempt}",
+            partition_key=batch.batch_id,
+            asset_selection=[pipeline_keys[p] for p in todo],
+            tags={ATTEMPT_TAG: str(attempt), BATCH_TAG: batch.batch_id},
+        )
+        context.log.info(f"batch {batch.batch_id} attempt {attempt}: requesting {todo}")
+        return result(None, [request])
+
+    return watermark_coordinator
+
+
+def build_finalizer_sensor(
+    *,
+    registry: Registry,
+    observer: Observer,
+    upstream_keys: Mapping[str, AssetKey],
+    pipeline_keys: Mapping[str, AssetKey],
+    settings: WatermarkSettings,
+):
+    """The sensor that advances committed watermarks and completes batches."""
+    pipeline_names = {key: name for name, key in pipeline_keys.items()}
+
+    @sensor(
+        name=FINALIZER,
+        minimum_interval_seconds=settings.sensor_interval_seconds,
+        default_status=settings.default_status,
+        description="Advances each upstream's committed watermark once every pipeline reading "
+        "it succeeded for the open batch; then completes the batch.",
+    )
+    def watermark_finalizer(
+        context: SensorEvaluationContext, watermark_store: WatermarkStoreResource
+    ) -> SensorResult | SkipReason:
+        store = watermark_store.get_store()
+        batch = store.open_batch()
+        if batch is None:
+            return SkipReason("no open batch")
+        consumers = consumers_from_graph(
+            context.repository_def.asset_graph,  # type: ignore[union-attr]
+            upstream_keys,
+            pipeline_names,
+        )
+        done = succeeded_pipelines(context.instance, batch, pipeline_keys)
+        step = finalize_step(batch.inputs, batch.advanced, consumers, batch.pipelines, done)
+        actor = f"sensor:{FINALIZER}"
+        events = []
+        for upstream in step.advance:
+            store.advance(batch, upstream, actor=actor)
+            context.log.info(
+                f"batch {batch.batch_id}: advanced {upstream} to {batch.inputs[upstream].range.end}"  # type: ignore[union-attr]
+            )
+            try:
+                obs = observer.observe(registry.upstreams[upstream])
+                events.append(
+                    observation_event(
+                        obs, upstream_keys[upstream], batch.inputs[upstream].snapshot_version
+                    )
+                )
+            except UpstreamUnavailableError as e:
+                context.log.warning(str(e))
+        if not step.complete:
+            waiting = "; ".join(f"{u} waits for {list(p)}" for u, p in step.waiting.items())
+            return SensorResult(
+                skip_reason=f"batch {batch.batch_id}: {waiting}", asset_events=events
+            )
+        fault_point("before_batch_complete")
+        store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor=actor)
+        context.log.info(f"batch {batch.batch_id} completed")
+        return SensorResult(
+            skip_reason=f"batch {batch.batch_id} completed", asset_events=events
+        )
+
+    return watermark_finalizer

@@ -1,0 +1,141 @@
+"""Driving a code location without the Dagster daemon: tick, run, finalize, repeat.
+
+For cron-driven deployments, the demo and tests. It evaluates the same coordinator and
+finalizer sensors the daemon would, applies their partition requests, and executes their
+run requests in this process (one Spark session for the whole cycle), all against a real
+Dagster instance, so runs and materializations show up in the UI afterwards.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
+from dagster._core.definitions.sensor_definition import SensorDefinition
+
+from watermark_dagster.dagster_defs.definitions import BATCH_JOB
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+
+
+@dataclass
+class RunOutcome:
+    """One executed run."""
+
+    run_id: str
+    batch_id: str
+    pipelines: list[str]
+    success: bool
+    error: str | None = None
+
+
+@dataclass
+class CycleReport:
+    """What one headless cycle did."""
+
+    runs: list[RunOutcome] = field(default_factory=list)
+    completed: list[str] = field(default_factory=list)
+    stuck: str | None = None
+    ticks: int = 0
+
+    @property
+    def failed_runs(self) -> list[RunOutcome]:
+        """Runs that did not succeed."""
+        return [r for r in self.runs if not r.success]
+
+
+class HeadlessRunner:
+    """Evaluates the sensors of ``defs`` and executes what they request, in this process.
+
+    Args:
+        defs: a code location built with :func:`build_definitions`.
+        instance: the Dagster instance to record runs, materializations and ticks in.
+        log: where progress lines go (default: nowhere).
+    """
+
+    def __init__(
+        self,
+        defs: Definitions,
+        instance: DagsterInstance,
+        *,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.defs = defs
+        self.instance = instance
+        self.log = log or (lambda _msg: None)
+        self._cursors: dict[str, str | None] = {}
+        self._job = defs.resolve_job_def(BATCH_JOB)
+
+    def _sensor(self, name: str) -> SensorDefinition:
+        return self.defs.resolve_sensor_def(name)
+
+    def tick(self, name: str) -> SensorResult:
+        """Evaluate one sensor once, as the daemon would, and apply its partition requests."""
+        sensor = self._sensor(name)
+        with build_sensor_context(
+            instance_ref=self.instance.get_ref(),
+            definitions=self.defs,
+            sensor_name=name,
+            cursor=self._cursors.get(name),
+            resources=dict(self.defs.resources or {}),
+        ) as context:
+            data = sensor.evaluate_tick(context)
+        self._cursors[name] = data.cursor
+        for request in data.dynamic_partitions_requests or []:
+            keys = list(getattr(request, "partition_keys", []) or [])
+            if keys:
+                self.instance.add_dynamic_partitions(request.partitions_def_name, keys)
+        return SensorResult(
+            run_requests=data.run_requests or None,
+            skip_reason=data.skip_message,
+            cursor=data.cursor,
+        )
+
+    def execute_requests(self, result: SensorResult, report: CycleReport) -> None:
+        """Execute each run request of a coordinator tick in this process."""
+        for request in result.run_requests or []:
+            keys = list(request.asset_selection or [])
+            outcome = self._job.execute_in_process(
+                instance=self.instance,
+                partition_key=request.partition_key,
+                asset_selection=keys,
+                tags=dict(request.tags),
+                raise_on_error=False,
+            )
+            error = None
+            if not outcome.success:
+                failures = [
+                    e.event_specific_data.error.message.strip()  # type: ignore[union-attr]
+                    for e in outcome.all_events
+                    if e.is_step_failure and e.event_specific_data is not None
+                ]
+                error = "; ".join(failures) or "run failed"
+            names = [k.to_user_string() for k in keys]
+            report.runs.append(
+                RunOutcome(outcome.run_id, str(request.partition_key), names, outcome.success, error)
+            )
+            self.log(
+                f"run {outcome.run_id[:8]} batch {request.partition_key} {names}: "
+                + ("success" if outcome.success else f"FAILED: {error}")
+            )
+
+    def run_until_idle(self, *, max_ticks: int = 100) -> CycleReport:
+        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck."""
+        store = self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
+        report = CycleReport()
+        for _ in range(max_ticks):
+            report.ticks += 1
+            coordinated = self.tick(COORDINATOR)
+            self.execute_requests(coordinated, report)
+            before = store.open_batch()
+            self.tick(FINALIZER)
+            after = store.open_batch()
+            if before is not None and (after is None or after.batch_id != before.batch_id):
+                report.completed.append(before.batch_id)
+                self.log(f"batch {before.batch_id} completed")
+            skip = coordinated.skip_reason.skip_message if coordinated.skip_reason else None
+            if skip and "is stuck" in skip:
+                report.stuck = skip
+                self.log(skip)
+                return report
+            if not coordinated.run_requests and after is None:
+                return report
+        return report

@@ -1,0 +1,1 @@
+"""Observing upstreams: version, CDF flag, table id and schema, without a JVM."""

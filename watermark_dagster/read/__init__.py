@@ -1,0 +1,1 @@
+"""Reading a batch's pinned inputs with Spark."""

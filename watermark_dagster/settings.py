@@ -1,0 +1,67 @@
+"""Embedded defaults of the demo code location, each overridable by an environment variable.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``WATERMARK_HOME`` | ``./.watermark`` | demo tables and control tables live under it |
+| ``WATERMARK_SPARK_MASTER`` | ``local[*]`` | Spark master (``spark://...`` for a cluster) |
+| ``WATERMARK_SPARK_REMOTE`` | unset | Spark Connect URL (``sc://host:port``) |
+| ``WATERMARK_SPARK_CONF`` | ``{}`` | extra Spark settings as a JSON object |
+| ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
+| ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
+| ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
+"""
+
+import json
+import os
+from pathlib import Path
+
+from watermark_dagster.errors import ConfigurationError
+
+
+def _number(name: str, default: str, cast: type) -> float | int:
+    raw = os.environ.get(name, default)
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"Environment variable {name}={raw!r} is not a number.",
+            fix=f"set {name} to a number such as {default}, or unset it.",
+        ) from None
+    if value < 0:
+        raise ConfigurationError(f"Environment variable {name}={raw!r} is negative.",
+                                 fix=f"set {name} to 0 or more.")
+    return value
+
+
+def home() -> Path:
+    """``WATERMARK_HOME``, made absolute."""
+    return Path(os.environ.get("WATERMARK_HOME", ".watermark")).expanduser().resolve()
+
+
+def spark_conf() -> dict[str, str]:
+    """``WATERMARK_SPARK_CONF`` parsed as a JSON object of strings."""
+    raw = os.environ.get("WATERMARK_SPARK_CONF", "{}")
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigurationError(f"WATERMARK_SPARK_CONF is not valid JSON ({e}): {raw!r}.",
+                                 fix='use an object like {"spark.sql.shuffle.partitions": "2"}.'
+                                 ) from None
+    if not isinstance(conf, dict):
+        raise ConfigurationError(f"WATERMARK_SPARK_CONF must be a JSON object, got {raw!r}.")
+    return {str(k): str(v) for k, v in conf.items()}
+
+
+def min_batch_interval_seconds() -> float:
+    """``WATERMARK_MIN_BATCH_INTERVAL_SECONDS``."""
+    return float(_number("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", "0", float))
+
+
+def sensor_interval_seconds() -> int:
+    """``WATERMARK_SENSOR_INTERVAL_SECONDS``."""
+    return int(_number("WATERMARK_SENSOR_INTERVAL_SECONDS", "30", int))
+
+
+def max_attempts() -> int:
+    """``WATERMARK_MAX_ATTEMPTS``."""
+    return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", "3", int)))

@@ -1,0 +1,27 @@
+"""The control plane: batches, committed watermarks, checkpoints and history in Delta."""
+
+from watermark_dagster.store.store import (
+    Batch,
+    BatchKind,
+    BatchStatus,
+    Checkpoint,
+    CheckpointStatus,
+    Watermark,
+    WatermarkHow,
+    WatermarkStore,
+    batch_id_for,
+    default_actor,
+)
+
+__all__ = [
+    "Batch",
+    "BatchKind",
+    "BatchStatus",
+    "Checkpoint",
+    "CheckpointStatus",
+    "Watermark",
+    "WatermarkHow",
+    "WatermarkStore",
+    "batch_id_for",
+    "default_actor",
+]

@@ -1,0 +1,76 @@
+"""Arrow schemas of the four control tables (readable by Spark and any Delta reader)."""
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+BATCHES = pa.schema(
+    [
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("plan_id", pa.string(), nullable=False),
+        pa.field("upstream", pa.string(), nullable=False),
+        pa.field("read_mode", pa.string(), nullable=False),
+        pa.field("start_version", pa.int64()),
+        pa.field("end_version", pa.int64()),
+        pa.field("committed_version", pa.int64()),
+        pa.field("latest_version", pa.int64()),
+        pa.field("table_id", pa.string()),
+        pa.field("schema_fingerprint", pa.string()),
+        pa.field("pipelines", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("advanced_at", TS),
+        pa.field("created_at", TS, nullable=False),
+        pa.field("updated_at", TS, nullable=False),
+        pa.field("actor", pa.string()),
+        pa.field("error", pa.string()),
+    ]
+)
+
+COMMITTED_WATERMARKS = pa.schema(
+    [
+        pa.field("upstream", pa.string(), nullable=False),
+        pa.field("committed_version", pa.int64()),
+        pa.field("batch_id", pa.string()),
+        pa.field("how", pa.string(), nullable=False),
+        pa.field("updated_at", TS, nullable=False),
+        pa.field("actor", pa.string()),
+    ]
+)
+
+PIPELINE_CHECKPOINTS = pa.schema(
+    [
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("attempt", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("rows_read", pa.int64()),
+        pa.field("rows_written", pa.int64()),
+        pa.field("run_id", pa.string()),
+        pa.field("started_at", TS, nullable=False),
+        pa.field("finished_at", TS),
+        pa.field("error", pa.string()),
+    ]
+)
+
+HISTORY = pa.schema(
+    [
+        pa.field("at", TS, nullable=False),
+        pa.field("event", pa.string(), nullable=False),
+        pa.field("actor", pa.string()),
+        pa.field("batch_id", pa.string()),
+        pa.field("upstream", pa.string()),
+        pa.field("pipeline", pa.string()),
+        pa.field("old_value", pa.string()),
+        pa.field("new_value", pa.string()),
+        pa.field("detail", pa.string()),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "batches": BATCHES,
+    "committed_watermarks": COMMITTED_WATERMARKS,
+    "pipeline_checkpoints": PIPELINE_CHECKPOINTS,
+    "history": HISTORY,
+}

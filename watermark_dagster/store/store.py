@@ -1,0 +1,727 @@
+"""The watermark store: the control plane, kept in four Delta tables written with delta-rs.
+
+No JVM is involved. Every state change is a compare-and-swap on one table: the change is
+decided against the table as of version ``v`` and committed as version ``v + 1`` with
+delta-rs' own commit retries turned off, so a concurrent writer that got there first makes
+the commit fail; the store then reloads, decides again and retries. This is what makes two
+coordinators ticking at once plan one batch, and two finalizers advance a watermark once.
+
+History rows are written after the change they describe; a process killed between the two
+leaves the change without its history row (the state itself stays consistent).
+"""
+
+import json
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from watermark_dagster.core.planning import (
+    AdvanceDecision,
+    PlannedInput,
+    UpstreamPosition,
+    decide_advance,
+    plan_batch,
+)
+from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.errors import BatchStateError, CommitConflictError
+from watermark_dagster.faults import fault_point
+from watermark_dagster.store import schema
+
+T = TypeVar("T")
+
+# A commit decided against version v must land as v + 1, or not at all.
+_CAS = CommitProperties(max_commit_retries=0)
+
+
+class BatchKind(StrEnum):
+    """Why a batch exists."""
+
+    SCHEDULED = "SCHEDULED"
+    REPLAY = "REPLAY"
+    MANUAL = "MANUAL"
+
+
+class BatchStatus(StrEnum):
+    """Lifecycle of a batch: PLANNED until finalized, then COMPLETED (or ABANDONED by hand)."""
+
+    PLANNED = "PLANNED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    ABANDONED = "ABANDONED"
+
+
+class CheckpointStatus(StrEnum):
+    """Outcome of one pipeline attempt on one batch."""
+
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+
+
+class WatermarkHow(StrEnum):
+    """How a committed watermark got its value."""
+
+    AUTO = "AUTO"
+    MANUAL_SET = "MANUAL_SET"
+    RESET = "RESET"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A planned batch as recorded in the ``batches`` table."""
+
+    batch_id: str
+    seq: int
+    kind: BatchKind
+    plan_id: str
+    status: BatchStatus
+    pipelines: tuple[str, ...]
+    inputs: Mapping[str, PlannedInput]
+    advanced: frozenset[str]
+    created_at: datetime
+    actor: str | None
+
+    @property
+    def ranged_upstreams(self) -> tuple[str, ...]:
+        """Upstreams the batch reads a range of (not NOOP), sorted."""
+        return tuple(sorted(u for u, i in self.inputs.items() if i.range is not None))
+
+    def reads(self, pipeline_inputs: Sequence[str]) -> dict[str, PlannedInput]:
+        """The planned inputs of one pipeline, given the upstreams it reads."""
+        return {u: self.inputs[u] for u in pipeline_inputs}
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """One row of ``committed_watermarks``."""
+
+    upstream: str
+    committed_version: int | None
+    batch_id: str | None
+    how: WatermarkHow
+    updated_at: datetime
+    actor: str | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One row of ``pipeline_checkpoints``: one attempt of one pipeline on one batch."""
+
+    pipeline: str
+    batch_id: str
+    attempt: int
+    status: CheckpointStatus
+    rows_read: int | None
+    rows_written: int | None
+    run_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    error: str | None
+
+
+def batch_id_for(seq: int) -> str:
+    """The batch id (and Dagster partition key) of sequence number ``seq``."""
+    return f"b{seq:06d}"
+
+
+def default_actor() -> str:
+    """``user@host`` of this process, recorded with manual changes."""
+    try:
+        user = os.getlogin()
+    except OSError:
+        user = os.environ.get("USER", "unknown")
+    return f"{user}@{socket.gethostname()}"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class WatermarkStore:
+    """The control tables under one root folder (a local path or an object-store URI).
+
+    Args:
+        root: folder that holds ``batches``, ``committed_watermarks``,
+            ``pipeline_checkpoints`` and ``history``; created on first use.
+        storage_options: delta-rs storage options for object stores.
+        max_commit_attempts: how many times a conflicting commit is decided again.
+
+    Example:
+        >>> store = WatermarkStore("/tmp/control")
+        >>> store.committed()  # {} on a new root
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        storage_options: Mapping[str, str] | None = None,
+        max_commit_attempts: int = 60,
+    ) -> None:
+        root_str = str(root)
+        if "://" not in root_str:
+            root_str = str(Path(root_str).expanduser().resolve())
+        self.root = root_str.rstrip("/")
+        self.storage_options = dict(storage_options) if storage_options else None
+        self.max_commit_attempts = max_commit_attempts
+        self._ensured = False
+
+    # ---------------------------------------------------------------- table plumbing
+
+    def uri(self, table: str) -> str:
+        """Location of one control table."""
+        return f"{self.root}/{table}"
+
+    def ensure_tables(self) -> None:
+        """Create the control tables that do not exist yet (safe to call concurrently)."""
+        if self._ensured:
+            return
+        for name, table_schema in schema.TABLES.items():
+            uri = self.uri(name)
+            if DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+                continue
+            try:
+                DeltaTable.create(
+                    uri,
+                    table_schema,
+                    mode="ignore",
+                    name=f"watermark_{name}",
+                    storage_options=self.storage_options,
+                )
+            except DeltaError:
+                # Another process created it between our check and our create.
+                if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+                    raise
+        self._ensured = True
+
+    def _load(self, table: str) -> DeltaTable:
+        self.ensure_tables()
+        return DeltaTable(self.uri(table), storage_options=self.storage_options)
+
+    def table_version(self, table: str) -> int:
+        """Current Delta version of one control table (used to prove nothing was written)."""
+        return self._load(table).version()
+
+    @staticmethod
+    def _arrow(dt: DeltaTable, columns: list[str] | None = None) -> pa.Table:
+        """The table as of ``dt``'s version, in the control schema.
+
+        Files written by delta-rs merges may carry ``string_view`` columns; casting to the
+        declared schema keeps filters and comparisons uniform.
+        """
+        name = Path(dt.table_uri.rstrip("/")).name
+        table_schema = schema.TABLES[name]
+        if columns is not None:
+            table_schema = pa.schema([table_schema.field(c) for c in columns])
+        return dt.to_pyarrow_dataset().to_table(columns=columns).cast(table_schema)
+
+    @classmethod
+    def _rows(
+        cls, dt: DeltaTable, filter_: pc.Expression | None = None
+    ) -> list[dict[str, Any]]:
+        table = cls._arrow(dt)
+        if filter_ is not None:
+            table = table.filter(filter_)
+        return table.to_pylist()
+
+    def _cas(self, table: str, decide_and_commit: Callable[[DeltaTable], T]) -> T:
+        """Run ``decide_and_commit`` against the latest version until its commit lands."""
+        for attempt in range(self.max_commit_attempts):
+            dt = self._load(table)
+            try:
+                return decide_and_commit(dt)
+            except CommitFailedError:
+                time.sleep(random.uniform(0.005, 0.05) * min(attempt + 1, 8))
+        raise CommitConflictError(
+            f"Control table '{table}' under {self.root}: {self.max_commit_attempts} commits in a "
+            "row lost to concurrent writers.",
+            fix="check for a runaway process writing the control tables, then retry.",
+        )
+
+    def _append(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """Blind append (history): never conflicts, delta-rs retries it itself."""
+        if not rows:
+            return
+        data = pa.Table.from_pylist(rows, schema=schema.TABLES[table])
+        write_deltalake(
+            self.uri(table), data, mode="append", storage_options=self.storage_options
+        )
+
+    def record(self, event: str, *, actor: str | None, **fields: Any) -> None:
+        """Append one audit row to ``history``."""
+        self.ensure_tables()
+        detail = fields.pop("detail", None)
+        row = {"at": _now(), "event": event, "actor": actor, **fields}
+        if detail is not None:
+            row["detail"] = json.dumps(detail, sort_keys=True, default=str)
+        self._append("history", [row])
+
+    # ---------------------------------------------------------------- batches
+
+    @staticmethod
+    def _batches_from_rows(rows: Iterable[dict[str, Any]]) -> list[Batch]:
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            grouped.setdefault(row["batch_id"], []).append(row)
+        batches = []
+        for batch_id, group in grouped.items():
+            first = group[0]
+            inputs = {}
+            for row in group:
+                rng = (
+                    None
+                    if row["start_version"] is None
+                    else VersionRange(row["start_version"], row["end_version"])
+                )
+                inputs[row["upstream"]] = PlannedInput(
+                    row["upstream"], ReadMode(row["read_mode"]), rng, row["end_version"]
+                )
+            statuses = {BatchStatus(r["status"]) for r in group}
+            # Rows of a batch change status together; a mix means a write was cut short,
+            # and the least finished status is the truth.
+            order = [BatchStatus.PLANNED, BatchStatus.FAILED, BatchStatus.ABANDONED,
+                     BatchStatus.COMPLETED]
+            status = next(s for s in order if s in statuses)
+            batches.append(
+                Batch(
+                    batch_id=batch_id,
+                    seq=first["seq"],
+                    kind=BatchKind(first["kind"]),
+                    plan_id=first["plan_id"],
+                    status=status,
+                    pipelines=tuple(json.loads(first["pipelines"])),
+                    inputs=inputs,
+                    advanced=frozenset(r["upstream"] for r in group if r["advanced_at"]),
+                    created_at=first["created_at"],
+                    actor=first["actor"],
+                )
+            )
+        return sorted(batches, key=lambda b: b.seq)
+
+    def _open_batches(self, dt: DeltaTable) -> list[Batch]:
+        rows = self._rows(dt, pc.field("status") == BatchStatus.PLANNED.value)
+        return self._batches_from_rows(rows)
+
+    def open_batch(self) -> Batch | None:
+        """The open SCHEDULED batch (PLANNED, not yet finalized), if any."""
+        opened = [b for b in self._open_batches(self._load("batches"))
+                  if b.kind is BatchKind.SCHEDULED]
+        return opened[0] if opened else None
+
+    def get_batch(self, batch_id: str) -> Batch:
+        """One batch by id.
+
+        Raises:
+            BatchStateError: no batch has that id.
+        """
+        rows = self._rows(self._load("batches"), pc.field("batch_id") == batch_id)
+        if not rows:
+            raise BatchStateError(
+                f"No batch '{batch_id}' in {self.uri('batches')}.",
+                batch_id=batch_id,
+                fix="list batches with `watermark batches`.",
+            )
+        return self._batches_from_rows(rows)[0]
+
+    def batches(self, *, limit: int | None = None) -> list[Batch]:
+        """All batches, newest first (``limit`` keeps the newest N)."""
+        found = self._batches_from_rows(self._rows(self._load("batches")))
+        found.reverse()
+        return found[:limit] if limit is not None else found
+
+    def last_planned_at(self) -> datetime | None:
+        """When the newest batch was planned (None before the first)."""
+        table = self._arrow(self._load("batches"), ["created_at"])
+        if table.num_rows == 0:
+            return None
+        return pc.max(table["created_at"]).as_py()
+
+    def create_batch(
+        self,
+        positions: Sequence[UpstreamPosition],
+        pipeline_inputs: Mapping[str, Sequence[str]],
+        *,
+        actor: str,
+        table_ids: Mapping[str, str | None] | None = None,
+        schema_fingerprints: Mapping[str, str | None] | None = None,
+    ) -> tuple[Batch | None, bool]:
+        """Plan and record the next SCHEDULED batch in one commit, unless one is open.
+
+        The committed watermarks are read inside the compare-and-swap, so a plan never
+        starts anywhere but right after them.
+
+        Returns:
+            ``(batch, True)`` for a new batch; ``(open_batch, False)`` when a batch is
+            already open (possibly planned by a concurrent coordinator); ``(None, False)``
+            when there is nothing to do.
+        """
+        table_ids = table_ids or {}
+        schema_fingerprints = schema_fingerprints or {}
+
+        def decide(dt: DeltaTable) -> tuple[Batch | None, bool]:
+            opened = [b for b in self._open_batches(dt) if b.kind is BatchKind.SCHEDULED]
+            if opened:
+                return opened[0], False
+            committed = self.committed_versions()
+            fresh = [replace(p, committed_version=committed.get(p.name)) for p in positions]
+            plan = plan_batch(fresh, pipeline_inputs)
+            if not plan.has_work:
+                return None, False
+            seqs = self._arrow(dt, ["seq"])["seq"]
+            seq = (pc.max(seqs).as_py() or 0) + 1
+            batch_id = batch_id_for(seq)
+            plan_id = uuid.uuid4().hex
+            now = _now()
+            rows = []
+            for name, planned in plan.inputs.items():
+                rows.append(
+                    {
+                        "batch_id": batch_id,
+                        "seq": seq,
+                        "kind": BatchKind.SCHEDULED.value,
+                        "plan_id": plan_id,
+                        "upstream": name,
+                        "read_mode": planned.mode.value,
+                        "start_version": planned.range.start if planned.range else None,
+                        "end_version": planned.snapshot_version,
+                        "committed_version": committed.get(name),
+                        "latest_version": next(p.latest_version for p in fresh if p.name == name),
+                        "table_id": table_ids.get(name),
+                        "schema_fingerprint": schema_fingerprints.get(name),
+                        "pipelines": json.dumps(list(plan.pipelines)),
+                        "status": BatchStatus.PLANNED.value,
+                        "advanced_at": None,
+                        "created_at": now,
+                        "updated_at": now,
+                        "actor": actor,
+                        "error": None,
+                    }
+                )
+            data = pa.Table.from_pylist(rows, schema=schema.BATCHES)
+            write_deltalake(dt, data, mode="append", commit_properties=_CAS)
+            return self._batches_from_rows(rows)[0], True
+
+        batch, created = self._cas("batches", decide)
+        if created and batch is not None:
+            fault_point("after_plan_commit")
+            self.record(
+                "BATCH_PLANNED",
+                actor=actor,
+                batch_id=batch.batch_id,
+                detail={
+                    "pipelines": list(batch.pipelines),
+                    "ranges": {u: str(i.range) if i.range else "NOOP"
+                               for u, i in batch.inputs.items()},
+                },
+            )
+        return batch, created
+
+    def _update_batch_rows(
+        self, dt: DeltaTable, rows: list[dict[str, Any]], updates: Mapping[str, str]
+    ) -> None:
+        source = pa.Table.from_pylist(rows, schema=schema.BATCHES)
+        (
+            dt.merge(
+                source,
+                predicate="t.batch_id = s.batch_id AND t.upstream = s.upstream",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=_CAS,
+            )
+            .when_matched_update(updates=dict(updates))
+            .execute()
+        )
+
+    def advance(self, batch: Batch, upstream: str, *, actor: str) -> AdvanceDecision:
+        """Move ``upstream``'s committed watermark to the end of its range in ``batch``.
+
+        Safe to repeat: finding the watermark already at the range's end (an earlier
+        finalizer died after advancing) only records the batch row.
+
+        Raises:
+            WatermarkGapError, WatermarkRegressionError: the move would break I1 or I2.
+        """
+        planned = batch.inputs[upstream]
+        if planned.range is None:
+            raise BatchStateError(
+                f"Batch {batch.batch_id} has no range for upstream '{upstream}' (NOOP).",
+                upstream=upstream,
+                batch_id=batch.batch_id,
+            )
+        batch_range = planned.range
+
+        def decide(dt: DeltaTable) -> tuple[AdvanceDecision, int | None]:
+            rows = self._rows(dt, pc.field("upstream") == upstream)
+            current = rows[0]["committed_version"] if rows else None
+            decision = decide_advance(upstream, current, batch_range, batch.batch_id)
+            if decision is AdvanceDecision.ADVANCE:
+                self._upsert_watermark(
+                    dt, upstream, batch_range.end, batch.batch_id, WatermarkHow.AUTO, actor
+                )
+            return decision, current
+
+        decision, old = self._cas("committed_watermarks", decide)
+        if decision is AdvanceDecision.ADVANCE:
+            fault_point("after_watermark_commit")
+            self.record(
+                "WATERMARK_ADVANCED",
+                actor=actor,
+                batch_id=batch.batch_id,
+                upstream=upstream,
+                old_value=None if old is None else str(old),
+                new_value=str(batch_range.end),
+                detail={"range": str(batch_range)},
+            )
+
+        def mark(dt: DeltaTable) -> None:
+            rows = self._rows(
+                dt, (pc.field("batch_id") == batch.batch_id) & (pc.field("upstream") == upstream)
+            )
+            if not rows or rows[0]["advanced_at"] is not None:
+                return
+            now = _now()
+            rows[0].update(advanced_at=now, updated_at=now)
+            self._update_batch_rows(
+                dt, rows, {"advanced_at": "s.advanced_at", "updated_at": "s.updated_at"}
+            )
+
+        self._cas("batches", mark)
+        return decision
+
+    def set_batch_status(
+        self, batch_id: str, status: BatchStatus, *, actor: str, error: str | None = None
+    ) -> bool:
+        """Give every row of a batch ``status``; returns False when it already had it.
+
+        Completing requires every ranged upstream to have been advanced.
+        """
+
+        def decide(dt: DeltaTable) -> bool:
+            rows = self._rows(dt, pc.field("batch_id") == batch_id)
+            if not rows:
+                raise BatchStateError(f"No batch '{batch_id}' to mark {status}.",
+                                      batch_id=batch_id)
+            if all(r["status"] == status.value for r in rows):
+                return False
+            if status is BatchStatus.COMPLETED:
+                pending = [r["upstream"] for r in rows
+                           if r["start_version"] is not None and r["advanced_at"] is None]
+                if pending:
+                    raise BatchStateError(
+                        f"Batch {batch_id} cannot complete: upstream(s) {pending} not advanced.",
+                        batch_id=batch_id,
+                    )
+            now = _now()
+            for r in rows:
+                r.update(status=status.value, updated_at=now, error=error)
+            self._update_batch_rows(
+                dt, rows,
+                {"status": "s.status", "updated_at": "s.updated_at", "error": "s.error"},
+            )
+            return True
+
+        changed = self._cas("batches", decide)
+        if changed:
+            self.record(f"BATCH_{status.value}", actor=actor, batch_id=batch_id,
+                        detail={"error": error} if error else None)
+        return changed
+
+    # ---------------------------------------------------------------- watermarks
+
+    def _upsert_watermark(
+        self,
+        dt: DeltaTable,
+        upstream: str,
+        version: int | None,
+        batch_id: str | None,
+        how: WatermarkHow,
+        actor: str,
+    ) -> None:
+        row = {
+            "upstream": upstream,
+            "committed_version": version,
+            "batch_id": batch_id,
+            "how": how.value,
+            "updated_at": _now(),
+            "actor": actor,
+        }
+        source = pa.Table.from_pylist([row], schema=schema.COMMITTED_WATERMARKS)
+        (
+            dt.merge(
+                source,
+                predicate="t.upstream = s.upstream",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=_CAS,
+            )
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    def committed(self) -> dict[str, Watermark]:
+        """Every upstream's committed watermark row."""
+        return {
+            r["upstream"]: Watermark(
+                upstream=r["upstream"],
+                committed_version=r["committed_version"],
+                batch_id=r["batch_id"],
+                how=WatermarkHow(r["how"]),
+                updated_at=r["updated_at"],
+                actor=r["actor"],
+            )
+            for r in self._rows(self._load("committed_watermarks"))
+        }
+
+    def committed_versions(self) -> dict[str, int | None]:
+        """upstream -> committed version (None: reset, nothing committed)."""
+        return {u: w.committed_version for u, w in self.committed().items()}
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def begin_checkpoint(self, pipeline: str, batch_id: str, *, run_id: str | None) -> int:
+        """Record a RUNNING attempt of ``pipeline`` on ``batch_id``; returns the attempt number."""
+
+        def decide(dt: DeltaTable) -> int:
+            rows = self._rows(
+                dt, (pc.field("pipeline") == pipeline) & (pc.field("batch_id") == batch_id)
+            )
+            attempt = 1 + max((r["attempt"] for r in rows), default=0)
+            row = {
+                "pipeline": pipeline,
+                "batch_id": batch_id,
+                "attempt": attempt,
+                "status": CheckpointStatus.RUNNING.value,
+                "rows_read": None,
+                "rows_written": None,
+                "run_id": run_id,
+                "started_at": _now(),
+                "finished_at": None,
+                "error": None,
+            }
+            data = pa.Table.from_pylist([row], schema=schema.PIPELINE_CHECKPOINTS)
+            write_deltalake(dt, data, mode="append", commit_properties=_CAS)
+            return attempt
+
+        return self._cas("pipeline_checkpoints", decide)
+
+    def finish_checkpoint(
+        self,
+        pipeline: str,
+        batch_id: str,
+        attempt: int,
+        status: CheckpointStatus,
+        *,
+        rows_read: int | None = None,
+        rows_written: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Close one attempt with its outcome, counts and error."""
+
+        def decide(dt: DeltaTable) -> None:
+            rows = self._rows(
+                dt,
+                (pc.field("pipeline") == pipeline)
+                & (pc.field("batch_id") == batch_id)
+                & (pc.field("attempt") == attempt),
+            )
+            if not rows:
+                raise BatchStateError(
+                    f"No checkpoint for pipeline '{pipeline}', batch {batch_id}, "
+                    f"attempt {attempt}.",
+                    pipeline=pipeline,
+                    batch_id=batch_id,
+                )
+            row = rows[0]
+            row.update(
+                status=status.value,
+                rows_read=rows_read,
+                rows_written=rows_written,
+                finished_at=_now(),
+                error=error,
+            )
+            source = pa.Table.from_pylist([row], schema=schema.PIPELINE_CHECKPOINTS)
+            (
+                dt.merge(
+                    source,
+                    predicate=(
+                        "t.pipeline = s.pipeline AND t.batch_id = s.batch_id "
+                        "AND t.attempt = s.attempt"
+                    ),
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=_CAS,
+                )
+                .when_matched_update_all()
+                .execute()
+            )
+
+        self._cas("pipeline_checkpoints", decide)
+
+    def checkpoints(
+        self, *, batch_id: str | None = None, pipeline: str | None = None
+    ) -> list[Checkpoint]:
+        """Checkpoint rows, optionally for one batch and/or one pipeline, oldest first."""
+        filter_: pc.Expression | None = None
+        for column, value in (("batch_id", batch_id), ("pipeline", pipeline)):
+            if value is not None:
+                term = pc.field(column) == value
+                filter_ = term if filter_ is None else filter_ & term
+        rows = self._rows(self._load("pipeline_checkpoints"), filter_)
+        found = [
+            Checkpoint(
+                pipeline=r["pipeline"],
+                batch_id=r["batch_id"],
+                attempt=r["attempt"],
+                status=CheckpointStatus(r["status"]),
+                rows_read=r["rows_read"],
+                rows_written=r["rows_written"],
+                run_id=r["run_id"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                error=r["error"],
+            )
+            for r in rows
+        ]
+        return sorted(found, key=lambda c: (c.batch_id, c.pipeline, c.attempt))
+
+    # ---------------------------------------------------------------- history
+
+    def history(
+        self, *, upstream: str | None = None, batch_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Audit rows, oldest first, optionally for one upstream or batch."""
+        filter_: pc.Expression | None = None
+        for column, value in (("upstream", upstream), ("batch_id", batch_id)):
+            if value is not None:
+                term = pc.field(column) == value
+                filter_ = term if filter_ is None else filter_ & term
+        rows = self._rows(self._load("history"), filter_)
+        return sorted(rows, key=lambda r: r["at"])
+
+
+__all__ = [
+    "Batch",
+    "BatchKind",
+    "BatchStatus",
+    "Checkpoint",
+    "CheckpointStatus",
+    "Watermark",
+    "WatermarkHow",
+    "WatermarkStore",
+    "batch_id_for",
+    "default_actor",
+]

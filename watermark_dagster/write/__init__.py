@@ -1,0 +1,1 @@
+"""Writing pipeline targets idempotently."""

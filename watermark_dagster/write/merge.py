@@ -1,0 +1,159 @@
+"""Merging a batch's changes into a pipeline's target table, idempotently.
+
+The target keeps, per row, the sequence number of the batch that last wrote it
+(``_wm_seq``). A change is applied only when its batch is at least as new as the row's,
+so running the same batch twice (retry after a crash between the target commit and the
+checkpoint) changes nothing the second time, and re-running an older batch cannot
+overwrite what a newer one wrote.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from delta.tables import DeltaTable as SparkDeltaTable
+from deltalake import DeltaTable as RsDeltaTable
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from watermark_dagster.errors import TerminalError
+from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
+
+SEQ_COLUMN = "_wm_seq"
+BATCH_COLUMN = "_wm_batch_id"
+_DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one write did to the target."""
+
+    target_version: int
+    rows_inserted: int
+    rows_updated: int
+    rows_deleted: int
+    created: bool
+
+    @property
+    def rows_written(self) -> int:
+        """Rows inserted, updated or deleted."""
+        return self.rows_inserted + self.rows_updated + self.rows_deleted
+
+
+def _q(name: str) -> str:
+    """Backtick-quote a validated identifier for a column reference."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _col(alias: str, name: str) -> Any:
+    return F.col(f"{alias}.{_q(name)}")
+
+
+def prepare_changes(
+    changes: DataFrame, *, keys: Sequence[str], batch_seq: int, batch_id: str, pipeline: str
+) -> DataFrame:
+    """One change per key, with the framework's columns, ready to merge.
+
+    Raises:
+        TerminalError: a key column is missing, or several changes share a key and there is
+            no ``_commit_version`` to choose the latest.
+    """
+    missing = [k for k in keys if k not in changes.columns]
+    if missing:
+        raise TerminalError(
+            f"Pipeline '{pipeline}': the transform's output lacks key column(s) {missing}; it "
+            f"has {changes.columns}.",
+            pipeline=pipeline,
+            batch_id=batch_id,
+            fix="return the target's key columns from the transform.",
+        )
+    key_cols = [F.col(_q(k)) for k in keys]
+    if COMMIT_VERSION in changes.columns:
+        latest_first = Window.partitionBy(*key_cols).orderBy(F.col(COMMIT_VERSION).desc_nulls_last())
+        changes = (
+            changes.withColumn("_wm_rank", F.row_number().over(latest_first))
+            .where(F.col("_wm_rank") == 1)
+            .drop("_wm_rank")
+        )
+    else:
+        dup = changes.groupBy(*key_cols).count().where(F.col("count") > 1).limit(1).collect()
+        if dup:
+            raise TerminalError(
+                f"Pipeline '{pipeline}': the transform returned several rows for key "
+                f"{dup[0].asDict()} and no {COMMIT_VERSION} column to pick the latest.",
+                pipeline=pipeline,
+                batch_id=batch_id,
+                fix=f"return one row per key, or include {COMMIT_VERSION}.",
+            )
+    if CHANGE_TYPE not in changes.columns:
+        changes = changes.withColumn(CHANGE_TYPE, F.lit("upsert"))
+    return (
+        changes.drop(COMMIT_VERSION, COMMIT_TIMESTAMP)
+        .withColumn(SEQ_COLUMN, F.lit(batch_seq).cast("long"))
+        .withColumn(BATCH_COLUMN, F.lit(batch_id))
+    )
+
+
+def _last_commit_metrics(target: str, storage_options: dict[str, str] | None) -> tuple[int, dict]:
+    dt = RsDeltaTable(target, storage_options=storage_options)
+    last = dt.history(1)[0]
+    return dt.version(), dict(last.get("operationMetrics") or {})
+
+
+def merge_into_target(
+    spark: SparkSession,
+    changes: DataFrame,
+    *,
+    target: str,
+    keys: Sequence[str],
+    batch_seq: int,
+    batch_id: str,
+    pipeline: str,
+    storage_options: dict[str, str] | None = None,
+) -> WriteResult:
+    """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
+
+    Creates the target on the first batch. The merge only touches rows whose ``_wm_seq`` is
+    not newer than this batch's, which makes the write safe to repeat.
+    """
+    prepared = prepare_changes(
+        changes, keys=keys, batch_seq=batch_seq, batch_id=batch_id, pipeline=pipeline
+    )
+    is_delete = F.lower(F.col(f"s.{_q(CHANGE_TYPE)}")) == _DELETE
+    data_columns = [c for c in prepared.columns if c != CHANGE_TYPE]
+
+    if not SparkDeltaTable.isDeltaTable(spark, target):
+        rows = prepared.where(F.lower(F.col(_q(CHANGE_TYPE))) != _DELETE).drop(CHANGE_TYPE)
+        rows.write.format("delta").mode("errorifexists").save(target)
+        version, metrics = _last_commit_metrics(target, storage_options)
+        return WriteResult(
+            target_version=version,
+            rows_inserted=int(metrics.get("numOutputRows", 0)),
+            rows_updated=0,
+            rows_deleted=0,
+            created=True,
+        )
+
+    on = None
+    for k in keys:
+        term = _col("t", k) == _col("s", k)
+        on = term if on is None else on & term
+    not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
+    assignments = {_q(c): _col("s", c) for c in data_columns}
+    (
+        SparkDeltaTable.forPath(spark, target)
+        .alias("t")
+        .merge(prepared.alias("s"), on)
+        .whenMatchedDelete(condition=is_delete & not_older)
+        .whenMatchedUpdate(condition=~is_delete & not_older, set=assignments)
+        .whenNotMatchedInsert(condition=~is_delete, values=assignments)
+        .execute()
+    )
+    version, metrics = _last_commit_metrics(target, storage_options)
+    return WriteResult(
+        target_version=version,
+        rows_inserted=int(metrics.get("numTargetRowsInserted", 0)),
+        rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
+        rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
+        created=False,
+    )
