@@ -156,36 +156,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verify_demo(spark: Any, home: Path) -> list[tuple[str, int, bool]]:
-    from watermark_dagster.demo import DemoPaths, full_customer_payments, full_orders_enriched
-    from watermark_dagster.write.merge import BATCH_COLUMN, SEQ_COLUMN
-
-    paths = DemoPaths(home)
-
-    def load(path: str) -> Any:
-        return spark.read.format("delta").load(path)
-
-    expected = {
-        "orders_enriched": full_orders_enriched(
-            load(paths.upstream("orders")), load(paths.upstream("customers"))
-        ),
-        "customer_payments": full_customer_payments(
-            load(paths.upstream("customers")), load(paths.upstream("payments"))
-        ),
-    }
-    out = []
-    for name, reference in expected.items():
-        target = load(paths.target(name)).drop(SEQ_COLUMN, BATCH_COLUMN)
-        got = sorted(map(tuple, target.select(*reference.columns).collect()))
-        want = sorted(map(tuple, reference.collect()))
-        out.append((name, len(got), got == want))
-    return out
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance
 
     from watermark_dagster.demo import DemoPaths, apply_round, seed
+    from watermark_dagster.demo.verify import compare_with_full_recompute
     from watermark_dagster.headless import HeadlessRunner
 
     home = _watermark_home(args)
@@ -214,14 +189,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"batches completed: {', '.join(batches) or 'none'}\n")
         _print_status(defs, False)
         print()
-        checks = _verify_demo(spark, home)
-        for name, rows, ok in checks:
-            verdict = "equals a full recompute" if ok else "DIFFERS from a full recompute"
-            print(f"target {name}: {rows} rows, {verdict}")
+        checks = compare_with_full_recompute(spark, paths)
+        for check in checks:
+            verdict = "equals a full recompute" if check.ok else (
+                f"DIFFERS from a full recompute: missing {list(check.missing)}, "
+                f"unexpected {list(check.unexpected)}"
+            )
+            print(f"target {check.target}: {check.rows} rows, {verdict}")
     finally:
         spark.stop()
     print(f"\nDagster instance: {os.environ['DAGSTER_HOME']}  (open it with `watermark dev`)")
-    if report.stuck or report.failed_runs or not all(ok for _, _, ok in checks):
+    if report.stuck or report.failed_runs or not all(c.ok for c in checks):
         return 1
     return 0
 

@@ -124,6 +124,7 @@ def execute_pipeline(
         )
 
     attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id)
+    inputs: dict[str, UpstreamInput] = {}
     try:
         inputs = {
             u: UpstreamInput.pinned(spark, registry.upstreams[u], batch.inputs[u])
@@ -175,6 +176,9 @@ def execute_pipeline(
             pipeline_name, batch_id, attempt, CheckpointStatus.FAILED, error=_error_text(exc)
         )
         raise
+    finally:
+        for upstream_input in inputs.values():
+            upstream_input.release()
     outcome = PipelineOutcome(pipeline_name, batch, attempt, reports, write)
     store.finish_checkpoint(
         pipeline_name,

@@ -16,6 +16,13 @@ from watermark_dagster.dagster_defs.definitions import BATCH_JOB
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
 
 
+def _root_message(error: object) -> str:
+    """The innermost cause of a Dagster error (the user's or our own exception)."""
+    while getattr(error, "cause", None) is not None:
+        error = error.cause  # type: ignore[attr-defined]
+    return str(getattr(error, "message", error)).strip()
+
+
 @dataclass
 class RunOutcome:
     """One executed run."""
@@ -103,7 +110,7 @@ class HeadlessRunner:
             error = None
             if not outcome.success:
                 failures = [
-                    e.event_specific_data.error.message.strip()  # type: ignore[union-attr]
+                    f"{e.step_key}: {_root_message(e.event_specific_data.error)}"  # type: ignore[union-attr]
                     for e in outcome.all_events
                     if e.is_step_failure and e.event_specific_data is not None
                 ]

@@ -174,7 +174,7 @@ def build_pipeline_asset(
         spark: SparkSessionResource,
         watermark_store: WatermarkStoreResource,
     ) -> MaterializeResult:
-        context.instance.add_run_tags(context.run_id, {WORKER_TAG: worker_identity()})
+        context.instance.add_run_tags(context.run.run_id, {WORKER_TAG: worker_identity()})
         try:
             outcome = execute_pipeline(
                 spark=spark.get_session(),
@@ -182,7 +182,7 @@ def build_pipeline_asset(
                 registry=registry,
                 pipeline_name=pipeline.name,
                 batch_id=context.partition_key,
-                run_id=context.run_id,
+                run_id=context.run.run_id,
             )
         except TerminalError as e:
             raise Failure(description=str(e), metadata=e.metadata(), allow_retries=False) from e

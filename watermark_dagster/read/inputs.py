@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -90,7 +91,15 @@ class UpstreamInput:
                 .withColumn(COMMIT_VERSION, F.lit(None).cast(T.LongType()))
                 .withColumn(COMMIT_TIMESTAMP, F.lit(None).cast(T.TimestampType()))
             )
-        return read_changes(self._spark, self._upstream, self.range)
+        # Read once: the transform and the rows-read count both use it.
+        return read_changes(self._spark, self._upstream, self.range).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+
+    def release(self) -> None:
+        """Drop the cached change rows (called when the pipeline's batch is done)."""
+        if "changes" in self.__dict__:
+            self.__dict__.pop("changes").unpersist()
 
     def net_changes(self, keys: Sequence[str]) -> DataFrame:
         """The latest change per key in the range: ``insert``, ``update_postimage`` or

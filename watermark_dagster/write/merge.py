@@ -13,6 +13,7 @@ from typing import Any
 
 from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable as RsDeltaTable
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -119,6 +120,25 @@ def merge_into_target(
     prepared = prepare_changes(
         changes, keys=keys, batch_seq=batch_seq, batch_id=batch_id, pipeline=pipeline
     )
+    # Evaluate the transform once: MERGE scans its source more than once, and the source
+    # (joins over change feeds and snapshots) is the expensive part.
+    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        prepared.count()
+        return _write(spark, prepared, target=target, keys=keys,
+                      storage_options=storage_options)
+    finally:
+        prepared.unpersist()
+
+
+def _write(
+    spark: SparkSession,
+    prepared: DataFrame,
+    *,
+    target: str,
+    keys: Sequence[str],
+    storage_options: dict[str, str] | None,
+) -> WriteResult:
     is_delete = F.lower(F.col(f"s.{_q(CHANGE_TYPE)}")) == _DELETE
     data_columns = [c for c in prepared.columns if c != CHANGE_TYPE]
 

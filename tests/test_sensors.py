@@ -1,0 +1,144 @@
+"""The coordinator and finalizer sensors against a real Dagster instance, without a JVM.
+
+Upstreams are real Delta tables written with delta-rs; no pipeline runs here (the Spark
+tests run them), so these tests look at what the sensors plan, request and refuse.
+"""
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from dagster import DagsterInstance, build_sensor_context
+from dagster._core.instance.ref import InstanceRef
+from deltalake import write_deltalake
+
+from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.registry import Pipeline, Registry, Upstream
+from watermark_dagster.store import BatchStatus, WatermarkStore
+
+
+def _never_called(batch):  # noqa: ANN001, ANN202
+    raise AssertionError("no pipeline runs in these tests")
+
+
+def _commit(path: Path, ids: list[int]) -> None:
+    table = pa.table({"id": pa.array(ids, pa.int64())})
+    write_deltalake(str(path), table, mode="append",
+                    configuration={"delta.enableChangeDataFeed": "true"})
+
+
+@pytest.fixture
+def setup(tmp_path: Path, dagster_home: Path) -> Iterator[tuple]:
+    ups = {name: tmp_path / name for name in ("up1", "up2", "up3")}
+    for path in ups.values():
+        _commit(path, [1, 2])
+    registry = Registry(
+        upstreams=[Upstream(n, path=str(p)) for n, p in ups.items()],
+        pipelines=[
+            Pipeline("pipeline_a", ("up1", "up2"), str(tmp_path / "a"), ("id",), _never_called),
+            Pipeline("pipeline_b", ("up2", "up3"), str(tmp_path / "b"), ("id",), _never_called),
+        ],
+    )
+    defs = build_definitions(
+        registry,
+        control_root=str(tmp_path / "control"),
+        settings=WatermarkSettings(min_batch_interval_seconds=0),
+    )
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    try:
+        yield defs, instance, WatermarkStore(tmp_path / "control"), ups
+    finally:
+        instance.dispose()
+
+
+def _tick(defs, instance, name: str, cursor: str | None = None):  # noqa: ANN001, ANN202
+    with build_sensor_context(
+        instance_ref=instance.get_ref(),
+        definitions=defs,
+        sensor_name=name,
+        cursor=cursor,
+        resources=dict(defs.resources),
+    ) as context:
+        return defs.resolve_sensor_def(name).evaluate_tick(context)
+
+
+def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    result = _tick(defs, instance, COORDINATOR)
+    [request] = result.run_requests
+    assert request.partition_key == "b000001"
+    assert request.run_key == "b000001:1"
+    assert sorted(k.to_user_string() for k in request.asset_selection) == [
+        "pipeline_a", "pipeline_b"]
+    [add] = result.dynamic_partitions_requests
+    assert list(add.partition_keys) == ["b000001"]
+    # Observations of the three upstreams ride along with the tick.
+    assert sorted(e.asset_key.to_user_string() for e in result.asset_events) == [
+        "up1", "up2", "up3"]
+    batch = store.open_batch()
+    assert batch is not None
+    assert {u: str(i.range) for u, i in batch.inputs.items()} == {
+        "up1": "[0, 0]", "up2": "[0, 0]", "up3": "[0, 0]"}
+
+
+def test_open_batch_is_resumed_not_replanned(setup) -> None:  # noqa: ANN001
+    defs, instance, store, ups = setup
+    first = _tick(defs, instance, COORDINATOR)
+    instance.add_dynamic_partitions("watermark_batches", ["b000001"])
+    _commit(ups["up1"], [3])  # new data arrives while the batch is open
+    again = _tick(defs, instance, COORDINATOR, first.cursor)
+    assert len(store.batches()) == 1
+    [request] = again.run_requests  # no run exists yet: the same batch is requested again
+    assert request.partition_key == "b000001"
+    assert not again.dynamic_partitions_requests
+
+
+def test_finalizer_waits_for_the_pipelines(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    _tick(defs, instance, COORDINATOR)
+    result = _tick(defs, instance, FINALIZER)
+    assert "waits for" in (result.skip_message or "")
+    assert store.committed_versions() == {}
+
+
+def test_nothing_new_plans_nothing(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    result = _tick(defs, instance, COORDINATOR)
+    assert result.run_requests
+    # Finalize by hand as if both pipelines succeeded; no commit follows.
+    planned = store.open_batch()
+    assert planned is not None
+    for upstream in planned.ranged_upstreams:
+        store.advance(planned, upstream, actor="test")
+    store.set_batch_status(planned.batch_id, BatchStatus.COMPLETED, actor="test")
+    result = _tick(defs, instance, COORDINATOR, result.cursor)
+    assert not result.run_requests
+    assert "no upstream has new versions" in (result.skip_message or "")
+    assert len(store.batches()) == 1
+
+
+def test_two_coordinator_ticks_at_once_create_one_batch(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    barrier = threading.Barrier(2)
+    results: list = []
+    errors: list = []
+
+    def tick() -> None:
+        try:
+            barrier.wait()
+            results.append(_tick(defs, instance, COORDINATOR))
+        except Exception as e:  # pragma: no cover - surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=tick) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(store.batches()) == 1
+    keys = {r.run_key for result in results for r in result.run_requests}
+    assert keys == {"b000001:1"}  # Dagster launches one run per run key
