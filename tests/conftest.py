@@ -23,8 +23,9 @@ def spark():  # noqa: ANN201 - pyspark SparkSession
     """The one Spark session of this test process (local[2], Delta configured)."""
     from watermark_dagster.spark import build_spark_session
 
-    session = build_spark_session(master="local[2]", app_name="watermark-tests",
-                                  conf=SPARK_TEST_CONF)
+    session = build_spark_session(
+        master="local[2]", app_name="watermark-tests", conf=SPARK_TEST_CONF
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

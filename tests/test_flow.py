@@ -77,8 +77,13 @@ def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:  
     )
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
     try:
-        yield Location(paths, HeadlessRunner(defs, instance), instance,
-                       WatermarkStore(paths.control_root), flag)
+        yield Location(
+            paths,
+            HeadlessRunner(defs, instance),
+            instance,
+            WatermarkStore(paths.control_root),
+            flag,
+        )
     finally:
         instance.dispose()
 
@@ -121,7 +126,9 @@ def test_three_batches_track_changing_upstreams_exactly(spark, location: Locatio
             assert rng is not None
             assert meta[f"{upstream}/read_mode"] == "CDF"
             assert (meta[f"{upstream}/start_version"], meta[f"{upstream}/end_version"]) == (
-                rng.start, rng.end)
+                rng.start,
+                rng.end,
+            )
             assert meta[f"{upstream}/rows_read"] > 0
         assert meta["rows_written"] > 0
     assert [b.batch_id for b in location.store.batches()] == ["b000003", "b000002", "b000001"]
@@ -165,7 +172,8 @@ def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  
     location.runner.run_until_idle()
     before = location.store.committed_versions()
     spark.createDataFrame([(999, 1, 4200, "new")], ORDERS).write.format("delta").mode(
-        "append").save(location.paths.upstream("orders"))
+        "append"
+    ).save(location.paths.upstream("orders"))
 
     report = location.runner.run_until_idle()
     assert report.completed == ["b000002"]
@@ -183,12 +191,15 @@ def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  
     after = location.store.committed_versions()
     assert after["orders"] == before["orders"] + 1
     assert {u: after[u] for u in ("customers", "payments")} == {
-        u: before[u] for u in ("customers", "payments")}
+        u: before[u] for u in ("customers", "payments")
+    }
     target = spark.read.format("delta").load(location.paths.target("orders_enriched"))
     assert target.where(F.col("order_id") == 999).count() == 1
 
 
-def test_open_batch_is_resumed_after_its_run_is_killed(spark, location: Location, dagster_home: Path) -> None:  # noqa: ANN001, E501
+def test_open_batch_is_resumed_after_its_run_is_killed(
+    spark, location: Location, dagster_home: Path
+) -> None:  # noqa: ANN001, E501
     # A real `watermark run` process is SIGKILLed right after its first pipeline committed
     # to its target, before the checkpoint and the materialization.
     env = {
@@ -201,7 +212,11 @@ def test_open_batch_is_resumed_after_its_run_is_killed(spark, location: Location
     }
     proc = subprocess.run(
         [sys.executable, "-m", "watermark_dagster.cli", "run"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
 
@@ -211,7 +226,8 @@ def test_open_batch_is_resumed_after_its_run_is_killed(spark, location: Location
     assert dead_run.status is DagsterRunStatus.STARTED  # Dagster still thinks it runs
     killed = location.store.checkpoints(batch_id="b000001")
     assert [(c.pipeline, c.attempt, c.status) for c in killed] == [
-        (killed[0].pipeline, 1, CheckpointStatus.RUNNING)]
+        (killed[0].pipeline, 1, CheckpointStatus.RUNNING)
+    ]
 
     report = location.runner.run_until_idle()
     assert report.completed == ["b000001"]
@@ -220,8 +236,10 @@ def test_open_batch_is_resumed_after_its_run_is_killed(spark, location: Location
     assert resumed.plan_id == planned.plan_id and resumed.inputs == planned.inputs
     assert location.instance.get_run_by_id(dead_run.run_id).status is DagsterRunStatus.FAILURE  # type: ignore[union-attr]
     assert [r.success for r in report.runs] == [True]
-    for pipeline, ups in (("orders_enriched", ("orders", "customers")),
-                          ("customer_payments", ("customers", "payments"))):
+    for pipeline, ups in (
+        ("orders_enriched", ("orders", "customers")),
+        ("customer_payments", ("customers", "payments")),
+    ):
         meta = _materialization_metadata(location.instance, pipeline, "b000001")
         assert meta["attempt"] >= 1
         for u in ups:

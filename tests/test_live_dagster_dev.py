@@ -177,9 +177,11 @@ class DagsterDev:
         while time.monotonic() < deadline:
             self.track()
             if self.proc.poll() is not None:
-                pytest.fail(self.explain(
-                    f"dagster dev exited with code {self.proc.returncode} while waiting for {what}"
-                ))
+                pytest.fail(
+                    self.explain(
+                        f"dagster dev exited with code {self.proc.returncode} while waiting for {what}"
+                    )
+                )
             try:
                 result = condition()
             except (requests.RequestException, OSError) as e:
@@ -187,10 +189,12 @@ class DagsterDev:
             if result:
                 return result
             time.sleep(poll)
-        pytest.fail(self.explain(
-            f"timed out after {timeout:.0f}s waiting for {what}"
-            + (f" (last error: {last_error!r})" if last_error else "")
-        ))
+        pytest.fail(
+            self.explain(
+                f"timed out after {timeout:.0f}s waiting for {what}"
+                + (f" (last error: {last_error!r})" if last_error else "")
+            )
+        )
 
     # -- shutdown
 
@@ -282,8 +286,7 @@ def _assert_contiguous(batches: list[Batch], latest: dict[str, int]) -> None:
             )
             next_start = rng.end + 1
         assert next_start - 1 == latest[upstream], (
-            f"{upstream}: the batches end at {next_start - 1}, latest version is "
-            f"{latest[upstream]}"
+            f"{upstream}: the batches end at {next_start - 1}, latest version is {latest[upstream]}"
         )
 
 
@@ -450,7 +453,8 @@ def _check_one_process(dev: DagsterDev, instance: Any, run: dict[str, Any]) -> N
     run_id = run["runId"]
     events = _run_events(dev, run_id)
     engine = [
-        e for e in events
+        e
+        for e in events
         if e.get("eventType") == "ENGINE_EVENT" and "Executing steps" in (e.get("message") or "")
     ]
     assert len(engine) == 1, [e.get("message") for e in engine]
@@ -488,8 +492,9 @@ def _rows(df: Any, columns: list[str]) -> list[tuple]:
     return sorted((tuple(r) for r in df.select(*columns).collect()), key=repr)
 
 
-def _assert_targets_match_full_recompute(spark: Any, paths: DemoPaths,
-                                         versions: dict[str, int]) -> None:
+def _assert_targets_match_full_recompute(
+    spark: Any, paths: DemoPaths, versions: dict[str, int]
+) -> None:
     def snapshot(upstream: str) -> Any:
         return (
             spark.read.format("delta")
@@ -506,7 +511,9 @@ def _assert_targets_match_full_recompute(spark: Any, paths: DemoPaths,
         assert set(FRAMEWORK_COLUMNS) <= set(target.columns), target.columns
         target = target.drop(*FRAMEWORK_COLUMNS)
         assert sorted(target.columns) == sorted(reference.columns), (
-            name, target.columns, reference.columns
+            name,
+            target.columns,
+            reference.columns,
         )
         columns = reference.columns
         got, want = _rows(target, columns), _rows(reference, columns)
@@ -577,11 +584,13 @@ def test_dagster_dev_runs_batches_by_itself(
         WATERMARK_SENSOR_INTERVAL_SECONDS="5",
         WATERMARK_MIN_BATCH_INTERVAL_SECONDS="0",
         WATERMARK_SPARK_MASTER="local[1]",
-        WATERMARK_SPARK_CONF=json.dumps({
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "1",
-            "spark.databricks.delta.snapshotPartitions": "1",
-        }),
+        WATERMARK_SPARK_CONF=json.dumps(
+            {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.default.parallelism": "1",
+                "spark.databricks.delta.snapshotPartitions": "1",
+            }
+        ),
         # Show DeprecationWarnings (hidden by default outside __main__) so the log check
         # below can see the ones raised from watermark_dagster's code.
         PYTHONWARNINGS="default::DeprecationWarning",
@@ -594,8 +603,9 @@ def test_dagster_dev_runs_batches_by_itself(
     timings: dict[str, float] = {}
     try:
         # ---- the webserver answers and the code location loaded, sensors on by default
-        states = dev.wait_for("the code location to load", lambda: _sensor_states(dev),
-                              STARTUP_TIMEOUT)
+        states = dev.wait_for(
+            "the code location to load", lambda: _sensor_states(dev), STARTUP_TIMEOUT
+        )
         timings["webserver up"] = time.monotonic() - began
         assert {s: states.get(s) for s in SENSORS} == {s: "RUNNING" for s in SENSORS}, states
 
@@ -611,8 +621,9 @@ def test_dagster_dev_runs_batches_by_itself(
         assert first.batch_id == "b000001", first
         assert first.status is BatchStatus.COMPLETED
         assert set(first.pipelines) == set(PIPELINES), first.pipelines
-        assert {u: (i.range.start, i.range.end) for u, i in first.inputs.items()
-                if i.range} == {u: (0, 0) for u in UPSTREAMS}, first.inputs
+        assert {u: (i.range.start, i.range.end) for u, i in first.inputs.items() if i.range} == {
+            u: (0, 0) for u in UPSTREAMS
+        }, first.inputs
         _assert_contiguous(batches, seeded)
 
         states = _sensor_states(dev)
@@ -639,7 +650,9 @@ def test_dagster_dev_runs_batches_by_itself(
         for upstream, planned in second.inputs.items():
             if planned.range is not None:
                 assert planned.range.start == first.inputs[upstream].range.end + 1, (
-                    upstream, second.inputs, first.inputs
+                    upstream,
+                    second.inputs,
+                    first.inputs,
                 )
         assert any(i.range is not None for i in second.inputs.values()), second.inputs
         _assert_contiguous(batches, latest)
@@ -660,8 +673,10 @@ def test_dagster_dev_runs_batches_by_itself(
     finally:
         dev.stop()
         timings["stopped"] = time.monotonic() - began
-        print(f"\nlive dagster dev timings (s since start): "
-              f"{ {k: round(v, 1) for k, v in timings.items()} }; log: {dev.log_path}")
+        print(
+            f"\nlive dagster dev timings (s since start): "
+            f"{ {k: round(v, 1) for k, v in timings.items()} }; log: {dev.log_path}"
+        )
 
     assert dev.proc.returncode is not None
     assert not dev.leftovers, "processes left alive after stopping dagster dev:\n" + "\n".join(

@@ -72,9 +72,7 @@ def test_plan_ranges(state, expected_ranges, expected_pipelines) -> None:
 
 
 def test_max_versions_per_batch_caps_the_range() -> None:
-    plan = plan_batch(
-        [UpstreamPosition("up1", 100, 9, max_versions_per_batch=10)], {"p": ["up1"]}
-    )
+    plan = plan_batch([UpstreamPosition("up1", 100, 9, max_versions_per_batch=10)], {"p": ["up1"]})
     assert plan.inputs["up1"].range == VersionRange(10, 19)
 
 

@@ -94,5 +94,7 @@ def test_unavailable_upstream_is_reported_by_name(tmp_path: Path, kind: str) -> 
     if kind == "not-delta":
         path.mkdir()
         (path / "part-0.parquet").write_bytes(b"not really")
-    with pytest.raises(UpstreamUnavailableError, match=r"Upstream 'ghost' at .*nope.* not a readable Delta"):
+    with pytest.raises(
+        UpstreamUnavailableError, match=r"Upstream 'ghost' at .*nope.* not a readable Delta"
+    ):
         Observer().observe(Upstream("ghost", path=str(path)))

@@ -26,8 +26,9 @@ def _never_called(batch):  # noqa: ANN001, ANN202
 
 def _commit(path: Path, ids: list[int]) -> None:
     table = pa.table({"id": pa.array(ids, pa.int64())})
-    write_deltalake(str(path), table, mode="append",
-                    configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(
+        str(path), table, mode="append", configuration={"delta.enableChangeDataFeed": "true"}
+    )
 
 
 @pytest.fixture
@@ -72,16 +73,24 @@ def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:  
     assert request.partition_key == "b000001"
     assert request.run_key == "b000001:1"
     assert sorted(k.to_user_string() for k in request.asset_selection) == [
-        "pipeline_a", "pipeline_b"]
+        "pipeline_a",
+        "pipeline_b",
+    ]
     [add] = result.dynamic_partitions_requests
     assert list(add.partition_keys) == ["b000001"]
     # Observations of the three upstreams ride along with the tick.
     assert sorted(e.asset_key.to_user_string() for e in result.asset_events) == [
-        "up1", "up2", "up3"]
+        "up1",
+        "up2",
+        "up3",
+    ]
     batch = store.open_batch()
     assert batch is not None
     assert {u: str(i.range) for u, i in batch.inputs.items()} == {
-        "up1": "[0, 0]", "up2": "[0, 0]", "up3": "[0, 0]"}
+        "up1": "[0, 0]",
+        "up2": "[0, 0]",
+        "up3": "[0, 0]",
+    }
 
 
 def test_open_batch_is_resumed_not_replanned(setup) -> None:  # noqa: ANN001

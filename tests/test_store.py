@@ -37,7 +37,9 @@ def test_batch_is_one_commit_and_an_open_batch_is_not_replanned(tmp_path: Path) 
     assert store.table_version("batches") == before + 1  # all upstream rows, one commit
     assert batch.batch_id == "b000001"
     assert {u: str(i.range) for u, i in batch.inputs.items()} == {
-        "up1": "[0, 3]", "up2": "[0, 4]", "up3": "[0, 5]"
+        "up1": "[0, 3]",
+        "up2": "[0, 4]",
+        "up3": "[0, 5]",
     }
     again, created_again = store.create_batch(_positions(9, 9, 9), PIPELINES, actor="test")
     assert not created_again
@@ -112,10 +114,14 @@ def test_checkpoint_attempts(tmp_path: Path) -> None:
     assert store.begin_checkpoint("p", "b000001", run_id="r1") == 1
     store.finish_checkpoint("p", "b000001", 1, CheckpointStatus.FAILED, error="boom")
     assert store.begin_checkpoint("p", "b000001", run_id="r2") == 2
-    store.finish_checkpoint("p", "b000001", 2, CheckpointStatus.SUCCESS, rows_read=3,
-                            rows_written=2)
+    store.finish_checkpoint(
+        "p", "b000001", 2, CheckpointStatus.SUCCESS, rows_read=3, rows_written=2
+    )
     got = [(c.attempt, c.status, c.error, c.rows_written) for c in store.checkpoints()]
-    assert got == [(1, CheckpointStatus.FAILED, "boom", None), (2, CheckpointStatus.SUCCESS, None, 2)]
+    assert got == [
+        (1, CheckpointStatus.FAILED, "boom", None),
+        (2, CheckpointStatus.SUCCESS, None, 2),
+    ]
 
 
 # ------------------------------------------------------------------ races between processes
@@ -125,8 +131,9 @@ def _plan_at(root: str, start_at: float, latest: int) -> tuple[str | None, bool]
     store = WatermarkStore(root)
     store.ensure_tables()
     time.sleep(max(0.0, start_at - time.time()))
-    batch, created = store.create_batch(_positions(latest, latest, latest), PIPELINES,
-                                        actor=f"proc-{latest}")
+    batch, created = store.create_batch(
+        _positions(latest, latest, latest), PIPELINES, actor=f"proc-{latest}"
+    )
     return (batch.batch_id if batch else None), created
 
 

@@ -61,7 +61,9 @@ def _load_defs(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise SystemExit(f"watermark: cannot import code location module {module_name!r}: {e}")
+        raise SystemExit(
+            f"watermark: cannot import code location module {module_name!r}: {e}"
+        ) from e
     try:
         return getattr(module, attr or "defs")
     except AttributeError:
@@ -78,7 +80,9 @@ def _registry_upstreams(defs: Any) -> dict[str, str]:
     for spec in defs.resolve_all_asset_specs():
         path = spec.metadata.get("path")
         if spec.group_name == "upstreams" and path is not None:
-            out[spec.key.to_user_string()] = getattr(path, "path", None) or getattr(path, "value", path)
+            out[spec.key.to_user_string()] = getattr(path, "path", None) or getattr(
+                path, "value", path
+            )
     return out
 
 
@@ -149,7 +153,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed = report.failed_runs
     if report.stuck or failed:
         for r in failed:
-            print(f"\nFAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}", file=sys.stderr)
+            print(
+                f"\nFAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}", file=sys.stderr
+            )
         if report.stuck:
             print(f"\n{report.stuck}", file=sys.stderr)
         return 1
@@ -191,9 +197,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print()
         checks = compare_with_full_recompute(spark, paths)
         for check in checks:
-            verdict = "equals a full recompute" if check.ok else (
-                f"DIFFERS from a full recompute: missing {list(check.missing)}, "
-                f"unexpected {list(check.unexpected)}"
+            verdict = (
+                "equals a full recompute"
+                if check.ok
+                else (
+                    f"DIFFERS from a full recompute: missing {list(check.missing)}, "
+                    f"unexpected {list(check.unexpected)}"
+                )
             )
             print(f"target {check.target}: {check.rows} rows, {verdict}")
     finally:
@@ -235,8 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, *, defs: bool = True) -> None:
         p.add_argument("--home", help="WATERMARK_HOME (default: $WATERMARK_HOME or ./.watermark)")
         if defs:
-            p.add_argument("--defs", default=DEFAULT_DEFS,
-                           help=f"code location as module:attribute (default: {DEFAULT_DEFS})")
+            p.add_argument(
+                "--defs",
+                default=DEFAULT_DEFS,
+                help=f"code location as module:attribute (default: {DEFAULT_DEFS})",
+            )
 
     demo = sub.add_parser(
         "demo",
@@ -245,8 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  watermark demo --rounds 2\n  watermark demo --fresh",
     )
     common(demo, defs=False)
-    demo.add_argument("--rounds", type=int, default=2,
-                      help="rounds of upstream changes after the first batch (default 2)")
+    demo.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of upstream changes after the first batch (default 2)",
+    )
     demo.add_argument("--fresh", action="store_true", help="delete WATERMARK_HOME first")
     demo.add_argument("--quiet", action="store_true", help="no per-run progress lines")
     demo.set_defaults(func=cmd_demo)
@@ -261,16 +278,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the final status as JSON")
     run.set_defaults(func=cmd_run)
 
-    lst = sub.add_parser("list", help="every upstream: committed, latest, lag, open batch",
-                         epilog="example:\n  watermark list --json",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    lst = sub.add_parser(
+        "list",
+        help="every upstream: committed, latest, lag, open batch",
+        epilog="example:\n  watermark list --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common(lst)
     lst.add_argument("--json", action="store_true", help="JSON instead of a table")
     lst.set_defaults(func=cmd_list)
 
-    dev = sub.add_parser("dev", help="open the code location in `dagster dev` (sensors on)",
-                         epilog="example:\n  watermark dev --port 3000",
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    dev = sub.add_parser(
+        "dev",
+        help="open the code location in `dagster dev` (sensors on)",
+        epilog="example:\n  watermark dev --port 3000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common(dev, defs=False)
     dev.add_argument("--workspace", default="workspace.yaml")
     dev.add_argument("--host", default="127.0.0.1")

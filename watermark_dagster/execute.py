@@ -143,7 +143,12 @@ def execute_pipeline(
         for r in reports:
             log.info(
                 "pipeline=%s batch=%s upstream=%s mode=%s range=[%s, %s] rows_read=%d",
-                pipeline_name, batch_id, r.upstream, r.mode, r.start_version, r.end_version,
+                pipeline_name,
+                batch_id,
+                r.upstream,
+                r.mode,
+                r.start_version,
+                r.end_version,
                 r.rows_read,
             )
         context = BatchContext(batch_id, batch.seq, pipeline_name, inputs, spark)
@@ -167,13 +172,26 @@ def execute_pipeline(
         )
         log.info(
             "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d",
-            pipeline_name, batch_id, pipeline.target, write.target_version, write.rows_inserted,
-            write.rows_updated, write.rows_deleted,
+            pipeline_name,
+            batch_id,
+            pipeline.target,
+            write.target_version,
+            write.rows_inserted,
+            write.rows_updated,
+            write.rows_deleted,
         )
         fault_point("after_target_commit")
     except BaseException as exc:
+        error = _error_text(exc)
         store.finish_checkpoint(
-            pipeline_name, batch_id, attempt, CheckpointStatus.FAILED, error=_error_text(exc)
+            pipeline_name, batch_id, attempt, CheckpointStatus.FAILED, error=error
+        )
+        store.record(
+            "PIPELINE_FAILED",
+            actor=run_id,
+            batch_id=batch_id,
+            pipeline=pipeline_name,
+            detail={"attempt": attempt, "error": error},
         )
         raise
     finally:
@@ -187,6 +205,17 @@ def execute_pipeline(
         CheckpointStatus.SUCCESS,
         rows_read=outcome.rows_read,
         rows_written=outcome.rows_written,
+    )
+    store.record(
+        "PIPELINE_SUCCEEDED",
+        actor=run_id,
+        batch_id=batch_id,
+        pipeline=pipeline_name,
+        detail={
+            "attempt": attempt,
+            "rows_read": outcome.rows_read,
+            "rows_written": outcome.rows_written,
+        },
     )
     fault_point("after_checkpoint")
     return outcome

@@ -117,7 +117,9 @@ class HeadlessRunner:
                 error = "; ".join(failures) or "run failed"
             names = [k.to_user_string() for k in keys]
             report.runs.append(
-                RunOutcome(outcome.run_id, str(request.partition_key), names, outcome.success, error)
+                RunOutcome(
+                    outcome.run_id, str(request.partition_key), names, outcome.success, error
+                )
             )
             self.log(
                 f"run {outcome.run_id[:8]} batch {request.partition_key} {names}: "

@@ -140,8 +140,9 @@ class Pipeline:
                 fix="give the target Delta table's location as target=...",
             )
         if not callable(self.transform):
-            raise ConfigurationError(f"Pipeline '{self.name}': transform is not callable.",
-                                     pipeline=self.name)
+            raise ConfigurationError(
+                f"Pipeline '{self.name}': transform is not callable.", pipeline=self.name
+            )
 
 
 def pipeline(
@@ -181,8 +182,11 @@ class Registry:
         self.upstreams: dict[str, Upstream] = {}
         for u in upstreams:
             if u.name in self.upstreams:
-                raise ConfigurationError(f"Upstream '{u.name}' is declared twice.",
-                                         upstream=u.name, fix="give each upstream one entry.")
+                raise ConfigurationError(
+                    f"Upstream '{u.name}' is declared twice.",
+                    upstream=u.name,
+                    fix="give each upstream one entry.",
+                )
             self.upstreams[u.name] = u
         self.pipelines: dict[str, Pipeline] = {}
         for p in pipelines:

@@ -28,8 +28,9 @@ def _number(name: str, default: str, cast: type) -> float | int:
             fix=f"set {name} to a number such as {default}, or unset it.",
         ) from None
     if value < 0:
-        raise ConfigurationError(f"Environment variable {name}={raw!r} is negative.",
-                                 fix=f"set {name} to 0 or more.")
+        raise ConfigurationError(
+            f"Environment variable {name}={raw!r} is negative.", fix=f"set {name} to 0 or more."
+        )
     return value
 
 
@@ -44,9 +45,10 @@ def spark_conf() -> dict[str, str]:
     try:
         conf = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ConfigurationError(f"WATERMARK_SPARK_CONF is not valid JSON ({e}): {raw!r}.",
-                                 fix='use an object like {"spark.sql.shuffle.partitions": "2"}.'
-                                 ) from None
+        raise ConfigurationError(
+            f"WATERMARK_SPARK_CONF is not valid JSON ({e}): {raw!r}.",
+            fix='use an object like {"spark.sql.shuffle.partitions": "2"}.',
+        ) from None
     if not isinstance(conf, dict):
         raise ConfigurationError(f"WATERMARK_SPARK_CONF must be a JSON object, got {raw!r}.")
     return {str(k): str(v) for k, v in conf.items()}

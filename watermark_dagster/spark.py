@@ -50,7 +50,9 @@ def build_spark_session(
         conf: extra Spark settings, applied last.
 
     Example:
-        >>> spark = build_spark_session(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+        >>> spark = build_spark_session(
+        ...     master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}
+        ... )
     """
     settings = {**DELTA_CONF, **DEFAULT_CONF, **dict(conf or {})}
     builder = SparkSession.builder.appName(app_name)
@@ -106,4 +108,6 @@ def _remember_delta_jars(spark_jars: str | None) -> None:
 if __name__ == "__main__":
     # Install step: resolve Delta's jars once and remember them.
     build_spark_session(master="local[1]").stop()
-    print(f"Delta jars ready: {len(cached_delta_jars() or [])} files listed in {_jars_cache_file()}")
+    print(
+        f"Delta jars ready: {len(cached_delta_jars() or [])} files listed in {_jars_cache_file()}"
+    )

@@ -28,7 +28,9 @@ def recompute(touched: DataFrame, current: DataFrame, keys: Sequence[str]) -> Da
     """
     key_list = list(keys)
     upserts = current.join(touched.select(*key_list).distinct(), key_list, "left_semi")
-    gone = touched.select(*key_list).distinct().join(current.select(*key_list), key_list, "left_anti")
+    gone = (
+        touched.select(*key_list).distinct().join(current.select(*key_list), key_list, "left_anti")
+    )
     deletes = gone
     for field in current.schema.fields:
         if field.name not in key_list:

@@ -126,9 +126,7 @@ def plan_batch(
     return Plan(inputs=inputs, pipelines=pipelines)
 
 
-def batch_is_due(
-    last_planned_at: datetime | None, now: datetime, min_interval: timedelta
-) -> bool:
+def batch_is_due(last_planned_at: datetime | None, now: datetime, min_interval: timedelta) -> bool:
     """True when at least ``min_interval`` has passed since the previous batch was planned."""
     return last_planned_at is None or now - last_planned_at >= min_interval
 

@@ -62,12 +62,8 @@ def build_definitions(
     translator = translator or WatermarkTranslator()
     observer = Observer()
     partitions_def = DynamicPartitionsDefinition(name=BATCHES_PARTITIONS_NAME)
-    upstream_keys = {
-        n: translator.upstream_asset_key(u) for n, u in registry.upstreams.items()
-    }
-    pipeline_keys = {
-        n: translator.pipeline_asset_key(p) for n, p in registry.pipelines.items()
-    }
+    upstream_keys = {n: translator.upstream_asset_key(u) for n, u in registry.upstreams.items()}
+    pipeline_keys = {n: translator.pipeline_asset_key(p) for n, p in registry.pipelines.items()}
     pipeline_assets = [
         build_pipeline_asset(p, registry, translator, partitions_def)
         for p in registry.pipelines.values()

@@ -1,7 +1,7 @@
 """Dagster resources: the Spark session and the watermark store."""
 
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr

@@ -77,7 +77,11 @@ def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
         last_attempt = max(last_attempt, int(run.tags.get(ATTEMPT_TAG, "0") or 0))
         if run.status in IN_PROGRESS_RUN_STATUSES:
             identity = run.tags.get(WORKER_TAG)
-            if run.status is DagsterRunStatus.STARTED and identity and worker_alive(identity) is False:
+            if (
+                run.status is DagsterRunStatus.STARTED
+                and identity
+                and worker_alive(identity) is False
+            ):
                 instance.report_run_failed(
                     run,
                     f"watermark: the run's worker process ({identity}) is gone; marking the run "
@@ -120,7 +124,9 @@ def succeeded_pipelines(
 
 
 def consumers_from_graph(
-    asset_graph: object, upstream_keys: Mapping[str, AssetKey], pipeline_names: Mapping[AssetKey, str]
+    asset_graph: object,
+    upstream_keys: Mapping[str, AssetKey],
+    pipeline_names: Mapping[AssetKey, str],
 ) -> dict[str, set[str]]:
     """upstream -> pipelines that read it, from the code location's asset graph."""
     consumers: dict[str, set[str]] = {}

@@ -25,7 +25,7 @@ from dagster import (
 )
 
 from watermark_dagster.core.planning import UpstreamPosition, batch_is_due, finalize_step
-from watermark_dagster.dagster_defs.assets import observation_event
+from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     ATTEMPT_TAG,
@@ -111,9 +111,7 @@ def build_coordinator_sensor(
             committed = store.committed_versions()
             for name, obs in observed.items():
                 if seen.get(name) != obs.latest_version:
-                    events.append(
-                        observation_event(obs, upstream_keys[name], committed.get(name))
-                    )
+                    events.append(observation_event(obs, upstream_keys[name], committed.get(name)))
                     seen[name] = obs.latest_version
             cursor["observed"] = seen
             runnable = {
@@ -162,15 +160,19 @@ def build_coordinator_sensor(
                 )
 
         add_partition = []
-        if not context.instance.has_dynamic_partition(partitions_def.name, batch.batch_id):
+        if not context.instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, batch.batch_id):
             add_partition = [partitions_def.build_add_request([batch.batch_id])]
 
         runs = batch_runs(context.instance, batch.batch_id)
         if runs.dead:
             context.log.warning(f"batch {batch.batch_id}: runs {list(runs.dead)} lost their worker")
             for run_id in runs.dead:
-                store.record("RUN_DIED", actor=f"sensor:{COORDINATOR}",
-                             batch_id=batch.batch_id, detail={"run_id": run_id})
+                store.record(
+                    "RUN_DIED",
+                    actor=f"sensor:{COORDINATOR}",
+                    batch_id=batch.batch_id,
+                    detail={"run_id": run_id},
+                )
 
         def result(skip: str | None, requests: list[RunRequest] | None = None) -> SensorResult:
             return SensorResult(
@@ -270,8 +272,6 @@ def build_finalizer_sensor(
         fault_point("before_batch_complete")
         store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor=actor)
         context.log.info(f"batch {batch.batch_id} completed")
-        return SensorResult(
-            skip_reason=f"batch {batch.batch_id} completed", asset_events=events
-        )
+        return SensorResult(skip_reason=f"batch {batch.batch_id} completed", asset_events=events)
 
     return watermark_finalizer

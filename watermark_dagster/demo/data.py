@@ -114,9 +114,13 @@ def apply_round(spark: SparkSession, paths: DemoPaths, round_no: int) -> int:
     payment_ids = _ids(spark, paths, "payments")
 
     next_order = max(order_ids) + 1
-    insert("orders", [
-        (next_order + i, rnd.choice(customer_ids), rnd.randint(500, 9000), "new") for i in range(3)
-    ])
+    insert(
+        "orders",
+        [
+            (next_order + i, rnd.choice(customer_ids), rnd.randint(500, 9000), "new")
+            for i in range(3)
+        ],
+    )
     table("orders").update(
         condition=F.col("order_id") == F.lit(rnd.choice(order_ids)),
         set={"status": F.lit(rnd.choice(["paid", "shipped", "returned"]))},
@@ -137,9 +141,10 @@ def apply_round(spark: SparkSession, paths: DemoPaths, round_no: int) -> int:
         commits += 1
 
     next_payment = max(payment_ids) + 1
-    insert("payments", [
-        (next_payment + i, rnd.choice(customer_ids), rnd.randint(100, 5000)) for i in range(2)
-    ])
+    insert(
+        "payments",
+        [(next_payment + i, rnd.choice(customer_ids), rnd.randint(100, 5000)) for i in range(2)],
+    )
     table("payments").update(
         condition=F.col("payment_id") == F.lit(rnd.choice(payment_ids)),
         set={"customer_id": F.lit(rnd.choice(customer_ids))},

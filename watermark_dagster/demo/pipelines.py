@@ -30,14 +30,11 @@ def full_customer_payments(customers: DataFrame, payments: DataFrame) -> DataFra
         F.sum("amount_cents").alias("total_paid_cents"),
         F.count(F.lit(1)).alias("payment_count"),
     )
-    return (
-        customers.join(totals, "customer_id", "left")
-        .select(
-            "customer_id",
-            "name",
-            F.coalesce("total_paid_cents", F.lit(0)).cast("long").alias("total_paid_cents"),
-            F.coalesce("payment_count", F.lit(0)).cast("long").alias("payment_count"),
-        )
+    return customers.join(totals, "customer_id", "left").select(
+        "customer_id",
+        "name",
+        F.coalesce("total_paid_cents", F.lit(0)).cast("long").alias("total_paid_cents"),
+        F.coalesce("payment_count", F.lit(0)).cast("long").alias("payment_count"),
     )
 
 

@@ -37,7 +37,7 @@ def _is_local(path: str) -> bool:
 
 
 def _local_path(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    return path[len("file://") :] if path.startswith("file://") else path
 
 
 def latest_local_version(path: str) -> int | None:
@@ -92,7 +92,7 @@ class Observer:
             path=path,
             latest_version=dt.version(),
             cdf_enabled=str(config.get("delta.enablechangedatafeed", "false")).lower() == "true",
-            table_id=metadata.id,
+            table_id=str(metadata.id),
             schema_fingerprint=fingerprint,
         )
         with self._lock:

@@ -229,9 +229,7 @@ class WatermarkStore:
         return dt.to_pyarrow_dataset().to_table(columns=columns).cast(table_schema)
 
     @classmethod
-    def _rows(
-        cls, dt: DeltaTable, filter_: pc.Expression | None = None
-    ) -> list[dict[str, Any]]:
+    def _rows(cls, dt: DeltaTable, filter_: pc.Expression | None = None) -> list[dict[str, Any]]:
         table = cls._arrow(dt)
         if filter_ is not None:
             table = table.filter(filter_)
@@ -256,9 +254,7 @@ class WatermarkStore:
         if not rows:
             return
         data = pa.Table.from_pylist(rows, schema=schema.TABLES[table])
-        write_deltalake(
-            self.uri(table), data, mode="append", storage_options=self.storage_options
-        )
+        write_deltalake(self.uri(table), data, mode="append", storage_options=self.storage_options)
 
     def record(self, event: str, *, actor: str | None, **fields: Any) -> None:
         """Append one audit row to ``history``."""
@@ -292,8 +288,12 @@ class WatermarkStore:
             statuses = {BatchStatus(r["status"]) for r in group}
             # Rows of a batch change status together; a mix means a write was cut short,
             # and the least finished status is the truth.
-            order = [BatchStatus.PLANNED, BatchStatus.FAILED, BatchStatus.ABANDONED,
-                     BatchStatus.COMPLETED]
+            order = [
+                BatchStatus.PLANNED,
+                BatchStatus.FAILED,
+                BatchStatus.ABANDONED,
+                BatchStatus.COMPLETED,
+            ]
             status = next(s for s in order if s in statuses)
             batches.append(
                 Batch(
@@ -317,8 +317,9 @@ class WatermarkStore:
 
     def open_batch(self) -> Batch | None:
         """The open SCHEDULED batch (PLANNED, not yet finalized), if any."""
-        opened = [b for b in self._open_batches(self._load("batches"))
-                  if b.kind is BatchKind.SCHEDULED]
+        opened = [
+            b for b in self._open_batches(self._load("batches")) if b.kind is BatchKind.SCHEDULED
+        ]
         return opened[0] if opened else None
 
     def get_batch(self, batch_id: str) -> Batch:
@@ -347,7 +348,7 @@ class WatermarkStore:
         table = self._arrow(self._load("batches"), ["created_at"])
         if table.num_rows == 0:
             return None
-        return pc.max(table["created_at"]).as_py()
+        return max(table["created_at"].to_pylist())
 
     def create_batch(
         self,
@@ -381,7 +382,7 @@ class WatermarkStore:
             if not plan.has_work:
                 return None, False
             seqs = self._arrow(dt, ["seq"])["seq"]
-            seq = (pc.max(seqs).as_py() or 0) + 1
+            seq = max(seqs.to_pylist(), default=0) + 1
             batch_id = batch_id_for(seq)
             plan_id = uuid.uuid4().hex
             now = _now()
@@ -423,8 +424,9 @@ class WatermarkStore:
                 batch_id=batch.batch_id,
                 detail={
                     "pipelines": list(batch.pipelines),
-                    "ranges": {u: str(i.range) if i.range else "NOOP"
-                               for u, i in batch.inputs.items()},
+                    "ranges": {
+                        u: str(i.range) if i.range else "NOOP" for u, i in batch.inputs.items()
+                    },
                 },
             )
         return batch, created
@@ -512,13 +514,15 @@ class WatermarkStore:
         def decide(dt: DeltaTable) -> bool:
             rows = self._rows(dt, pc.field("batch_id") == batch_id)
             if not rows:
-                raise BatchStateError(f"No batch '{batch_id}' to mark {status}.",
-                                      batch_id=batch_id)
+                raise BatchStateError(f"No batch '{batch_id}' to mark {status}.", batch_id=batch_id)
             if all(r["status"] == status.value for r in rows):
                 return False
             if status is BatchStatus.COMPLETED:
-                pending = [r["upstream"] for r in rows
-                           if r["start_version"] is not None and r["advanced_at"] is None]
+                pending = [
+                    r["upstream"]
+                    for r in rows
+                    if r["start_version"] is not None and r["advanced_at"] is None
+                ]
                 if pending:
                     raise BatchStateError(
                         f"Batch {batch_id} cannot complete: upstream(s) {pending} not advanced.",
@@ -528,15 +532,20 @@ class WatermarkStore:
             for r in rows:
                 r.update(status=status.value, updated_at=now, error=error)
             self._update_batch_rows(
-                dt, rows,
+                dt,
+                rows,
                 {"status": "s.status", "updated_at": "s.updated_at", "error": "s.error"},
             )
             return True
 
         changed = self._cas("batches", decide)
         if changed:
-            self.record(f"BATCH_{status.value}", actor=actor, batch_id=batch_id,
-                        detail={"error": error} if error else None)
+            self.record(
+                f"BATCH_{status.value}",
+                actor=actor,
+                batch_id=batch_id,
+                detail={"error": error} if error else None,
+            )
         return changed
 
     # ---------------------------------------------------------------- watermarks

@@ -7,8 +7,10 @@ checkpoint) changes nothing the second time, and re-running an older batch canno
 overwrite what a newer one wrote.
 """
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from delta.tables import DeltaTable as SparkDeltaTable
@@ -70,7 +72,9 @@ def prepare_changes(
         )
     key_cols = [F.col(_q(k)) for k in keys]
     if COMMIT_VERSION in changes.columns:
-        latest_first = Window.partitionBy(*key_cols).orderBy(F.col(COMMIT_VERSION).desc_nulls_last())
+        latest_first = Window.partitionBy(*key_cols).orderBy(
+            F.col(COMMIT_VERSION).desc_nulls_last()
+        )
         changes = (
             changes.withColumn("_wm_rank", F.row_number().over(latest_first))
             .where(F.col("_wm_rank") == 1)
@@ -125,8 +129,7 @@ def merge_into_target(
     prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         prepared.count()
-        return _write(spark, prepared, target=target, keys=keys,
-                      storage_options=storage_options)
+        return _write(spark, prepared, target=target, keys=keys, storage_options=storage_options)
     finally:
         prepared.unpersist()
 
@@ -154,10 +157,7 @@ def _write(
             created=True,
         )
 
-    on = None
-    for k in keys:
-        term = _col("t", k) == _col("s", k)
-        on = term if on is None else on & term
+    on = reduce(operator.and_, [_col("t", k) == _col("s", k) for k in keys])
     not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
     assignments = {_q(c): _col("s", c) for c in data_columns}
     (
