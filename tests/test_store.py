@@ -193,3 +193,21 @@ def test_parallel_checkpoints_lose_no_row(tmp_path: Path, pool) -> None:
     rows = WatermarkStore(root).checkpoints(batch_id="b000001")
     assert sorted(c.pipeline for c in rows) == pipelines
     assert all(c.status is CheckpointStatus.SUCCESS for c in rows)
+
+
+def test_maintenance_compacts_without_changing_anything(tmp_path: Path) -> None:
+    store = WatermarkStore(tmp_path)
+    for latest in (3, 6, 9):
+        batch, _ = store.create_batch(_positions(latest, latest, latest), PIPELINES, actor="t")
+        assert batch is not None
+        for upstream in batch.ranged_upstreams:
+            store.advance(batch, upstream, actor="t")
+        store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="t")
+    before = (store.batches(), store.committed(), len(store.history()))
+    files_before = len(DeltaTable(store.uri("batches")).file_uris())
+    removed = store.maintain()
+    assert removed["batches"] > 1
+    assert len(DeltaTable(store.uri("batches")).file_uris()) < files_before
+    assert (store.batches(), store.committed(), len(store.history())) == before
+    nxt, created = store.create_batch(_positions(12, 12, 12), PIPELINES, actor="t")
+    assert created and nxt is not None and nxt.batch_id == "b000004"

@@ -181,7 +181,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         created = seed(spark, paths)
         print(f"demo upstreams {'created' if created else 'found'} under {home / 'demo'}")
-        runner = HeadlessRunner(defs, DagsterInstance.get(), log=quiet)
+        runner = HeadlessRunner(defs, DagsterInstance.get(), log=quiet, run_log_level="WARNING")
         report = runner.run_until_idle()
         batches = list(report.completed)
         start = max((b.seq for b in _store_of(defs).batches()), default=0)

@@ -56,6 +56,8 @@ class HeadlessRunner:
         defs: a code location built with :func:`build_definitions`.
         instance: the Dagster instance to record runs, materializations and ticks in.
         log: where progress lines go (default: nowhere).
+        run_log_level: level of Dagster's console log inside executed runs (``"DEBUG"`` shows
+            every step event; the event log in the instance is complete either way).
     """
 
     def __init__(
@@ -64,7 +66,9 @@ class HeadlessRunner:
         instance: DagsterInstance,
         *,
         log: Callable[[str], None] | None = None,
+        run_log_level: str = "INFO",
     ) -> None:
+        self.run_log_level = run_log_level
         self.defs = defs
         self.instance = instance
         self.log = log or (lambda _msg: None)
@@ -106,6 +110,7 @@ class HeadlessRunner:
                 asset_selection=keys,
                 tags=dict(request.tags),
                 raise_on_error=False,
+                run_config={"loggers": {"console": {"config": {"log_level": self.run_log_level}}}},
             )
             error = None
             if not outcome.success:

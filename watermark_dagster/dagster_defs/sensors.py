@@ -54,12 +54,15 @@ class WatermarkSettings:
         sensor_interval_seconds: how often the coordinator and finalizer tick.
         max_attempts: runs of one batch that may fail before the coordinator stops
             resubmitting it and reports it stuck.
+        maintain_every_batches: the finalizer compacts the control tables after every N-th
+            batch (0: never), keeping sensor reads small as history grows.
         default_status: whether the sensors start running when the code location loads.
     """
 
     min_batch_interval_seconds: float = 60.0
     sensor_interval_seconds: int = 30
     max_attempts: int = 3
+    maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
 
 
@@ -272,6 +275,9 @@ def build_finalizer_sensor(
         fault_point("before_batch_complete")
         store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor=actor)
         context.log.info(f"batch {batch.batch_id} completed")
+        if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
+            removed = store.maintain()
+            context.log.info(f"control tables compacted: {removed}")
         return SensorResult(skip_reason=f"batch {batch.batch_id} completed", asset_events=events)
 
     return watermark_finalizer

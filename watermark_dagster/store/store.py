@@ -707,6 +707,28 @@ class WatermarkStore:
         ]
         return sorted(found, key=lambda c: (c.batch_id, c.pipeline, c.attempt))
 
+    # ---------------------------------------------------------------- upkeep
+
+    def maintain(self, *, vacuum_retention_hours: int = 168) -> dict[str, int]:
+        """Compact each control table's small files, checkpoint its log and vacuum files
+        older than the retention (7 days by default, Delta's own minimum).
+
+        Every state change adds a small file; without this, reads slow down as history
+        grows. Safe while other writers run: their compare-and-swap retries absorb it.
+
+        Returns:
+            table -> files removed by compaction.
+        """
+        removed: dict[str, int] = {}
+        for name in schema.TABLES:
+            dt = self._load(name)
+            metrics = dt.optimize.compact()
+            removed[name] = int(metrics.get("numFilesRemoved", 0))
+            dt = self._load(name)
+            dt.create_checkpoint()
+            dt.vacuum(retention_hours=vacuum_retention_hours, dry_run=False)
+        return removed
+
     # ---------------------------------------------------------------- history
 
     def history(
