@@ -252,3 +252,21 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     assert location.store.committed_versions() == location.latest()
     # The first pipeline's merge landed twice (before the kill and on retry): no duplicates.
     _assert_targets_exact(spark, location.paths)
+
+
+def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location: Location) -> None:  # noqa: ANN001, E501
+    location.runner.run_until_idle()
+    apply_round(spark, location.paths, 1)  # deletes an order and a payment, among others
+    location.runner.run_until_idle()
+    targets = {p: location.paths.target(p) for p in ("orders_enriched", "customer_payments")}
+    versions = {p: latest_local_version(t) for p, t in targets.items()}
+
+    # An operator backfills batch 1 (as the UI's asset backfill would): same job, old partition.
+    job = location.runner.defs.resolve_job_def("watermark_batch_job")
+    result = job.execute_in_process(instance=location.instance, partition_key="b000001")
+    assert result.success
+    assert {p: latest_local_version(t) for p, t in targets.items()} == versions  # untouched
+    meta = _materialization_metadata(location.instance, "orders_enriched", "b000001")
+    assert "superseded" in meta["skipped"]
+    assert location.store.get_batch("b000001").status is BatchStatus.COMPLETED
+    _assert_targets_exact(spark, location.paths)

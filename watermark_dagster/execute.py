@@ -16,7 +16,7 @@ from watermark_dagster.errors import BatchStateError, TerminalError
 from watermark_dagster.faults import fault_point
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.registry import Pipeline, Registry
-from watermark_dagster.store import Batch, BatchStatus, CheckpointStatus, WatermarkStore
+from watermark_dagster.store import Batch, BatchStatus, CheckpointStatus, WatermarkStore, seq_of
 from watermark_dagster.write.merge import WriteResult, merge_into_target
 
 log = logging.getLogger("watermark_dagster")
@@ -111,6 +111,16 @@ def execute_pipeline(
         )
     if pipeline_name not in batch.pipelines:
         reason = f"no upstream of '{pipeline_name}' changed in batch {batch_id}"
+        log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
+        return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)
+    newest = store.newest_success(pipeline_name)
+    if newest is not None and seq_of(newest) > batch.seq:
+        # I5: a backfill of an older batch must not overwrite what newer batches wrote (nor
+        # bring back rows they deleted). The target already holds this batch's effects.
+        reason = (
+            f"batch {batch_id} is superseded: '{pipeline_name}' already applied the newer "
+            f"batch {newest}; its target is left as it is"
+        )
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)
     missing = [u for u in pipeline.upstreams if u not in batch.inputs]

@@ -11,6 +11,7 @@ from watermark_dagster.store.store import (
     WatermarkStore,
     batch_id_for,
     default_actor,
+    seq_of,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "WatermarkStore",
     "batch_id_for",
     "default_actor",
+    "seq_of",
 ]

@@ -137,6 +137,11 @@ def batch_id_for(seq: int) -> str:
     return f"b{seq:06d}"
 
 
+def seq_of(batch_id: str) -> int:
+    """The sequence number inside a batch id (inverse of :func:`batch_id_for`)."""
+    return int(batch_id.lstrip("b"))
+
+
 def default_actor() -> str:
     """``user@host`` of this process, recorded with manual changes."""
     try:
@@ -729,6 +734,16 @@ class WatermarkStore:
             dt.vacuum(retention_hours=vacuum_retention_hours, dry_run=False)
         return removed
 
+    def newest_success(self, pipeline: str) -> str | None:
+        """Id of the newest batch ``pipeline`` succeeded on (None before its first)."""
+        rows = self._rows(
+            self._load("pipeline_checkpoints"),
+            (pc.field("pipeline") == pipeline)
+            & (pc.field("status") == CheckpointStatus.SUCCESS.value),
+        )
+        ids = {r["batch_id"] for r in rows}
+        return max(ids, key=seq_of) if ids else None
+
     # ---------------------------------------------------------------- history
 
     def history(
@@ -755,4 +770,5 @@ __all__ = [
     "WatermarkStore",
     "batch_id_for",
     "default_actor",
+    "seq_of",
 ]
