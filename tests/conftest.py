@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ SPARK_TEST_CONF = {
     "spark.default.parallelism": "2",
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
     "spark.databricks.delta.snapshotPartitions": "1",
+    # Short-lived test JVM: quick JIT and a simple collector start and run small jobs faster.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
 
@@ -51,4 +54,4 @@ def watermark_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("PYSPARK_PYTHON", shutil.which("python") or "python3")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -1,6 +1,7 @@
 """Observe → plan → run → finalize with real Spark, real Delta tables and a real Dagster
 instance (SQLite in a temporary DAGSTER_HOME), driven tick by tick like the daemon would."""
 
+import json
 import os
 import signal
 import subprocess
@@ -208,7 +209,7 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
         "DAGSTER_HOME": str(dagster_home),
         "WATERMARK_FAULTS": "after_target_commit",
         "WATERMARK_SPARK_MASTER": "local[1]",
-        "WATERMARK_SPARK_CONF": '{"spark.sql.shuffle.partitions": "2"}',
+        "WATERMARK_SPARK_CONF": json.dumps(SPARK_TEST_CONF),
     }
     proc = subprocess.run(
         [sys.executable, "-m", "watermark_dagster.cli", "run"],

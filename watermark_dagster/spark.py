@@ -54,7 +54,12 @@ def build_spark_session(
         ...     master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}
         ... )
     """
-    settings = {**DELTA_CONF, **DEFAULT_CONF, **dict(conf or {})}
+    local = not remote and master.startswith("local")
+    loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    settings = {**DELTA_CONF, **DEFAULT_CONF, **(loopback if local else {}), **dict(conf or {})}
+    if local:
+        # A local session talks to itself only: keep the driver off external interfaces.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
     builder = builder.remote(remote) if remote else builder.master(master)
     resolve = not remote and not ({"spark.jars", "spark.jars.packages"} & settings.keys())
