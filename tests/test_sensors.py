@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance, build_sensor_context
+from dagster import DagsterInstance, DagsterRunStatus, build_sensor_context
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.tags import PARTITION_NAME_TAG
+from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
 from watermark_dagster.dagster_defs.definitions import build_definitions
@@ -151,3 +153,48 @@ def test_two_coordinator_ticks_at_once_create_one_batch(setup) -> None:  # noqa:
     assert len(store.batches()) == 1
     keys = {r.run_key for result in results for r in result.run_requests}
     assert keys == {"b000001:1"}  # Dagster launches one run per run key
+
+
+@pytest.mark.parametrize(
+    "status",
+    [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
+    ids=lambda s: s.value,
+)
+def test_a_submitted_run_is_in_flight_until_it_finishes(setup, status) -> None:  # noqa: ANN001
+    """Regression: a run the daemon had submitted but not started was resubmitted (attempt 2)
+    and the two runs raced on the same targets. Every unfinished status counts as in flight
+    (QUEUED too; creating a queued run here would need a code location origin)."""
+    defs, instance, _, _ = setup
+    first = _tick(defs, instance, COORDINATOR)
+    [request] = first.run_requests
+    create_run_for_test(
+        instance,
+        job_name="watermark_batch_job",
+        status=status,
+        tags={**request.tags, PARTITION_NAME_TAG: request.partition_key},
+    )
+    again = _tick(defs, instance, COORDINATOR, first.cursor)
+    assert not again.run_requests
+    assert "in flight" in (again.skip_message or "")
+
+
+def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    cursor = None
+    outcomes = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE]
+    for attempt, status in enumerate(outcomes, start=1):
+        result = _tick(defs, instance, COORDINATOR, cursor)
+        cursor = result.cursor
+        [request] = result.run_requests
+        assert request.run_key == f"b000001:{attempt}"
+        create_run_for_test(
+            instance,
+            job_name="watermark_batch_job",
+            status=status,
+            tags={**request.tags, PARTITION_NAME_TAG: request.partition_key},
+        )
+    stuck = _tick(defs, instance, COORDINATOR, cursor)
+    assert not stuck.run_requests
+    assert "is stuck: 3 failed runs" in (stuck.skip_message or "")
+    assert [h["event"] for h in store.history()].count("BATCH_STUCK") == 1
+    assert store.open_batch() is not None  # still open: nothing is skipped or advanced

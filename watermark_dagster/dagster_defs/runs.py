@@ -9,10 +9,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from watermark_dagster.store import Batch
+
+# A run is in flight until it reaches one of these. QUEUED and NOT_STARTED count as in
+# flight: a run the daemon just submitted must not be submitted again.
+FINISHED = frozenset(
+    {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+)
 
 WORKER_TAG = "watermark/worker"
 ATTEMPT_TAG = "watermark/attempt"
@@ -75,7 +80,7 @@ def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
     last_attempt = 0
     for run in runs:
         last_attempt = max(last_attempt, int(run.tags.get(ATTEMPT_TAG, "0") or 0))
-        if run.status in IN_PROGRESS_RUN_STATUSES:
+        if run.status not in FINISHED:
             identity = run.tags.get(WORKER_TAG)
             if (
                 run.status is DagsterRunStatus.STARTED
@@ -91,8 +96,10 @@ def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
                 failed += 1
             else:
                 in_flight.append(run.run_id)
-        elif run.status is DagsterRunStatus.FAILURE:
-            failed += 1
+        else:
+            # A canceled run counts as a failed attempt, so an operator's cancel is not
+            # undone by endless resubmission.
+            failed += run.status is not DagsterRunStatus.SUCCESS
     return BatchRuns(tuple(in_flight), tuple(dead), failed, last_attempt)
 
 
