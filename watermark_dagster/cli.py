@@ -74,16 +74,72 @@ def _store_of(defs: Any) -> Any:
     return defs.resources["watermark_store"].get_store()
 
 
+def _meta_value(value: Any) -> Any:
+    return getattr(value, "path", None) or getattr(value, "value", value)
+
+
 def _registry_upstreams(defs: Any) -> dict[str, str]:
     """upstream name -> path, from the code location's observable source asset specs."""
     out = {}
     for spec in defs.resolve_all_asset_specs():
         path = spec.metadata.get("path")
         if spec.group_name == "upstreams" and path is not None:
-            out[spec.key.to_user_string()] = getattr(path, "path", None) or getattr(
-                path, "value", path
-            )
+            out[spec.key.to_user_string()] = str(_meta_value(path))
     return out
+
+
+def _not_runnable(_batch: Any) -> Any:
+    raise RuntimeError("the command line's view of a registry does not run transforms")
+
+
+def _registry_of(defs: Any) -> Any:
+    """The code location's upstreams and pipeline inputs, rebuilt from its asset specs."""
+    from watermark_dagster.registry import Pipeline, Registry, Upstream
+
+    specs = list(defs.resolve_all_asset_specs())
+    upstreams = []
+    for spec in specs:
+        if spec.group_name == "upstreams" and "path" in spec.metadata:
+            cap = spec.metadata.get("max_versions_per_batch")
+            upstreams.append(
+                Upstream(
+                    spec.key.to_user_string(),
+                    path=str(_meta_value(spec.metadata["path"])),
+                    max_versions_per_batch=None if cap is None else int(_meta_value(cap)),
+                )
+            )
+    names = {u.name for u in upstreams}
+    pipelines = []
+    for spec in specs:
+        if spec.group_name == "pipelines" and "target" in spec.metadata:
+            ups = tuple(
+                d.asset_key.to_user_string()
+                for d in spec.deps
+                if d.asset_key.to_user_string() in names
+            )
+            keys = tuple(_meta_value(spec.metadata.get("keys")) or ("_",))
+            pipelines.append(
+                Pipeline(
+                    spec.key.to_user_string(),
+                    ups,
+                    str(_meta_value(spec.metadata["target"])),
+                    keys,
+                    _not_runnable,
+                )
+            )
+    return Registry(upstreams=upstreams, pipelines=pipelines)
+
+
+def _fail(message: str) -> int:
+    print(f"watermark: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_upstream(defs: Any, table: str) -> str | None:
+    known = sorted(_registry_upstreams(defs))
+    if table not in known:
+        return f"unknown upstream {table!r}; the code location has {known}. Use `watermark list`."
+    return None
 
 
 def status_rows(defs: Any) -> list[dict[str, Any]]:
@@ -221,6 +277,228 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_get(args: argparse.Namespace) -> int:
+    home = _watermark_home(args)
+    _dagster_home(home)
+    defs = _load_defs(args.defs)
+    problem = _check_upstream(defs, args.table)
+    if problem:
+        return _fail(problem)
+    [row] = [r for r in status_rows(defs) if r["upstream"] == args.table]
+    store = _store_of(defs)
+    mark = store.committed().get(args.table)
+    row["batch_id"] = mark.batch_id if mark else None
+    row["how"] = mark.how.value if mark else None
+    history = store.history(upstream=args.table) if args.history else []
+    if args.json:
+        out = {**row, "history": history} if args.history else row
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    for key, value in row.items():
+        print(f"{key:12} {'' if value is None else value}")
+    if args.history:
+        print()
+        rows = [
+            [
+                f"{h['at']:%Y-%m-%d %H:%M:%S}",
+                h["event"],
+                h["batch_id"],
+                h["old_value"],
+                h["new_value"],
+                h["actor"],
+            ]
+            for h in history
+        ]
+        print(_table(["at", "event", "batch", "old", "new", "actor"], rows))
+    return 0
+
+
+def _batch_summary(batch: Any) -> dict[str, Any]:
+    return {
+        "batch_id": batch.batch_id,
+        "seq": batch.seq,
+        "kind": batch.kind.value,
+        "status": batch.status.value,
+        "created_at": f"{batch.created_at:%Y-%m-%d %H:%M:%S}",
+        "pipelines": list(batch.pipelines),
+        "ranges": {
+            u: (str(i.range) if i.range else "NOOP") for u, i in sorted(batch.inputs.items())
+        },
+    }
+
+
+def cmd_batches(args: argparse.Namespace) -> int:
+    from watermark_dagster.store import BatchStatus
+
+    if args.limit is not None and args.limit < 1:
+        return _fail(f"--limit must be 1 or more, got {args.limit}.")
+    status = None
+    if args.status:
+        try:
+            status = BatchStatus(args.status.upper())
+        except ValueError:
+            valid = [s.value for s in BatchStatus]
+            return _fail(f"unknown --status {args.status!r}; use one of {valid}.")
+    home = _watermark_home(args)
+    _dagster_home(home)
+    store = _store_of(_load_defs(args.defs))
+    found = [b for b in store.batches() if status is None or b.status is status]
+    rows = [_batch_summary(b) for b in found[: args.limit or None]]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [
+        [
+            r["batch_id"],
+            r["kind"],
+            r["status"],
+            r["created_at"],
+            ",".join(r["pipelines"]),
+            " ".join(f"{u}={v}" for u, v in r["ranges"].items()),
+        ]
+        for r in rows
+    ]
+    print(_table(["batch", "kind", "status", "created", "pipelines", "ranges"], table))
+    return 0
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    import re
+
+    if not re.fullmatch(r"b\d{6,}", args.batch_id):
+        return _fail(f"{args.batch_id!r} is not a batch id (they look like b000042).")
+    home = _watermark_home(args)
+    _dagster_home(home)
+    store = _store_of(_load_defs(args.defs))
+    try:
+        batch = store.get_batch(args.batch_id)
+    except WatermarkError as e:
+        return _fail(str(e))
+    detail = {
+        **_batch_summary(batch),
+        "upstreams": [
+            {
+                "upstream": u,
+                "mode": i.mode.value,
+                "start_version": i.range.start if i.range else None,
+                "end_version": i.snapshot_version,
+                "advanced": u in batch.advanced,
+            }
+            for u, i in sorted(batch.inputs.items())
+        ],
+        "checkpoints": [
+            {
+                "pipeline": c.pipeline,
+                "attempt": c.attempt,
+                "status": c.status.value,
+                "rows_read": c.rows_read,
+                "rows_written": c.rows_written,
+                "run_id": c.run_id,
+                "error": c.error,
+            }
+            for c in store.checkpoints(batch_id=args.batch_id)
+        ],
+    }
+    if args.json:
+        print(json.dumps(detail, indent=2, default=str))
+        return 0
+    print(
+        f"batch {batch.batch_id} (seq {batch.seq}, {batch.kind.value}) {batch.status.value}, "
+        f"planned {detail['created_at']} by {batch.actor}\n"
+    )
+    upstreams = [list(u.values()) for u in detail["upstreams"]]
+    print(_table(["upstream", "mode", "start", "end", "advanced"], upstreams))
+    print()
+    attempts = [
+        [
+            c["pipeline"],
+            c["attempt"],
+            c["status"],
+            c["rows_read"],
+            c["rows_written"],
+            c["error"].splitlines()[0][:80] if c["error"] else None,
+        ]
+        for c in detail["checkpoints"]
+    ]
+    print(_table(["pipeline", "attempt", "status", "rows read", "rows written", "error"], attempts))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from watermark_dagster.core.planning import UpstreamPosition, plan_batch
+    from watermark_dagster.observe.delta_log import Observer
+
+    if not args.dry_run:
+        return _fail(
+            "`watermark plan` only previews; add --dry-run (the coordinator sensor or "
+            "`watermark run` plans for real)."
+        )
+    home = _watermark_home(args)
+    _dagster_home(home)
+    defs = _load_defs(args.defs)
+    registry = _registry_of(defs)
+    store = _store_of(defs)
+    open_batch = store.open_batch()
+    committed = store.committed_versions()
+    observer = Observer()
+    errors: dict[str, str] = {}
+    positions = []
+    for upstream in registry.consumed_upstreams():
+        try:
+            obs = observer.observe(upstream)
+        except WatermarkError as e:
+            errors[upstream.name] = str(e)
+            continue
+        positions.append(
+            UpstreamPosition(
+                upstream.name,
+                obs.latest_version,
+                committed.get(upstream.name),
+                upstream.max_versions_per_batch,
+            )
+        )
+    runnable = {
+        p: ups for p, ups in registry.pipeline_inputs().items() if not set(ups) & set(errors)
+    }
+    plan = plan_batch(positions, runnable)
+    result = {
+        "open_batch": open_batch.batch_id if open_batch else None,
+        "would_plan": bool(plan.has_work and open_batch is None),
+        "pipelines": list(plan.pipelines),
+        "upstreams": [
+            {
+                "upstream": p.name,
+                "committed": p.committed_version,
+                "latest": p.latest_version,
+                "range": str(plan.inputs[p.name].range) if plan.inputs[p.name].range else "NOOP",
+            }
+            for p in positions
+        ],
+        "unavailable": errors,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    if open_batch is not None:
+        print(
+            f"batch {open_batch.batch_id} is open: the coordinator resumes it and plans "
+            "nothing new until it completes. The next plan after it would be:"
+        )
+    elif not plan.has_work:
+        print("nothing to plan: no upstream has new versions.")
+    else:
+        print(f"the coordinator would plan now, running {list(plan.pipelines)}:")
+    print(
+        _table(
+            ["upstream", "committed", "latest", "range"],
+            [list(u.values()) for u in result["upstreams"]],
+        )
+    )
+    for name, error in errors.items():
+        print(f"unavailable: {name}: {error}", file=sys.stderr)
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     home = _watermark_home(args)
     _dagster_home(home)
@@ -287,6 +565,52 @@ def build_parser() -> argparse.ArgumentParser:
     common(lst)
     lst.add_argument("--json", action="store_true", help="JSON instead of a table")
     lst.set_defaults(func=cmd_list)
+
+    get = sub.add_parser(
+        "get",
+        help="one upstream's watermark, latest version and lag",
+        epilog="example:\n  watermark get -t orders --history",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(get)
+    get.add_argument("-t", "--table", required=True, help="upstream name")
+    get.add_argument("--history", action="store_true", help="also every change to it")
+    get.add_argument("--json", action="store_true", help="JSON instead of text")
+    get.set_defaults(func=cmd_get)
+
+    batches = sub.add_parser(
+        "batches",
+        help="batches with their ranges, newest first",
+        epilog="example:\n  watermark batches --status PLANNED --limit 5",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(batches)
+    batches.add_argument("--status", help="PLANNED, COMPLETED, FAILED or ABANDONED")
+    batches.add_argument("--limit", type=int, help="only the newest N")
+    batches.add_argument("--json", action="store_true", help="JSON instead of a table")
+    batches.set_defaults(func=cmd_batches)
+
+    batch = sub.add_parser(
+        "batch",
+        help="one batch: ranges, advances, pipeline attempts",
+        epilog="example:\n  watermark batch b000042",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(batch)
+    batch.add_argument("batch_id", help="e.g. b000042")
+    batch.add_argument("--json", action="store_true", help="JSON instead of tables")
+    batch.set_defaults(func=cmd_batch)
+
+    plan = sub.add_parser(
+        "plan",
+        help="what the coordinator would plan now (writes nothing)",
+        epilog="example:\n  watermark plan --dry-run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(plan)
+    plan.add_argument("--dry-run", action="store_true", help="required: preview only")
+    plan.add_argument("--json", action="store_true", help="JSON instead of a table")
+    plan.set_defaults(func=cmd_plan)
 
     dev = sub.add_parser(
         "dev",

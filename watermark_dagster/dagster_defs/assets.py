@@ -85,7 +85,14 @@ def build_upstream_assets(
             key=key,
             group_name=translator.upstream_group(u),
             description=u.description or f"Delta table at {u.path}",
-            metadata={"path": MetadataValue.path(u.path)},
+            metadata={
+                "path": MetadataValue.path(u.path),
+                **(
+                    {"max_versions_per_batch": u.max_versions_per_batch}
+                    if u.max_versions_per_batch is not None
+                    else {}
+                ),
+            },
             kinds={"delta"},
         )
         for key, u in keys.items()
