@@ -7,8 +7,7 @@ No Dagster here: the asset is a thin wrapper, and tests or the command line can 
 import logging
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -67,7 +66,6 @@ class PipelineOutcome:
     inputs: tuple[InputReport, ...]
     write: WriteResult | None
     skipped_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows_read(self) -> int:

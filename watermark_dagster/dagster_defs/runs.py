@@ -5,7 +5,7 @@ Every query here is bounded by the open batch (one partition), never by history.
 
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter
@@ -143,8 +143,3 @@ def consumers_from_graph(
             pipeline_names[child] for child in node.child_keys if child in pipeline_names
         }
     return consumers
-
-
-def iter_keys(keys: Iterable[AssetKey]) -> list[str]:
-    """Asset keys as user strings, for messages."""
-    return [k.to_user_string() for k in keys]

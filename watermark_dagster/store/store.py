@@ -99,10 +99,6 @@ class Batch:
         """Upstreams the batch reads a range of (not NOOP), sorted."""
         return tuple(sorted(u for u, i in self.inputs.items() if i.range is not None))
 
-    def reads(self, pipeline_inputs: Sequence[str]) -> dict[str, PlannedInput]:
-        """The planned inputs of one pipeline, given the upstreams it reads."""
-        return {u: self.inputs[u] for u in pipeline_inputs}
-
 
 @dataclass(frozen=True)
 class Watermark:
