@@ -425,8 +425,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from watermark_dagster.core.planning import UpstreamPosition, plan_batch
-    from watermark_dagster.observe.delta_log import Observer
+    from watermark_dagster.core.planning import plan_batch
+    from watermark_dagster.observe.delta_log import Observer, observe_registry
 
     if not args.dry_run:
         return _fail(
@@ -440,27 +440,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = _store_of(defs)
     open_batch = store.open_batch()
     committed = store.committed_versions()
-    observer = Observer()
-    errors: dict[str, str] = {}
-    positions = []
-    for upstream in registry.consumed_upstreams():
-        try:
-            obs = observer.observe(upstream)
-        except WatermarkError as e:
-            errors[upstream.name] = str(e)
-            continue
-        positions.append(
-            UpstreamPosition(
-                upstream.name,
-                obs.latest_version,
-                committed.get(upstream.name),
-                upstream.max_versions_per_batch,
-            )
-        )
-    runnable = {
-        p: ups for p, ups in registry.pipeline_inputs().items() if not set(ups) & set(errors)
-    }
-    plan = plan_batch(positions, runnable)
+    look = observe_registry(registry, Observer(), committed)
+    positions, errors = look.positions, look.errors
+    plan = plan_batch(positions, look.runnable)
     result = {
         "open_batch": open_batch.batch_id if open_batch else None,
         "would_plan": bool(plan.has_work and open_batch is None),

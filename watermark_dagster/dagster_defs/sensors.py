@@ -24,7 +24,7 @@ from dagster import (
     sensor,
 )
 
-from watermark_dagster.core.planning import UpstreamPosition, batch_is_due, finalize_step
+from watermark_dagster.core.planning import batch_is_due, finalize_step
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
@@ -36,7 +36,7 @@ from watermark_dagster.dagster_defs.runs import (
 )
 from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.faults import fault_point
-from watermark_dagster.observe.delta_log import Observation, Observer
+from watermark_dagster.observe.delta_log import Observer, observe_registry
 from watermark_dagster.registry import Registry
 from watermark_dagster.store import BatchStatus
 
@@ -64,20 +64,6 @@ class WatermarkSettings:
     max_attempts: int = 3
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
-
-
-def _observe_all(
-    registry: Registry, observer: Observer, context: SensorEvaluationContext
-) -> tuple[dict[str, Observation], dict[str, str]]:
-    observed: dict[str, Observation] = {}
-    errors: dict[str, str] = {}
-    for upstream in registry.consumed_upstreams():
-        try:
-            observed[upstream.name] = observer.observe(upstream)
-        except UpstreamUnavailableError as e:
-            errors[upstream.name] = str(e)
-            context.log.error(str(e))
-    return observed, errors
 
 
 def build_coordinator_sensor(
@@ -110,18 +96,16 @@ def build_coordinator_sensor(
 
         batch = store.open_batch()
         if batch is None:
-            observed, errors = _observe_all(registry, observer, context)
             committed = store.committed_versions()
+            look = observe_registry(registry, observer, committed)
+            observed, errors = look.observed, look.errors
+            for error in errors.values():
+                context.log.error(error)
             for name, obs in observed.items():
                 if seen.get(name) != obs.latest_version:
                     events.append(observation_event(obs, upstream_keys[name], committed.get(name)))
                     seen[name] = obs.latest_version
             cursor["observed"] = seen
-            runnable = {
-                p: ups
-                for p, ups in registry.pipeline_inputs().items()
-                if all(u in observed for u in ups)
-            }
             now = datetime.now(UTC)
             interval = timedelta(seconds=settings.min_batch_interval_seconds)
             if not batch_is_due(store.last_planned_at(), now, interval):
@@ -130,18 +114,9 @@ def build_coordinator_sensor(
                     asset_events=events,
                     cursor=json.dumps(cursor),
                 )
-            positions = [
-                UpstreamPosition(
-                    name=name,
-                    latest_version=obs.latest_version,
-                    committed_version=committed.get(name),
-                    max_versions_per_batch=registry.upstreams[name].max_versions_per_batch,
-                )
-                for name, obs in observed.items()
-            ]
             batch, created = store.create_batch(
-                positions,
-                runnable,
+                look.positions,
+                look.runnable,
                 actor=f"sensor:{COORDINATOR}",
                 table_ids={n: o.table_id for n, o in observed.items()},
                 schema_fingerprints={n: o.schema_fingerprint for n, o in observed.items()},

@@ -9,13 +9,15 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.errors import UpstreamUnavailableError
-from watermark_dagster.registry import Upstream
+from watermark_dagster.registry import Registry, Upstream
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 
@@ -108,3 +110,40 @@ class Observer:
             fix="check the path in the registry, or create the table; nothing is planned for "
             "it until then.",
         )
+
+
+@dataclass(frozen=True)
+class RegistryObservation:
+    """One look at every upstream a registry's pipelines read, ready for planning."""
+
+    observed: Mapping[str, Observation]
+    errors: Mapping[str, str]
+    positions: tuple[UpstreamPosition, ...]
+    runnable: Mapping[str, tuple[str, ...]]
+
+
+def observe_registry(
+    registry: Registry, observer: Observer, committed: Mapping[str, int | None]
+) -> RegistryObservation:
+    """Observe the consumed upstreams; unavailable ones are reported in ``errors`` and the
+    pipelines reading them are left out of ``runnable`` (nothing is planned for them)."""
+    observed: dict[str, Observation] = {}
+    errors: dict[str, str] = {}
+    for upstream in registry.consumed_upstreams():
+        try:
+            observed[upstream.name] = observer.observe(upstream)
+        except UpstreamUnavailableError as e:
+            errors[upstream.name] = str(e)
+    positions = tuple(
+        UpstreamPosition(
+            name=name,
+            latest_version=obs.latest_version,
+            committed_version=committed.get(name),
+            max_versions_per_batch=registry.upstreams[name].max_versions_per_batch,
+        )
+        for name, obs in observed.items()
+    )
+    runnable = {
+        p: ups for p, ups in registry.pipeline_inputs().items() if all(u in observed for u in ups)
+    }
+    return RegistryObservation(observed, errors, positions, runnable)
