@@ -14,6 +14,7 @@ from watermark_dagster.dagster_defs.assets import (
     build_pipeline_asset,
     build_upstream_assets,
 )
+from watermark_dagster.dagster_defs.checks import build_retention_checks
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.sensors import (
     WatermarkSettings,
@@ -75,6 +76,7 @@ def build_definitions(
     )
     return Definitions(
         assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
+        asset_checks=[*build_retention_checks(registry, upstream_keys)],
         jobs=[job],
         sensors=[
             build_coordinator_sensor(
