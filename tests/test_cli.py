@@ -6,14 +6,19 @@ commands here only read, so a rejected command must leave every control table as
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
+from watermark_dagster.cli import build_parser
+from watermark_dagster.cli.timespec import TimestampError, parse_when, version_at
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.demo import DemoPaths
 from watermark_dagster.store import BatchStatus, WatermarkStore
@@ -52,8 +57,14 @@ def home(tmp_path: Path) -> Path:
     return paths.home
 
 
-def watermark(home: Path, *args: str) -> subprocess.CompletedProcess:
+def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "WATERMARK_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
+    env.pop("NO_COLOR", None)
+    return {**env, **extra}
+
+
+def watermark(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = _env(home)
     return subprocess.run(
         [str(SCRIPT), *args],
         env=env,
@@ -120,8 +131,215 @@ def test_plan_dry_run_writes_nothing(home: Path) -> None:
     plan = json.loads(out.stdout)
     ranges = {u["upstream"]: u["range"] for u in plan["upstreams"]}
     assert ranges == {"orders": "[3, 3]", "customers": "NOOP", "payments": "NOOP"}
-    assert plan["pipelines"] == ["orders_enriched"] and plan["would_plan"]
+    # The fixture never wrote the targets, so the coordinator would also plan their first loads.
+    assert "orders_enriched" in plan["pipelines"] and plan["would_plan"]
     assert _versions(home) == before
+
+
+def _history(home: Path, table: str) -> list[dict]:
+    out = watermark(home, "get", "-t", table, "--history", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["history"]
+
+
+def _plan(home: Path) -> dict:
+    out = watermark(home, "plan", "--dry-run", "--json")
+    assert out.returncode == 0, out.stderr
+    return {u["upstream"]: u for u in json.loads(out.stdout)["upstreams"]}
+
+
+def _open_batch(home: Path) -> str:
+    """Plan b000002 (orders [3, 3]) and leave it open, as a coordinator would."""
+    store = WatermarkStore(DemoPaths(home).control_root)
+    batch, created = store.create_batch(
+        [
+            UpstreamPosition(n, v, c)
+            for n, v, c in (("customers", 1, 1), ("orders", 3, 2), ("payments", 0, 0))
+        ],
+        PIPELINES,
+        actor="test",
+    )
+    assert created and batch is not None and batch.inputs["orders"].range is not None
+    return batch.batch_id
+
+
+def _commit_times(home: Path, table: str) -> dict[int, datetime]:
+    history = DeltaTable(DemoPaths(home).upstream(table)).history()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return {h["version"]: epoch + timedelta(milliseconds=h["timestamp"]) for h in history}
+
+
+def test_set_version_round_trip(home: Path) -> None:
+    out = watermark(
+        home, "set", "-t", "orders", "--version", "1", "--yes", "--reason", "re-read v2",
+        "--actor", "alice",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "orders: committed watermark 2 -> 1" in out.stdout
+    assert "orders_enriched re-read version 2" in out.stdout
+    # The next plan starts right after the new watermark.
+    assert _plan(home)["orders"]["range"] == "[2, 3]"
+    last = _history(home, "orders")[-1]
+    assert (last["event"], last["old_value"], last["new_value"], last["actor"]) == (
+        "WATERMARK_SET",
+        "2",
+        "1",
+        "alice",
+    )
+    assert json.loads(last["detail"])["reason"] == "re-read v2"
+    got = json.loads(watermark(home, "get", "-t", "orders", "--json").stdout)
+    assert (got["committed"], got["how"], got["batch_id"]) == (1, "MANUAL_SET", None)
+
+    # `latest` skips everything committed so far, and says which versions are never read.
+    out = watermark(home, "set", "-t", "orders", "--version", "latest", "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    change = json.loads(out.stdout)
+    assert (change["old"], change["new"], change["applied"]) == (1, 3, True)
+    assert "never read versions 2..3" in change["effect"]
+    assert _plan(home)["orders"]["range"] == "NOOP"
+
+
+def test_reset_makes_the_next_batch_load_a_snapshot(home: Path) -> None:
+    out = watermark(home, "reset", "-t", "orders", "--yes", "--reason", "table recreated")
+    assert out.returncode == 0, out.stderr
+    assert "orders: committed watermark 2 -> none" in out.stdout
+    planned = _plan(home)["orders"]
+    assert (planned["committed"], planned["mode"], planned["range"]) == (None, "SNAPSHOT", "[0, 3]")
+    last = _history(home, "orders")[-1]
+    assert (last["event"], last["old_value"], last["new_value"]) == ("WATERMARK_RESET", "2", None)
+    assert last["actor"] and json.loads(last["detail"])["reason"] == "table recreated"
+    # Resetting again changes nothing and writes nothing.
+    before = _versions(home)
+    again = watermark(home, "reset", "-t", "orders", "--yes")
+    assert again.returncode == 0 and "already none; nothing changed" in again.stdout
+    assert _versions(home) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["set", "-t", "orders", "--version", "0"],
+        ["set", "-t", "orders", "--timestamp", "2000-01-01T00:00:00Z", "--force"],
+        ["reset", "-t", "orders", "--force"],
+    ],
+    ids=["set", "set-timestamp-refused", "reset"],
+)
+def test_dry_run_writes_nothing(home: Path, args: list[str]) -> None:
+    before = _versions(home)
+    out = watermark(home, *args, "--dry-run")
+    assert _versions(home) == before
+    if "--timestamp" in args:  # before the first commit: refused the same way as for real
+        assert out.returncode == 2 and "watermark reset -t orders" in out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    assert "dry run: nothing written" in out.stdout
+    assert "orders: committed watermark 2 -> " in out.stdout
+
+
+def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> None:
+    batch_id = _open_batch(home)
+    before = _versions(home)
+    refused = watermark(home, "set", "-t", "orders", "--version", "3", "--yes")
+    assert refused.returncode == 2
+    assert f"batch {batch_id} is open and reads orders" in refused.stderr
+    assert "--force" in refused.stderr
+    assert _versions(home) == before
+    # An upstream the open batch does not read (NOOP) can move freely.
+    assert watermark(home, "set", "-t", "payments", "--version", "0", "--yes").returncode == 0
+
+    preview = watermark(home, "set", "-t", "orders", "--version", "3", "--force", "--dry-run")
+    assert preview.returncode == 0 and f"open batch {batch_id}" in preview.stdout
+    assert WatermarkStore(DemoPaths(home).control_root).open_batch() is not None
+
+    forced = watermark(home, "set", "-t", "orders", "--version", "3", "--yes", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert f"batch {batch_id} ABANDONED" in forced.stdout
+    store = WatermarkStore(DemoPaths(home).control_root)
+    assert store.get_batch(batch_id).status is BatchStatus.ABANDONED
+    assert store.open_batch() is None
+    assert store.committed_versions()["orders"] == 3
+    assert json.loads(store.history(upstream="orders")[-1]["detail"])["abandoned"] == [batch_id]
+
+
+def test_confirmation_is_refused_off_a_terminal_without_yes(home: Path) -> None:
+    before = _versions(home)
+    out = watermark(home, "set", "-t", "orders", "--version", "1")
+    assert out.returncode == 2
+    assert "stdin is not a terminal" in out.stderr and "--yes" in out.stderr
+    assert _versions(home) == before
+
+
+def _on_terminal(
+    home: Path, *args: str, answer: bytes = b"", stdout_tty: bool = False, **env: str
+) -> tuple[int, str, str]:
+    """Run the console script with a pseudo-terminal as stdin (and stdout if asked)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [str(SCRIPT), *args],
+        env=_env(home, **env),
+        stdin=slave,
+        stdout=slave if stdout_tty else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    os.close(slave)
+    if answer:
+        os.write(master, answer)
+    screen = b""
+    while stdout_tty:
+        ready, _, _ = select.select([master], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            screen += chunk
+        elif proc.poll() is not None:
+            break
+    out, err = proc.communicate(timeout=120)
+    os.close(master)
+    stdout = screen.decode() if stdout_tty else out.decode()
+    return proc.returncode, stdout, err.decode()
+
+
+def test_confirmation_on_a_terminal(home: Path) -> None:
+    before = _versions(home)
+    rc, _, err = _on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"n\n")
+    assert rc == 2 and "not confirmed; nothing was changed" in err
+    assert "orders: committed watermark 2 -> 1" in err and "Proceed? [y/N]" in err
+    assert _versions(home) == before
+
+    rc, out, err = _on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"y\n")
+    assert rc == 0, err
+    assert "orders: committed watermark 2 -> 1" in out
+    assert WatermarkStore(DemoPaths(home).control_root).committed_versions()["orders"] == 1
+
+
+def test_colours_only_on_a_terminal_and_never_with_no_color(home: Path) -> None:
+    assert "\x1b[" not in watermark(home, "list").stdout
+    rc, screen, _ = _on_terminal(home, "list", stdout_tty=True)
+    assert rc == 0 and "\x1b[" in screen
+    rc, screen, _ = _on_terminal(home, "list", stdout_tty=True, NO_COLOR="1")
+    assert rc == 0 and "\x1b[" not in screen and "upstream" in screen
+
+
+def test_set_timestamp_resolves_to_the_version_committed_by_then(home: Path) -> None:
+    times = _commit_times(home, "orders")
+    # Exactly at version 1's commit: version 1 is kept, the next batch starts at 2.
+    at = times[1].isoformat(timespec="milliseconds")
+    out = watermark(home, "set", "-t", "orders", "--timestamp", at, "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    change = json.loads(out.stdout)
+    assert (change["old"], change["new"]) == (2, 1)
+    assert change["resolved"]["resolved_time"] == times[1].isoformat()
+    assert _plan(home)["orders"]["range"] == "[2, 3]"
+    detail = json.loads(_history(home, "orders")[-1]["detail"])
+    assert detail["resolved"]["timestamp"] == at
+    # Naive means UTC: the same instant without a zone resolves the same way.
+    naive = times[2].replace(tzinfo=None).isoformat(timespec="milliseconds")
+    out = watermark(home, "set", "-t", "orders", "--timestamp", naive, "--yes", "--json")
+    assert json.loads(out.stdout)["new"] == 2
 
 
 @pytest.mark.parametrize(
@@ -135,6 +353,33 @@ def test_plan_dry_run_writes_nothing(home: Path) -> None:
         (["batch", "42"], "'42' is not a batch id"),
         (["batch", "b999999"], "No batch 'b999999'"),
         (["plan"], "add --dry-run"),
+        (["set", "-t", "ordrs", "--version", "1", "--yes"], "unknown upstream 'ordrs'"),
+        (["reset", "-t", "ordrs", "--yes"], "unknown upstream 'ordrs'"),
+        (["set", "-t", "orders", "--version", "-1", "--yes"], "--version '-1' is negative"),
+        (
+            ["set", "-t", "orders", "--version", "five", "--yes"],
+            "--version 'five' is not a version",
+        ),
+        (
+            ["set", "-t", "orders", "--version", "4", "--yes"],
+            "--version 4 is beyond the latest version of upstream 'orders' (3)",
+        ),
+        (["set", "-t", "orders", "--timestamp", "yesterday", "--yes"], "'yesterday' is not a time"),
+        (
+            ["set", "-t", "orders", "--timestamp", "2026-02-30", "--yes"],
+            "'2026-02-30' is not a time",
+        ),
+        (["set", "-t", "orders", "--timestamp", "3 months", "--yes"], "unknown unit 'months'"),
+        (["set", "-t", "orders", "--timestamp", "2999-01-01", "--yes"], "is in the future"),
+        (
+            ["set", "-t", "orders", "--timestamp", "1 day", "--yes"],
+            "is before the first commit of upstream 'orders'",
+        ),
+        (
+            ["set", "-t", "orders", "--version", "1", "--timestamp", "7d", "--yes"],
+            "both given; give one of them",
+        ),
+        (["set", "-t", "orders", "--yes"], "give the new watermark: --version N"),
     ],
     ids=[
         "unknown-table",
@@ -145,6 +390,18 @@ def test_plan_dry_run_writes_nothing(home: Path) -> None:
         "bad-batch-id",
         "missing-batch",
         "plan-without-dry-run",
+        "set-unknown-table",
+        "reset-unknown-table",
+        "set-negative-version",
+        "set-non-numeric-version",
+        "set-beyond-latest",
+        "set-malformed-timestamp",
+        "set-impossible-date",
+        "set-unknown-unit",
+        "set-future-timestamp",
+        "set-before-first-commit",
+        "set-version-and-timestamp",
+        "set-neither",
     ],
 )
 def test_bad_input_is_refused_clearly_and_writes_nothing(
@@ -155,3 +412,159 @@ def test_bad_input_is_refused_clearly_and_writes_nothing(
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert message in out.stderr
     assert _versions(home) == before
+
+
+COMMANDS = [
+    "list",
+    "get",
+    "set",
+    "reset",
+    "batches",
+    "batch",
+    "plan",
+    "verify",
+    "run",
+    "demo",
+    "dev",
+]
+
+
+def test_every_command_has_help_with_an_example_and_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    top = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    assert "exit codes:" in top.stdout
+    for code in ("0  success", "1  failure", "2  bad input"):
+        assert code in top.stdout
+    # Each command's help, from the parser the console script runs (in-process: each
+    # subprocess would spend its time importing Dagster and Spark).
+    for command in COMMANDS:
+        assert command in top.stdout
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args([command, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        assert "example" in text and f"watermark {command}" in text, command
+        assert "--json" in text, command
+        if command == "set":
+            assert "no zone means UTC" in text.replace("\n", " ")
+
+
+NOW = datetime(2026, 8, 9, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7d", NOW - timedelta(days=7)),
+        ("1week", NOW - timedelta(weeks=1)),
+        ("2 weeks", NOW - timedelta(weeks=2)),
+        ("36h", NOW - timedelta(hours=36)),
+        ("90m", NOW - timedelta(minutes=90)),
+        ("1 day", NOW - timedelta(days=1)),
+        ("3 days ago", NOW - timedelta(days=3)),
+        ("2026-08-01", datetime(2026, 8, 1, tzinfo=UTC)),
+        ("2026-08-09 20:00:01", datetime(2026, 8, 9, 20, 0, 1, tzinfo=UTC)),
+        ("2026-08-09T20:00:01+02:00", datetime(2026, 8, 9, 18, 0, 1, tzinfo=UTC)),
+        ("2026-08-09T18:00:01Z", datetime(2026, 8, 9, 18, 0, 1, tzinfo=UTC)),
+        ("2026-08-09T18:00:01.250", datetime(2026, 8, 9, 18, 0, 1, 250000, tzinfo=UTC)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_parse_when(text: str, expected: datetime) -> None:
+    got = parse_when(text, now=NOW)
+    assert got == expected and got.tzinfo is UTC
+
+
+@pytest.mark.parametrize("text", ["", "soon", "7", "d7", "1 month", "2y", "-3d", "2026-13-01"])
+def test_parse_when_refuses_with_the_accepted_forms(text: str) -> None:
+    with pytest.raises(TimestampError, match="ISO 8601") as info:
+        parse_when(text, now=NOW)
+    assert repr(text) in str(info.value)
+
+
+def _ms(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+@pytest.mark.parametrize(
+    ("offset_ms", "expected"),
+    [(-1, None), (0, 0), (999, 0), (1000, 1), (2000, 2), (2001, 3), (10**6, 3)],
+)
+def test_version_at_is_the_newest_commit_at_or_before(offset_ms: int, expected: int | None) -> None:
+    t0 = _ms(NOW)
+    # Version 3 was written by a writer whose clock was behind: it counts as after version 2.
+    commits = [(0, t0), (1, t0 + 1000), (2, t0 + 2000), (3, t0 + 1500)]
+    at = NOW + timedelta(milliseconds=offset_ms)
+    assert version_at(commits, at) == expected
+
+
+@pytest.mark.spark
+def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: Path) -> None:  # noqa: ANN001
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    from tests.conftest import SPARK_TEST_CONF
+    from watermark_dagster.dagster_defs.definitions import build_definitions
+    from watermark_dagster.dagster_defs.resources import SparkSessionResource
+    from watermark_dagster.demo import build_demo_registry, seed
+    from watermark_dagster.headless import HeadlessRunner
+
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    defs = build_definitions(
+        build_demo_registry(paths),
+        control_root=paths.control_root,
+        spark=SparkSessionResource(master="local[2]", conf=SPARK_TEST_CONF),
+    )
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    try:
+        assert HeadlessRunner(defs, instance).run_until_idle().completed == ["b000001"]
+    finally:
+        instance.dispose()
+    env = _env(
+        paths.home,
+        DAGSTER_HOME=str(dagster_home),
+        WATERMARK_SPARK_MASTER="local[1]",
+        WATERMARK_SPARK_CONF=json.dumps(SPARK_TEST_CONF),
+    )
+
+    def verify() -> tuple[int, dict]:
+        out = subprocess.run(
+            [str(SCRIPT), "verify", "-p", "orders_enriched", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+        assert out.returncode in (0, 1), out.stderr[-3000:]
+        return out.returncode, json.loads(out.stdout)
+
+    before = _versions(paths.home)
+    rc, report = verify()
+    assert rc == 0 and report["equal"], report
+    assert report["versions"] == {"orders": 0, "customers": 0}
+    assert report["target_rows"] == report["recompute_rows"] > 2
+    assert report["target_checksum"] == report["recompute_checksum"]
+
+    # Change one target row and delete another, behind the pipeline's back.
+    target = DeltaTable(paths.target("orders_enriched"))
+    first, second = sorted(target.to_pyarrow_table(columns=["order_id"])["order_id"].to_pylist())[
+        :2
+    ]
+    target.update(predicate=f"order_id = {first}", updates={"customer_name": "'tampered'"})
+    target.delete(predicate=f"order_id = {second}")
+    rc, report = verify()
+    assert rc == 1 and not report["equal"]
+    assert (report["target_rows"], report["recompute_rows"]) == (
+        report["recompute_rows"] - 1,
+        report["recompute_rows"],
+    )
+    assert (report["only_in_target"], report["only_in_recompute"]) == (1, 2)
+    assert report["example_keys"]["only_in_target"] == [{"order_id": first}]
+    assert sorted(k["order_id"] for k in report["example_keys"]["only_in_recompute"]) == [
+        first,
+        second,
+    ]
+    assert _versions(paths.home) == before  # verify reads only

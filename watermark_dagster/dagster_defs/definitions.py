@@ -26,6 +26,11 @@ from watermark_dagster.observe.delta_log import Observer
 from watermark_dagster.registry import Registry
 
 BATCH_JOB = "watermark_batch_job"
+# Definitions metadata key naming the registry a code location was built from.
+REGISTRY_METADATA_KEY = "watermark/registry"
+# token -> registry; Definitions are immutable records that hold no extra attributes, so
+# the registry is found through a token stored in their metadata (which survives merges).
+_REGISTRIES: dict[str, Registry] = {}
 
 
 def build_definitions(
@@ -103,4 +108,28 @@ def build_definitions(
             ),
         },
         executor=in_process_executor,
+        metadata={REGISTRY_METADATA_KEY: _remember(registry)},
     )
+
+
+def _remember(registry: Registry) -> str:
+    token = f"registry-{id(registry):x}"
+    _REGISTRIES[token] = registry
+    return token
+
+
+def registry_of(defs: Definitions) -> Registry:
+    """The registry a code location built by :func:`build_definitions` was made from.
+
+    Raises:
+        ConfigurationError: ``defs`` was not built by :func:`build_definitions` in this process.
+    """
+    token = defs.metadata.get(REGISTRY_METADATA_KEY)
+    registry = _REGISTRIES.get(str(getattr(token, "value", token)))
+    if registry is None:
+        raise ConfigurationError(
+            "These Definitions were not built by watermark_dagster's build_definitions, so "
+            "they carry no registry of upstreams and pipelines.",
+            fix="point --defs at a module:attribute built with build_definitions(...).",
+        )
+    return registry

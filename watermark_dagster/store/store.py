@@ -36,7 +36,7 @@ from watermark_dagster.core.planning import (
     plan_batch,
 )
 from watermark_dagster.core.ranges import ReadMode, VersionRange
-from watermark_dagster.errors import BatchStateError, CommitConflictError
+from watermark_dagster.errors import BatchStateError, CommitConflictError, TerminalError
 from watermark_dagster.faults import fault_point
 from watermark_dagster.store import schema
 
@@ -113,6 +113,31 @@ class Watermark:
 
 
 @dataclass(frozen=True)
+class WatermarkChange:
+    """A manual move of one upstream's committed watermark (``watermark set`` / ``reset``).
+
+    ``old`` and ``new`` are committed versions; None means nothing is committed, so the next
+    batch loads the upstream as a snapshot. ``open_batch`` is the open batch that read the
+    upstream when the change was decided; ``abandoned`` lists the batches the change
+    abandoned. ``applied`` is False for a preview.
+    """
+
+    upstream: str
+    old: int | None
+    new: int | None
+    how: WatermarkHow
+    old_cursor: str | None = None
+    open_batch: str | None = None
+    abandoned: tuple[str, ...] = ()
+    applied: bool = False
+
+    @property
+    def changed(self) -> bool:
+        """True when the change moves the watermark (False: it is already there)."""
+        return self.old != self.new or self.old_cursor is not None
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """One row of ``pipeline_checkpoints``: one attempt of one pipeline on one batch."""
 
@@ -149,6 +174,26 @@ def default_actor() -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _text(version: int | None) -> str | None:
+    return None if version is None else str(version)
+
+
+def _planned_input(row: Mapping[str, Any]) -> PlannedInput:
+    """One ``batches`` row as a planned input. Cursor rows have no versions at all."""
+    mode = ReadMode(row["read_mode"])
+    if row["end_version"] is None:
+        start = decode_position(row["start_cursor"])
+        end_text = row["end_cursor"]
+        end = None if end_text is None else decode_position(end_text)
+        return PlannedInput(row["upstream"], mode, None, None, CursorWindow(start, end))
+    rng = (
+        None
+        if row["start_version"] is None
+        else VersionRange(row["start_version"], row["end_version"])
+    )
+    return PlannedInput(row["upstream"], mode, rng, row["end_version"])
 
 
 class WatermarkStore:
@@ -600,6 +645,148 @@ class WatermarkStore:
         """upstream -> committed version (None: reset, nothing committed)."""
         return {u: w.committed_version for u, w in self.committed().items()}
 
+    def _batch_reading(self, upstream: str) -> Batch | None:
+        """The open scheduled batch, if it reads ``upstream`` (a range, not NOOP)."""
+        batch = self.open_batch()
+        planned = batch.inputs.get(upstream) if batch is not None else None
+        if planned is None or planned.mode is ReadMode.NOOP:
+            return None
+        return batch
+
+    @staticmethod
+    def _check_manual(upstream: str, version: int | None, how: WatermarkHow) -> None:
+        if how is WatermarkHow.RESET and version is not None:
+            raise ValueError(f"{upstream}: a RESET stores no version, got {version}")
+        if how is WatermarkHow.MANUAL_SET and (not isinstance(version, int) or version < 0):
+            raise ValueError(f"{upstream}: a MANUAL_SET needs a version >= 0, got {version!r}")
+        if how not in (WatermarkHow.MANUAL_SET, WatermarkHow.RESET):
+            raise ValueError(f"{upstream}: a manual change is MANUAL_SET or RESET, not {how}")
+
+    def preview_watermark(
+        self, upstream: str, version: int | None, *, how: WatermarkHow
+    ) -> WatermarkChange:
+        """What :meth:`set_watermark` would change now; writes nothing."""
+        self._check_manual(upstream, version, how)
+        rows = self._rows(self._load("committed_watermarks"), pc.field("upstream") == upstream)
+        row = rows[0] if rows else {}
+        reading = self._batch_reading(upstream)
+        return WatermarkChange(
+            upstream=upstream,
+            old=row.get("committed_version"),
+            new=version,
+            how=how,
+            old_cursor=row.get("committed_cursor"),
+            open_batch=reading.batch_id if reading else None,
+        )
+
+    def set_watermark(
+        self,
+        upstream: str,
+        version: int | None,
+        *,
+        how: WatermarkHow,
+        actor: str,
+        reason: str | None = None,
+        force: bool = False,
+        expected: WatermarkChange | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> WatermarkChange:
+        """Move ``upstream``'s committed watermark by hand, audited in ``history``.
+
+        ``how`` is MANUAL_SET (to ``version``: the next batch starts at ``version + 1``) or
+        RESET (``version`` None: nothing committed, the next batch loads a snapshot). This
+        is the one way a watermark may decrease (I2). An open batch that reads the upstream
+        is a conflict: refused, or with ``force`` abandoned first so the next plan starts
+        from the new value. A batch a coordinator planned from the old value while this
+        change committed is abandoned as well. Nothing is written when the watermark is
+        already at ``version``.
+
+        Args:
+            expected: the preview the operator confirmed; refused if the committed value or
+                the open batch moved since.
+            detail: extra facts for the history row (e.g. how a timestamp was resolved).
+
+        Raises:
+            BatchStateError: an open batch reads the upstream and ``force`` is False.
+            TerminalError: the state moved since ``expected`` was previewed.
+        """
+        preview = self.preview_watermark(upstream, version, how=how)
+        if expected is not None and (preview.old, preview.old_cursor, preview.open_batch) != (
+            expected.old,
+            expected.old_cursor,
+            expected.open_batch,
+        ):
+            raise TerminalError(
+                f"Upstream '{upstream}' moved while the change was being confirmed: committed "
+                f"{expected.old} -> {preview.old}, open batch {expected.open_batch} -> "
+                f"{preview.open_batch}. Nothing was changed.",
+                upstream=upstream,
+                fix="run the command again to see the current state.",
+            )
+        if not preview.changed:
+            return preview
+        if preview.open_batch is not None and not force:
+            reading = self.get_batch(preview.open_batch).inputs[upstream]
+            raise BatchStateError(
+                f"Batch {preview.open_batch} is open and reads upstream '{upstream}' "
+                f"({reading.describe()}); "
+                "moving the watermark now would break it. Nothing was changed.",
+                upstream=upstream,
+                batch_id=preview.open_batch,
+                fix=f"wait until it completes (`watermark batch {preview.open_batch}`), or "
+                "pass --force to abandon it so the next plan starts from the new value.",
+            )
+        why = f"manual {how.value} of '{upstream}' from {preview.old} to {version}"
+        if reason:
+            why += f": {reason}"
+        abandoned: list[str] = []
+        if preview.open_batch is not None:
+            self.set_batch_status(
+                preview.open_batch, BatchStatus.ABANDONED, actor=actor, error=f"abandoned by {why}"
+            )
+            abandoned.append(preview.open_batch)
+
+        def decide(dt: DeltaTable) -> dict[str, Any]:
+            rows = self._rows(dt, pc.field("upstream") == upstream)
+            row = rows[0] if rows else {}
+            # A manual set keeps the table identity the watermark refers to; a reset
+            # forgets it, so a recreated table is loaded afresh.
+            table_id = row.get("table_id") if how is WatermarkHow.MANUAL_SET else None
+            self._upsert_watermark(dt, upstream, version, None, how, actor, table_id=table_id)
+            return row
+
+        old_row = self._cas("committed_watermarks", decide)
+        old, old_cursor = old_row.get("committed_version"), old_row.get("committed_cursor")
+        stale = self._batch_reading(upstream)
+        first = 0 if version is None else version + 1
+        stale_range = stale.inputs[upstream].range if stale is not None else None
+        if stale is not None and stale_range is not None and stale_range.start != first:
+            self.set_batch_status(
+                stale.batch_id,
+                BatchStatus.ABANDONED,
+                actor=actor,
+                error=f"planned from the watermark before the {why}",
+            )
+            abandoned.append(stale.batch_id)
+        self.record(
+            "WATERMARK_SET" if how is WatermarkHow.MANUAL_SET else "WATERMARK_RESET",
+            actor=actor,
+            upstream=upstream,
+            old_value=old_cursor if old is None and old_cursor else _text(old),
+            new_value=_text(version),
+            detail={"reason": reason, "how": how.value, "abandoned": abandoned, **(detail or {})},
+        )
+        return WatermarkChange(
+            upstream=upstream,
+            old=old,
+            new=version,
+            how=how,
+            old_cursor=old_cursor,
+            open_batch=preview.open_batch,
+            abandoned=tuple(abandoned),
+            applied=True,
+        )
+
     # ---------------------------------------------------------------- checkpoints
 
     def begin_checkpoint(self, pipeline: str, batch_id: str, *, run_id: str | None) -> int:
@@ -762,6 +949,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointStatus",
     "Watermark",
+    "WatermarkChange",
     "WatermarkHow",
     "WatermarkStore",
     "batch_id_for",

@@ -1,0 +1,185 @@
+"""``watermark run``, ``demo`` and ``dev``: driving a code location."""
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from watermark_dagster.cli.commands.status import print_status, status_rows
+from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, Context, Refusal
+from watermark_dagster.cli.parser import add_command
+
+
+def _progress(ctx: Context) -> Any:
+    """Progress lines go to stdout, or to stderr when stdout carries JSON."""
+    stream = sys.stderr if ctx.args.json else sys.stdout
+    return lambda message: print(message, file=stream)
+
+
+def cmd_run(ctx: Context) -> int:
+    from dagster import DagsterInstance
+
+    from watermark_dagster.headless import HeadlessRunner
+
+    spark = ctx.spark()
+    try:
+        report = HeadlessRunner(
+            ctx.defs, DagsterInstance.get(), log=_progress(ctx)
+        ).run_until_idle()
+    finally:
+        spark.stop()
+    failed = report.failed_runs
+    if ctx.args.json:
+        ctx.console.json(
+            {
+                "completed": report.completed,
+                "runs": [asdict(r) for r in report.runs],
+                "stuck": report.stuck,
+                "upstreams": status_rows(ctx),
+            }
+        )
+    else:
+        ctx.console.print()
+        print_status(ctx, as_json=False)
+    for r in failed:
+        ctx.console.problem(f"FAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}")
+    if report.stuck:
+        ctx.console.problem(report.stuck)
+    return EXIT_FAILED if report.stuck or failed else EXIT_OK
+
+
+def cmd_demo(ctx: Context) -> int:
+    from dagster import DagsterInstance
+
+    from watermark_dagster.demo import DemoPaths, apply_round, seed
+    from watermark_dagster.demo.verify import compare_with_full_recompute
+    from watermark_dagster.headless import HeadlessRunner
+
+    args = ctx.args
+    if args.rounds < 0:
+        raise Refusal(f"--rounds must be 0 or more, got {args.rounds}.")
+    home = ctx.home
+    if args.fresh and home.exists():
+        shutil.rmtree(home)
+        ctx = Context(args, ctx.console)  # recreate DAGSTER_HOME under the fresh home
+    out = _progress(ctx)
+    spark = ctx.spark()
+    spark.sparkContext.setLogLevel("ERROR")
+    paths = DemoPaths(home)
+    quiet = (lambda _m: None) if args.quiet else (lambda m: out(f"  {m}"))
+    try:
+        created = seed(spark, paths)
+        out(f"demo upstreams {'created' if created else 'found'} under {home / 'demo'}")
+        runner = HeadlessRunner(ctx.defs, DagsterInstance.get(), log=quiet, run_log_level="WARNING")
+        report = runner.run_until_idle()
+        batches = list(report.completed)
+        start = max((b.seq for b in ctx.store.batches()), default=0)
+        for n in range(args.rounds):
+            commits = apply_round(spark, paths, start + n + 1)
+            out(f"round {n + 1}: committed {commits} new upstream versions")
+            report = runner.run_until_idle()
+            batches += report.completed
+            if report.stuck or report.failed_runs:
+                break
+        checks = compare_with_full_recompute(spark, paths)
+    finally:
+        spark.stop()
+    if args.json:
+        ctx.console.json(
+            {
+                "completed": batches,
+                "upstreams": status_rows(ctx),
+                "targets": [
+                    {"target": c.target, "rows": c.rows, "equals_full_recompute": c.ok}
+                    for c in checks
+                ],
+                "dagster_home": os.environ["DAGSTER_HOME"],
+            }
+        )
+    else:
+        ctx.console.print(f"batches completed: {', '.join(batches) or 'none'}\n")
+        print_status(ctx, as_json=False)
+        ctx.console.print()
+        for check in checks:
+            verdict = (
+                ctx.console.paint("equals a full recompute", "ok")
+                if check.ok
+                else ctx.console.paint(
+                    f"DIFFERS from a full recompute: missing {list(check.missing)}, "
+                    f"unexpected {list(check.unexpected)}",
+                    "bad",
+                )
+            )
+            ctx.console.print(f"target {check.target}: {check.rows} rows, {verdict}")
+        ctx.console.print(
+            f"\nDagster instance: {os.environ['DAGSTER_HOME']}  (open it with `watermark dev`)"
+        )
+    if report.stuck or report.failed_runs or not all(c.ok for c in checks):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_dev(ctx: Context) -> int:
+    args = ctx.args
+    dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
+    argv = [dagster, "dev", "-w", args.workspace, "-h", args.host, "-p", str(args.port)]
+    env = {"DAGSTER_HOME": os.environ["DAGSTER_HOME"], "WATERMARK_HOME": str(ctx.home)}
+    if args.json:
+        ctx.console.json({"argv": argv, "env": env})
+    else:
+        ctx.console.print(" ".join(f"{k}={v}" for k, v in env.items()))
+        ctx.console.print(" ".join(argv))
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+    return EXIT_OK  # not reached
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``demo``, ``run`` and ``dev``."""
+    demo = add_command(
+        sub,
+        "demo",
+        cmd_demo,
+        help="create demo upstreams, run batches headless, print the watermarks",
+        example="watermark demo --rounds 2\nwatermark demo --fresh",
+        defs=False,
+        json_help="print the summary as JSON (progress goes to stderr)",
+    )
+    demo.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of upstream changes after the first batch (default 2)",
+    )
+    demo.add_argument("--fresh", action="store_true", help="delete WATERMARK_HOME first")
+    demo.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+
+    add_command(
+        sub,
+        "run",
+        cmd_run,
+        help="one headless cycle: plan or resume, run the pipelines, finalize",
+        description=(
+            "One headless cycle, for cron instead of the Dagster daemon: plan a batch or\n"
+            "resume the open one, materialize its pipelines, finalize. Exit 1 names the\n"
+            "pipeline that failed."
+        ),
+        example="*/10 * * * * cd /srv/lake && watermark run --json >> watermark-run.log",
+        json_help="print the outcome as JSON (progress goes to stderr)",
+    )
+
+    dev = add_command(
+        sub,
+        "dev",
+        cmd_dev,
+        help="open the code location in `dagster dev` (sensors on)",
+        example="watermark dev --port 3000",
+        defs=False,
+        json_help="print the command and environment as JSON before starting",
+    )
+    dev.add_argument("--workspace", default="workspace.yaml", help="default: workspace.yaml")
+    dev.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    dev.add_argument("--port", type=int, default=3000, help="default: 3000")

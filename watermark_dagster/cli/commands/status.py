@@ -1,0 +1,206 @@
+"""``watermark list`` and ``watermark get``: where every upstream stands."""
+
+import argparse
+import json
+from typing import Any
+
+from watermark_dagster.cli.context import EXIT_OK, Context
+from watermark_dagster.cli.parser import add_command
+from watermark_dagster.cli.render import Styled
+from watermark_dagster.errors import WatermarkError
+
+RECENT_HISTORY = 5
+
+
+def _latest(ctx: Context, name: str) -> tuple[int | None, str | None]:
+    from watermark_dagster.observe.delta_log import Observer
+
+    upstream = ctx.registry.upstreams[name]
+    if getattr(upstream, "is_cursor", False):
+        return None, None
+    try:
+        return Observer().observe(upstream).latest_version, None
+    except WatermarkError as e:
+        return None, str(e)
+
+
+def _describe(planned: Any) -> str:
+    describe = getattr(planned, "describe", None)
+    if describe is not None:
+        return describe()
+    return str(planned.range) if planned.range else "NOOP"
+
+
+def status_rows(ctx: Context) -> list[dict[str, Any]]:
+    """Every upstream: committed, latest, lag, the open batch's read of it, last change."""
+    committed = ctx.store.committed()
+    open_batch = ctx.store.open_batch()
+    rows = []
+    for name in sorted(ctx.registry.upstreams):
+        latest, problem = _latest(ctx, name)
+        mark = committed.get(name)
+        version = mark.committed_version if mark else None
+        cursor = getattr(mark, "committed_cursor", None) if mark else None
+        lag = None if latest is None or cursor else latest - (-1 if version is None else version)
+        planned = open_batch.inputs.get(name) if open_batch else None
+        rows.append(
+            {
+                "upstream": name,
+                "committed": version if cursor is None else list(cursor),
+                "latest": latest,
+                "lag": lag,
+                "open_batch": (
+                    f"{open_batch.batch_id} {_describe(planned)}"
+                    if open_batch and planned
+                    else None
+                ),
+                "last_change": (
+                    f"{mark.updated_at:%Y-%m-%d %H:%M:%S} {mark.how} by {mark.actor}"
+                    if mark
+                    else None
+                ),
+                "unavailable": problem,
+            }
+        )
+    return rows
+
+
+def print_status(ctx: Context, *, as_json: bool) -> None:
+    """The ``watermark list`` table (or JSON)."""
+    rows = status_rows(ctx)
+    if as_json:
+        ctx.console.json(rows)
+        return
+    headers = ["upstream", "committed", "latest", "lag", "open batch", "last change"]
+    ctx.console.table(
+        headers,
+        [
+            [
+                r["upstream"],
+                "none" if r["committed"] is None else r["committed"],
+                r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
+                Styled(str(r["lag"]), "warn") if r["lag"] else r["lag"],
+                r["open_batch"],
+                r["last_change"],
+            ]
+            for r in rows
+        ],
+    )
+    for r in rows:
+        if r["unavailable"]:
+            ctx.console.problem(r["unavailable"], style="warn")
+
+
+def cmd_list(ctx: Context) -> int:
+    print_status(ctx, as_json=ctx.args.json)
+    return EXIT_OK
+
+
+def _consumer_status(ctx: Context, name: str) -> list[dict[str, Any]]:
+    """Each pipeline reading ``name`` and where it stands in the open batch."""
+    batch = ctx.store.open_batch()
+    checkpoints = ctx.store.checkpoints(batch_id=batch.batch_id) if batch else []
+    out = []
+    for pipeline in ctx.consumers(name):
+        if batch is None:
+            state = None
+        elif pipeline not in batch.pipelines:
+            state = "not in batch"
+        else:
+            attempts = [c for c in checkpoints if c.pipeline == pipeline]
+            state = attempts[-1].status.value if attempts else "not run yet"
+        out.append({"pipeline": pipeline, "open_batch_status": state})
+    return out
+
+
+def _history_rows(history: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for h in history:
+        detail = json.loads(h["detail"]) if h.get("detail") else {}
+        rows.append(
+            [
+                f"{h['at']:%Y-%m-%d %H:%M:%S}",
+                h["event"],
+                h["batch_id"],
+                h["old_value"],
+                h["new_value"],
+                h["actor"],
+                detail.get("reason") if isinstance(detail, dict) else None,
+            ]
+        )
+    return rows
+
+
+def cmd_get(ctx: Context) -> int:
+    name = ctx.upstream(ctx.args.table).name
+    [row] = [r for r in status_rows(ctx) if r["upstream"] == name]
+    mark = ctx.store.committed().get(name)
+    history = ctx.store.history(upstream=name)
+    if not ctx.args.history:
+        history = history[-RECENT_HISTORY:]
+    out = {
+        **row,
+        "path": ctx.registry.upstreams[name].path,
+        "batch_id": mark.batch_id if mark else None,
+        "how": mark.how.value if mark else None,
+        "consumers": _consumer_status(ctx, name),
+        "history": history,
+    }
+    if ctx.args.json:
+        ctx.console.json(out)
+        return EXIT_OK
+    consumers = ", ".join(
+        c["pipeline"] + (f" ({c['open_batch_status']})" if c["open_batch_status"] else "")
+        for c in out["consumers"]
+    )
+    pairs = [
+        ("upstream", name),
+        ("path", out["path"]),
+        (
+            "committed",
+            "none (next batch loads a snapshot)" if row["committed"] is None else row["committed"],
+        ),
+        ("set by", f"{out['how']} {out['batch_id'] or ''}".strip() if mark else None),
+        ("latest", row["latest"] if row["unavailable"] is None else Styled("unavailable", "bad")),
+        ("lag", Styled(str(row["lag"]), "warn") if row["lag"] else row["lag"]),
+        ("open batch", row["open_batch"] or "none"),
+        ("consumers", consumers),
+        ("last change", row["last_change"]),
+    ]
+    from watermark_dagster.cli.render import fields
+
+    ctx.console.print(fields(pairs, colour=ctx.console.colour))
+    ctx.console.print()
+    title = "history" if ctx.args.history else f"recent history (last {RECENT_HISTORY})"
+    ctx.console.print(ctx.console.paint(title, "bold"))
+    ctx.console.table(
+        ["at", "event", "batch", "old", "new", "actor", "reason"], _history_rows(history)
+    )
+    if row["unavailable"]:
+        ctx.console.problem(row["unavailable"], style="warn")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``list`` and ``get``."""
+    lst = add_command(
+        sub,
+        "list",
+        cmd_list,
+        help="every upstream: committed, latest, lag, open batch, last change",
+        example="watermark list\nwatermark list --json | jq '.[] | select(.lag > 0)'",
+    )
+    del lst
+    get = add_command(
+        sub,
+        "get",
+        cmd_get,
+        help="one upstream: watermark, lag, open batch, consumers, history",
+        example="watermark get -t orders\nwatermark get -t orders --history --json",
+    )
+    get.add_argument("-t", "--table", required=True, help="upstream name")
+    get.add_argument(
+        "--history",
+        action="store_true",
+        help=f"every change to it (default: last {RECENT_HISTORY})",
+    )

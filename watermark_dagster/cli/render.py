@@ -1,0 +1,123 @@
+"""Output of the command line: aligned tables, colours on a terminal only, JSON for scripts.
+
+Colours follow the usual conventions: only when the stream is a terminal, never when
+``NO_COLOR`` is set to anything (https://no-color.org) or ``TERM`` is ``dumb``.
+"""
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
+
+Style = Literal["ok", "warn", "bad", "dim", "bold"]
+
+_CODES: dict[str, str] = {
+    "ok": "32",  # green
+    "warn": "33",  # yellow
+    "bad": "31",  # red
+    "dim": "2",
+    "bold": "1",
+}
+# Words the tables colour wherever they appear as a whole cell.
+STATUS_STYLES: dict[str, Style] = {
+    "COMPLETED": "ok",
+    "SUCCESS": "ok",
+    "PLANNED": "warn",
+    "RUNNING": "warn",
+    "FAILED": "bad",
+    "ABANDONED": "bad",
+}
+
+
+def colour_enabled(stream: TextIO) -> bool:
+    """True when ``stream`` is a terminal and the environment does not ask for plain text."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+@dataclass(frozen=True)
+class Styled:
+    """A table cell or text with a style; plain when colours are off."""
+
+    text: str
+    style: Style
+
+
+def paint(text: str, style: Style | None, *, enabled: bool) -> str:
+    """``text`` wrapped in the ANSI codes of ``style`` when ``enabled``."""
+    if not enabled or style is None:
+        return text
+    return f"\033[{_CODES[style]}m{text}\033[0m"
+
+
+def _cell(value: Any) -> tuple[str, Style | None]:
+    if isinstance(value, Styled):
+        return value.text, value.style
+    text = "" if value is None else str(value)
+    return text, STATUS_STYLES.get(text)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, colour: bool = False) -> str:
+    """Rows under headers, columns aligned on the visible text (colour codes excluded)."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i][0]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(parts: Sequence[tuple[str, Style | None]]) -> str:
+        padded = [
+            paint(text.ljust(w), style, enabled=colour) if text else " " * w
+            for (text, style), w in zip(parts, widths, strict=True)
+        ]
+        return "  ".join(padded).rstrip()
+
+    out = [line([(h, "bold") for h in headers]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def fields(pairs: Sequence[tuple[str, Any]], *, colour: bool = False) -> str:
+    """``key  value`` lines, keys aligned."""
+    width = max((len(k) for k, _ in pairs), default=0)
+    lines = []
+    for key, value in pairs:
+        text, style = _cell(value)
+        lines.append(f"{key.ljust(width)}  {paint(text, style, enabled=colour)}".rstrip())
+    return "\n".join(lines)
+
+
+def to_json(value: Any) -> str:
+    """Indented JSON; datetimes and other values as their text."""
+    return json.dumps(value, indent=2, default=str)
+
+
+class Console:
+    """Where a command writes: stdout for results, stderr for problems, colours decided once."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.colour = colour_enabled(self.out)
+        self.err_colour = colour_enabled(self.err)
+
+    def print(self, text: str = "") -> None:
+        """A line of results."""
+        print(text, file=self.out)
+
+    def json(self, value: Any) -> None:
+        """A result as JSON (never coloured)."""
+        print(to_json(value), file=self.out)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """An aligned table of results."""
+        self.print(table(headers, rows, colour=self.colour))
+
+    def paint(self, text: str, style: Style | None) -> str:
+        """``text`` styled for stdout."""
+        return paint(text, style, enabled=self.colour)
+
+    def problem(self, message: str, *, style: Style = "bad") -> None:
+        """``watermark: message`` on stderr."""
+        print(paint(f"watermark: {message}", style, enabled=self.err_colour), file=self.err)
