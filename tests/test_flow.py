@@ -122,14 +122,18 @@ def test_three_batches_track_changing_upstreams_exactly(spark, location: Locatio
         _assert_targets_exact(spark, location.paths)
 
         meta = _materialization_metadata(location.instance, "orders_enriched", batch.batch_id)
+        # The first batch loads snapshots (nothing committed yet); later ones read changes.
+        assert meta["full_load"] is (round_no == 0)
         for upstream in ("orders", "customers"):
             rng = batch.inputs[upstream].range
             assert rng is not None
-            assert meta[f"{upstream}/read_mode"] == "CDF"
-            assert (meta[f"{upstream}/start_version"], meta[f"{upstream}/end_version"]) == (
-                rng.start,
-                rng.end,
-            )
+            if round_no == 0:
+                assert meta[f"{upstream}/read_mode"] == "SNAPSHOT"
+                assert meta[f"{upstream}/start_version"] == "none"
+            else:
+                assert meta[f"{upstream}/read_mode"] == "CDF"
+                assert meta[f"{upstream}/start_version"] == rng.start
+            assert meta[f"{upstream}/end_version"] == rng.end
             assert meta[f"{upstream}/rows_read"] > 0
         assert meta["rows_written"] > 0
     assert [b.batch_id for b in location.store.batches()] == ["b000003", "b000002", "b000001"]
@@ -201,6 +205,9 @@ def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  
 def test_open_batch_is_resumed_after_its_run_is_killed(
     spark, location: Location, dagster_home: Path
 ) -> None:  # noqa: ANN001, E501
+    # The first batch (a snapshot load) runs normally; the second merges changes.
+    assert len(location.runner.run_until_idle().completed) == 1
+    apply_round(spark, location.paths, 1)
     # A real `watermark run` process is SIGKILLed right after its first pipeline committed
     # to its target, before the checkpoint and the materialization.
     env = {
@@ -223,17 +230,17 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
 
     planned = location.store.open_batch()
     assert planned is not None
-    [dead_run] = location.instance.get_runs(RunsFilter(tags={"dagster/partition": "b000001"}))
+    [dead_run] = location.instance.get_runs(RunsFilter(tags={"dagster/partition": "b000002"}))
     assert dead_run.status is DagsterRunStatus.STARTED  # Dagster still thinks it runs
-    killed = location.store.checkpoints(batch_id="b000001")
+    killed = location.store.checkpoints(batch_id="b000002")
     assert [(c.pipeline, c.attempt, c.status) for c in killed] == [
         (killed[0].pipeline, 1, CheckpointStatus.RUNNING)
     ]
 
     report = location.runner.run_until_idle()
-    assert report.completed == ["b000001"]
-    assert len(location.store.batches()) == 1  # resumed, not re-planned
-    resumed = location.store.get_batch("b000001")
+    assert report.completed == ["b000002"]
+    assert len(location.store.batches()) == 2  # resumed, not re-planned
+    resumed = location.store.get_batch("b000002")
     assert resumed.plan_id == planned.plan_id and resumed.inputs == planned.inputs
     assert location.instance.get_run_by_id(dead_run.run_id).status is DagsterRunStatus.FAILURE  # type: ignore[union-attr]
     assert [r.success for r in report.runs] == [True]
@@ -241,7 +248,7 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
         ("orders_enriched", ("orders", "customers")),
         ("customer_payments", ("customers", "payments")),
     ):
-        meta = _materialization_metadata(location.instance, pipeline, "b000001")
+        meta = _materialization_metadata(location.instance, pipeline, "b000002")
         assert meta["attempt"] >= 1
         for u in ups:
             rng = planned.inputs[u].range

@@ -1,5 +1,6 @@
 """The pure planning rules: ranges, NOOPs, gaps and what may advance."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,12 +10,16 @@ from watermark_dagster.core.planning import (
     PlannedInput,
     UpstreamPosition,
     batch_is_due,
+    cursor_has_new_data,
+    cursor_state,
     decide_advance,
+    decide_cursor_advance,
     finalize_step,
     plan_batch,
 )
-from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import (
+    BatchStateError,
     UpstreamRecreatedError,
     WatermarkGapError,
     WatermarkRegressionError,
@@ -158,3 +163,72 @@ def test_batch_is_due() -> None:
     assert batch_is_due(None, now, minute)
     assert not batch_is_due(now - timedelta(seconds=30), now, minute)
     assert batch_is_due(now - minute, now, minute)
+
+
+# ------------------------------------------------------------------ read modes
+
+
+def test_nothing_committed_reads_a_snapshot_and_loads_its_pipelines_fully() -> None:
+    plan = plan_batch(
+        [
+            UpstreamPosition("new", 7, None, max_versions_per_batch=2),
+            UpstreamPosition("old", 9, 5, mode=ReadMode.APPEND_ONLY),
+        ],
+        {"a": ("new",), "b": ("old",), "c": ("new", "old")},
+    )
+    assert plan.inputs["new"] == PlannedInput("new", ReadMode.SNAPSHOT, VersionRange(0, 7), 7)
+    assert plan.inputs["old"] == PlannedInput("old", ReadMode.APPEND_ONLY, VersionRange(6, 9), 9)
+    assert plan.full_load == ("a", "c")
+
+
+def test_first_loads_run_even_without_new_data_and_overwrites_only_with_it() -> None:
+    positions = [UpstreamPosition("u", 4, 4), UpstreamPosition("v", 6, 3)]
+    plan = plan_batch(
+        positions,
+        {"fresh": ("u",), "idle": ("u",), "full": ("v",)},
+        bootstrap=["fresh"],
+        overwrite=["full", "idle"],
+    )
+    assert plan.pipelines == ("fresh", "full")
+    assert plan.full_load == ("fresh", "full")
+    assert plan.inputs["u"].mode is ReadMode.NOOP and plan.inputs["u"].snapshot_version == 4
+
+
+def test_snapshot_only_upstreams_are_not_capped() -> None:
+    plan = plan_batch(
+        [UpstreamPosition("s", 30, 10, max_versions_per_batch=2, mode=ReadMode.SNAPSHOT)],
+        {"p": ("s",)},
+    )
+    assert plan.inputs["s"].range == VersionRange(11, 30)
+    assert plan.full_load == ("p",)
+
+
+def test_cursor_upstreams_get_windows_from_their_committed_position() -> None:
+    new = UpstreamPosition("c", -1, None, mode=ReadMode.TIMESTAMP, committed_cursor=(5, 1))
+    plan = plan_batch([replace(new, has_new_data=True)], {"p": ("c",)})
+    assert plan.inputs["c"].window == CursorWindow((5, 1), None)
+    assert plan.inputs["c"].mode is ReadMode.TIMESTAMP
+    idle = plan_batch([new], {"p": ("c",)})
+    assert not idle.has_work
+    assert idle.inputs["c"].window == CursorWindow((5, 1), (5, 1))
+
+
+def test_cursor_advance_moves_only_from_start_to_end() -> None:
+    window = CursorWindow((5, 1), (9, 3))
+    assert decide_cursor_advance("c", (5, 1), window, "b1") is AdvanceDecision.ADVANCE
+    assert decide_cursor_advance("c", (9, 3), window, "b1") is AdvanceDecision.ALREADY_DONE
+    with pytest.raises(WatermarkGapError):
+        decide_cursor_advance("c", (4, 0), window, "b1")
+    with pytest.raises(BatchStateError, match="never pinned"):
+        decide_cursor_advance("c", (5, 1), CursorWindow((5, 1)), "b1")
+
+
+def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    recheck = int((now + timedelta(minutes=5)).timestamp() * 1_000_000)
+    state = cursor_state("s1", recheck)
+    assert not cursor_has_new_data(state, "s1", now)
+    assert cursor_has_new_data(state, "s1", now + timedelta(minutes=5))
+    assert cursor_has_new_data(state, "s2", now)  # the source changed
+    assert not cursor_has_new_data(cursor_state("s1", None), "s1", now)
+    assert cursor_has_new_data(None, "s1", now)

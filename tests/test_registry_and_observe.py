@@ -1,14 +1,24 @@
 """Registry validation (clear errors when definitions load) and JVM-free observation."""
 
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
-from watermark_dagster.observe.delta_log import Observer, latest_local_version
-from watermark_dagster.registry import Pipeline, Registry, Upstream, pipeline
+from watermark_dagster.observe.delta_log import (
+    Observer,
+    latest_local_version,
+    observe_registry,
+    read_mode_of,
+    starting_points,
+)
+from watermark_dagster.registry import Pipeline, Registry, Upstream, WriteMode, pipeline
+from watermark_dagster.store import WatermarkStore
 
 
 def _t(batch):  # noqa: ANN001, ANN202
@@ -98,3 +108,95 @@ def test_unavailable_upstream_is_reported_by_name(tmp_path: Path, kind: str) -> 
         UpstreamUnavailableError, match=r"Upstream 'ghost' at .*nope.* not a readable Delta"
     ):
         Observer().observe(Upstream("ghost", path=str(path)))
+
+
+# ------------------------------------------------------------------ read modes and starts
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "stream"}, "mode 'stream' is not one of"),
+        ({"on_data_change": "ignore"}, "on_data_change 'ignore' is not one of"),
+        ({"start_from": "yesterday"}, "start_from 'yesterday' is not"),
+        ({"start_from": -3}, "start_from version -3 is negative"),
+        ({"mode": "timestamp"}, "names no cursor column"),
+        ({"cursor": "ts"}, "only apply to mode='timestamp'"),
+        ({"mode": "timestamp", "cursor": "ts; DROP"}, "Invalid cursor column"),
+        ({"mode": "timestamp", "cursor": "ts", "lag_seconds": -1}, "lag_seconds must be"),
+    ],
+)
+def test_upstream_options_are_checked(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Upstream("orders", path="/tmp/x", **kwargs)
+
+
+def test_write_modes_and_layout_are_checked() -> None:
+    with pytest.raises(ConfigurationError, match="merges into its target but has no key"):
+        Pipeline("p", ("u",), "/tmp/t", (), _t)
+    assert Pipeline("p", ("u",), "/tmp/t", (), _t, write="append").write is WriteMode.APPEND
+    with pytest.raises(ConfigurationError, match="partitioned or clustered, not both"):
+        Pipeline("p", ("u",), "/tmp/t", ("id",), _t, partition_by=("d",), cluster_by=("id",))
+    with pytest.raises(ConfigurationError, match="write 'upsert' is not one of"):
+        Pipeline("p", ("u",), "/tmp/t", ("id",), _t, write="upsert")
+
+
+def _table(path: Path, commits: int, *, cdf: bool) -> None:
+    for i in range(commits):
+        write_deltalake(
+            str(path),
+            pa.table({"id": pa.array([i], pa.int64())}),
+            mode="append",
+            configuration={"delta.enableChangeDataFeed": str(cdf).lower()},
+        )
+
+
+def test_start_from_gives_each_upstream_its_first_position(tmp_path: Path) -> None:
+    for name in ("a", "b", "c", "d"):
+        _table(tmp_path / name, 4, cdf=name != "d")
+    when = datetime.now(UTC)
+    ups = [
+        Upstream("a", path=str(tmp_path / "a")),
+        Upstream("b", path=str(tmp_path / "b"), start_from="latest"),
+        Upstream("c", path=str(tmp_path / "c"), start_from=2),
+        Upstream("d", path=str(tmp_path / "d"), start_from=when.isoformat()),
+    ]
+    _table(tmp_path / "d", 1, cdf=False)  # version 4 is after `when`
+    registry = Registry(
+        upstreams=ups,
+        pipelines=[
+            Pipeline(f"p_{u.name}", (u.name,), f"/tmp/t_{u.name}", ("id",), _t) for u in ups
+        ],
+    )
+    look = observe_registry(registry, Observer(), {})
+    points = starting_points(registry, look, when)
+    assert {u: v for u, (v, _, _) in points.items()} == {"b": 3, "c": 1, "d": 3}
+    assert read_mode_of(registry.upstreams["a"], look.observed["a"]) is ReadMode.CDF
+    assert read_mode_of(registry.upstreams["d"], look.observed["d"]) is ReadMode.APPEND_ONLY
+    # Only pipelines whose upstreams start at the beginning load a snapshot first.
+    assert look.bootstrap == ("p_a",)
+
+
+def test_an_upstream_recreated_since_its_watermark_is_not_planned(tmp_path: Path) -> None:
+    _table(tmp_path / "u", 3, cdf=True)
+    registry = Registry(
+        upstreams=[Upstream("u", path=str(tmp_path / "u"))],
+        pipelines=[Pipeline("p", ("u",), "/tmp/t", ("id",), _t)],
+    )
+    store = WatermarkStore(tmp_path / "control")
+    store.initialize_watermarks({"u": (2, None, "test")}, actor="t", table_ids={"u": "old-id"})
+    look = observe_registry(registry, Observer(), {"u": 2}, marks=store.committed())
+    assert "u" in look.errors and "dropped and recreated" in look.errors["u"]
+    assert "watermark reset -t u" in look.errors["u"]
+    assert look.runnable == {}
+
+
+def test_target_state_sees_missing_empty_and_filled_targets(tmp_path: Path) -> None:
+    observer = Observer()
+    target = tmp_path / "t"
+    p = Pipeline("p", ("u",), str(target), ("id",), _t)
+    assert observer.target_state(p) == "missing"
+    write_deltalake(str(target), pa.table({"id": pa.array([], pa.int64())}), mode="append")
+    assert observer.target_state(p) == "empty"
+    _table(target, 1, cdf=False)
+    assert observer.target_state(p) == "filled"

@@ -127,12 +127,9 @@ def test_needed_version(
     assert needed.version == expected
 
 
-@pytest.mark.skipif(
-    "SNAPSHOT" not in ReadMode.__members__, reason="needs SNAPSHOT reads (first loads)"
-)
 def test_a_first_load_needs_only_what_its_snapshot_needs() -> None:
     # A SNAPSHOT input pins [0, end] but reads only the table as of its end.
-    first_load = PlannedInput("orders", ReadMode("SNAPSHOT"), VersionRange(0, 5), 5)
+    first_load = PlannedInput("orders", ReadMode.SNAPSHOT, VersionRange(0, 5), 5)
     needed = needed_version(committed=None, open_input=first_load, batch_id="b000001")
     assert needed.version == 6
     assert "whose snapshot open batch b000001 reads" in needed.why

@@ -38,6 +38,9 @@ def setup(tmp_path: Path, dagster_home: Path) -> Iterator[tuple]:
     ups = {name: tmp_path / name for name in ("up1", "up2", "up3")}
     for path in ups.values():
         _commit(path, [1, 2])
+    # No pipeline runs here: give them targets, as their first runs would have.
+    for target in ("a", "b"):
+        _commit(tmp_path / target, [0])
     registry = Registry(
         upstreams=[Upstream(n, path=str(p)) for n, p in ups.items()],
         pipelines=[
@@ -198,3 +201,38 @@ def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> N
     assert "is stuck: 3 failed runs" in (stuck.skip_message or "")
     assert [h["event"] for h in store.history()].count("BATCH_STUCK") == 1
     assert store.open_batch() is not None  # still open: nothing is skipped or advanced
+
+
+def test_start_from_latest_skips_history_and_reads_only_later_commits(
+    tmp_path: Path, dagster_home: Path
+) -> None:
+    source = tmp_path / "audit"
+    for i in range(3):
+        _commit(source, [i])  # versions 0..2: history to skip
+    registry = Registry(
+        upstreams=[Upstream("audit", path=str(source), start_from="latest")],
+        pipelines=[Pipeline("audit_copy", ("audit",), str(tmp_path / "t"), ("id",), _never_called)],
+    )
+    defs = build_definitions(
+        registry,
+        control_root=str(tmp_path / "control"),
+        settings=WatermarkSettings(min_batch_interval_seconds=0),
+    )
+    store = WatermarkStore(tmp_path / "control")
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    try:
+        first = _tick(defs, instance, COORDINATOR)
+        assert not first.run_requests  # nothing after the starting point yet
+        mark = store.committed()["audit"]
+        assert (mark.committed_version, mark.how.value) == (2, "START_FROM")
+        assert [h["event"] for h in store.history(upstream="audit")] == ["WATERMARK_STARTED"]
+        _commit(source, [3])
+        second = _tick(defs, instance, COORDINATOR, first.cursor)
+        assert second.run_requests
+        batch = store.open_batch()
+        assert batch is not None
+        # Incremental from the start, not a snapshot: even though the target is missing.
+        assert batch.inputs["audit"].describe() == "CDF [3, 3]"
+        assert batch.full_load == ()
+    finally:
+        instance.dispose()

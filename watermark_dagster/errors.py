@@ -81,3 +81,16 @@ class BatchStateError(TerminalError):
 
 class CommitConflictError(RetryableError):
     """Another writer committed to a control table first and retries ran out."""
+
+
+class UpstreamUnreadableError(TerminalError):
+    """A batch's range can no longer be read: log versions or change files were removed
+    (log cleanup, VACUUM), or the change data feed was off for part of the range."""
+
+
+class UpstreamDataChangedError(TerminalError):
+    """An APPEND_ONLY range holds commits that update or delete rows."""
+
+
+class UpstreamSchemaChangedError(TerminalError):
+    """An upstream's schema changed incompatibly inside a batch's range."""

@@ -10,13 +10,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from watermark_dagster.core.planning import PlannedInput
+from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import BatchStateError, TerminalError
-from watermark_dagster.faults import fault_point
-from watermark_dagster.read.inputs import UpstreamInput
+from watermark_dagster.faults import SimulatedCrash, fault_point
+from watermark_dagster.read.inputs import CDF_COLUMNS, CHANGE_TYPE, UpstreamInput
 from watermark_dagster.registry import Pipeline, Registry
-from watermark_dagster.store import Batch, BatchStatus, CheckpointStatus, WatermarkStore, seq_of
-from watermark_dagster.write.merge import WriteResult, merge_into_target
+from watermark_dagster.store import (
+    Batch,
+    BatchKind,
+    BatchStatus,
+    CheckpointStatus,
+    WatermarkStore,
+    seq_of,
+)
+from watermark_dagster.write.merge import WriteResult
+from watermark_dagster.write.targets import write_target
 
 log = logging.getLogger("watermark_dagster")
 
@@ -34,6 +45,7 @@ class BatchContext:
     pipeline: str
     inputs: Mapping[str, UpstreamInput]
     spark: SparkSession
+    full_load: bool = False
 
     def __getitem__(self, upstream: str) -> UpstreamInput:
         try:
@@ -52,8 +64,10 @@ class InputReport:
     upstream: str
     mode: str
     start_version: int | None
-    end_version: int
+    end_version: int | None
     rows_read: int
+    files_read: int | None = None
+    window: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,7 @@ class PipelineOutcome:
     inputs: tuple[InputReport, ...]
     write: WriteResult | None
     skipped_reason: str | None = None
+    full_load: bool = False
 
     @property
     def rows_read(self) -> int:
@@ -112,7 +127,7 @@ def execute_pipeline(
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)
     newest = store.newest_success(pipeline_name)
-    if newest is not None and seq_of(newest) > batch.seq:
+    if batch.kind is not BatchKind.REPLAY and newest is not None and seq_of(newest) > batch.seq:
         # I5: a backfill of an older batch must not overwrite what newer batches wrote (nor
         # bring back rows they deleted). The target already holds this batch's effects.
         reason = (
@@ -133,33 +148,40 @@ def execute_pipeline(
 
     attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id)
     inputs: dict[str, UpstreamInput] = {}
+    full_load = pipeline_name in batch.full_load
     try:
-        inputs = {
-            u: UpstreamInput.pinned(spark, registry.upstreams[u], batch.inputs[u])
-            for u in pipeline.upstreams
-        }
+        inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=full_load)
+        if not full_load and any(i.reads_snapshot for i in inputs.values()):
+            # An append-only range that changed rows, read as a snapshot as configured:
+            # the pipeline reloads from snapshots of every upstream at their pinned ends.
+            full_load = True
+            inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=True)
         reports = tuple(
             InputReport(
                 upstream=u,
                 mode=i.mode.value,
-                start_version=i.range.start if i.range else None,
+                start_version=i.range.start if i.range and not i.reads_snapshot else None,
                 end_version=i.snapshot_version,
-                rows_read=i.changes.count() if i.range else 0,
+                rows_read=i.count_rows(),
+                files_read=i.files_read,
+                window=str(i.window) if i.window is not None else None,
             )
             for u, i in inputs.items()
         )
         for r in reports:
             log.info(
-                "pipeline=%s batch=%s upstream=%s mode=%s range=[%s, %s] rows_read=%d",
+                "pipeline=%s batch=%s upstream=%s mode=%s range=[%s, %s]%s rows_read=%d%s",
                 pipeline_name,
                 batch_id,
                 r.upstream,
                 r.mode,
                 r.start_version,
                 r.end_version,
+                f" window={r.window}" if r.window else "",
                 r.rows_read,
+                f" files_read={r.files_read}" if r.files_read is not None else "",
             )
-        context = BatchContext(batch_id, batch.seq, pipeline_name, inputs, spark)
+        context = BatchContext(batch_id, batch.seq, pipeline_name, inputs, spark, full_load)
         output = pipeline.transform(context)
         if not isinstance(output, DataFrame):
             raise TerminalError(
@@ -169,17 +191,17 @@ def execute_pipeline(
                 batch_id=batch_id,
                 fix="return the changes to apply as a DataFrame.",
             )
-        write = merge_into_target(
+        write = write_target(
             spark,
             output,
-            target=pipeline.target,
-            keys=pipeline.keys,
-            batch_seq=batch.seq,
+            pipeline,
             batch_id=batch_id,
-            pipeline=pipeline_name,
+            write_seq=batch.write_seq,
+            full_load=full_load,
+            replay=batch.kind is BatchKind.REPLAY,
         )
         log.info(
-            "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d",
+            "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d%s%s",
             pipeline_name,
             batch_id,
             pipeline.target,
@@ -187,9 +209,13 @@ def execute_pipeline(
             write.rows_inserted,
             write.rows_updated,
             write.rows_deleted,
+            " (full load)" if full_load else "",
+            " (already applied: skipped by Delta)" if write.already_applied else "",
         )
         fault_point("after_target_commit")
     except BaseException as exc:
+        if isinstance(exc, SimulatedCrash):
+            raise  # a stand-in for a killed process: nothing gets to record anything
         error = _error_text(exc)
         store.finish_checkpoint(
             pipeline_name, batch_id, attempt, CheckpointStatus.FAILED, error=error
@@ -205,7 +231,7 @@ def execute_pipeline(
     finally:
         for upstream_input in inputs.values():
             upstream_input.release()
-    outcome = PipelineOutcome(pipeline_name, batch, attempt, reports, write)
+    outcome = PipelineOutcome(pipeline_name, batch, attempt, reports, write, full_load=full_load)
     store.finish_checkpoint(
         pipeline_name,
         batch_id,
@@ -227,3 +253,69 @@ def execute_pipeline(
     )
     fault_point("after_checkpoint")
     return outcome
+
+
+def _bind_inputs(
+    spark: SparkSession,
+    store: WatermarkStore,
+    registry: Registry,
+    pipeline: Pipeline,
+    batch: Batch,
+    *,
+    full_load: bool,
+) -> dict[str, UpstreamInput]:
+    def pinner(upstream: str):  # noqa: ANN202
+        return lambda end, recheck_at: store.pin_window(
+            batch.batch_id, upstream, end, recheck_at=recheck_at
+        )
+
+    return {
+        u: UpstreamInput.pinned(
+            spark,
+            registry.upstreams[u],
+            batch.inputs[u],
+            full_load=full_load,
+            table_id=batch.table_ids.get(u),
+            pin=pinner(u),
+        )
+        for u in pipeline.upstreams
+    }
+
+
+def recompute_pipeline(
+    spark: SparkSession,
+    registry: Registry,
+    pipeline_name: str,
+    versions: Mapping[str, int],
+) -> DataFrame:
+    """The pipeline's output when every upstream is read as a full snapshot at
+    ``versions``: what its target should hold once those versions are applied (without the
+    framework's ``_wm_`` columns and change columns).
+
+    Cursor upstreams are read in full (their committed position is not a version).
+
+    Raises:
+        KeyError: the pipeline is unknown, or a versioned upstream has no version given.
+    """
+    pipeline = registry.pipelines[pipeline_name]
+    inputs = {}
+    for u in pipeline.upstreams:
+        upstream = registry.upstreams[u]
+        if upstream.is_cursor:
+            planned = PlannedInput(u, ReadMode.TIMESTAMP, None, None, CursorWindow(None, None))
+            inputs[u] = UpstreamInput.pinned(
+                spark,
+                upstream,
+                planned,
+                full_load=True,
+                pin=lambda end, _recheck: CursorWindow(None, end or ()),
+            )
+            continue
+        version = versions[u]
+        planned = PlannedInput(u, ReadMode.SNAPSHOT, VersionRange(0, version), version)
+        inputs[u] = UpstreamInput.pinned(spark, upstream, planned, full_load=True)
+    context = BatchContext("recompute", 0, pipeline_name, inputs, spark, full_load=True)
+    output = pipeline.transform(context)
+    if CHANGE_TYPE in output.columns:
+        output = output.where(F.lower(F.col(CHANGE_TYPE)) != "delete")
+    return output.drop(*CDF_COLUMNS)

@@ -12,9 +12,50 @@ import signal
 
 ENV = "WATERMARK_FAULTS"
 
+# Every named point, in flow order. tests/test_crashes.py kills a process at each one and
+# fails when a point is called in the code but missing here, or listed here but untested.
+FAULT_POINTS = (
+    "after_plan_commit",  # store.create_batch: plan committed; no partition, no history row
+    "after_target_commit",  # execute: target written; no checkpoint, no materialization
+    "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
+    "after_watermark_commit",  # store.advance: watermark moved; no history row, batch row unmarked
+    "before_batch_complete",  # finalizer: every upstream advanced; batch still PLANNED
+    "after_abandon",  # store.set_watermark: open batch abandoned; watermark not moved yet
+    "after_manual_watermark_commit",  # store.set_watermark: watermark moved; no history row
+)
+
 
 def fault_point(name: str) -> None:
     """SIGKILL this process if ``WATERMARK_FAULTS`` names ``name``."""
     armed = os.environ.get(ENV)
     if armed and name in {p.strip() for p in armed.split(",")}:
         os.kill(os.getpid(), signal.SIGKILL)
+    _simulated_crash(name)
+
+
+class SimulatedCrash(BaseException):  # noqa: N818 - a crash, not an error
+    """Raised by an armed fault point in simulation mode: the in-process stand-in for a
+    SIGKILL, used where starting a process per crash is too slow (the model test). Like a
+    kill, it must not be caught by error handling: nothing records it as a failure."""
+
+
+_simulated: set[str] = set()
+
+
+class simulate_crash_at:  # noqa: N801 - used as a context manager
+    """Within the block, the fault point ``name`` raises :class:`SimulatedCrash` (once)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        _simulated.add(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        _simulated.discard(self.name)
+
+
+def _simulated_crash(name: str) -> None:
+    if name in _simulated:
+        _simulated.discard(name)
+        raise SimulatedCrash(name)

@@ -14,13 +14,22 @@ from dagster._core.definitions.sensor_definition import SensorDefinition
 
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.errors import WatermarkError
+
+
+def _ours(cls: type) -> set[str]:
+    return {cls.__name__} | {n for sub in cls.__subclasses__() for n in _ours(sub)}
 
 
 def _root_message(error: object) -> str:
-    """The innermost cause of a Dagster error (the user's or our own exception)."""
-    while getattr(error, "cause", None) is not None:
-        error = error.cause  # type: ignore[attr-defined]
-    return str(getattr(error, "message", error)).strip()
+    """The message of a failed step: our own error when one is in the cause chain (it
+    names the table, the versions and the fix), else the innermost cause."""
+    ours = _ours(WatermarkError)
+    chain = [error]
+    while getattr(chain[-1], "cause", None) is not None:
+        chain.append(chain[-1].cause)  # type: ignore[attr-defined]
+    named = next((e for e in chain if getattr(e, "cls_name", None) in ours), chain[-1])
+    return str(getattr(named, "message", named)).strip()
 
 
 @dataclass

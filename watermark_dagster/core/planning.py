@@ -5,12 +5,14 @@ rule about ranges, gaps and what may advance lives (and is tested) here.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Protocol
 
-from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import (
+    BatchStateError,
     UpstreamRecreatedError,
     WatermarkGapError,
     WatermarkRegressionError,
@@ -26,40 +28,80 @@ class UpstreamPosition:
         latest_version: the newest Delta version observed.
         committed_version: the committed watermark, or None when nothing was ever committed.
         max_versions_per_batch: cap on how many versions one batch reads (None: no cap).
+        mode: how a range of this upstream is read: CDF, APPEND_ONLY, SNAPSHOT (a
+            snapshot-only upstream) or TIMESTAMP (a cursor upstream, which has no versions).
+        committed_cursor: for a cursor upstream, the committed cursor position.
+        has_new_data: for a cursor upstream, whether its source changed since the last
+            committed window (versions say this for the others).
     """
 
     name: str
     latest_version: int
     committed_version: int | None
     max_versions_per_batch: int | None = None
+    mode: ReadMode = ReadMode.CDF
+    committed_cursor: CursorPosition | None = None
+    has_new_data: bool = False
 
 
 @dataclass(frozen=True)
 class PlannedInput:
     """What one batch pins for one upstream.
 
-    ``range`` is None for a NOOP input. ``snapshot_version`` is the version at which the
-    pipeline sees "the table as of the range's end" (the committed version for a NOOP).
+    A versioned upstream has a ``range`` (None for a NOOP input) and a
+    ``snapshot_version``: the version at which the pipeline sees "the table as of the
+    range's end" (the committed version for a NOOP). A cursor upstream has a ``window``
+    instead (for a NOOP, the empty window ending at the committed position), and no
+    versions.
     """
 
     upstream: str
     mode: ReadMode
     range: VersionRange | None
-    snapshot_version: int
+    snapshot_version: int | None
+    window: CursorWindow | None = None
 
     def __post_init__(self) -> None:
+        if self.window is not None:
+            if self.range is not None or self.mode not in (ReadMode.TIMESTAMP, ReadMode.NOOP):
+                raise ValueError(f"{self.upstream}: only a cursor input has a window")
+            return
+        if self.mode is ReadMode.TIMESTAMP:
+            raise ValueError(f"{self.upstream}: a TIMESTAMP input needs a window")
         if (self.mode is ReadMode.NOOP) != (self.range is None):
             raise ValueError(f"{self.upstream}: a NOOP input has no range and only a NOOP has none")
         if self.range is not None and self.snapshot_version != self.range.end:
             raise ValueError(f"{self.upstream}: the snapshot of a ranged input is its end version")
 
+    @property
+    def is_cursor(self) -> bool:
+        """True for an upstream read through a cursor column (no versions)."""
+        return self.window is not None
+
+    @property
+    def reads(self) -> bool:
+        """True when the batch reads something new from this upstream (not NOOP)."""
+        return self.mode is not ReadMode.NOOP
+
+    def describe(self) -> str:
+        """``CDF [3, 5]``, ``TIMESTAMP (a .. b]``, ``NOOP``: for logs and the command line."""
+        if self.mode is ReadMode.NOOP:
+            return "NOOP"
+        return f"{self.mode.value} {self.window if self.window is not None else self.range}"
+
 
 @dataclass(frozen=True)
 class Plan:
-    """A batch plan before it is committed: inputs per upstream and the pipelines to run."""
+    """A batch plan before it is committed: inputs per upstream and the pipelines to run.
+
+    ``full_load`` names the pipelines that read every upstream as a snapshot in this
+    batch and replace their target: first runs (target missing or empty, or an upstream
+    with nothing committed), snapshot-only upstreams, and overwrite pipelines.
+    """
 
     inputs: Mapping[str, PlannedInput]
     pipelines: tuple[str, ...]
+    full_load: tuple[str, ...] = ()
 
     @property
     def has_work(self) -> bool:
@@ -70,17 +112,26 @@ class Plan:
 def plan_batch(
     positions: Iterable[UpstreamPosition],
     pipeline_inputs: Mapping[str, Sequence[str]],
+    *,
+    bootstrap: Iterable[str] = (),
+    overwrite: Iterable[str] = (),
 ) -> Plan:
     """Plan the next batch from where each upstream stands.
 
-    Ranges start right after the committed watermark (version 0 when nothing was
-    committed) and end at the latest version, capped by ``max_versions_per_batch``.
-    Upstreams with nothing new, or that no pipeline reads, get a NOOP input; pipelines whose
-    inputs are all NOOP are left out.
+    A versioned upstream with nothing committed is read as a SNAPSHOT of its latest version
+    (the first-run load: no need for a change feed back to version 0). Otherwise its range
+    starts right after the committed watermark and ends at the latest version, capped by
+    ``max_versions_per_batch``, read in the upstream's mode. A cursor upstream gets the
+    window that starts at its committed position; the end is pinned at the first read.
+    Upstreams with nothing new, or that no pipeline reads, get a NOOP input; pipelines
+    whose inputs are all NOOP are left out unless they need a first load.
 
     Args:
         positions: one position per upstream that pipelines read.
         pipeline_inputs: pipeline name -> names of the upstreams it reads.
+        bootstrap: pipelines whose target is missing or empty: they load a snapshot of
+            every upstream they read and create their target, even if nothing changed.
+        overwrite: pipelines that replace their target whenever they run.
 
     Returns:
         The plan; ``plan.has_work`` is False when there is nothing to do.
@@ -94,36 +145,105 @@ def plan_batch(
     if missing:
         raise ValueError(f"no position given for upstream(s) {missing}")
 
-    inputs: dict[str, PlannedInput] = {}
-    for name in sorted(by_name):
-        pos = by_name[name]
-        committed = pos.committed_version
-        if committed is not None and pos.latest_version < committed:
-            raise UpstreamRecreatedError(
-                f"Upstream '{name}' is at version {pos.latest_version}, below its committed "
-                f"watermark {committed}: the table was dropped and recreated or restored.",
-                upstream=name,
-                versions=f"latest={pos.latest_version}, committed={committed}",
-                fix=f"check the table, then run `watermark reset -t {name}` to reload it.",
-            )
-        start = 0 if committed is None else committed + 1
-        if name not in consumed or start > pos.latest_version:
-            snapshot = pos.latest_version if committed is None else committed
-            inputs[name] = PlannedInput(name, ReadMode.NOOP, None, snapshot)
-            continue
-        end = pos.latest_version
-        if pos.max_versions_per_batch is not None:
-            end = min(end, start + pos.max_versions_per_batch - 1)
-        inputs[name] = PlannedInput(name, ReadMode.CDF, VersionRange(start, end), end)
-
+    inputs = {name: _plan_input(by_name[name], name in consumed) for name in sorted(by_name)}
+    first_loads = set(bootstrap) & set(pipeline_inputs)
     pipelines = tuple(
         sorted(
             p
             for p, ups in pipeline_inputs.items()
-            if any(inputs[u].mode is not ReadMode.NOOP for u in ups)
+            if p in first_loads or any(inputs[u].reads for u in ups)
         )
     )
-    return Plan(inputs=inputs, pipelines=pipelines)
+    full_load = tuple(
+        p
+        for p in pipelines
+        if p in first_loads
+        or p in set(overwrite)
+        or any(inputs[u].mode is ReadMode.SNAPSHOT for u in pipeline_inputs[p])
+    )
+    return Plan(inputs=inputs, pipelines=pipelines, full_load=full_load)
+
+
+def _plan_input(pos: UpstreamPosition, consumed: bool) -> PlannedInput:
+    name = pos.name
+    if pos.mode is ReadMode.TIMESTAMP:
+        start = pos.committed_cursor
+        if consumed and (pos.has_new_data or start is None):
+            return PlannedInput(name, ReadMode.TIMESTAMP, None, None, CursorWindow(start))
+        return PlannedInput(name, ReadMode.NOOP, None, None, CursorWindow(start, start))
+    committed = pos.committed_version
+    if committed is not None and pos.latest_version < committed:
+        raise UpstreamRecreatedError(
+            f"Upstream '{name}' is at version {pos.latest_version}, below its committed "
+            f"watermark {committed}: the table was dropped and recreated or restored.",
+            upstream=name,
+            versions=f"latest={pos.latest_version}, committed={committed}",
+            fix=f"check the table, then run `watermark reset -t {name} --force` to reload it.",
+        )
+    if committed is None:
+        if not consumed:
+            return PlannedInput(name, ReadMode.NOOP, None, pos.latest_version)
+        rng = VersionRange(0, pos.latest_version)
+        return PlannedInput(name, ReadMode.SNAPSHOT, rng, rng.end)
+    start = committed + 1
+    if not consumed or start > pos.latest_version:
+        return PlannedInput(name, ReadMode.NOOP, None, committed)
+    end = pos.latest_version
+    if pos.max_versions_per_batch is not None and pos.mode is not ReadMode.SNAPSHOT:
+        end = min(end, start + pos.max_versions_per_batch - 1)
+    return PlannedInput(name, pos.mode, VersionRange(start, end), end)
+
+
+_RECHECK = "|recheck@"
+
+
+def cursor_state(source_state: str | None, recheck_at: int | None) -> str | None:
+    """The source state recorded with a committed cursor position: the source's state,
+    plus when rows held back by the lag pass it (µs since the epoch)."""
+    if recheck_at is None:
+        return source_state
+    return f"{source_state or ''}{_RECHECK}{recheck_at}"
+
+
+def cursor_has_new_data(committed_state: str | None, state: str | None, now: datetime) -> bool:
+    """Whether a cursor upstream may hold rows its committed position has not read: its
+    source changed, its state is unknown, or rows held back by the lag have passed it."""
+    if committed_state is None or state is None:
+        return True
+    base, _, recheck = committed_state.partition(_RECHECK)
+    if base != state:
+        return True
+    return bool(recheck) and now.timestamp() * 1_000_000 >= int(recheck)
+
+
+class CommittedMark(Protocol):
+    """What planning needs of a committed watermark row."""
+
+    @property
+    def committed_version(self) -> int | None: ...
+
+    @property
+    def committed_cursor(self) -> CursorPosition | None: ...
+
+    @property
+    def source_state(self) -> str | None: ...
+
+
+def with_committed(
+    position: UpstreamPosition,
+    mark: CommittedMark | None,
+    source_state: str | None,
+    now: datetime | None = None,
+) -> UpstreamPosition:
+    """``position`` with the committed watermark ``mark`` (None: nothing committed)."""
+    if mark is None:
+        return replace(position, committed_version=None, committed_cursor=None, has_new_data=True)
+    return replace(
+        position,
+        committed_version=mark.committed_version,
+        committed_cursor=mark.committed_cursor,
+        has_new_data=cursor_has_new_data(mark.source_state, source_state, now or datetime.now(UTC)),
+    )
 
 
 def batch_is_due(last_planned_at: datetime | None, now: datetime, min_interval: timedelta) -> bool:
@@ -174,6 +294,41 @@ def decide_advance(
         batch_id=batch_id,
         versions=versions,
         fix=f"abandon batch {batch_id}; the watermark was moved by hand while it was open.",
+    )
+
+
+def decide_cursor_advance(
+    upstream: str,
+    committed: CursorPosition | None,
+    window: CursorWindow,
+    batch_id: str,
+) -> AdvanceDecision:
+    """The cursor-upstream twin of :func:`decide_advance`: the committed position may only
+    move from the window's start to its end.
+
+    Raises:
+        BatchStateError: the window's end was never pinned (no pipeline read it).
+        WatermarkGapError, WatermarkRegressionError: the committed position is neither the
+            window's start nor its end (it was moved by hand while the batch was open).
+    """
+    if window.end is None:
+        raise BatchStateError(
+            f"Upstream '{upstream}': batch {batch_id} never pinned its window's end.",
+            upstream=upstream,
+            batch_id=batch_id,
+            fix="run the batch's pipelines before finalizing it.",
+        )
+    if committed == window.end:
+        return AdvanceDecision.ALREADY_DONE
+    if committed == window.start:
+        return AdvanceDecision.ADVANCE
+    raise WatermarkGapError(
+        f"Upstream '{upstream}': batch {batch_id} covers the window {window} but the committed "
+        f"position is {committed}; advancing would skip or re-read rows.",
+        upstream=upstream,
+        batch_id=batch_id,
+        versions=f"committed={committed}, window={window}",
+        fix=f"abandon batch {batch_id} so the next plan starts at the committed position.",
     )
 
 

@@ -54,6 +54,8 @@ class WatermarkTranslator:
 
 def observation_metadata(obs: Observation, committed: int | None) -> dict[str, Any]:
     """What an upstream observation shows: versions, lag, CDF flag, identity."""
+    if obs.is_cursor:
+        return {"source_state": obs.state or "unknown", "path": MetadataValue.path(obs.path)}
     lag = obs.latest_version - (-1 if committed is None else committed)
     return {
         "latest_version": obs.latest_version,
@@ -84,9 +86,16 @@ def build_upstream_assets(
         AssetSpec(
             key=key,
             group_name=translator.upstream_group(u),
-            description=u.description or f"Delta table at {u.path}",
+            description=u.description
+            or (
+                f"{u.format} source at {u.path}, read by cursor {u.cursor!r}"
+                if u.is_cursor
+                else f"Delta table at {u.path}"
+            ),
             metadata={
                 "path": MetadataValue.path(u.path),
+                "mode": str(u.mode),
+                "start_from": str(u.start_from),
                 **(
                     {"max_versions_per_batch": u.max_versions_per_batch}
                     if u.max_versions_per_batch is not None
@@ -111,7 +120,9 @@ def build_upstream_assets(
                 raise Failure(description=str(e), metadata=e.metadata()) from e
             yield ObserveResult(
                 asset_key=key,
-                data_version=DataVersion(str(obs.latest_version)),
+                data_version=DataVersion(
+                    str(obs.state) if obs.is_cursor else str(obs.latest_version)
+                ),
                 metadata=observation_metadata(obs, committed.get(upstream.name)),
             )
 
@@ -140,13 +151,25 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         meta[f"{prefix}/start_version"] = (
             MetadataValue.int(r.start_version) if r.start_version is not None else "none"
         )
-        meta[f"{prefix}/end_version"] = r.end_version
+        meta[f"{prefix}/end_version"] = (
+            MetadataValue.int(r.end_version) if r.end_version is not None else "none"
+        )
         meta[f"{prefix}/rows_read"] = r.rows_read
-        rng = f"[{r.start_version}, {r.end_version}]" if r.start_version is not None else "—"
+        if r.files_read is not None:
+            meta[f"{prefix}/files_read"] = r.files_read
+        if r.window is not None:
+            meta[f"{prefix}/window"] = r.window
+        if r.window is not None:
+            rng = r.window
+        elif r.start_version is not None:
+            rng = f"[{r.start_version}, {r.end_version}]"
+        else:
+            rng = f"@{r.end_version}"
         rows.append(f"| {r.upstream} | {r.mode} | {rng} | {r.rows_read} |")
     meta["ranges"] = MetadataValue.md(
         "| upstream | mode | versions | rows read |\n|---|---|---|---|\n" + "\n".join(rows)
     )
+    meta["full_load"] = outcome.full_load
     meta["rows_read"] = outcome.rows_read
     meta["rows_written"] = outcome.rows_written
     if outcome.write is not None:
@@ -154,6 +177,7 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         meta["rows_updated"] = outcome.write.rows_updated
         meta["rows_deleted"] = outcome.write.rows_deleted
         meta["target_version"] = outcome.write.target_version
+        meta["already_applied"] = outcome.write.already_applied
     meta["attempt"] = outcome.attempt or 0
     return meta
 
@@ -173,7 +197,11 @@ def build_pipeline_asset(
         partitions_def=partitions_def,
         group_name=translator.pipeline_group(pipeline),
         description=pipeline.description or f"Pipeline {pipeline.name} → {pipeline.target}",
-        metadata={"target": MetadataValue.path(pipeline.target), "keys": list(pipeline.keys)},
+        metadata={
+            "target": MetadataValue.path(pipeline.target),
+            "keys": list(pipeline.keys),
+            "write": str(pipeline.write),
+        },
         kinds={"spark", "delta"},
     )
     def _pipeline_asset(

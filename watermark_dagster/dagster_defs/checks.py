@@ -55,7 +55,7 @@ class RetentionCheckSettings:
 
 def _versioned(upstream: Upstream) -> bool:
     # Cursor upstreams (mode "timestamp") have no Delta versions to lose.
-    return str(getattr(upstream, "mode", "")) != "timestamp"
+    return not upstream.is_cursor
 
 
 def retention_metadata(status: RetentionStatus) -> dict[str, Any]:

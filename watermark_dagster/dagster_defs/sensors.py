@@ -24,7 +24,8 @@ from dagster import (
     sensor,
 )
 
-from watermark_dagster.core.planning import batch_is_due, finalize_step
+from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
+from watermark_dagster.core.planning import batch_is_due
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
@@ -35,10 +36,8 @@ from watermark_dagster.dagster_defs.runs import (
     succeeded_pipelines,
 )
 from watermark_dagster.errors import UpstreamUnavailableError
-from watermark_dagster.faults import fault_point
-from watermark_dagster.observe.delta_log import Observer, observe_registry
+from watermark_dagster.observe.delta_log import Observer
 from watermark_dagster.registry import Registry
-from watermark_dagster.store import BatchStatus
 
 COORDINATOR = "watermark_coordinator"
 FINALIZER = "watermark_finalizer"
@@ -96,12 +95,17 @@ def build_coordinator_sensor(
 
         batch = store.open_batch()
         if batch is None:
-            committed = store.committed_versions()
-            look = observe_registry(registry, observer, committed)
+            found = look_before_planning(registry, observer, store, actor=f"sensor:{COORDINATOR}")
+            for name, (_, _, why) in found.started.items():
+                context.log.info(f"{name}: {why}")
+            look = found.observation
+            committed = {u: w.committed_version for u, w in look.marks.items()}
             observed, errors = look.observed, look.errors
             for error in errors.values():
                 context.log.error(error)
             for name, obs in observed.items():
+                if obs.is_cursor:
+                    continue
                 if seen.get(name) != obs.latest_version:
                     events.append(observation_event(obs, upstream_keys[name], committed.get(name)))
                     seen[name] = obs.latest_version
@@ -114,13 +118,7 @@ def build_coordinator_sensor(
                     asset_events=events,
                     cursor=json.dumps(cursor),
                 )
-            batch, created = store.create_batch(
-                look.positions,
-                look.runnable,
-                actor=f"sensor:{COORDINATOR}",
-                table_ids={n: o.table_id for n, o in observed.items()},
-                schema_fingerprints={n: o.schema_fingerprint for n, o in observed.items()},
-            )
+            batch, created = plan_next(store, found, actor=f"sensor:{COORDINATOR}")
             if batch is None:
                 reason = "no upstream has new versions"
                 if errors:
@@ -131,10 +129,9 @@ def build_coordinator_sensor(
             if created:
                 context.log.info(
                     f"planned batch {batch.batch_id}: "
-                    + ", ".join(
-                        f"{u}={i.range if i.range else 'NOOP'}" for u, i in batch.inputs.items()
-                    )
+                    + ", ".join(f"{u}={i.describe()}" for u, i in batch.inputs.items())
                     + f"; pipelines {list(batch.pipelines)}"
+                    + (f"; full load {list(batch.full_load)}" if batch.full_load else "")
                 )
 
         add_partition = []
@@ -225,30 +222,35 @@ def build_finalizer_sensor(
             pipeline_names,
         )
         done = succeeded_pipelines(context.instance, batch, pipeline_keys)
-        step = finalize_step(batch.inputs, batch.advanced, consumers, batch.pipelines, done)
         actor = f"sensor:{FINALIZER}"
         events = []
-        for upstream in step.advance:
-            store.advance(batch, upstream, actor=actor)
+
+        def advanced(upstream: str) -> None:
             context.log.info(
-                f"batch {batch.batch_id}: advanced {upstream} to {batch.inputs[upstream].range.end}"  # type: ignore[union-attr]
+                f"batch {batch.batch_id}: advanced {upstream} past "
+                f"{batch.inputs[upstream].describe()}"
             )
+            if batch.inputs[upstream].is_cursor:
+                return
             try:
                 obs = observer.observe(registry.upstreams[upstream])
-                events.append(
-                    observation_event(
-                        obs, upstream_keys[upstream], batch.inputs[upstream].snapshot_version
-                    )
-                )
             except UpstreamUnavailableError as e:
                 context.log.warning(str(e))
+                return
+            events.append(
+                observation_event(
+                    obs, upstream_keys[upstream], batch.inputs[upstream].snapshot_version
+                )
+            )
+
+        step = finalize_batch(
+            store, batch, consumers=consumers, succeeded=done, actor=actor, on_advance=advanced
+        )
         if not step.complete:
             waiting = "; ".join(f"{u} waits for {list(p)}" for u, p in step.waiting.items())
             return SensorResult(
                 skip_reason=f"batch {batch.batch_id}: {waiting}", asset_events=events
             )
-        fault_point("before_batch_complete")
-        store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor=actor)
         context.log.info(f"batch {batch.batch_id} completed")
         if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
             removed = store.maintain()

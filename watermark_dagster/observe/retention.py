@@ -32,6 +32,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
 from watermark_dagster.core.planning import PlannedInput
+from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
 from watermark_dagster.registry import Upstream
 
@@ -179,8 +180,8 @@ def needed_version(
     if open_input is not None:
         where = f"open batch {batch_id}" if batch_id else "the open batch"
         rng = open_input.range
-        # Compared as a string: ReadMode is a StrEnum, and SNAPSHOT is read at the end only.
-        if rng is not None and open_input.mode != "SNAPSHOT":
+        # A SNAPSHOT input pins [0, end] but reads only the table as of its end.
+        if rng is not None and open_input.mode is not ReadMode.SNAPSHOT:
             return NeededVersion(
                 rng.start,
                 f"the start of {open_input.mode} {rng} pinned by {where}",

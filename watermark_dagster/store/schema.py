@@ -25,6 +25,13 @@ BATCHES = pa.schema(
         pa.field("updated_at", TS, nullable=False),
         pa.field("actor", pa.string()),
         pa.field("error", pa.string()),
+        # Added after the first release: nullable, and added to older tables on first use.
+        pa.field("full_load", pa.string()),
+        pa.field("order_seq", pa.int64()),
+        pa.field("start_cursor", pa.string()),
+        pa.field("end_cursor", pa.string()),
+        pa.field("window_pending", pa.int64()),
+        pa.field("source_state", pa.string()),
     ]
 )
 
@@ -36,6 +43,9 @@ COMMITTED_WATERMARKS = pa.schema(
         pa.field("how", pa.string(), nullable=False),
         pa.field("updated_at", TS, nullable=False),
         pa.field("actor", pa.string()),
+        pa.field("committed_cursor", pa.string()),
+        pa.field("table_id", pa.string()),
+        pa.field("source_state", pa.string()),
     ]
 )
 

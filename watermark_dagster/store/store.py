@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -26,16 +26,27 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from watermark_dagster.core.planning import (
     AdvanceDecision,
     PlannedInput,
     UpstreamPosition,
+    cursor_state,
     decide_advance,
+    decide_cursor_advance,
     plan_batch,
+    with_committed,
 )
-from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.core.ranges import (
+    CursorPosition,
+    CursorWindow,
+    ReadMode,
+    VersionRange,
+    decode_position,
+    encode_position,
+)
 from watermark_dagster.errors import BatchStateError, CommitConflictError, TerminalError
 from watermark_dagster.faults import fault_point
 from watermark_dagster.store import schema
@@ -77,6 +88,7 @@ class WatermarkHow(StrEnum):
     AUTO = "AUTO"
     MANUAL_SET = "MANUAL_SET"
     RESET = "RESET"
+    START_FROM = "START_FROM"
 
 
 @dataclass(frozen=True)
@@ -93,16 +105,36 @@ class Batch:
     advanced: frozenset[str]
     created_at: datetime
     actor: str | None
+    full_load: tuple[str, ...] = ()
+    order_seq: int | None = None
+    table_ids: Mapping[str, str | None] = field(default_factory=dict)
+    schema_fingerprints: Mapping[str, str | None] = field(default_factory=dict)
+    source_states: Mapping[str, str | None] = field(default_factory=dict)
+    window_pending: Mapping[str, int | None] = field(default_factory=dict)
 
     @property
     def ranged_upstreams(self) -> tuple[str, ...]:
-        """Upstreams the batch reads a range of (not NOOP), sorted."""
-        return tuple(sorted(u for u, i in self.inputs.items() if i.range is not None))
+        """Upstreams the batch reads something new from (not NOOP), sorted."""
+        return tuple(sorted(u for u, i in self.inputs.items() if i.reads))
+
+    @property
+    def write_seq(self) -> int:
+        """The position a pipeline's writes for this batch carry in its target.
+
+        A scheduled batch writes its own sequence number; a replay writes the number of
+        the scheduled batch it re-reads, so it can never overwrite what newer batches wrote.
+        """
+        return self.seq if self.order_seq is None else self.order_seq
 
 
 @dataclass(frozen=True)
 class Watermark:
-    """One row of ``committed_watermarks``."""
+    """One row of ``committed_watermarks``.
+
+    A versioned upstream has ``committed_version``; a cursor upstream has
+    ``committed_cursor`` (its cursor value and tie-break keys) and ``source_state`` (what
+    its source looked like when that position was committed).
+    """
 
     upstream: str
     committed_version: int | None
@@ -110,6 +142,9 @@ class Watermark:
     how: WatermarkHow
     updated_at: datetime
     actor: str | None
+    committed_cursor: CursorPosition | None = None
+    table_id: str | None = None
+    source_state: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +273,7 @@ class WatermarkStore:
         for name, table_schema in schema.TABLES.items():
             uri = self.uri(name)
             if DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+                self._add_missing_columns(uri, table_schema)
                 continue
             try:
                 DeltaTable.create(
@@ -252,6 +288,22 @@ class WatermarkStore:
                 if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
                     raise
         self._ensured = True
+
+    def _add_missing_columns(self, uri: str, table_schema: pa.Schema) -> None:
+        """Bring a control table written by an older release up to the current schema
+        (new columns are nullable, so old rows read as NULL)."""
+        dt = DeltaTable(uri, storage_options=self.storage_options)
+        have = {f.name for f in dt.schema().fields}
+        missing = [f for f in table_schema if f.name not in have]
+        if not missing:
+            return
+        try:
+            dt.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
+        except DeltaError:
+            # A concurrent process added them first.
+            dt = DeltaTable(uri, storage_options=self.storage_options)
+            if any(f.name not in {g.name for g in dt.schema().fields} for f in missing):
+                raise
 
     def _load(self, table: str) -> DeltaTable:
         self.ensure_tables()
@@ -323,14 +375,7 @@ class WatermarkStore:
             first = group[0]
             inputs = {}
             for row in group:
-                rng = (
-                    None
-                    if row["start_version"] is None
-                    else VersionRange(row["start_version"], row["end_version"])
-                )
-                inputs[row["upstream"]] = PlannedInput(
-                    row["upstream"], ReadMode(row["read_mode"]), rng, row["end_version"]
-                )
+                inputs[row["upstream"]] = _planned_input(row)
             statuses = {BatchStatus(r["status"]) for r in group}
             # Rows of a batch change status together; a mix means a write was cut short,
             # and the least finished status is the truth.
@@ -353,6 +398,12 @@ class WatermarkStore:
                     advanced=frozenset(r["upstream"] for r in group if r["advanced_at"]),
                     created_at=first["created_at"],
                     actor=first["actor"],
+                    full_load=tuple(json.loads(first.get("full_load") or "[]")),
+                    order_seq=first.get("order_seq"),
+                    table_ids={r["upstream"]: r["table_id"] for r in group},
+                    schema_fingerprints={r["upstream"]: r["schema_fingerprint"] for r in group},
+                    source_states={r["upstream"]: r.get("source_state") for r in group},
+                    window_pending={r["upstream"]: r.get("window_pending") for r in group},
                 )
             )
         return sorted(batches, key=lambda b: b.seq)
@@ -404,11 +455,15 @@ class WatermarkStore:
         actor: str,
         table_ids: Mapping[str, str | None] | None = None,
         schema_fingerprints: Mapping[str, str | None] | None = None,
+        source_states: Mapping[str, str | None] | None = None,
+        bootstrap: Sequence[str] = (),
+        overwrite: Sequence[str] = (),
     ) -> tuple[Batch | None, bool]:
         """Plan and record the next SCHEDULED batch in one commit, unless one is open.
 
         The committed watermarks are read inside the compare-and-swap, so a plan never
-        starts anywhere but right after them.
+        starts anywhere but right after them. A cursor upstream has new data when its
+        ``source_states`` entry differs from the state recorded with its committed position.
 
         Returns:
             ``(batch, True)`` for a new batch; ``(open_batch, False)`` when a batch is
@@ -417,14 +472,18 @@ class WatermarkStore:
         """
         table_ids = table_ids or {}
         schema_fingerprints = schema_fingerprints or {}
+        source_states = source_states or {}
 
         def decide(dt: DeltaTable) -> tuple[Batch | None, bool]:
             opened = [b for b in self._open_batches(dt) if b.kind is BatchKind.SCHEDULED]
             if opened:
                 return opened[0], False
-            committed = self.committed_versions()
-            fresh = [replace(p, committed_version=committed.get(p.name)) for p in positions]
-            plan = plan_batch(fresh, pipeline_inputs)
+            marks = self.committed()
+            committed = {u: w.committed_version for u, w in marks.items()}
+            fresh = [
+                with_committed(p, marks.get(p.name), source_states.get(p.name)) for p in positions
+            ]
+            plan = plan_batch(fresh, pipeline_inputs, bootstrap=bootstrap, overwrite=overwrite)
             if not plan.has_work:
                 return None, False
             seqs = self._arrow(dt, ["seq"])["seq"]
@@ -445,7 +504,9 @@ class WatermarkStore:
                         "start_version": planned.range.start if planned.range else None,
                         "end_version": planned.snapshot_version,
                         "committed_version": committed.get(name),
-                        "latest_version": next(p.latest_version for p in fresh if p.name == name),
+                        "latest_version": None
+                        if planned.is_cursor
+                        else next(p.latest_version for p in fresh if p.name == name),
                         "table_id": table_ids.get(name),
                         "schema_fingerprint": schema_fingerprints.get(name),
                         "pipelines": json.dumps(list(plan.pipelines)),
@@ -455,6 +516,16 @@ class WatermarkStore:
                         "updated_at": now,
                         "actor": actor,
                         "error": None,
+                        "full_load": json.dumps(list(plan.full_load)),
+                        "order_seq": None,
+                        "start_cursor": encode_position(planned.window.start)
+                        if planned.window
+                        else None,
+                        "end_cursor": encode_position(planned.window.end)
+                        if planned.window
+                        else None,
+                        "window_pending": None,
+                        "source_state": source_states.get(name),
                     }
                 )
             data = pa.Table.from_pylist(rows, schema=schema.BATCHES)
@@ -470,12 +541,134 @@ class WatermarkStore:
                 batch_id=batch.batch_id,
                 detail={
                     "pipelines": list(batch.pipelines),
-                    "ranges": {
-                        u: str(i.range) if i.range else "NOOP" for u, i in batch.inputs.items()
-                    },
+                    "full_load": list(batch.full_load),
+                    "ranges": {u: i.describe() for u, i in batch.inputs.items()},
                 },
             )
         return batch, created
+
+    def create_replay_batch(
+        self,
+        upstream: str,
+        rng: VersionRange,
+        *,
+        mode: ReadMode,
+        pipelines: Sequence[str],
+        all_upstreams: Sequence[str],
+        actor: str,
+        reason: str | None = None,
+    ) -> Batch:
+        """Record a REPLAY batch that re-reads ``rng`` of ``upstream`` through ``pipelines``.
+
+        The other upstreams are pinned where the scheduled batch that applied version
+        ``rng.end`` pinned them, and the replay writes with that batch's position
+        (``order_seq``), so a merge target takes nothing older than what it holds (I5); it
+        updates or deletes rows the target holds and never re-inserts a missing key (a row
+        deleted by a later batch stays deleted). A replay never moves a committed watermark.
+
+        Raises:
+            BatchStateError: the range is not entirely applied yet (beyond the committed
+                watermark), or no completed batch applied its end.
+        """
+
+        def decide(dt: DeltaTable) -> Batch:
+            committed = self.committed_versions().get(upstream)
+            if committed is None or rng.end > committed:
+                raise BatchStateError(
+                    f"Upstream '{upstream}': the replay range {rng} goes beyond the committed "
+                    f"watermark {committed}; only applied versions can be replayed.",
+                    upstream=upstream,
+                    versions=f"range={rng}, committed={committed}",
+                    fix=f"replay up to version {committed}, or let the scheduled batches "
+                    "apply the newer versions.",
+                )
+            done = self._batches_from_rows(
+                self._rows(dt, pc.field("kind") == BatchKind.SCHEDULED.value)
+            )
+            covering = [
+                b
+                for b in done
+                if b.status is BatchStatus.COMPLETED
+                and upstream in b.inputs
+                and b.inputs[upstream].range is not None
+                and b.inputs[upstream].range.start <= rng.end <= b.inputs[upstream].range.end  # type: ignore[union-attr]
+            ]
+            if not covering:
+                raise BatchStateError(
+                    f"Upstream '{upstream}': no completed batch applied version {rng.end}, so "
+                    "there is nothing to pin the other upstreams to.",
+                    upstream=upstream,
+                    versions=f"range={rng}",
+                    fix="list batches with `watermark batches` and pick a range they applied.",
+                )
+            origin = covering[-1]
+            origin_range = origin.inputs[upstream].range
+            assert origin_range is not None
+            # Rows the origin batch wrote may hold changes after the replay's end when the
+            # range stops inside the origin's: the replay then ranks just below it.
+            order_seq = origin.seq if rng.end == origin_range.end else origin.seq - 1
+            seq = max(self._arrow(dt, ["seq"])["seq"].to_pylist(), default=0) + 1
+            batch_id = batch_id_for(seq)
+            plan_id = uuid.uuid4().hex
+            now = _now()
+            rows = []
+            for name in sorted(set(all_upstreams) | {upstream}):
+                base = {
+                    "batch_id": batch_id,
+                    "seq": seq,
+                    "kind": BatchKind.REPLAY.value,
+                    "plan_id": plan_id,
+                    "upstream": name,
+                    "committed_version": self.committed_versions().get(name),
+                    "latest_version": None,
+                    "table_id": origin.table_ids.get(name),
+                    "schema_fingerprint": origin.schema_fingerprints.get(name),
+                    "pipelines": json.dumps(sorted(pipelines)),
+                    "status": BatchStatus.PLANNED.value,
+                    "created_at": now,
+                    "updated_at": now,
+                    "actor": actor,
+                    "error": reason,
+                    "full_load": "[]",
+                    "order_seq": order_seq,
+                }
+                if name == upstream:
+                    base.update(
+                        read_mode=mode.value,
+                        start_version=rng.start,
+                        end_version=rng.end,
+                    )
+                else:
+                    pinned = origin.inputs.get(name)
+                    if pinned is None:
+                        continue
+                    if pinned.window is not None:
+                        end = encode_position(pinned.window.end)
+                        base.update(read_mode=ReadMode.NOOP.value, start_cursor=end, end_cursor=end)
+                    else:
+                        base.update(
+                            read_mode=ReadMode.NOOP.value, end_version=pinned.snapshot_version
+                        )
+                rows.append(base)
+            data = pa.Table.from_pylist(rows, schema=schema.BATCHES)
+            write_deltalake(dt, data, mode="append", commit_properties=_CAS)
+            return self._batches_from_rows(data.to_pylist())[0]
+
+        batch = self._cas("batches", decide)
+        self.record(
+            "BATCH_PLANNED",
+            actor=actor,
+            batch_id=batch.batch_id,
+            upstream=upstream,
+            detail={
+                "kind": BatchKind.REPLAY.value,
+                "range": str(rng),
+                "pipelines": list(batch.pipelines),
+                "order_seq": batch.order_seq,
+                "reason": reason,
+            },
+        )
+        return batch
 
     def _update_batch_rows(
         self, dt: DeltaTable, rows: list[dict[str, Any]], updates: Mapping[str, str]
@@ -503,25 +696,60 @@ class WatermarkStore:
             WatermarkGapError, WatermarkRegressionError: the move would break I1 or I2.
         """
         planned = batch.inputs[upstream]
-        if planned.range is None:
+        if not planned.reads:
             raise BatchStateError(
-                f"Batch {batch.batch_id} has no range for upstream '{upstream}' (NOOP).",
+                f"Batch {batch.batch_id} reads nothing from upstream '{upstream}' (NOOP).",
                 upstream=upstream,
                 batch_id=batch.batch_id,
             )
+        recheck_at = None
+        if planned.window is not None:
+            # The window's end is pinned at the first read: take it from the table.
+            pinned = self.get_batch(batch.batch_id)
+            planned = pinned.inputs[upstream]
+            recheck_at = pinned.window_pending.get(upstream)
+        window = planned.window
         batch_range = planned.range
 
-        def decide(dt: DeltaTable) -> tuple[AdvanceDecision, int | None]:
+        def decide(dt: DeltaTable) -> tuple[AdvanceDecision, str | None, str]:
             rows = self._rows(dt, pc.field("upstream") == upstream)
-            current = rows[0]["committed_version"] if rows else None
+            row = rows[0] if rows else None
+            if window is not None:
+                current_pos = decode_position(row["committed_cursor"]) if row else None
+                decision = decide_cursor_advance(upstream, current_pos, window, batch.batch_id)
+                new_value = encode_position(window.end) or ""
+                old_value = encode_position(current_pos)
+                # A window that left rows behind (held back by the lag) records when they
+                # pass it, so a plan reads again then even if the source does not change.
+                state = cursor_state(batch.source_states.get(upstream), recheck_at)
+                if decision is AdvanceDecision.ADVANCE:
+                    self._upsert_watermark(
+                        dt,
+                        upstream,
+                        None,
+                        batch.batch_id,
+                        WatermarkHow.AUTO,
+                        actor,
+                        cursor=new_value,
+                        source_state=state,
+                    )
+                return decision, old_value, new_value
+            assert batch_range is not None
+            current = row["committed_version"] if row else None
             decision = decide_advance(upstream, current, batch_range, batch.batch_id)
             if decision is AdvanceDecision.ADVANCE:
                 self._upsert_watermark(
-                    dt, upstream, batch_range.end, batch.batch_id, WatermarkHow.AUTO, actor
+                    dt,
+                    upstream,
+                    batch_range.end,
+                    batch.batch_id,
+                    WatermarkHow.AUTO,
+                    actor,
+                    table_id=batch.table_ids.get(upstream),
                 )
-            return decision, current
+            return decision, None if current is None else str(current), str(batch_range.end)
 
-        decision, old = self._cas("committed_watermarks", decide)
+        decision, old, new = self._cas("committed_watermarks", decide)
         if decision is AdvanceDecision.ADVANCE:
             fault_point("after_watermark_commit")
             self.record(
@@ -529,9 +757,9 @@ class WatermarkStore:
                 actor=actor,
                 batch_id=batch.batch_id,
                 upstream=upstream,
-                old_value=None if old is None else str(old),
-                new_value=str(batch_range.end),
-                detail={"range": str(batch_range)},
+                old_value=old,
+                new_value=new,
+                detail={"read": planned.describe()},
             )
 
         def mark(dt: DeltaTable) -> None:
@@ -549,6 +777,59 @@ class WatermarkStore:
         self._cas("batches", mark)
         return decision
 
+    def pin_window(
+        self,
+        batch_id: str,
+        upstream: str,
+        end: CursorPosition | None,
+        *,
+        recheck_at: int | None = None,
+    ) -> CursorWindow:
+        """Fix the end of a cursor window the first time a pipeline reads it.
+
+        The first reader wins: a concurrent or later reader (a retry, another pipeline of
+        the batch) gets the end already recorded, so every read of the batch sees the same
+        rows (I3). ``end`` None (no row yet) pins the empty window at its start.
+
+        Args:
+            recheck_at: when rows held back by the lag pass it (µs since the epoch);
+                recorded so a plan reads again then, even if the source does not change.
+        """
+
+        def decide(dt: DeltaTable) -> CursorWindow:
+            rows = self._rows(
+                dt, (pc.field("batch_id") == batch_id) & (pc.field("upstream") == upstream)
+            )
+            if not rows:
+                raise BatchStateError(
+                    f"Batch {batch_id} has no row for upstream '{upstream}'.",
+                    batch_id=batch_id,
+                    upstream=upstream,
+                )
+            row = rows[0]
+            start = decode_position(row["start_cursor"])
+            if row["end_cursor"] is not None:
+                return CursorWindow(start, decode_position(row["end_cursor"]))
+            # No row at all: the window is empty; () is the position before every row.
+            final = end if end is not None else (start if start is not None else ())
+            row.update(
+                end_cursor=encode_position(final),
+                window_pending=recheck_at,
+                updated_at=_now(),
+            )
+            self._update_batch_rows(
+                dt,
+                [row],
+                {
+                    "end_cursor": "s.end_cursor",
+                    "window_pending": "s.window_pending",
+                    "updated_at": "s.updated_at",
+                },
+            )
+            return CursorWindow(start, final)
+
+        return self._cas("batches", decide)
+
     def set_batch_status(
         self, batch_id: str, status: BatchStatus, *, actor: str, error: str | None = None
     ) -> bool:
@@ -563,11 +844,11 @@ class WatermarkStore:
                 raise BatchStateError(f"No batch '{batch_id}' to mark {status}.", batch_id=batch_id)
             if all(r["status"] == status.value for r in rows):
                 return False
-            if status is BatchStatus.COMPLETED:
+            if status is BatchStatus.COMPLETED and rows[0]["kind"] == BatchKind.SCHEDULED.value:
                 pending = [
                     r["upstream"]
                     for r in rows
-                    if r["start_version"] is not None and r["advanced_at"] is None
+                    if r["read_mode"] != ReadMode.NOOP.value and r["advanced_at"] is None
                 ]
                 if pending:
                     raise BatchStateError(
@@ -604,6 +885,10 @@ class WatermarkStore:
         batch_id: str | None,
         how: WatermarkHow,
         actor: str,
+        *,
+        cursor: str | None = None,
+        table_id: str | None = None,
+        source_state: str | None = None,
     ) -> None:
         row = {
             "upstream": upstream,
@@ -612,6 +897,9 @@ class WatermarkStore:
             "how": how.value,
             "updated_at": _now(),
             "actor": actor,
+            "committed_cursor": cursor,
+            "table_id": table_id,
+            "source_state": source_state,
         }
         source = pa.Table.from_pylist([row], schema=schema.COMMITTED_WATERMARKS)
         (
@@ -627,6 +915,57 @@ class WatermarkStore:
             .execute()
         )
 
+    def initialize_watermarks(
+        self,
+        points: Mapping[str, tuple[int | None, CursorPosition | None, str]],
+        *,
+        actor: str,
+        table_ids: Mapping[str, str | None] | None = None,
+    ) -> list[str]:
+        """Record where upstreams configured with ``start_from`` begin, for those that
+        have no committed watermark row yet (an existing row, even a reset one, wins).
+
+        Returns:
+            the upstreams initialized by this call.
+        """
+        table_ids = table_ids or {}
+
+        def decide(dt: DeltaTable) -> list[str]:
+            have = {r["upstream"] for r in self._rows(dt)}
+            todo = {u: p for u, p in points.items() if u not in have}
+            if not todo:
+                return []
+            now = _now()
+            rows = [
+                {
+                    "upstream": u,
+                    "committed_version": version,
+                    "batch_id": None,
+                    "how": WatermarkHow.START_FROM.value,
+                    "updated_at": now,
+                    "actor": actor,
+                    "committed_cursor": encode_position(cursor),
+                    "table_id": table_ids.get(u),
+                    "source_state": None,
+                }
+                for u, (version, cursor, _) in sorted(todo.items())
+            ]
+            data = pa.Table.from_pylist(rows, schema=schema.COMMITTED_WATERMARKS)
+            write_deltalake(dt, data, mode="append", commit_properties=_CAS)
+            return sorted(todo)
+
+        done = self._cas("committed_watermarks", decide)
+        for upstream in done:
+            version, cursor, why = points[upstream]
+            self.record(
+                "WATERMARK_STARTED",
+                actor=actor,
+                upstream=upstream,
+                new_value=str(version) if cursor is None else encode_position(cursor),
+                detail={"why": why},
+            )
+        return done
+
     def committed(self) -> dict[str, Watermark]:
         """Every upstream's committed watermark row."""
         return {
@@ -637,6 +976,9 @@ class WatermarkStore:
                 how=WatermarkHow(r["how"]),
                 updated_at=r["updated_at"],
                 actor=r["actor"],
+                committed_cursor=decode_position(r["committed_cursor"]),
+                table_id=r["table_id"],
+                source_state=r["source_state"],
             )
             for r in self._rows(self._load("committed_watermarks"))
         }
@@ -745,6 +1087,7 @@ class WatermarkStore:
                 preview.open_batch, BatchStatus.ABANDONED, actor=actor, error=f"abandoned by {why}"
             )
             abandoned.append(preview.open_batch)
+            fault_point("after_abandon")
 
         def decide(dt: DeltaTable) -> dict[str, Any]:
             rows = self._rows(dt, pc.field("upstream") == upstream)
@@ -756,6 +1099,7 @@ class WatermarkStore:
             return row
 
         old_row = self._cas("committed_watermarks", decide)
+        fault_point("after_manual_watermark_commit")
         old, old_cursor = old_row.get("committed_version"), old_row.get("committed_cursor")
         stale = self._batch_reading(upstream)
         first = 0 if version is None else version + 1

@@ -18,6 +18,7 @@ from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
@@ -36,6 +37,7 @@ class WriteResult:
     rows_updated: int
     rows_deleted: int
     created: bool
+    already_applied: bool = False
 
     @property
     def rows_written(self) -> int:
@@ -105,6 +107,26 @@ def _last_commit_metrics(target: str, storage_options: dict[str, str] | None) ->
     return dt.version(), dict(last.get("operationMetrics") or {})
 
 
+def target_version(target: str, storage_options: dict[str, str] | None) -> int | None:
+    """The target's current version (None when it does not exist yet)."""
+    if not RsDeltaTable.is_deltatable(target, storage_options=storage_options):
+        return None
+    return RsDeltaTable(target, storage_options=storage_options).version()
+
+
+def create_clustered(
+    spark: SparkSession, target: str, schema: StructType, cluster_by: Sequence[str]
+) -> None:
+    """Create an empty target with liquid clustering (the DataFrame writer cannot)."""
+    (
+        SparkDeltaTable.createIfNotExists(spark)
+        .location(target)
+        .addColumns(schema)
+        .clusterBy(*cluster_by)
+        .execute()
+    )
+
+
 def merge_into_target(
     spark: SparkSession,
     changes: DataFrame,
@@ -115,11 +137,16 @@ def merge_into_target(
     batch_id: str,
     pipeline: str,
     storage_options: dict[str, str] | None = None,
+    partition_by: Sequence[str] = (),
+    cluster_by: Sequence[str] = (),
+    insert_missing: bool = True,
 ) -> WriteResult:
     """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
 
     Creates the target on the first batch. The merge only touches rows whose ``_wm_seq`` is
-    not newer than this batch's, which makes the write safe to repeat.
+    not newer than this batch's, which makes the write safe to repeat. With
+    ``insert_missing`` off (replays), keys the target does not hold are not inserted: the
+    target cannot tell a key never seen from one a newer batch deleted.
     """
     prepared = prepare_changes(
         changes, keys=keys, batch_seq=batch_seq, batch_id=batch_id, pipeline=pipeline
@@ -129,7 +156,16 @@ def merge_into_target(
     prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         prepared.count()
-        return _write(spark, prepared, target=target, keys=keys, storage_options=storage_options)
+        return _write(
+            spark,
+            prepared,
+            target=target,
+            keys=keys,
+            storage_options=storage_options,
+            partition_by=partition_by,
+            cluster_by=cluster_by,
+            insert_missing=insert_missing,
+        )
     finally:
         prepared.unpersist()
 
@@ -141,13 +177,22 @@ def _write(
     target: str,
     keys: Sequence[str],
     storage_options: dict[str, str] | None,
+    partition_by: Sequence[str] = (),
+    cluster_by: Sequence[str] = (),
+    insert_missing: bool = True,
 ) -> WriteResult:
     is_delete = F.lower(F.col(f"s.{_q(CHANGE_TYPE)}")) == _DELETE
     data_columns = [c for c in prepared.columns if c != CHANGE_TYPE]
 
     if not SparkDeltaTable.isDeltaTable(spark, target):
         rows = prepared.where(F.lower(F.col(_q(CHANGE_TYPE))) != _DELETE).drop(CHANGE_TYPE)
-        rows.write.format("delta").mode("errorifexists").save(target)
+        writer = rows.write.format("delta").mode("errorifexists")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        if cluster_by:
+            create_clustered(spark, target, rows.schema, cluster_by)
+            writer = writer.mode("append")
+        writer.save(target)
         version, metrics = _last_commit_metrics(target, storage_options)
         return WriteResult(
             target_version=version,
@@ -160,15 +205,18 @@ def _write(
     on = reduce(operator.and_, [_col("t", k) == _col("s", k) for k in keys])
     not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
     assignments = {_q(c): _col("s", c) for c in data_columns}
-    (
+    merge = (
         SparkDeltaTable.forPath(spark, target)
         .alias("t")
         .merge(prepared.alias("s"), on)
+        # New nullable output columns (an upstream gained a column) are added to the target.
+        .withSchemaEvolution()
         .whenMatchedDelete(condition=is_delete & not_older)
         .whenMatchedUpdate(condition=~is_delete & not_older, set=assignments)
-        .whenNotMatchedInsert(condition=~is_delete, values=assignments)
-        .execute()
     )
+    if insert_missing:
+        merge = merge.whenNotMatchedInsert(condition=~is_delete, values=assignments)
+    merge.execute()
     version, metrics = _last_commit_metrics(target, storage_options)
     return WriteResult(
         target_version=version,

@@ -1,0 +1,98 @@
+"""Small code locations for the read-mode tests, described by a JSON spec file.
+
+The same spec builds the location in the test process, in a child process killed on
+purpose, and in the `watermark` command line (``--defs tests.lakes:defs`` with
+``LAKE_SPEC`` pointing at the spec), so all three see the same upstreams and pipelines.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from tests.conftest import SPARK_TEST_CONF
+from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.resources import SparkSessionResource
+from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+from watermark_dagster.execute import BatchContext
+from watermark_dagster.registry import Pipeline, Registry, Upstream
+
+SPEC_ENV = "LAKE_SPEC"
+
+
+def copy_rows(upstream: str):  # noqa: ANN201
+    """A transform keeping the latest change per ``id`` of one upstream."""
+
+    def transform(batch: BatchContext) -> DataFrame:
+        return batch[upstream].net_changes(["id"]).drop("_commit_timestamp")
+
+    return transform
+
+
+def doubled(upstream: str):  # noqa: ANN201
+    """Like :func:`copy_rows`, with ``value`` doubled (a different pipeline, same input)."""
+
+    def transform(batch: BatchContext) -> DataFrame:
+        rows = batch[upstream].net_changes(["id"]).drop("_commit_timestamp")
+        return rows.withColumn("value", F.col("value") * 2)
+
+    return transform
+
+
+def appended(upstream: str):  # noqa: ANN201
+    """Every new row of one upstream, for an append target."""
+
+    def transform(batch: BatchContext) -> DataFrame:
+        return batch[upstream].changes.select("id", "value", (F.col("id") % 2).alias("bucket"))
+
+    return transform
+
+
+TRANSFORMS = {"copy": copy_rows, "doubled": doubled, "appended": appended}
+
+
+def registry_from(spec: dict[str, Any]) -> Registry:
+    """The registry a spec describes."""
+    upstreams = [Upstream(**u) for u in spec["upstreams"]]
+    pipelines = []
+    for p in spec["pipelines"]:
+        p = dict(p)
+        transform = TRANSFORMS[p.pop("transform")](p["upstreams"][0])
+        pipelines.append(
+            Pipeline(
+                name=p.pop("name"),
+                upstreams=tuple(p.pop("upstreams")),
+                target=p.pop("target"),
+                keys=tuple(p.pop("keys", ("id",))),
+                transform=transform,
+                **p,
+            )
+        )
+    return Registry(upstreams=upstreams, pipelines=pipelines)
+
+
+def defs_from(spec: dict[str, Any]):  # noqa: ANN201
+    """The code location a spec describes (local[2] Spark, no minimum batch interval)."""
+    return build_definitions(
+        registry_from(spec),
+        control_root=spec["control_root"],
+        spark=SparkSessionResource(master="local[2]", conf=SPARK_TEST_CONF),
+        settings=WatermarkSettings(
+            min_batch_interval_seconds=0, max_attempts=spec.get("max_attempts", 1)
+        ),
+    )
+
+
+def write_spec(path: Path, spec: dict[str, Any]) -> Path:
+    """Save a spec for a child process or the command line."""
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module attribute for `--defs tests.lakes:defs`
+    if name == "defs":
+        return defs_from(json.loads(Path(os.environ[SPEC_ENV]).read_text()))
+    raise AttributeError(name)
