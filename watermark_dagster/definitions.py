@@ -1,4 +1,5 @@
-"""The code location ``workspace.yaml`` loads: the demo registry on embedded defaults.
+"""The code location ``workspace.yaml`` loads: the demo registry on embedded defaults, or
+the YAML registry file ``WATERMARK_REGISTRY`` names.
 
 Replace ``build_demo_registry`` with your own registry to point it at your tables; every
 setting is read from the environment by :mod:`watermark_dagster.settings`.
@@ -14,6 +15,8 @@ from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.demo import DemoPaths, build_demo_registry
+from watermark_dagster.registry import Registry
+from watermark_dagster.registry_file import load_registry_file
 
 
 def build_demo_definitions(home: Path | None = None, **overrides: object) -> Definitions:
@@ -22,6 +25,30 @@ def build_demo_definitions(home: Path | None = None, **overrides: object) -> Def
     ``overrides`` replace fields of :class:`WatermarkSettings` (tests use this).
     """
     paths = DemoPaths(home or settings.home())
+    return _definitions(build_demo_registry(paths), paths.control_root, None, overrides)
+
+
+def build_file_definitions(
+    path: str | os.PathLike[str], home: Path | None = None, **overrides: object
+) -> Definitions:
+    """The code location a YAML registry file declares (see
+    :mod:`watermark_dagster.registry_file`); its control tables are at the file's
+    ``control_root:``, else under ``home`` (default: ``WATERMARK_HOME``) as for the demo.
+
+    Raises:
+        ConfigurationError: the file or one of its entries is wrong (nothing is written).
+    """
+    loaded = load_registry_file(path)
+    control_root = loaded.control_root or DemoPaths(home or settings.home()).control_root
+    return _definitions(loaded.registry, control_root, loaded.control_storage_options, overrides)
+
+
+def _definitions(
+    registry: Registry,
+    control_root: str,
+    storage_options: dict[str, str] | None,
+    overrides: dict[str, object],
+) -> Definitions:
     watermark_settings = WatermarkSettings(
         min_batch_interval_seconds=settings.min_batch_interval_seconds(),
         sensor_interval_seconds=settings.sensor_interval_seconds(),
@@ -32,8 +59,9 @@ def build_demo_definitions(home: Path | None = None, **overrides: object) -> Def
 
         watermark_settings = replace(watermark_settings, **overrides)  # type: ignore[arg-type]
     return build_definitions(
-        build_demo_registry(paths),
-        control_root=paths.control_root,
+        registry,
+        control_root=control_root,
+        storage_options=storage_options,
         spark=SparkSessionResource(
             master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"),
             remote=os.environ.get("WATERMARK_SPARK_REMOTE") or None,
@@ -43,4 +71,10 @@ def build_demo_definitions(home: Path | None = None, **overrides: object) -> Def
     )
 
 
-defs = build_demo_definitions()
+def build_default_definitions() -> Definitions:
+    """The registry file ``WATERMARK_REGISTRY`` names if it is set, else the demo."""
+    path = settings.registry_file()
+    return build_file_definitions(path) if path else build_demo_definitions()
+
+
+defs = build_default_definitions()

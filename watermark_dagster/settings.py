@@ -9,6 +9,7 @@
 | ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
 | ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
 | ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
+| ``WATERMARK_REGISTRY`` | unset | a YAML registry file to load instead of the demo registry |
 """
 
 import json
@@ -37,6 +38,13 @@ def _number(name: str, default: str, cast: type) -> float | int:
 def home() -> Path:
     """``WATERMARK_HOME``, made absolute."""
     return Path(os.environ.get("WATERMARK_HOME", ".watermark")).expanduser().resolve()
+
+
+def registry_file() -> Path | None:
+    """``WATERMARK_REGISTRY``: the YAML registry file the default code location loads
+    instead of the demo registry (None when unset or empty)."""
+    raw = os.environ.get("WATERMARK_REGISTRY", "").strip()
+    return Path(raw).expanduser().resolve() if raw else None
 
 
 def spark_conf() -> dict[str, str]:

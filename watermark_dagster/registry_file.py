@@ -1,0 +1,509 @@
+"""Declaring upstreams and pipelines in a YAML file, checked when it loads.
+
+Example ``registry.yaml``::
+
+    control_root: /lake/_watermark        # optional; relative paths are from this file
+    upstreams:
+      orders: {path: /lake/orders, max_versions_per_batch: 50}
+      clicks: {path: /landing/clicks, mode: timestamp, format: parquet, cursor: ts,
+               tie_break: [id], lag_seconds: 300}
+    pipelines:
+      orders_clean:
+        upstreams: [orders]
+        target: /lake/orders_clean
+        keys: [order_id]
+        transform: my_pkg.transforms:orders_clean   # module:function, imported at load
+
+Each entry takes the keyword arguments of :class:`~watermark_dagster.registry.Upstream` or
+:class:`~watermark_dagster.registry.Pipeline`. Every problem is a
+:class:`~watermark_dagster.errors.ConfigurationError` that starts with ``file:line``, names
+the entry and the key or value at fault, and ends with the fix; nothing is written.
+
+    >>> registry = load_registry("registry.yaml")
+"""
+
+import difflib
+import importlib
+import os
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.registry import Pipeline, Registry, Upstream, validate_name
+
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MAP_TAG = "tag:yaml.org,2002:map"
+
+
+class _Mapping(dict):
+    """A YAML mapping that remembers where it and each of its keys are, and which keys
+    appeared more than once (plain YAML loading silently keeps the last one)."""
+
+    line: int
+    key_lines: dict[Any, int]
+    key_text: dict[Any, str]  # each key as written (YAML reads `on:` as True)
+    duplicates: list[tuple[Any, int, int]]  # (key, line, line of its first occurrence)
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe loading, plus line numbers and duplicate keys; timestamps stay text (the
+    registry parses them itself, always with a time zone)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Any:
+    explicit = {id(key) for key, _ in node.value}
+    # Resolves `<<` merge keys; merged pairs come first and explicit ones may override them.
+    loader.flatten_mapping(node)
+    data = _Mapping()
+    data.line, data.key_lines, data.key_text, data.duplicates = node.start_mark.line + 1, {}, {}, []
+    first_at: dict[Any, int] = {}  # explicit keys -> line
+    yield data
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)  # type: ignore[arg-type]
+        if not isinstance(key, Hashable):
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping",
+                node.start_mark,
+                "found a key that is a list or a mapping",
+                key_node.start_mark,
+            )
+        line = key_node.start_mark.line + 1
+        if id(key_node) in explicit:
+            if key in first_at:
+                data.duplicates.append((key, line, first_at[key]))
+            first_at.setdefault(key, line)
+        data[key] = loader.construct_object(value_node, deep=True)  # type: ignore[arg-type]
+        data.key_lines[key] = line
+        data.key_text[key] = str(getattr(key_node, "value", key))
+
+
+_Loader.add_constructor(_MAP_TAG, _construct_mapping)
+
+
+@dataclass(frozen=True)
+class RegistryFile:
+    """What a registry file declares.
+
+    Attributes:
+        registry: its upstreams and pipelines.
+        control_root: ``control_root:`` (None when the file leaves it to the code location).
+        control_storage_options: ``control_storage_options:`` for a control root on an
+            object store.
+        path: the file.
+    """
+
+    registry: Registry
+    control_root: str | None
+    control_storage_options: dict[str, str] | None
+    path: Path
+
+
+class _Reader:
+    """Turns one parsed file into checked keyword arguments, raising with file and line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.base = path.parent
+
+    # -- errors
+
+    def fail(self, line: int | None, message: str, *, fix: str, **attrs: str) -> ConfigurationError:
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return ConfigurationError(f"{where}: {message}", fix=fix, **attrs)
+
+    def rewrap(self, line: int, error: ConfigurationError) -> ConfigurationError:
+        """The same error from :mod:`watermark_dagster.registry`, pointing into the file."""
+        message = str(error)
+        if error.fix and message.endswith(f" Fix: {error.fix}"):
+            message = message[: -len(f" Fix: {error.fix}")]
+        attrs = {k: v for k, v in (("upstream", error.upstream), ("pipeline", error.pipeline)) if v}
+        return self.fail(line, message, fix=error.fix or "correct the entry.", **attrs)
+
+    # -- shapes
+
+    def mapping(self, value: Any, what: str, line: int | None) -> _Mapping:
+        if not isinstance(value, _Mapping):
+            raise self.fail(
+                getattr(value, "line", line),
+                f"{what} must be a mapping of key: value, got {_show(value)}.",
+                fix=f"write {what} as indented `key: value` lines (or {{key: value, ...}}).",
+            )
+        if value.duplicates:
+            key, at, first = value.duplicates[0]
+            raise self.fail(
+                at,
+                f"{key!r} appears twice in {what} (first at line {first}); YAML would "
+                "silently keep only the last one.",
+                fix=f"keep one {key!r} entry in {what}, or rename one of them.",
+            )
+        return value
+
+    def known_keys(self, entry: _Mapping, allowed: Mapping[str, Any], what: str, of: str) -> None:
+        for key in entry:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.fail(
+                    entry.key_lines[key],
+                    f"{what}: unknown key {key!r}{hint}.",
+                    fix=f"{'rename it to ' + repr(close[0]) if close else 'remove it'}; the "
+                    f"keys of {of} are {sorted(allowed)}.",
+                )
+
+    def name(self, value: Any, kind: str, line: int, written: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(
+                line,
+                f"{kind} name '{written}' is read by YAML as {_type(value)} ({value!r}), not text.",
+                fix=f"quote it ('{written}') or use a name of letters, digits and underscores.",
+            )
+        try:
+            return validate_name(f"{kind} name", value)
+        except ConfigurationError as e:
+            raise self.rewrap(line, e) from None
+
+    # -- values
+
+    def convert(self, entry: _Mapping, key: str, what: str, checks: Mapping[str, Any]) -> Any:
+        value = entry[key]
+        line = entry.key_lines[key]
+        expected, convert = checks[key]
+        converted = convert(self, value)
+        if converted is _WRONG:
+            quote = (
+                " (YAML reads unquoted yes/no/on/off as booleans and digits as numbers: quote it)"
+                if isinstance(value, bool | int | float) and expected.startswith("text")
+                else ""
+            )
+            raise self.fail(
+                line,
+                f"{what}: {key} must be {expected}, got {_show(value)}{quote}.",
+                fix=f"give {key} as {expected}.",
+            )
+        return converted
+
+    def location(self, value: str) -> str:
+        """Local relative paths are taken from the file's folder; URIs are kept as they are."""
+        if "://" in value:
+            return value
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (self.base / path).resolve())
+
+    def transform(self, spec: str, what: str, line: int) -> Callable[..., Any]:
+        module_name, _, attribute = spec.partition(":")
+        if not module_name or not attribute:
+            raise self.fail(
+                line,
+                f"{what}: transform {spec!r} is not module:function.",
+                fix="give it as transform: my_package.transforms:orders_clean.",
+            )
+        try:
+            found: Any = importlib.import_module(module_name)
+        except Exception as e:  # an import runs the module: anything may be raised
+            raise self.fail(
+                line,
+                f"{what}: cannot import module {module_name!r} of transform {spec!r} "
+                f"({type(e).__name__}: {e}).",
+                fix="install the package or put its folder on PYTHONPATH (for `dagster dev`, "
+                "the workspace's working_directory), and check the spelling.",
+            ) from e
+        for part in attribute.split("."):
+            if not hasattr(found, part):
+                names = [n for n in dir(found) if not n.startswith("_")]
+                close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.fail(
+                    line,
+                    f"{what}: transform {spec!r}: {type(found).__name__} {found.__name__!r} "
+                    f"has no attribute {part!r}{hint}."
+                    if hasattr(found, "__name__")
+                    else f"{what}: transform {spec!r} has no attribute {part!r}{hint}.",
+                    fix="name a function defined in that module.",
+                )
+            found = getattr(found, part)
+        if isinstance(found, Pipeline):
+            raise self.fail(
+                line,
+                f"{what}: transform {spec!r} is a pipeline declared with @pipeline, not a "
+                "plain function.",
+                fix=f"use transform: {spec}.transform, or drop the decorator.",
+            )
+        if not callable(found):
+            raise self.fail(
+                line,
+                f"{what}: transform {spec!r} is {_type(found)}, not a function.",
+                fix="point it at a function taking the batch and returning a DataFrame.",
+            )
+        return found
+
+
+class _Wrong:
+    pass
+
+
+_WRONG: Any = _Wrong()
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return f"{value!r} ({_type(value)})"
+
+
+def _type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list"}
+    return names.get(type(value), "a mapping" if isinstance(value, dict) else type(value).__name__)
+
+
+def _text(_: _Reader, value: Any) -> Any:
+    return value if isinstance(value, str) and value.strip() else _WRONG
+
+
+def _location(reader: _Reader, value: Any) -> Any:
+    return reader.location(value) if isinstance(value, str) and value.strip() else _WRONG
+
+
+def _names(_: _Reader, value: Any) -> Any:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return _WRONG
+
+
+def _count(_: _Reader, value: Any) -> Any:
+    return value if isinstance(value, int) and not isinstance(value, bool) else _WRONG
+
+
+def _seconds(_: _Reader, value: Any) -> Any:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else _WRONG
+
+
+def _start(_: _Reader, value: Any) -> Any:
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else _WRONG
+
+
+def _options(_: _Reader, value: Any) -> Any:
+    if not isinstance(value, dict) or getattr(value, "duplicates", None):
+        return _WRONG
+    if not all(isinstance(v, str | int | float | bool) for v in value.values()):
+        return _WRONG
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+
+
+_NAMES = "a list of names ([a, b]) or one name"
+_OPTIONS = "a mapping of option: value (scalar values, each key once)"
+# key -> (what it must be, converter returning the value or _WRONG)
+UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
+    "path": ("text (the table's location)", _location),
+    "mode": ("text (auto, cdf, append_only, snapshot or timestamp)", _text),
+    "on_data_change": ("text (fail or snapshot)", _text),
+    "start_from": ("beginning, latest, a version or an ISO 8601 timestamp", _start),
+    "schema_changes": ("text (additive or strict)", _text),
+    "cursor": ("text (a column name)", _text),
+    "cursor_fallback": ("text (a column name)", _text),
+    "tie_break": (_NAMES, _names),
+    "lag_seconds": ("a number of seconds", _seconds),
+    "format": ("text (a Spark source format)", _text),
+    "read_options": (_OPTIONS, _options),
+    "max_versions_per_batch": ("a whole number of versions", _count),
+    "storage_options": (_OPTIONS, _options),
+    "description": ("text", _text),
+}
+PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
+    "upstreams": (_NAMES, _names),
+    "target": ("text (the target table's location)", _location),
+    "keys": (_NAMES, _names),
+    "transform": ("text (module:function)", _text),
+    "write": ("text (merge, append or overwrite)", _text),
+    "partition_by": (_NAMES, _names),
+    "cluster_by": (_NAMES, _names),
+    "storage_options": (_OPTIONS, _options),
+    "description": ("text", _text),
+}
+TOP_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
+    "upstreams": ("a mapping of name: {path: ..., ...}", lambda _r, v: v),
+    "pipelines": ("a mapping of name: {upstreams: [...], target: ..., ...}", lambda _r, v: v),
+    "control_root": ("text (where the control tables live)", _location),
+    "control_storage_options": (_OPTIONS, _options),
+}
+_REQUIRED = {
+    "upstream": {"path": "path: /location/of/the/table"},
+    "pipeline": {
+        "upstreams": "upstreams: [an_upstream]",
+        "target": "target: /location/of/the/target",
+        "transform": "transform: my_package.transforms:my_function",
+    },
+}
+
+
+def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
+    """Read and check a registry file.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The registry, with the file's ``control_root`` and ``control_storage_options``.
+
+    Raises:
+        ConfigurationError: the file is missing or is not valid YAML, or an entry is wrong:
+            an unknown key, a value of the wrong type, a missing path, target or transform,
+            a duplicate name, a name that is not an identifier, a pipeline reading an
+            unknown upstream, a transform that cannot be imported or is not callable, a
+            cycle. The message starts with ``file:line``.
+    """
+    file = Path(path).expanduser().resolve()
+    reader = _Reader(file)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be read ({e})"
+        raise reader.fail(
+            None,
+            f"registry file {reason}.",
+            fix="point WATERMARK_REGISTRY (or load_registry) at a readable YAML file.",
+        ) from None
+    try:
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e)
+        raise reader.fail(
+            mark.line + 1 if mark else None,
+            f"not valid YAML: {problem}.",
+            fix="check the indentation and quoting around that line.",
+        ) from None
+    if document is None:
+        raise reader.fail(None, "the file is empty.", fix="declare upstreams: and pipelines:.")
+    top = reader.mapping(document, "the file", 1)
+    reader.known_keys(top, TOP_KEYS, "top level", "the file")
+    for section in ("upstreams", "pipelines"):
+        if section not in top:
+            raise reader.fail(
+                None,
+                f"no {section}: section.",
+                fix=f"add {section}: with one entry per {section[:-1]} (`{section}: {{}}` for "
+                "none).",
+            )
+    options = {k: reader.convert(top, k, "top level", TOP_KEYS) for k in top if top[k] is not None}
+
+    upstreams, lines = [], {}
+    section = top["upstreams"]
+    section = reader.mapping(
+        _mapping_at(top.key_lines["upstreams"]) if section is None else section,
+        "upstreams",
+        top.key_lines["upstreams"],
+    )
+    for name, body in section.items():
+        line = section.key_lines[name]
+        name = reader.name(name, "upstream", line, section.key_text[name])
+        lines[("upstream", name)] = line
+        if isinstance(body, str):  # shorthand: `orders: /lake/orders`
+            body = _mapping_at(line, {"path": body})
+        kwargs = _entry(reader, "upstream", name, body, line, UPSTREAM_KEYS)
+        try:
+            upstreams.append(Upstream(name, **kwargs))
+        except ConfigurationError as e:
+            raise reader.rewrap(line, e) from None
+
+    pipelines = []
+    declared = [u.name for u in upstreams]
+    section = top["pipelines"]
+    section = reader.mapping(
+        _mapping_at(top.key_lines["pipelines"]) if section is None else section,
+        "pipelines",
+        top.key_lines["pipelines"],
+    )
+    for name, body in section.items():
+        line = section.key_lines[name]
+        name = reader.name(name, "pipeline", line, section.key_text[name])
+        lines[("pipeline", name)] = line
+        what = f"pipeline '{name}'"
+        kwargs = _entry(reader, "pipeline", name, body, line, PIPELINE_KEYS)
+        for upstream in kwargs["upstreams"]:
+            if upstream not in declared:
+                close = difflib.get_close_matches(upstream, declared, n=1, cutoff=0.6)
+                raise reader.fail(
+                    body.key_lines["upstreams"],
+                    f"{what} reads unknown upstream {upstream!r}"
+                    + (f" (did you mean {close[0]!r}?)" if close else "")
+                    + f"; the file declares {declared}.",
+                    fix="declare it under upstreams: or fix the name.",
+                    pipeline=name,
+                )
+        kwargs["transform"] = reader.transform(
+            kwargs["transform"], what, body.key_lines["transform"]
+        )
+        kwargs.setdefault("description", (kwargs["transform"].__doc__ or "").strip() or None)
+        try:
+            pipelines.append(Pipeline(name=name, **{"keys": (), **kwargs}))
+        except ConfigurationError as e:
+            raise reader.rewrap(line, e) from None
+
+    try:
+        registry = Registry(upstreams=upstreams, pipelines=pipelines)
+    except ConfigurationError as e:
+        at = lines.get(("pipeline", e.pipeline or "")) or lines.get(("upstream", e.upstream or ""))
+        raise reader.rewrap(at or 0, e) from None
+    return RegistryFile(
+        registry=registry,
+        control_root=options.get("control_root"),
+        control_storage_options=options.get("control_storage_options"),
+        path=file,
+    )
+
+
+def load_registry(path: str | os.PathLike[str]) -> Registry:
+    """The :class:`~watermark_dagster.registry.Registry` a YAML file declares.
+
+    See :func:`load_registry_file` (which also returns the file's control root) for the
+    errors raised.
+
+    Example:
+        >>> registry = load_registry("registry.yaml")
+        >>> defs = build_definitions(registry, control_root="/lake/_watermark")
+    """
+    return load_registry_file(path).registry
+
+
+def _mapping_at(line: int, items: dict[str, Any] | None = None) -> _Mapping:
+    """A mapping written by the loader itself (an empty section, a shorthand entry)."""
+    made = _Mapping(items or {})
+    made.line, made.duplicates = line, []
+    made.key_lines, made.key_text = dict.fromkeys(made, line), {k: k for k in made}
+    return made
+
+
+def _entry(
+    reader: _Reader,
+    kind: str,
+    name: str,
+    body: Any,
+    line: int,
+    checks: Mapping[str, tuple[str, Callable[[_Reader, Any], Any]]],
+) -> dict[str, Any]:
+    """An entry's keyword arguments, each key known, of the right type, the required ones
+    present; ``key: null`` counts as not given."""
+    what = f"{kind} '{name}'"
+    body = reader.mapping(_mapping_at(line) if body is None else body, what, line)
+    reader.known_keys(body, checks, what, f"an {kind}" if kind == "upstream" else f"a {kind}")
+    for key, example in _REQUIRED[kind].items():
+        if body.get(key) is None:
+            raise reader.fail(
+                body.key_lines.get(key, line),
+                f"{what} has no {key}.",
+                fix=f"add {example}.",
+                **{kind: name},
+            )
+    return {key: reader.convert(body, key, what, checks) for key in body if body[key] is not None}
