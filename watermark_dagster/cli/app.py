@@ -1,5 +1,8 @@
 """Running one ``watermark`` command: parse, dispatch, turn refusals into exit codes."""
 
+import contextlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -9,12 +12,8 @@ from watermark_dagster.cli.render import Console
 from watermark_dagster.errors import RetryableError, WatermarkError
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``watermark`` console script; returns the exit code.
-
-    0 success; 1 a failure (pipeline failed, batch stuck, target differs from its
-    recompute, control tables contended); 2 bad input or a refused write, nothing written.
-    """
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code (argparse exits itself on bad syntax)."""
     args = build_parser().parse_args(argv)
     console = Console()
     try:
@@ -28,6 +27,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WatermarkError as e:
         console.problem(str(e))
         return EXIT_REFUSED
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code``, skipping the interpreter's final teardown.
+
+    delta-rs and Arrow keep worker threads that can outlive Python's teardown and abort it
+    ("terminate called without an active exception", exit 134) in a few percent of
+    processes, after the command has finished. A script would then see 134 instead of the
+    real exit code. Everything the command wrote is committed by then; logs and output
+    are flushed first.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``watermark`` console script.
+
+    With ``argv`` None (the console script, ``python -m watermark_dagster.cli``) the
+    process ends with the command's exit code; with ``argv`` given (embedding, tests)
+    the code is returned.
+
+    Exit codes: 0 success; 1 a failure (pipeline failed, batch stuck, target differs from
+    its recompute, control tables contended); 2 bad input or a refused write, nothing
+    written.
+    """
+    code = run(argv)
+    if argv is None:
+        _exit_now(code)
+    return code
 
 
 if __name__ == "__main__":
