@@ -441,6 +441,42 @@ def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: La
     assert lake.store.committed_versions()["prices"] == 2
     lake.store.set_batch_status(replay.batch_id, BatchStatus.COMPLETED, actor="test")
 
+    # The same through the command line. Bad requests are refused and write nothing.
+    tables = ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
+    versions = {t: lake.store.table_version(t) for t in tables}
+    for args, message in (
+        (("--from-version", "1", "--to-version", "5"), "beyond the committed watermark"),
+        (("--from-version", "2", "--to-version", "1"), "is before --from-version"),
+        (("--from-version", "-1", "--to-version", "1"), "is negative"),
+        (("--from-version", "x", "--to-version", "1"), "is not a version"),
+        (("--from-version", "1", "--to-version", "1", "-p", "nope"), "do not read"),
+        (("--from-version", "1", "--to-version", "1"), "stdin is not a terminal"),
+    ):
+        out = lake.cli(spec, "replay", "-t", "prices", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    assert {t: lake.store.table_version(t) for t in tables} == versions
+
+    out = lake.cli(
+        spec,
+        "replay",
+        "-t",
+        "prices",
+        "--from-version",
+        "1",
+        "--to-version",
+        "1",
+        "--yes",
+        "--reason",
+        "late correction",
+        "--json",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "COMPLETED" and result["written_at_position_of"] == replay.order_seq
+    assert lake.rows("copy") == before
+    assert lake.store.committed_versions()["prices"] == 2
+    assert lake.store.get_batch(result["batch_id"]).kind.value == "REPLAY"
+
 
 # ------------------------------------------------------------------ loud failures (I6)
 

@@ -24,7 +24,6 @@ from watermark_dagster.store import (
     BatchStatus,
     CheckpointStatus,
     WatermarkStore,
-    seq_of,
 )
 from watermark_dagster.write.merge import WriteResult
 from watermark_dagster.write.targets import write_target
@@ -126,13 +125,13 @@ def execute_pipeline(
         reason = f"no upstream of '{pipeline_name}' changed in batch {batch_id}"
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)
-    newest = store.newest_success(pipeline_name)
-    if batch.kind is not BatchKind.REPLAY and newest is not None and seq_of(newest) > batch.seq:
+    newest = None if batch.kind is BatchKind.REPLAY else store.newest_applied(pipeline_name)
+    if newest is not None and newest.seq > batch.seq:
         # I5: a backfill of an older batch must not overwrite what newer batches wrote (nor
         # bring back rows they deleted). The target already holds this batch's effects.
         reason = (
             f"batch {batch_id} is superseded: '{pipeline_name}' already applied the newer "
-            f"batch {newest}; its target is left as it is"
+            f"batch {newest.batch_id}; its target is left as it is"
         )
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)

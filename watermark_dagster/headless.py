@@ -9,7 +9,7 @@ Dagster instance, so runs and materializations show up in the UI afterwards.
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
+from dagster import AssetKey, DagsterInstance, Definitions, SensorResult, build_sensor_context
 from dagster._core.definitions.sensor_definition import SensorDefinition
 
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
@@ -83,6 +83,17 @@ class HeadlessRunner:
         self.log = log or (lambda _msg: None)
         self._cursors: dict[str, str | None] = {}
         self._job = defs.resolve_job_def(BATCH_JOB)
+
+    def pipeline_key(self, name: str) -> AssetKey:
+        """The asset key of pipeline ``name`` (whatever the translator made of it).
+
+        Raises:
+            KeyError: no pipeline asset has that name.
+        """
+        for spec in self.defs.resolve_all_asset_specs():
+            if spec.key.path[-1] == name and "target" in (spec.metadata or {}):
+                return spec.key
+        raise KeyError(f"no pipeline asset named {name!r}")
 
     def _sensor(self, name: str) -> SensorDefinition:
         return self.defs.resolve_sensor_def(name)

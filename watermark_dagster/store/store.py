@@ -1263,13 +1263,30 @@ class WatermarkStore:
 
     def newest_success(self, pipeline: str) -> str | None:
         """Id of the newest batch ``pipeline`` succeeded on (None before its first)."""
+        ids = self._succeeded_batch_ids(pipeline)
+        return max(ids, key=seq_of) if ids else None
+
+    def _succeeded_batch_ids(self, pipeline: str) -> set[str]:
         rows = self._rows(
             self._load("pipeline_checkpoints"),
             (pc.field("pipeline") == pipeline)
             & (pc.field("status") == CheckpointStatus.SUCCESS.value),
         )
-        ids = {r["batch_id"] for r in rows}
-        return max(ids, key=seq_of) if ids else None
+        return {r["batch_id"] for r in rows}
+
+    def newest_applied(self, pipeline: str) -> Batch | None:
+        """The SCHEDULED batch with the highest sequence ``pipeline`` succeeded on: what its
+        target is known to hold (replays write at older positions and do not count)."""
+        ids = self._succeeded_batch_ids(pipeline)
+        if not ids:
+            return None
+        rows = self._rows(
+            self._load("batches"),
+            pc.field("batch_id").isin(sorted(ids))
+            & (pc.field("kind") == BatchKind.SCHEDULED.value),
+        )
+        found = self._batches_from_rows(rows)
+        return found[-1] if found else None
 
     # ---------------------------------------------------------------- history
 

@@ -5,8 +5,8 @@ epilog, ``set_defaults(func=...)``, a function ``(Context) -> exit code``) and l
 module in :data:`MODULES`.
 """
 
-from watermark_dagster.cli.commands import batches, manual, runtime, status, verify
+from watermark_dagster.cli.commands import batches, manual, replay, runtime, status, verify
 
-MODULES = (status, manual, batches, verify, runtime)
+MODULES = (status, manual, batches, replay, verify, runtime)
 
 __all__ = ["MODULES"]
