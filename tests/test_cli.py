@@ -93,12 +93,15 @@ def test_list_shows_committed_latest_and_lag(home: Path) -> None:
         1,
     )
     assert rows["payments"]["lag"] == 0
+    # The fixture's tables are written without change data feed: read append-only.
+    assert rows["orders"]["mode"] == "APPEND_ONLY"
     table = watermark(home, "list")
     assert table.stdout.splitlines()[0].split() == [
         "upstream",
         "committed",
         "latest",
         "lag",
+        "mode",
         "open",
         "batch",
         "last",

@@ -11,12 +11,13 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.core.commits import version_at
 from watermark_dagster.core.planning import Plan, UpstreamPosition, plan_batch, with_committed
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
@@ -322,20 +323,17 @@ def _needs_first_load(state: str, pipeline: str, ever_succeeded: Callable[[str],
     return state == "missing" or (state == "empty" and not ever_succeeded(pipeline))
 
 
-def _history_versions(upstream: Upstream) -> list[tuple[int, datetime]]:
+def version_committed_by(upstream: Upstream, when: datetime) -> int:
+    """The newest version committed at or before ``when`` (-1: none; the first commit
+    came later), with commit timestamps made monotonic as Delta's time travel does."""
     dt = DeltaTable(upstream.path, storage_options=dict(upstream.storage_options or {}) or None)
-    return [
-        (int(h["version"]), datetime.fromtimestamp(h["timestamp"] / 1000, UTC))
+    commits = [
+        (int(h["version"]), int(h["timestamp"]))
         for h in dt.history()
         if "version" in h and "timestamp" in h
     ]
-
-
-def version_at(upstream: Upstream, when: datetime) -> int:
-    """The newest version committed at or before ``when`` (-1: none; the first commit
-    came later)."""
-    found = [v for v, ts in _history_versions(upstream) if ts <= when]
-    return max(found, default=-1)
+    found = version_at(commits, when)
+    return -1 if found is None else found
 
 
 def starting_points(
@@ -370,6 +368,6 @@ def starting_points(
             v = min(start, obs.latest_version + 1) - 1
             points[name] = (v, None, f"start_from={start}: read from version {v + 1}")
         elif isinstance(start, datetime):
-            v = version_at(upstream, start)
+            v = version_committed_by(upstream, start)
             points[name] = (v, None, f"start_from={start.isoformat()}: read from version {v + 1}")
     return points

@@ -58,7 +58,7 @@ def _latest(ctx: Context, name: str) -> int:
 
 
 def _refuse_cursor(ctx: Context, name: str) -> None:
-    if getattr(ctx.registry.upstreams[name], "is_cursor", False):
+    if ctx.registry.upstreams[name].is_cursor:
         raise Refusal(
             f"upstream {name!r} is read through a cursor column (mode='timestamp') and has no "
             f"versions to set; `watermark reset -t {name}` reads it from the start again."

@@ -12,23 +12,18 @@ from watermark_dagster.errors import WatermarkError
 RECENT_HISTORY = 5
 
 
-def _latest(ctx: Context, name: str) -> tuple[int | None, str | None]:
-    from watermark_dagster.observe.delta_log import Observer
+def _latest(ctx: Context, name: str) -> tuple[int | None, str | None, str]:
+    """``(latest version, why it is unavailable, read mode)``; cursor upstreams have no
+    version but are still checked for availability."""
+    from watermark_dagster.observe.delta_log import Observer, read_mode_of
 
     upstream = ctx.registry.upstreams[name]
-    if getattr(upstream, "is_cursor", False):
-        return None, None
     try:
-        return Observer().observe(upstream).latest_version, None
+        obs = Observer().observe(upstream)
     except WatermarkError as e:
-        return None, str(e)
-
-
-def _describe(planned: Any) -> str:
-    describe = getattr(planned, "describe", None)
-    if describe is not None:
-        return describe()
-    return str(planned.range) if planned.range else "NOOP"
+        return None, str(e), str(upstream.mode)
+    mode = read_mode_of(upstream, obs).value
+    return (None if obs.is_cursor else obs.latest_version), None, mode
 
 
 def status_rows(ctx: Context) -> list[dict[str, Any]]:
@@ -37,10 +32,10 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     open_batch = ctx.store.open_batch()
     rows = []
     for name in sorted(ctx.registry.upstreams):
-        latest, problem = _latest(ctx, name)
+        latest, problem, mode = _latest(ctx, name)
         mark = committed.get(name)
         version = mark.committed_version if mark else None
-        cursor = getattr(mark, "committed_cursor", None) if mark else None
+        cursor = mark.committed_cursor if mark else None
         lag = None if latest is None or cursor else latest - (-1 if version is None else version)
         planned = open_batch.inputs.get(name) if open_batch else None
         rows.append(
@@ -49,8 +44,9 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                 "committed": version if cursor is None else list(cursor),
                 "latest": latest,
                 "lag": lag,
+                "mode": mode,
                 "open_batch": (
-                    f"{open_batch.batch_id} {_describe(planned)}"
+                    f"{open_batch.batch_id} {planned.describe()}"
                     if open_batch and planned
                     else None
                 ),
@@ -71,7 +67,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
     if as_json:
         ctx.console.json(rows)
         return
-    headers = ["upstream", "committed", "latest", "lag", "open batch", "last change"]
+    headers = ["upstream", "committed", "latest", "lag", "mode", "open batch", "last change"]
     ctx.console.table(
         headers,
         [
@@ -80,6 +76,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
                 "none" if r["committed"] is None else r["committed"],
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
                 Styled(str(r["lag"]), "warn") if r["lag"] else r["lag"],
+                r["mode"],
                 r["open_batch"],
                 r["last_change"],
             ]

@@ -128,7 +128,7 @@ def _versions(ctx: Context, name: str) -> tuple[dict[str, int], str]:
     versioned = [
         u
         for u in ctx.registry.pipelines[name].upstreams
-        if not getattr(upstreams[u], "is_cursor", False)
+        if not upstreams[u].is_cursor
     ]
     batch = store.open_batch()
     if batch is not None and name in batch.pipelines:
@@ -166,7 +166,7 @@ def cmd_verify(ctx: Context) -> int:
             f"unknown pipeline {name!r}; the code location has {sorted(ctx.registry.pipelines)}."
         )
     versions, basis = _versions(ctx, name)
-    storage = dict(getattr(pipeline, "storage_options", None) or {}) or None
+    storage = dict(pipeline.storage_options or {}) or None
     exists = DeltaTable.is_deltatable(pipeline.target, storage_options=storage)
     result: dict[str, Any] = {
         "pipeline": name,
