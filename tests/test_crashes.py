@@ -1,0 +1,954 @@
+"""Crashes and races: real processes killed with SIGKILL at every named fault point, and
+real processes and threads racing on the control tables.
+
+Crash harness: a child process (a headless cycle, or the `watermark reset` command) runs
+with ``WATERMARK_FAULTS`` naming one point and dies there (return code -9). The system then
+recovers only by its normal means (the next sensor ticks, or the same command again), and
+the lake is checked: every target equals a recompute from its upstreams at their committed
+versions, every committed watermark is its upstream's latest version, each planned range
+belongs to exactly one batch, and every watermark change has its history row.
+
+Children only start a JVM when a pipeline runs in them: for points in the finalizer or
+the command line, the pipelines ran in this process first (the session's ``spark``).
+Lakes are built once per module and copied per case.
+
+This file is also the children's entry point: ``python -m tests.test_crashes ACTION ...``.
+"""
+
+import ast
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
+from dagster._core.instance.ref import InstanceRef
+from deltalake import DeltaTable as RsDeltaTable
+from deltalake import write_deltalake
+from pyspark.sql import SparkSession
+
+from tests.conftest import REPO, SPARK_TEST_CONF
+from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
+from watermark_dagster.cli.app import main as watermark_main
+from watermark_dagster.core.planning import UpstreamPosition
+from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
+from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.resources import SparkSessionResource
+from watermark_dagster.dagster_defs.runs import PLAN_ID_METADATA
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.errors import WatermarkError
+from watermark_dagster.execute import recompute_pipeline
+from watermark_dagster.faults import ENV as FAULTS_ENV
+from watermark_dagster.faults import FAULT_POINTS
+from watermark_dagster.headless import CycleReport, HeadlessRunner
+from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.store import (
+    Batch,
+    BatchStatus,
+    CheckpointStatus,
+    WatermarkHow,
+    WatermarkStore,
+)
+
+SCRIPT = Path(sys.executable).with_name("watermark")
+WAIT_SECONDS = 300  # a stuck child fails the test instead of hanging it
+RACE_WAIT_SECONDS = 120  # racers are light processes: ready well within this
+
+# ------------------------------------------------------------------ lakes
+
+
+@dataclass
+class Lake:
+    """One copy of a small lake: upstreams, targets, control tables and a Dagster home."""
+
+    root: Path
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The code location (tests.lakes spec): two upstreams, a merge and an append target.
+
+        ``orders`` has a change feed (updates and deletes reach ``orders_copy`` by merge);
+        ``log`` only grows (read APPEND_ONLY, appended to ``log_copy`` with Delta
+        transaction ids). Three attempts per batch: a killed run counts as one.
+        """
+        r = self.root
+        return {
+            "control_root": str(r / "control"),
+            "max_attempts": 3,
+            "upstreams": [
+                {"name": "orders", "path": str(r / "orders")},
+                {"name": "log", "path": str(r / "log")},
+            ],
+            "pipelines": [
+                {
+                    "name": "orders_copy",
+                    "upstreams": ["orders"],
+                    "target": str(r / "orders_copy"),
+                    "transform": "copy",
+                },
+                {
+                    "name": "log_copy",
+                    "upstreams": ["log"],
+                    "target": str(r / "log_copy"),
+                    "transform": "appended",
+                    "write": "append",
+                    "keys": [],
+                },
+            ],
+        }
+
+    @property
+    def spec_file(self) -> Path:
+        return write_spec(self.root / "spec.json", self.spec)
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.root / "dagster_home"
+
+    @property
+    def store(self) -> WatermarkStore:
+        return WatermarkStore(self.spec["control_root"])
+
+    def instance(self) -> DagsterInstance:
+        return DagsterInstance.from_ref(InstanceRef.from_dir(str(self.dagster_home)))
+
+    def latest(self) -> dict[str, int | None]:
+        return {u["name"]: latest_local_version(u["path"]) for u in self.spec["upstreams"]}
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment of a child process working on this lake."""
+        return {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "DAGSTER_HOME": str(self.dagster_home),
+            "WATERMARK_HOME": str(self.root),
+            SPEC_ENV: str(self.spec_file),
+            **extra,
+        }
+
+
+def _new_lake(root: Path) -> Lake:
+    root.mkdir(parents=True)
+    home = root / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    return Lake(root)
+
+
+def _cycle(lake: Lake, instance: DagsterInstance) -> CycleReport:
+    """The normal way forward: sensor ticks and runs until idle, in this process."""
+    return HeadlessRunner(defs_from(lake.spec), instance).run_until_idle()
+
+
+def _rows(ids: Sequence[int], factor: int = 1) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "value": pa.array([factor * i for i in ids], pa.int64()),
+        }
+    )
+
+
+def _seed(lake: Lake) -> None:
+    """Version 0 of both upstreams (written with delta-rs, which also writes the change
+    feed of updates and deletes)."""
+    cdf = {"delta.enableChangeDataFeed": "true"}
+    write_deltalake(str(lake.root / "orders"), _rows(range(6), 10), configuration=cdf)
+    write_deltalake(str(lake.root / "log"), _rows(range(5)))
+
+
+def _change(lake: Lake) -> None:
+    """Batch 2's input: an update, a delete and an insert in orders (v1..v3), two appends
+    to log (v1..v2)."""
+    orders = str(lake.root / "orders")
+    RsDeltaTable(orders).update(predicate="id < 2", updates={"value": "value + 100"})
+    RsDeltaTable(orders).delete("id = 3")
+    write_deltalake(orders, _rows([6, 7], 10), mode="append")
+    write_deltalake(str(lake.root / "log"), _rows([5, 6]), mode="append")
+    write_deltalake(str(lake.root / "log"), _rows([7]), mode="append")
+
+
+# Lake states the cases start from, each a copy of the previous one plus one step:
+#   changed: batch 1 (first loads) completed; new commits in both upstreams
+#   planned: + batch 2 planned by a coordinator tick (no run)
+#   ran:     + batch 2's pipelines ran and materialized (not finalized)
+TEMPLATES = ("changed", "planned", "ran")
+
+
+@pytest.fixture(scope="module")
+def templates(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Lake]:
+    base = tmp_path_factory.mktemp("crash_templates")
+    made: dict[str, Lake] = {}
+    lake = _new_lake(base / "changed")
+    _seed(lake)
+    instance = lake.instance()
+    try:
+        first = _cycle(lake, instance)
+        assert first.completed == ["b000001"] and not first.failed_runs, first
+    finally:
+        instance.dispose()
+    _change(lake)
+    made["changed"] = lake
+    for name in TEMPLATES[1:]:
+        lake = _copy(made[TEMPLATES[TEMPLATES.index(name) - 1]], base / name)
+        instance = lake.instance()
+        try:
+            runner = HeadlessRunner(defs_from(lake.spec), instance)
+            requested = runner.tick(COORDINATOR)
+            if name == "ran":
+                report = CycleReport()
+                runner.execute_requests(requested, report)
+                assert [r.success for r in report.runs] == [True], report
+        finally:
+            instance.dispose()
+        made[name] = lake
+    return made
+
+
+def _copy(lake: Lake, root: Path) -> Lake:
+    """A copy of a lake under ``root`` (Delta logs hold relative paths; the spec is rebuilt)."""
+    shutil.copytree(lake.root, root)
+    return Lake(root)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _target_rows(path: str, columns: Sequence[str]) -> Counter:
+    """The target's rows (read with delta-rs), counted."""
+    table = pa.table(RsDeltaTable(path).to_pyarrow_table())
+    extra = {c for c in table.column_names if not c.startswith("_wm_")} - set(columns)
+    assert not extra, f"{path} has columns the recompute lacks: {sorted(extra)}"
+    return Counter(tuple(r.values()) for r in table.select(list(columns)).to_pylist())
+
+
+def _assert_targets_exact(spark: SparkSession, lake: Lake) -> None:
+    """Every target equals its pipeline recomputed from the upstreams at their committed
+    versions (rows counted, so a row applied twice is caught); the committed versions are
+    the upstreams' latest."""
+    committed = lake.store.committed_versions()
+    assert committed == lake.latest()
+    registry = registry_from(lake.spec)
+    versions = {u: v for u, v in committed.items() if v is not None}
+    for name, pipeline in registry.pipelines.items():
+        expected = recompute_pipeline(spark, registry, name, versions)
+        want = Counter(tuple(r) for r in expected.collect())
+        assert _target_rows(pipeline.target, expected.columns) == want, name
+
+
+def _ranges(batch: Batch) -> dict[str, str]:
+    return {u: f"{i.mode.value} {i.range}" for u, i in batch.inputs.items()}
+
+
+def _watermark_changes(store: WatermarkStore) -> list[tuple[str, str | None, str]]:
+    """Every change ever committed to ``committed_watermarks``, from its Delta log:
+    ``(event, batch_id, upstream)`` with the history event that must record it."""
+    uri = store.uri("committed_watermarks")
+    last = RsDeltaTable(uri).version()
+    seen: dict[str, Any] = {}
+    changes = []
+    event = {"AUTO": "WATERMARK_ADVANCED", "MANUAL_SET": "WATERMARK_SET"}
+    event |= {"RESET": "WATERMARK_RESET", "START_FROM": "WATERMARK_STARTED"}
+    for version in range(1, last + 1):
+        rows = RsDeltaTable(uri, version=version).to_pyarrow_table().to_pylist()
+        for row in rows:
+            if seen.get(row["upstream"]) != row["updated_at"]:
+                seen[row["upstream"]] = row["updated_at"]
+                changes.append((event[row["how"]], row["batch_id"], row["upstream"]))
+    return changes
+
+
+AUDITED = frozenset(
+    {
+        "BATCH_PLANNED",
+        "BATCH_COMPLETED",
+        "BATCH_ABANDONED",
+        "BATCH_FAILED",
+        "WATERMARK_ADVANCED",
+        "WATERMARK_SET",
+        "WATERMARK_RESET",
+        "WATERMARK_STARTED",
+    }
+)
+
+
+def _history_gaps(lake: Lake, *, pipelines_ran: bool = True) -> tuple[Counter, Counter]:
+    """``(missing, extra)`` history rows, against what the control tables say happened:
+    each batch planned once and completed or abandoned once, each watermark change (from
+    the Delta log of ``committed_watermarks``) recorded once, and (when pipelines ran) each
+    pipeline of a completed batch recorded as succeeded."""
+    store = lake.store
+    rows = store.history()
+    have = Counter(
+        (h["event"], h["batch_id"], h["upstream"]) for h in rows if h["event"] in AUDITED
+    )
+    want: Counter = Counter(_watermark_changes(store))
+    for batch in store.batches():
+        want[("BATCH_PLANNED", batch.batch_id, None)] += 1
+        if batch.status is not BatchStatus.PLANNED:
+            want[(f"BATCH_{batch.status.value}", batch.batch_id, None)] += 1
+    missing = want - have
+    if pipelines_ran:
+        succeeded = {
+            (h["batch_id"], h["pipeline"]) for h in rows if h["event"] == "PIPELINE_SUCCEEDED"
+        }
+        for batch in store.batches():
+            if batch.status is BatchStatus.COMPLETED:
+                for p in batch.pipelines:
+                    if (batch.batch_id, p) not in succeeded:
+                        missing[("PIPELINE_SUCCEEDED", batch.batch_id, p)] += 1
+    return missing, have - want
+
+
+# ------------------------------------------------------------------ the crash harness
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """How a point is reached and what the lake looks like once recovered.
+
+    Attributes:
+        template: the lake state the case starts from (see TEMPLATES).
+        child: ``cycle`` (a headless cycle: plan, run, finalize) or ``reset`` (the
+            `watermark reset -t orders --force --yes` command, re-run to recover).
+        at_kill: checks the state the kill left, to show the process died at the point.
+        lost_history: the history row the kill loses and no recovery writes back (a
+            known gap in the store, reported; the case is then xfailed, not passed).
+    """
+
+    template: str
+    child: str
+    at_kill: Callable[[Lake, DagsterInstance], None]
+    lost_history: tuple[str, str | None, str | None] | None = None
+
+
+def _planned_without_partition(lake: Lake, instance: DagsterInstance) -> None:
+    batch = lake.store.open_batch()
+    assert batch is not None and batch.batch_id == "b000002"
+    assert not instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, "b000002")
+
+
+def _one_checkpoint(status: CheckpointStatus) -> Callable[[Lake, DagsterInstance], None]:
+    def check(lake: Lake, instance: DagsterInstance) -> None:
+        [checkpoint] = lake.store.checkpoints(batch_id="b000002")
+        assert checkpoint.status is status
+        assert lake.store.committed_versions() == {"orders": 0, "log": 0}
+
+    return check
+
+
+def _one_advanced_unrecorded(lake: Lake, instance: DagsterInstance) -> None:
+    # The finalizer advances upstreams in name order: log moved, its batch row unmarked.
+    assert lake.store.committed_versions() == {"orders": 0, "log": 2}
+    batch = lake.store.open_batch()
+    assert batch is not None and batch.advanced == frozenset()
+
+
+def _all_advanced_still_open(lake: Lake, instance: DagsterInstance) -> None:
+    assert lake.store.committed_versions() == lake.latest()
+    batch = lake.store.open_batch()
+    assert batch is not None and batch.advanced == {"orders", "log"}
+
+
+def _abandoned_not_reset(lake: Lake, instance: DagsterInstance) -> None:
+    assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
+    assert lake.store.committed_versions()["orders"] == 0
+
+
+def _reset_unrecorded(lake: Lake, instance: DagsterInstance) -> None:
+    assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
+    assert lake.store.committed_versions()["orders"] is None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "after_plan_commit": Scenario(
+        "changed",
+        "cycle",
+        _planned_without_partition,
+        lost_history=("BATCH_PLANNED", "b000002", None),
+    ),
+    "after_target_commit": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.RUNNING)),
+    "after_checkpoint": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.SUCCESS)),
+    "after_watermark_commit": Scenario(
+        "ran",
+        "cycle",
+        _one_advanced_unrecorded,
+        lost_history=("WATERMARK_ADVANCED", "b000002", "log"),
+    ),
+    "before_batch_complete": Scenario("ran", "cycle", _all_advanced_still_open),
+    "after_abandon": Scenario("planned", "reset", _abandoned_not_reset),
+    "after_manual_watermark_commit": Scenario(
+        "planned",
+        "reset",
+        _reset_unrecorded,
+        lost_history=("WATERMARK_RESET", None, "orders"),
+    ),
+}
+
+RESET = ["reset", "-t", "orders", "--force", "--yes", "--reason", "crash test"]
+
+
+def _run_child(lake: Lake, point: str | None, child: str) -> subprocess.CompletedProcess:
+    env = lake.env(**({FAULTS_ENV: point} if point else {}))
+    if child == "cycle":
+        argv = [sys.executable, "-m", "tests.test_crashes", "cycle", str(lake.spec_file)]
+    else:
+        argv = [str(SCRIPT), *RESET, "--defs", "tests.lakes:defs"]
+    return subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=WAIT_SECONDS
+    )
+
+
+def test_every_fault_point_is_listed_and_has_a_crash_case() -> None:
+    """A fault point added to the code must be listed in FAULT_POINTS (which parametrizes
+    the crash test) and have a scenario, or this fails."""
+    called: set[str] = set()
+    for path in (REPO / "watermark_dagster").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fault_point":
+                [arg] = node.args
+                name = arg.value if isinstance(arg, ast.Constant) else None
+                assert isinstance(name, str), f"{path}: fault_point needs a literal name"
+                called.add(name)
+    assert called == set(FAULT_POINTS)
+    assert set(SCENARIOS) == set(FAULT_POINTS)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_a_process_killed_at_a_fault_point_recovers_exactly(
+    point: str, spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """Kill a real process at ``point`` (SIGKILL, return code -9), recover by the normal
+    means only, and check targets, watermarks, batches and history."""
+    scenario = SCENARIOS[point]
+    lake = _copy(templates[scenario.template], tmp_path / "lake")
+    instance = lake.instance()
+    try:
+        killed = _run_child(lake, point, scenario.child)
+        assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+        scenario.at_kill(lake, instance)
+        planned = lake.store.get_batch("b000002")
+
+        if scenario.child == "reset":
+            again = _run_child(lake, None, "reset")  # the operator runs the command again
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert lake.store.committed_versions()["orders"] is None
+        report = _cycle(lake, instance)
+        assert not report.failed_runs and not report.stuck, report
+
+        batches = sorted(lake.store.batches(), key=lambda b: b.seq)
+        assert lake.store.open_batch() is None
+        if scenario.child == "cycle":
+            # Resumed, never re-planned: the same plan, completed once.
+            assert [(b.batch_id, b.status) for b in batches] == [
+                ("b000001", BatchStatus.COMPLETED),
+                ("b000002", BatchStatus.COMPLETED),
+            ]
+            assert batches[1].plan_id == planned.plan_id
+            assert _ranges(batches[1]) == {"orders": "CDF [1, 3]", "log": "APPEND_ONLY [1, 2]"}
+        else:
+            # The open batch abandoned, orders reloaded from a snapshot by the next batch.
+            assert [(b.batch_id, b.status) for b in batches] == [
+                ("b000001", BatchStatus.COMPLETED),
+                ("b000002", BatchStatus.ABANDONED),
+                ("b000003", BatchStatus.COMPLETED),
+            ]
+            assert _ranges(batches[2]) == {"orders": "SNAPSHOT [0, 3]", "log": "APPEND_ONLY [1, 2]"}
+            assert batches[2].full_load == ("orders_copy",)
+            resets = [h for h in lake.store.history() if h["event"] == "WATERMARK_RESET"]
+            assert [(h["old_value"], h["new_value"]) for h in resets] in ([], [("0", None)])
+        _assert_targets_exact(spark, lake)
+
+        missing, extra = _history_gaps(lake)
+        assert not extra, f"history rows recorded twice: {extra}"
+        if missing and scenario.lost_history is not None:
+            assert list(missing.elements()) == [scenario.lost_history], missing
+            pytest.xfail(
+                f"known gap: the kill at {point} loses the history row {scenario.lost_history} "
+                "and no recovery writes it back; data and watermarks are right"
+            )
+        assert not missing, f"history rows lost: {missing}"
+    finally:
+        instance.dispose()
+
+
+# ------------------------------------------------------------------ races
+
+
+def _small_lake(root: Path) -> Lake:
+    """A lake with delta-rs upstreams and no Spark: pipelines never run in the race tests;
+    their materializations are reported to the instance as a run would."""
+    lake = _new_lake(root)
+    for upstream in lake.spec["upstreams"]:
+        for ids in ([0, 1], [2], [3]):  # versions 0..2
+            _commit(upstream["path"], ids)
+    for pipeline in lake.spec["pipelines"]:  # targets exist: no first-load bootstrap
+        _commit(pipeline["target"], [0])
+    return lake
+
+
+def _commit(path: str, ids: list[int]) -> None:
+    write_deltalake(path, _rows(ids), mode="append")
+
+
+def _plan_and_materialize(lake: Lake, instance: DagsterInstance, ids: list[int] | None) -> Batch:
+    """A new commit of ``ids`` in every upstream; a coordinator tick plans a batch; each of
+    its pipelines reports a materialization for it (what a successful run leaves)."""
+    for upstream in lake.spec["upstreams"]:
+        if ids is not None:
+            _commit(upstream["path"], ids)
+    HeadlessRunner(defs_from(lake.spec), instance).tick(COORDINATOR)
+    batch = lake.store.open_batch()
+    assert batch is not None
+    for pipeline in batch.pipelines:
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                asset_key=AssetKey(pipeline),
+                partition=batch.batch_id,
+                metadata={PLAN_ID_METADATA: batch.plan_id},
+            )
+        )
+    return batch
+
+
+def _auto_moves(store: WatermarkStore) -> list[tuple[str, int | None, int | None]]:
+    """``(upstream, old, new)`` of every automatic watermark move, from the Delta log."""
+    uri = store.uri("committed_watermarks")
+    before: dict[str, Any] = {}
+    moves = []
+    for version in range(1, RsDeltaTable(uri).version() + 1):
+        for row in RsDeltaTable(uri, version=version).to_pyarrow_table().to_pylist():
+            old = before.get(row["upstream"], ("-", None))
+            if old[0] != row["updated_at"] and row["how"] == "AUTO":
+                moves.append((row["upstream"], old[1], row["committed_version"]))
+            before[row["upstream"]] = (row["updated_at"], row["committed_version"])
+    return moves
+
+
+def _ticks_at_once(defs: Any, instance: DagsterInstance, sensor: str, n: int) -> list:
+    """Evaluate ``n`` ticks of a real sensor in threads released together; their errors."""
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def tick() -> None:
+        try:
+            barrier.wait()
+            with build_sensor_context(
+                instance_ref=instance.get_ref(),
+                definitions=defs,
+                sensor_name=sensor,
+                resources=dict(defs.resources or {}),
+            ) as context:
+                defs.resolve_sensor_def(sensor).evaluate_tick(context)
+        except BaseException as e:  # surfaced by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=tick) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_two_finalizer_ticks_at_once_advance_each_watermark_once(tmp_path: Path) -> None:
+    lake = _small_lake(tmp_path / "lake")
+    defs = defs_from(lake.spec)
+    instance = lake.instance()
+    store = lake.store
+    try:
+        for round_ in range(3):
+            batch = _plan_and_materialize(lake, instance, [10 + round_] if round_ else None)
+            errors = _ticks_at_once(defs, instance, FINALIZER, 2)
+            assert not errors, errors
+            assert store.get_batch(batch.batch_id).status is BatchStatus.COMPLETED
+            rows = store.history(batch_id=batch.batch_id)
+            advanced = Counter(h["upstream"] for h in rows if h["event"] == "WATERMARK_ADVANCED")
+            assert advanced == {u: 1 for u in batch.ranged_upstreams}
+            assert [h["event"] for h in rows].count("BATCH_COMPLETED") == 1
+        # Each upstream moved once per batch, each move from where the last one ended.
+        assert store.committed_versions() == lake.latest() == {"orders": 4, "log": 4}
+        for upstream in ("orders", "log"):
+            moves = [(old, new) for u, old, new in _auto_moves(store) if u == upstream]
+            assert moves == [(None, 2), (2, 3), (3, 4)]
+        missing, extra = _history_gaps(lake, pipelines_ran=False)
+        assert not missing and not extra, (missing, extra)
+    finally:
+        instance.dispose()
+
+
+@contextlib.contextmanager
+def _children(argvs: Sequence[Sequence[str]], env: dict[str, str], logs: Path) -> Iterator[None]:
+    """Run ``python -m tests.test_crashes ARGV`` children for the block: killed if the block
+    fails (they would wait for rounds that never come), else awaited and checked."""
+    logs.mkdir(exist_ok=True)
+    procs = []
+    for n, argv in enumerate(argvs):
+        with open(logs / f"child-{n}.log", "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.test_crashes", *argv],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        yield
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
+    for n, proc in enumerate(procs):
+        code = proc.wait(timeout=WAIT_SECONDS)
+        assert code == 0, (logs / f"child-{n}.log").read_text()[-3000:]
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + RACE_WAIT_SECONDS
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.002)
+
+
+def _release(sync: Path, round_: int, racers: Sequence[str]) -> list[dict[str, Any]]:
+    """Start a round once every racer is ready; return their results."""
+    for name in racers:
+        _wait_for(sync / f"ready-{round_}-{name}")
+    (sync / f"go-{round_}").touch()
+    results = []
+    for name in racers:
+        path = sync / f"result-{round_}-{name}"
+        _wait_for(path)
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+def _racer(sync: Path, name: str, rounds: int, act: Callable[[int], dict[str, Any]]) -> None:
+    """A child's side of :func:`_release`: wait for each round's start, act, report."""
+    for round_ in range(rounds):
+        (sync / f"ready-{round_}-{name}").touch()
+        _wait_for(sync / f"go-{round_}")
+        result = act(round_)
+        tmp = sync / f".result-{round_}-{name}"
+        tmp.write_text(json.dumps(result))
+        tmp.rename(sync / f"result-{round_}-{name}")
+
+
+# `watermark set`/`reset` racing the finalizer, one command per round: moves back (re-read
+# a version), a reset, a move forward to the latest version.
+MANUAL_ROUNDS = [
+    ["set", "-t", "orders", "--version", "1"],
+    ["reset", "-t", "log"],
+    ["set", "-t", "orders", "--version", "latest"],
+]
+
+
+def test_a_finalizer_racing_watermark_set_and_reset(tmp_path: Path) -> None:
+    """A finalizer process and a `watermark set/reset --force` process released together,
+    once per command of MANUAL_ROUNDS, on a batch whose pipelines all succeeded.
+
+    Allowed: the batch completes (every upstream advanced) and the command then moves the
+    watermark from its end; or the command abandons the batch before anything advanced.
+    Always: no automatic move backwards, the manual value stands, no history row lost or
+    doubled. A batch both abandoned and advanced or completed is the known race (see
+    test_an_abandoned_batch_advances_nothing_afterwards): reported as xfail with details.
+    """
+    lake = _small_lake(tmp_path / "lake")
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    instance = lake.instance()
+    rounds = len(MANUAL_ROUNDS)
+    first = _plan_and_materialize(lake, instance, None)  # batch 1: versions 0..2
+    HeadlessRunner(defs_from(lake.spec), instance).tick(FINALIZER)
+    assert lake.store.get_batch(first.batch_id).status is BatchStatus.COMPLETED
+    args = [
+        [*command, "--force", "--yes", "--reason", "race", "--defs", "tests.lakes:defs", "--json"]
+        for command in MANUAL_ROUNDS
+    ]
+    racers = [
+        ["race-finalizer", str(lake.spec_file), str(sync), str(rounds)],
+        ["race-cli", str(sync), json.dumps(args)],
+    ]
+    try:
+        with _children(racers, lake.env(), tmp_path / "logs"):
+            both = _race_rounds(lake, instance, sync)
+    finally:
+        instance.dispose()
+    if both:
+        pytest.xfail(
+            "known race: a finalizer tick that read the open batch before `watermark set/reset "
+            "--force` abandoned it still advances its upstreams and may complete it: "
+            + "; ".join(both)
+        )
+
+
+def _race_rounds(lake: Lake, instance: DagsterInstance, sync: Path) -> list[str]:
+    """Each round: a batch ready to finalize, then the finalizer and one manual command
+    released at the same moment; then the outcome must be one of the allowed ones.
+
+    Returns:
+        the rounds where a batch was both abandoned by the command and advanced (or
+        completed) by the finalizer: the known race, reported by the caller.
+    """
+    store = lake.store
+    both: list[str] = []
+    raced: set[str] = set()  # batches of the known race: their end rows are reported there
+    for round_, command in enumerate(MANUAL_ROUNDS):
+        batch = _plan_and_materialize(lake, instance, [100 + round_])
+        upstream = command[2]
+        finalizer, cli = _release(sync, round_, ["finalizer", "cli"])
+        # The finalizer finished, or refused loudly because the watermark moved under it.
+        assert finalizer["ok"] or finalizer["error_type"] in {
+            "WatermarkGapError",
+            "WatermarkRegressionError",
+            "BatchStateError",
+        }, finalizer
+        # The command applied its change, or refused because the batch moved while it
+        # was being confirmed (nothing written then).
+        assert cli["code"] == 0 or "moved while" in cli["error"], cli
+        assert store.open_batch() is None
+        done = store.get_batch(batch.batch_id)
+        events = store.history(batch_id=batch.batch_id)
+        advanced = {h["upstream"] for h in events if h["event"] == "WATERMARK_ADVANCED"}
+        ends = [h["event"] for h in events if h["event"] in ("BATCH_COMPLETED", "BATCH_ABANDONED")]
+        applied = cli["code"] == 0 and json.loads(cli["output"])["applied"]
+        standing = store.committed_versions()[upstream]
+        if (done.status is BatchStatus.ABANDONED and advanced) or len(ends) > 1:
+            raced.add(batch.batch_id)
+            both.append(
+                f"round {round_} `watermark {' '.join(command)} --force`: {batch.batch_id} "
+                f"ended {done.status.value} after {ends}, finalizer advanced {sorted(advanced)} "
+                f"({'ok' if finalizer['ok'] else finalizer['error_type']}); {upstream} now "
+                f"{standing}, the command set {json.loads(cli['output'])['new']}"
+            )
+            continue
+        # Completed before the command (which then moved the watermark from the batch's
+        # end), or abandoned by the command before the finalizer advanced anything.
+        assert ends == [f"BATCH_{done.status.value}"], (ends, done)
+        if done.status is BatchStatus.COMPLETED:
+            assert advanced == set(batch.ranged_upstreams), (done, events)
+        else:
+            assert done.status is BatchStatus.ABANDONED and applied, (done, cli)
+        if applied:  # the audited move stands: nothing advanced the upstream past it
+            assert standing == json.loads(cli["output"])["new"]
+    # No regression but the audited manual moves: every automatic move goes forward.
+    for _, old, new in _auto_moves(store):
+        assert new is not None and (old is None or new > old)
+    missing, extra = _history_gaps(lake, pipelines_ran=False)
+    extra = Counter({k: n for k, n in extra.items() if k[1] not in raced})
+    assert not missing and not extra, (missing, extra)
+    return both
+
+
+def _second_batch(store: WatermarkStore) -> Batch:
+    """Batch 1 (versions 0..2) completed; batch 2 (versions 3..4) open."""
+    pipelines = {"orders_copy": ["orders"], "log_copy": ["log"]}
+    batch = None
+    for latest in (2, 4):
+        at = [UpstreamPosition("orders", latest, None), UpstreamPosition("log", latest, None)]
+        batch, created = store.create_batch(at, pipelines, actor="coordinator")
+        assert created and batch is not None
+        if latest == 2:
+            for upstream in batch.ranged_upstreams:
+                store.advance(batch, upstream, actor="finalizer")
+            store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="finalizer")
+    assert batch is not None
+    return batch
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known race: advance() and set_batch_status(COMPLETED) do not check that the batch "
+    "is still PLANNED, so a finalizer tick that read the open batch before `watermark set "
+    "--force` abandoned it still moves its other upstreams",
+)
+def test_an_abandoned_batch_advances_nothing_afterwards(tmp_path: Path) -> None:
+    """The interleaving the process race hits, step by step: the finalizer reads the open
+    batch, `watermark set -t orders --version 1 --force` abandons it and moves orders, then
+    the finalizer goes on with the batch it read."""
+    store = WatermarkStore(tmp_path)
+    batch = _second_batch(store)  # what the finalizer read
+    store.set_watermark("orders", 1, how=WatermarkHow.MANUAL_SET, actor="operator", force=True)
+    with contextlib.suppress(WatermarkError):  # refusing loudly is fine
+        for upstream in batch.ranged_upstreams:
+            store.advance(batch, upstream, actor="finalizer")
+        store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="finalizer")
+    assert store.get_batch(batch.batch_id).status is BatchStatus.ABANDONED
+    assert store.committed_versions() == {"orders": 1, "log": 2}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known gap: set_batch_status overwrites a COMPLETED or ABANDONED batch, so a "
+    "`watermark set --force` that saw the batch open abandons it after it completed",
+)
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        (BatchStatus.COMPLETED, BatchStatus.ABANDONED),
+        (BatchStatus.ABANDONED, BatchStatus.COMPLETED),
+    ],
+    ids=["completed-then-abandoned", "abandoned-then-completed"],
+)
+def test_a_batch_ends_once(tmp_path: Path, first: BatchStatus, then: BatchStatus) -> None:
+    store = WatermarkStore(tmp_path)
+    batch = _second_batch(store)
+    for upstream in batch.ranged_upstreams:
+        store.advance(batch, upstream, actor="finalizer")
+    store.set_batch_status(batch.batch_id, first, actor="one")
+    with contextlib.suppress(WatermarkError):
+        store.set_batch_status(batch.batch_id, then, actor="other")
+    assert store.get_batch(batch.batch_id).status is first
+    ends = [h["event"] for h in store.history(batch_id=batch.batch_id)]
+    assert ends.count("BATCH_COMPLETED") + ends.count("BATCH_ABANDONED") == 1, ends
+
+
+@pytest.mark.spark
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known I4 bug: --force abandons the whole batch, so the next batch re-reads the "
+    "ranges of the other upstreams and an append target that already applied them "
+    "appends them again",
+)
+def test_force_abandoning_a_batch_that_ran_applies_each_change_once(
+    spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """Batch 2's pipelines succeeded (log_copy appended log's versions 1..2) but it is not
+    finalized yet when `watermark reset -t orders --force` abandons it."""
+    lake = _copy(templates["ran"], tmp_path / "lake")
+    instance = lake.instance()
+    try:
+        reset = _run_child(lake, None, "reset")
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        report = _cycle(lake, instance)
+        assert report.completed == ["b000003"] and not report.failed_runs, report
+        _assert_targets_exact(spark, lake)  # log_copy holds log's rows 5..7 twice
+    finally:
+        instance.dispose()
+
+
+def test_pipelines_of_one_batch_checkpointing_at_once_from_processes(tmp_path: Path) -> None:
+    """Four worker processes record attempts of two pipelines of one batch at the same
+    moment, two attempts of each (a resubmitted run racing its twin): every attempt gets its
+    own number and its row; no row and no history row is lost."""
+    root = tmp_path / "control"
+    WatermarkStore(root).ensure_tables()
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    racers = ["p0-a", "p0-b", "p1-a", "p1-b"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with _children([["checkpoint", str(root), str(sync), r] for r in racers], env, tmp_path):
+        results = _release(sync, 0, racers)
+    store = WatermarkStore(root)
+    rows = store.checkpoints(batch_id="b000001")
+    assert sorted((c.pipeline, c.attempt) for c in rows) == [
+        ("p0", 1),
+        ("p0", 2),
+        ("p1", 1),
+        ("p1", 2),
+    ]
+    assert sorted(r["attempt"] for r in results) == [1, 1, 2, 2]
+    assert all(c.status is CheckpointStatus.SUCCESS and c.rows_written == 1 for c in rows)
+    recorded = [(h["pipeline"], h["detail"]) for h in store.history()]
+    assert len(recorded) == 4 and {p for p, _ in recorded} == {"p0", "p1"}
+
+
+# ------------------------------------------------------------------ children
+
+
+def _child_cycle(spec_file: str) -> None:
+    """A headless cycle on the lake of ``spec_file``, with a one-core Spark session that
+    starts only if a run executes here."""
+    spec = json.loads(Path(spec_file).read_text())
+    defs = build_definitions(
+        registry_from(spec),
+        control_root=spec["control_root"],
+        spark=SparkSessionResource(master="local[1]", conf=SPARK_TEST_CONF),
+        settings=WatermarkSettings(
+            min_batch_interval_seconds=0, max_attempts=spec.get("max_attempts", 1)
+        ),
+    )
+    HeadlessRunner(defs, DagsterInstance.get()).run_until_idle()
+
+
+def _child_race_finalizer(spec_file: str, sync: str, rounds: str) -> None:
+    spec = json.loads(Path(spec_file).read_text())
+    runner = HeadlessRunner(defs_from(spec), DagsterInstance.get())
+
+    def act(_round: int) -> dict[str, Any]:
+        try:
+            runner.tick(FINALIZER)
+        except Exception as e:  # reported to the parent, which decides what is allowed
+            return {"ok": False, "error_type": type(e).__name__, "error": str(e)}
+        return {"ok": True}
+
+    _racer(Path(sync), "finalizer", int(rounds), act)
+
+
+def _child_race_cli(sync: str, commands: str) -> None:
+
+    argvs = json.loads(commands)
+
+    def act(round_: int) -> dict[str, Any]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = watermark_main(argvs[round_])
+            except Exception as e:  # reported to the parent, which fails the round
+                code, err = None, io.StringIO(repr(e))
+        return {"code": code, "output": out.getvalue(), "error": err.getvalue()}
+
+    _racer(Path(sync), "cli", len(argvs), act)
+
+
+def _child_checkpoint(root: str, sync: str, name: str) -> None:
+    store = WatermarkStore(root)
+    store.ensure_tables()
+    pipeline = name.split("-")[0]
+
+    def act(_round: int) -> dict[str, Any]:
+        attempt = store.begin_checkpoint(pipeline, "b000001", run_id=name)
+        store.finish_checkpoint(
+            pipeline, "b000001", attempt, CheckpointStatus.SUCCESS, rows_read=1, rows_written=1
+        )
+        store.record("PIPELINE_SUCCEEDED", actor=name, batch_id="b000001", pipeline=pipeline)
+        return {"attempt": attempt}
+
+    _racer(Path(sync), name, 1, act)
+
+
+CHILDREN: dict[str, Callable[..., None]] = {
+    "cycle": _child_cycle,
+    "race-finalizer": _child_race_finalizer,
+    "race-cli": _child_race_cli,
+    "checkpoint": _child_checkpoint,
+}
+
+
+def _main(argv: list[str]) -> None:
+    CHILDREN[argv[0]](*argv[1:])
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
