@@ -378,7 +378,6 @@ SCENARIOS: dict[str, Scenario] = {
         "changed",
         "cycle",
         _planned_without_partition,
-        lost_history=("BATCH_PLANNED", "b000002", None),
     ),
     "after_target_commit": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.RUNNING)),
     "after_checkpoint": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.SUCCESS)),
@@ -386,7 +385,6 @@ SCENARIOS: dict[str, Scenario] = {
         "ran",
         "cycle",
         _one_advanced_unrecorded,
-        lost_history=("WATERMARK_ADVANCED", "b000002", "log"),
     ),
     "before_batch_complete": Scenario("ran", "cycle", _all_advanced_still_open),
     "after_abandon": Scenario("planned", "reset", _abandoned_not_reset),
@@ -666,10 +664,9 @@ def test_a_finalizer_racing_watermark_set_and_reset(tmp_path: Path) -> None:
     once per command of MANUAL_ROUNDS, on a batch whose pipelines all succeeded.
 
     Allowed: the batch completes (every upstream advanced) and the command then moves the
-    watermark from its end; or the command abandons the batch before anything advanced.
-    Always: no automatic move backwards, the manual value stands, no history row lost or
-    doubled. A batch both abandoned and advanced or completed is the known race (see
-    test_an_abandoned_batch_advances_nothing_afterwards): reported as xfail with details.
+    watermark from its end; or the command abandons the batch, after the upstreams whose
+    pipelines all succeeded were advanced. Always: the batch ends once, no automatic move
+    backwards, the manual value stands, no history row lost or doubled.
     """
     lake = _small_lake(tmp_path / "lake")
     sync = tmp_path / "sync"
@@ -692,12 +689,7 @@ def test_a_finalizer_racing_watermark_set_and_reset(tmp_path: Path) -> None:
             both = _race_rounds(lake, instance, sync)
     finally:
         instance.dispose()
-    if both:
-        pytest.xfail(
-            "known race: a finalizer tick that read the open batch before `watermark set/reset "
-            "--force` abandoned it still advances its upstreams and may complete it: "
-            + "; ".join(both)
-        )
+    assert not both, "a batch ended twice: " + "; ".join(both)
 
 
 def _race_rounds(lake: Lake, instance: DagsterInstance, sync: Path) -> list[str]:
@@ -731,7 +723,7 @@ def _race_rounds(lake: Lake, instance: DagsterInstance, sync: Path) -> list[str]
         ends = [h["event"] for h in events if h["event"] in ("BATCH_COMPLETED", "BATCH_ABANDONED")]
         applied = cli["code"] == 0 and json.loads(cli["output"])["applied"]
         standing = store.committed_versions()[upstream]
-        if (done.status is BatchStatus.ABANDONED and advanced) or len(ends) > 1:
+        if len(ends) > 1:
             raced.add(batch.batch_id)
             both.append(
                 f"round {round_} `watermark {' '.join(command)} --force`: {batch.batch_id} "
@@ -741,7 +733,9 @@ def _race_rounds(lake: Lake, instance: DagsterInstance, sync: Path) -> list[str]
             )
             continue
         # Completed before the command (which then moved the watermark from the batch's
-        # end), or abandoned by the command before the finalizer advanced anything.
+        # end), or abandoned by the command: upstreams whose pipelines all succeeded may
+        # have been advanced first (by the finalizer, or by the command itself, so their
+        # applied changes are not read again), the rest not.
         assert ends == [f"BATCH_{done.status.value}"], (ends, done)
         if done.status is BatchStatus.COMPLETED:
             assert advanced == set(batch.ranged_upstreams), (done, events)
@@ -774,13 +768,6 @@ def _second_batch(store: WatermarkStore) -> Batch:
     return batch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known race: advance() and set_batch_status(COMPLETED) do not check that the batch "
-    "is still PLANNED, so a finalizer tick that read the open batch before `watermark set "
-    "--force` abandoned it still moves its other upstreams",
-)
 def test_an_abandoned_batch_advances_nothing_afterwards(tmp_path: Path) -> None:
     """The interleaving the process race hits, step by step: the finalizer reads the open
     batch, `watermark set -t orders --version 1 --force` abandons it and moves orders, then
@@ -796,12 +783,6 @@ def test_an_abandoned_batch_advances_nothing_afterwards(tmp_path: Path) -> None:
     assert store.committed_versions() == {"orders": 1, "log": 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known gap: set_batch_status overwrites a COMPLETED or ABANDONED batch, so a "
-    "`watermark set --force` that saw the batch open abandons it after it completed",
-)
 @pytest.mark.parametrize(
     ("first", "then"),
     [
@@ -824,13 +805,6 @@ def test_a_batch_ends_once(tmp_path: Path, first: BatchStatus, then: BatchStatus
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known I4 bug: --force abandons the whole batch, so the next batch re-reads the "
-    "ranges of the other upstreams and an append target that already applied them "
-    "appends them again",
-)
 def test_force_abandoning_a_batch_that_ran_applies_each_change_once(
     spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
 ) -> None:

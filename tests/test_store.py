@@ -8,6 +8,7 @@ import pytest
 from deltalake import DeltaTable
 
 from watermark_dagster.core.planning import AdvanceDecision, UpstreamPosition
+from watermark_dagster.core.ranges import CursorWindow, ReadMode
 from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError
 from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
 
@@ -211,3 +212,30 @@ def test_maintenance_compacts_without_changing_anything(tmp_path: Path) -> None:
     assert (store.batches(), store.committed(), len(store.history())) == before
     nxt, created = store.create_batch(_positions(12, 12, 12), PIPELINES, actor="t")
     assert created and nxt is not None and nxt.batch_id == "b000004"
+
+
+def _pin(root: str, end: int, barrier) -> tuple:  # noqa: ANN001
+    store = WatermarkStore(root)
+    barrier.wait()
+    return store.pin_window("b000001", "clicks", (end, end), recheck_at=None).end
+
+
+def test_a_cursor_window_is_pinned_once_by_the_first_reader(tmp_path: Path) -> None:
+    # I3: every read of a batch sees the same window, even when readers race.
+    store = WatermarkStore(tmp_path)
+    cursor = UpstreamPosition("clicks", -1, None, mode=ReadMode.TIMESTAMP)
+    batch, _ = store.create_batch(
+        [cursor], {"p": ["clicks"]}, actor="t", source_states={"clicks": "s1"}
+    )
+    assert batch is not None and batch.inputs["clicks"].window == CursorWindow(None, None)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with ctx.Pool(4) as pool:
+            ends = pool.starmap(_pin, [(str(tmp_path), e, barrier) for e in (10, 20, 30, 40)])
+    assert len(set(ends)) == 1  # all four readers got the one end that was pinned
+    assert store.get_batch("b000001").inputs["clicks"].window == CursorWindow(None, ends[0])
+    # A retry later gets it too, whatever the data says now.
+    assert store.pin_window("b000001", "clicks", (99, 99)).end == ends[0]
+    store.advance(store.get_batch("b000001"), "clicks", actor="t")
+    assert store.committed()["clicks"].committed_cursor == ends[0]

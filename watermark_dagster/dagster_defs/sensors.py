@@ -134,6 +134,9 @@ def build_coordinator_sensor(
                     + (f"; full load {list(batch.full_load)}" if batch.full_load else "")
                 )
 
+        else:
+            store.ensure_plan_recorded(batch, actor=f"sensor:{COORDINATOR}")
+
         add_partition = []
         if not context.instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, batch.batch_id):
             add_partition = [partitions_def.build_add_request([batch.batch_id])]

@@ -259,6 +259,7 @@ class WatermarkStore:
         self.storage_options = dict(storage_options) if storage_options else None
         self.max_commit_attempts = max_commit_attempts
         self._ensured = False
+        self._plan_recorded: set[str] = set()
 
     # ---------------------------------------------------------------- table plumbing
 
@@ -534,18 +535,33 @@ class WatermarkStore:
 
         batch, created = self._cas("batches", decide)
         if created and batch is not None:
+            self._plan_recorded.add(batch.batch_id)
             fault_point("after_plan_commit")
-            self.record(
-                "BATCH_PLANNED",
-                actor=actor,
-                batch_id=batch.batch_id,
-                detail={
-                    "pipelines": list(batch.pipelines),
-                    "full_load": list(batch.full_load),
-                    "ranges": {u: i.describe() for u, i in batch.inputs.items()},
-                },
-            )
+            self._record_planned(batch, actor)
+        elif batch is not None:
+            self.ensure_plan_recorded(batch, actor=actor)
         return batch, created
+
+    def _record_planned(self, batch: Batch, actor: str) -> None:
+        self.record(
+            "BATCH_PLANNED",
+            actor=actor,
+            batch_id=batch.batch_id,
+            detail={
+                "pipelines": list(batch.pipelines),
+                "full_load": list(batch.full_load),
+                "ranges": {u: i.describe() for u, i in batch.inputs.items()},
+            },
+        )
+
+    def ensure_plan_recorded(self, batch: Batch, *, actor: str) -> None:
+        """Write the BATCH_PLANNED history row of an open batch if it is missing (the
+        planner died right after the plan commit). Checked once per batch and process."""
+        if batch.batch_id in self._plan_recorded:
+            return
+        if not self._history_has("BATCH_PLANNED", batch.batch_id):
+            self._record_planned(batch, actor)
+        self._plan_recorded.add(batch.batch_id)
 
     def create_replay_batch(
         self,
@@ -714,6 +730,7 @@ class WatermarkStore:
         def decide(dt: DeltaTable) -> tuple[AdvanceDecision, str | None, str]:
             rows = self._rows(dt, pc.field("upstream") == upstream)
             row = rows[0] if rows else None
+            self._require_open(batch.batch_id, upstream)
             if window is not None:
                 current_pos = decode_position(row["committed_cursor"]) if row else None
                 decision = decide_cursor_advance(upstream, current_pos, window, batch.batch_id)
@@ -761,6 +778,23 @@ class WatermarkStore:
                 new_value=new,
                 detail={"read": planned.describe()},
             )
+        elif not self._history_has("WATERMARK_ADVANCED", batch.batch_id, upstream):
+            # An earlier finalizer advanced and died before its history row: write it now,
+            # with the value the batch started from.
+            if window is not None:
+                before = encode_position(window.start)
+            else:
+                assert batch_range is not None
+                before = str(batch_range.start - 1) if batch_range.start > 0 else None
+            self.record(
+                "WATERMARK_ADVANCED",
+                actor=actor,
+                batch_id=batch.batch_id,
+                upstream=upstream,
+                old_value=before,
+                new_value=new,
+                detail={"read": planned.describe(), "recorded_after_restart": True},
+            )
 
         def mark(dt: DeltaTable) -> None:
             rows = self._rows(
@@ -776,6 +810,24 @@ class WatermarkStore:
 
         self._cas("batches", mark)
         return decision
+
+    def _require_open(self, batch_id: str, upstream: str) -> None:
+        """Refuse to advance for a batch that ended (abandoned by `watermark set --force`
+        after a finalizer read it)."""
+        status = self.get_batch(batch_id).status
+        if status is not BatchStatus.PLANNED:
+            raise BatchStateError(
+                f"Batch {batch_id} is {status.value}; upstream '{upstream}' is not advanced "
+                "for it.",
+                batch_id=batch_id,
+                upstream=upstream,
+            )
+
+    def _history_has(self, event: str, batch_id: str, upstream: str | None = None) -> bool:
+        filter_ = (pc.field("event") == event) & (pc.field("batch_id") == batch_id)
+        if upstream is not None:
+            filter_ = filter_ & (pc.field("upstream") == upstream)
+        return bool(self._rows(self._load("history"), filter_))
 
     def pin_window(
         self,
@@ -844,6 +896,16 @@ class WatermarkStore:
                 raise BatchStateError(f"No batch '{batch_id}' to mark {status}.", batch_id=batch_id)
             if all(r["status"] == status.value for r in rows):
                 return False
+            current = self._batches_from_rows(rows)[0].status
+            if current in (BatchStatus.COMPLETED, BatchStatus.ABANDONED):
+                # A batch ends once: a finalizer and a `watermark set --force` that both
+                # saw it open cannot both end it.
+                raise BatchStateError(
+                    f"Batch {batch_id} is already {current.value}; it cannot become "
+                    f"{status.value}.",
+                    batch_id=batch_id,
+                    fix="list it with `watermark batch` and act on the next batch.",
+                )
             if status is BatchStatus.COMPLETED and rows[0]["kind"] == BatchKind.SCHEDULED.value:
                 pending = [
                     r["upstream"]

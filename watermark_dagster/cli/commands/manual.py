@@ -225,6 +225,8 @@ def _change(
                 ctx.console.print(line)
         return EXIT_OK
     _confirm(ctx, lines)
+    if reading is not None and preview.changed:
+        _advance_finished(ctx, reading, name, actor)
     change = store.set_watermark(
         name,
         version,
@@ -262,6 +264,25 @@ def _change(
         f"  recorded in history ({'WATERMARK_SET' if version is not None else 'WATERMARK_RESET'})"
     )
     return EXIT_OK
+
+
+def _advance_finished(ctx: Context, batch: Any, name: str, actor: str) -> None:
+    """Before ``--force`` abandons ``batch``, advance its other upstreams whose consumers
+    all succeeded for it: their changes are applied, and re-reading them in the next batch
+    would append them twice to an append target (I4)."""
+    from watermark_dagster.core.planning import finalize_step
+    from watermark_dagster.store import CheckpointStatus
+
+    succeeded = {
+        c.pipeline
+        for c in ctx.store.checkpoints(batch_id=batch.batch_id)
+        if c.status is CheckpointStatus.SUCCESS
+    }
+    consumers = {u: ctx.consumers(u) for u in batch.inputs}
+    step = finalize_step(batch.inputs, batch.advanced, consumers, batch.pipelines, succeeded)
+    for upstream in step.advance:
+        if upstream != name:
+            ctx.store.advance(batch, upstream, actor=actor)
 
 
 def cmd_set(ctx: Context) -> int:

@@ -125,11 +125,7 @@ def _versions(ctx: Context, name: str) -> tuple[dict[str, int], str]:
 
     store = ctx.store
     upstreams = ctx.registry.upstreams
-    versioned = [
-        u
-        for u in ctx.registry.pipelines[name].upstreams
-        if not upstreams[u].is_cursor
-    ]
+    versioned = [u for u in ctx.registry.pipelines[name].upstreams if not upstreams[u].is_cursor]
     batch = store.open_batch()
     if batch is not None and name in batch.pipelines:
         attempts = store.checkpoints(batch_id=batch.batch_id, pipeline=name)

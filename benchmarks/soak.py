@@ -1,0 +1,82 @@
+"""Soak run of the model-based exactly-once test: many random histories in a row.
+
+    .venv/bin/python -m benchmarks.soak --cases 500 --workers 2 --first-seed 1000
+
+Each worker process runs cases with its own local Spark session; a failing case prints
+its seed and stops that worker (replay it with ``run_case(spark, root, SEED)`` from
+``tests/model.py``). Progress lines go to stdout; the final line sums what the cases did
+(commits, cycles, crashes, failures, replays, backfills, batches).
+"""
+
+import argparse
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _worker(seeds: list[int], steps: int, queue: "multiprocessing.Queue") -> None:  # type: ignore[type-arg]
+    from tests.conftest import SPARK_TEST_CONF
+    from tests.model import run_case, summary
+    from watermark_dagster.spark import build_spark_session
+
+    spark = build_spark_session(master="local[1]", app_name="soak", conf=SPARK_TEST_CONF)
+    spark.sparkContext.setLogLevel("ERROR")
+    root = Path(tempfile.mkdtemp(prefix="soak-"))
+    for seed in seeds:
+        started = time.monotonic()
+        try:
+            stats = run_case(spark, root, seed, steps=steps)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent with the seed
+            queue.put(("failed", seed, f"{type(e).__name__}: {e}"))
+            return
+        queue.put(("ok", seed, summary(stats), time.monotonic() - started))
+    queue.put(("done", None, None))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args(argv)
+
+    seeds = list(range(args.first_seed, args.first_seed + args.cases))
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    workers = [
+        ctx.Process(target=_worker, args=(seeds[i :: args.workers], args.steps, queue))
+        for i in range(args.workers)
+    ]
+    for w in workers:
+        w.start()
+    totals: dict[str, int] = {}
+    done = failed = 0
+    started = time.monotonic()
+    while done + failed < args.workers:
+        kind, seed, *rest = queue.get()
+        if kind == "ok":
+            stats, seconds = rest
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0) + value
+            print(
+                f"case seed={seed} ok in {seconds:.1f}s; so far {totals['cases']} cases, "
+                f"{totals['commits']} commits, {totals['crashes']} crashes, "
+                f"{time.monotonic() - started:.0f}s",
+                flush=True,
+            )
+        elif kind == "failed":
+            failed += 1
+            print(f"case seed={seed} FAILED: {rest[0]}", flush=True)
+        else:
+            done += 1
+    for w in workers:
+        w.join()
+    print(f"soak: {totals} in {time.monotonic() - started:.0f}s, failures: {failed}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
