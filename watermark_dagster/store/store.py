@@ -1145,10 +1145,19 @@ class WatermarkStore:
             why += f": {reason}"
         abandoned: list[str] = []
         if preview.open_batch is not None:
-            self.set_batch_status(
-                preview.open_batch, BatchStatus.ABANDONED, actor=actor, error=f"abandoned by {why}"
-            )
-            abandoned.append(preview.open_batch)
+            try:
+                self.set_batch_status(
+                    preview.open_batch,
+                    BatchStatus.ABANDONED,
+                    actor=actor,
+                    error=f"abandoned by {why}",
+                )
+            except BatchStateError:
+                # A finalizer completed it meanwhile: nothing to abandon. The watermark
+                # check below refuses if that moved this upstream.
+                pass
+            else:
+                abandoned.append(preview.open_batch)
             fault_point("after_abandon")
 
         def decide(dt: DeltaTable) -> dict[str, Any]:

@@ -271,8 +271,12 @@ def _advance_finished(ctx: Context, batch: Any, name: str, actor: str) -> None:
     all succeeded for it: their changes are applied, and re-reading them in the next batch
     would append them twice to an append target (I4)."""
     from watermark_dagster.core.planning import finalize_step
-    from watermark_dagster.store import CheckpointStatus
+    from watermark_dagster.errors import BatchStateError
+    from watermark_dagster.store import BatchStatus, CheckpointStatus
 
+    batch = ctx.store.get_batch(batch.batch_id)  # as it is now, not as it was previewed
+    if batch.status is not BatchStatus.PLANNED:
+        return  # a finalizer ended it meanwhile; set_watermark sees the change
     succeeded = {
         c.pipeline
         for c in ctx.store.checkpoints(batch_id=batch.batch_id)
@@ -281,8 +285,12 @@ def _advance_finished(ctx: Context, batch: Any, name: str, actor: str) -> None:
     consumers = {u: ctx.consumers(u) for u in batch.inputs}
     step = finalize_step(batch.inputs, batch.advanced, consumers, batch.pipelines, succeeded)
     for upstream in step.advance:
-        if upstream != name:
+        if upstream == name:
+            continue
+        try:
             ctx.store.advance(batch, upstream, actor=actor)
+        except BatchStateError:
+            return  # the batch ended meanwhile (a finalizer completed it)
 
 
 def cmd_set(ctx: Context) -> int:
