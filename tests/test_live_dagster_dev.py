@@ -417,6 +417,7 @@ query Materializations($key: AssetKeyInput!, $partitions: [String!]) {
           ... on IntMetadataEntry { intValue intRepr }
           ... on TextMetadataEntry { text }
           ... on MarkdownMetadataEntry { mdStr }
+          ... on BoolMetadataEntry { boolValue }
         }
       }
     }
@@ -493,6 +494,8 @@ def _metadata(materialization: dict[str, Any]) -> dict[str, Any]:
             values[entry["label"]] = entry["text"]
         elif kind == "MarkdownMetadataEntry":
             values[entry["label"]] = entry["mdStr"]
+        elif kind == "BoolMetadataEntry":
+            values[entry["label"]] = bool(entry["boolValue"])
         else:
             values[entry["label"]] = kind
     return values
@@ -542,8 +545,17 @@ def _check_batch_in_dagster(dev: DagsterDev, instance: Any, batch: Batch) -> dic
             assert meta["batch_id"] == partition, meta
             assert meta["watermark/plan_id"] == batch.plan_id, meta
             assert isinstance(meta["rows_written"], int), meta
+            # A first batch loads snapshots (nothing committed yet); later ones read CDF.
+            assert meta["full_load"] is (pipeline in batch.full_load), meta
             for upstream in PIPELINES[pipeline]:
                 planned = batch.inputs[upstream]
+                if pipeline in batch.full_load:
+                    assert meta[f"{upstream}/read_mode"] == "SNAPSHOT", meta
+                    assert meta[f"{upstream}/start_version"] == "none", meta
+                    assert meta[f"{upstream}/end_version"] == planned.snapshot_version, meta
+                    row = f"| {upstream} | SNAPSHOT | @{planned.snapshot_version} |"
+                    assert row in meta["ranges"], (row, meta["ranges"])
+                    continue
                 if planned.range is None:
                     assert meta[f"{upstream}/read_mode"] == "NOOP", meta
                     assert meta[f"{upstream}/start_version"] == "none", meta
