@@ -730,10 +730,11 @@ class WatermarkStore:
         def decide(dt: DeltaTable) -> tuple[AdvanceDecision, str | None, str]:
             rows = self._rows(dt, pc.field("upstream") == upstream)
             row = rows[0] if rows else None
-            self._require_open(batch.batch_id, upstream)
             if window is not None:
                 current_pos = decode_position(row["committed_cursor"]) if row else None
                 decision = decide_cursor_advance(upstream, current_pos, window, batch.batch_id)
+                if decision is AdvanceDecision.ADVANCE:
+                    self._require_open(batch.batch_id, upstream)
                 new_value = encode_position(window.end) or ""
                 old_value = encode_position(current_pos)
                 # A window that left rows behind (held back by the lag) records when they
@@ -755,6 +756,7 @@ class WatermarkStore:
             current = row["committed_version"] if row else None
             decision = decide_advance(upstream, current, batch_range, batch.batch_id)
             if decision is AdvanceDecision.ADVANCE:
+                self._require_open(batch.batch_id, upstream)
                 self._upsert_watermark(
                     dt,
                     upstream,
@@ -778,7 +780,10 @@ class WatermarkStore:
                 new_value=new,
                 detail={"read": planned.describe()},
             )
-        elif not self._history_has("WATERMARK_ADVANCED", batch.batch_id, upstream):
+        elif self._set_by(upstream) == (
+            batch.batch_id,
+            WatermarkHow.AUTO,
+        ) and not self._history_has("WATERMARK_ADVANCED", batch.batch_id, upstream):
             # An earlier finalizer advanced and died before its history row: write it now,
             # with the value the batch started from.
             if window is not None:
@@ -822,6 +827,11 @@ class WatermarkStore:
                 batch_id=batch_id,
                 upstream=upstream,
             )
+
+    def _set_by(self, upstream: str) -> tuple[str | None, WatermarkHow | None]:
+        """Which batch set the upstream's committed watermark, and how."""
+        mark = self.committed().get(upstream)
+        return (None, None) if mark is None else (mark.batch_id, mark.how)
 
     def _history_has(self, event: str, batch_id: str, upstream: str | None = None) -> bool:
         filter_ = (pc.field("event") == event) & (pc.field("batch_id") == batch_id)
