@@ -364,6 +364,46 @@ class WatermarkStore:
             row["detail"] = json.dumps(detail, sort_keys=True, default=str)
         self._append("history", [row])
 
+    def record_once(
+        self,
+        event: str,
+        *,
+        actor: str | None,
+        batch_id: str,
+        upstream: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Append the audit row of ``event`` for ``(batch_id, upstream)`` unless it is there.
+
+        A compare-and-swap on ``history``: two processes recording the same step (a
+        finalizer and its twin, or a recovery writing a row a killed process lost) write
+        it once. Returns True when this call wrote it.
+        """
+        self.ensure_tables()
+        detail = fields.pop("detail", None)
+        row = {
+            "at": _now(),
+            "event": event,
+            "actor": actor,
+            "batch_id": batch_id,
+            "upstream": upstream,
+            **fields,
+        }
+        if detail is not None:
+            row["detail"] = json.dumps(detail, sort_keys=True, default=str)
+        key = (pc.field("event") == event) & (pc.field("batch_id") == batch_id)
+        if upstream is not None:
+            key = key & (pc.field("upstream") == upstream)
+
+        def decide(dt: DeltaTable) -> bool:
+            if self._rows(dt, key):
+                return False
+            data = pa.Table.from_pylist([row], schema=schema.HISTORY)
+            write_deltalake(dt, data, mode="append", commit_properties=_CAS)
+            return True
+
+        return self._cas("history", decide)
+
     # ---------------------------------------------------------------- batches
 
     @staticmethod
@@ -543,7 +583,7 @@ class WatermarkStore:
         return batch, created
 
     def _record_planned(self, batch: Batch, actor: str) -> None:
-        self.record(
+        self.record_once(
             "BATCH_PLANNED",
             actor=actor,
             batch_id=batch.batch_id,
@@ -771,7 +811,7 @@ class WatermarkStore:
         decision, old, new = self._cas("committed_watermarks", decide)
         if decision is AdvanceDecision.ADVANCE:
             fault_point("after_watermark_commit")
-            self.record(
+            self.record_once(
                 "WATERMARK_ADVANCED",
                 actor=actor,
                 batch_id=batch.batch_id,
@@ -780,10 +820,7 @@ class WatermarkStore:
                 new_value=new,
                 detail={"read": planned.describe()},
             )
-        elif self._set_by(upstream) == (
-            batch.batch_id,
-            WatermarkHow.AUTO,
-        ) and not self._history_has("WATERMARK_ADVANCED", batch.batch_id, upstream):
+        elif self._set_by(upstream) == (batch.batch_id, WatermarkHow.AUTO):
             # An earlier finalizer advanced and died before its history row: write it now,
             # with the value the batch started from.
             if window is not None:
@@ -791,7 +828,7 @@ class WatermarkStore:
             else:
                 assert batch_range is not None
                 before = str(batch_range.start - 1) if batch_range.start > 0 else None
-            self.record(
+            self.record_once(
                 "WATERMARK_ADVANCED",
                 actor=actor,
                 batch_id=batch.batch_id,
