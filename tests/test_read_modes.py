@@ -623,3 +623,18 @@ def test_a_missing_upstream_is_reported_at_observation_and_nothing_is_planned(la
     out = lake.cli(spec, "plan", "--dry-run", "--json")
     assert out.returncode == 0, out.stderr
     assert "not a readable Delta table" in json.dumps(json.loads(out.stdout))
+
+
+def test_a_reload_that_changes_the_schema_keeps_the_clustering(lake: Lake) -> None:
+    from watermark_dagster.registry import Pipeline
+    from watermark_dagster.write.targets import write_target
+
+    target = lake.path("clustered")
+    pipe = Pipeline("p", ("u",), target, ("id",), lambda b: b, cluster_by=("id",))  # type: ignore[arg-type]
+    first = lake.spark.createDataFrame([(1, 10)], "id long, value long")
+    write_target(lake.spark, first, pipe, batch_id="b000001", write_seq=1, full_load=True)
+    retyped = lake.spark.createDataFrame([(2, "twenty")], "id long, value string")
+    write_target(lake.spark, retyped, pipe, batch_id="b000002", write_seq=2, full_load=True)
+    detail = DeltaTable.forPath(lake.spark, target).detail().first()
+    assert detail is not None and list(detail["clusteringColumns"]) == ["id"]
+    assert [(r["id"], r["value"]) for r in lake.table("clustered").collect()] == [(2, "twenty")]

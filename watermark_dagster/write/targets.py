@@ -17,7 +17,7 @@ from pyspark.sql.types import StructType
 
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
-from watermark_dagster.registry import Pipeline, WriteMode
+from watermark_dagster.registry import Pipeline, WriteMode, validate_name
 from watermark_dagster.write.merge import (
     BATCH_COLUMN,
     SEQ_COLUMN,
@@ -77,15 +77,15 @@ def _txn_write(
     for key, value in options.items():
         writer = writer.option(key, value)
     exists = before is not None
+    replace_schema = (
+        mode == "overwrite"
+        and exists
+        and not _only_adds(read_schema(spark, pipeline.target), rows.schema)
+    )
     if pipeline.cluster_by and not exists:
         # The DataFrame writer cannot cluster: create the empty clustered table first.
         create_clustered(spark, pipeline.target, rows.schema, pipeline.cluster_by)
         exists = True
-    replace_schema = (
-        mode == "overwrite"
-        and before is not None
-        and not _only_adds(read_schema(spark, pipeline.target), rows.schema)
-    )
     if not exists:
         writer = writer.partitionBy(*pipeline.partition_by) if pipeline.partition_by else writer
     elif replace_schema:
@@ -129,11 +129,13 @@ def _only_adds(old: StructType, new: StructType) -> bool:
 
 
 def recluster(spark: SparkSession, target: str, cluster_by: Sequence[str]) -> None:
-    """Set the clustering columns again (replacing a schema clears them). The location
-    and the (validated) column names are quoted as identifiers."""
+    """Set the clustering columns again (replacing a schema clears them). No API does
+    this, and Delta's ALTER TABLE takes no parameter markers here, so the statement is
+    built only from quoted identifiers: the location with backticks escaped, and column
+    names validated as plain identifiers."""
+    columns = ", ".join(_q(validate_name("cluster_by column", c)) for c in cluster_by)
     location = "delta.`" + target.replace("`", "``") + "`"
-    columns = ", ".join(_q(c) for c in cluster_by)
-    spark.sql(f"ALTER TABLE {location} CLUSTER BY ({columns})")
+    spark.sql("ALTER TABLE " + location + " CLUSTER BY (" + columns + ")")
 
 
 def write_target(
