@@ -1,11 +1,12 @@
 """Soak run of the model-based exactly-once test: many random histories in a row.
 
-    .venv/bin/python -m benchmarks.soak --cases 500 --workers 2 --first-seed 1000
+    .venv/bin/python -m benchmarks.soak --cases 500 --workers 2 --first-seed 1000 --steps 5
 
 Each worker process runs cases with its own local Spark session; a failing case prints
-its seed and stops that worker (replay it with ``run_case(spark, root, SEED)`` from
-``tests/model.py``). Progress lines go to stdout; the final line sums what the cases did
-(commits, cycles, crashes, failures, replays, backfills, batches).
+its seed and error and the worker goes on with the next seed, so one run lists every
+failing seed (replay one with ``run_case(spark, root, SEED)`` from ``tests/model.py``).
+Progress lines go to stdout; the final line sums what the cases did (commits, cycles,
+crashes, injected pipeline failures, replays, backfills, batches) and counts failed cases.
 """
 
 import argparse
@@ -28,9 +29,9 @@ def _worker(seeds: list[int], steps: int, queue: "multiprocessing.Queue") -> Non
         started = time.monotonic()
         try:
             stats = run_case(spark, root, seed, steps=steps)
-        except BaseException as e:  # noqa: BLE001 - reported to the parent with the seed
+        except Exception as e:  # noqa: BLE001 - reported to the parent with the seed
             queue.put(("failed", seed, f"{type(e).__name__}: {e}"))
-            return
+            continue
         queue.put(("ok", seed, summary(stats), time.monotonic() - started))
     queue.put(("done", None, None))
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--first-seed", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
 
     seeds = list(range(args.first_seed, args.first_seed + args.cases))
@@ -55,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[str, int] = {}
     done = failed = 0
     started = time.monotonic()
-    while done + failed < args.workers:
+    print(
+        f"soak: {args.cases} cases (seeds {seeds[0]}..{seeds[-1]}), {args.steps} steps each, "
+        f"{args.workers} workers",
+        flush=True,
+    )
+    while done < args.workers:
         kind, seed, *rest = queue.get()
         if kind == "ok":
             stats, seconds = rest
@@ -74,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             done += 1
     for w in workers:
         w.join()
-    print(f"soak: {totals} in {time.monotonic() - started:.0f}s, failures: {failed}", flush=True)
+    seconds = time.monotonic() - started
+    print(f"soak: {totals} in {seconds:.0f}s, failed cases: {failed}", flush=True)
     return 1 if failed else 0
 
 

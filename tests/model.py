@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from delta.tables import DeltaTable
+import pyarrow as pa
+from deltalake import DeltaTable as RsTable
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.core.ranges import ReadMode, VersionRange
@@ -118,9 +119,16 @@ class Case:
 
     # ---------------------------------------------------------------- upstream commits
 
-    def _rows(self, ids: list[int]) -> DataFrame:
-        values = [(i, self.rng.randint(0, 999)) for i in ids]
-        return self.spark.createDataFrame(values, "id long, value long").coalesce(1)
+    # Upstream commits are made with delta-rs, as a producer outside Spark would: they take
+    # milliseconds instead of a Spark job each, and Spark reads their change data feed.
+
+    def _rows(self, ids: list[int]) -> pa.Table:
+        return pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "value": pa.array([self.rng.randint(0, 999) for _ in ids], pa.int64()),
+            }
+        )
 
     def _new_ids(self, n: int) -> list[int]:
         ids = list(range(self.next_id, self.next_id + n))
@@ -128,36 +136,37 @@ class Case:
         return ids
 
     def seed_tables(self) -> None:
-        (
-            self._rows(self._new_ids(6))
-            .write.format("delta")
-            .option("delta.enableChangeDataFeed", "true")
-            .save(self.src)
+        write_deltalake(
+            self.src,
+            self._rows(self._new_ids(6)),
+            configuration={"delta.enableChangeDataFeed": "true"},
         )
-        self._rows(self._new_ids(4)).write.format("delta").save(self.log)
+        write_deltalake(self.log, self._rows(self._new_ids(4)))
         self.stats.commits += 2
 
     def commit(self) -> None:
         """One random upstream commit."""
         kind = self.rng.choice(["insert", "update", "delete", "append", "append", "optimize"])
-        src = DeltaTable.forPath(self.spark, self.src)
-        existing = [r["id"] for r in src.toDF().select("id").collect()]
+        src = RsTable(self.src)
+        existing = sorted(src.to_pyarrow_table(columns=["id"]).column("id").to_pylist())
         if kind == "insert" or (kind in ("update", "delete") and not existing):
-            self._rows(self._new_ids(self.rng.randint(1, 3))).write.format("delta").mode(
-                "append"
-            ).save(self.src)
+            write_deltalake(
+                self.src, self._rows(self._new_ids(self.rng.randint(1, 3))), mode="append"
+            )
         elif kind == "update":
             picked = self.rng.sample(existing, min(len(existing), self.rng.randint(1, 3)))
-            src.update(F.col("id").isin(picked), {"value": F.col("value") + 1000})
+            src.update(
+                predicate=f"id IN ({', '.join(str(int(i)) for i in picked)})",
+                updates={"value": "value + 1000"},
+            )
         elif kind == "delete":
-            src.delete(F.col("id") == self.rng.choice(existing))
+            src.delete(f"id = {int(self.rng.choice(existing))}")
         elif kind == "append":
-            self._rows(self._new_ids(self.rng.randint(1, 3))).write.format("delta").mode(
-                "append"
-            ).save(self.log)
+            write_deltalake(
+                self.log, self._rows(self._new_ids(self.rng.randint(1, 3))), mode="append"
+            )
         else:
-            target = self.rng.choice([self.src, self.log])
-            DeltaTable.forPath(self.spark, target).optimize().executeCompaction()
+            RsTable(self.rng.choice([self.src, self.log])).optimize.compact()
         self.stats.commits += 1
 
     # ---------------------------------------------------------------- the system
@@ -320,29 +329,26 @@ class Case:
 
     def verify(self) -> None:
         """Targets equal references computed from the upstreams' final snapshots; every
-        watermark is at the latest version."""
-        spark = self.spark
+        watermark is at the latest version. Tables are read with delta-rs, not Spark, so
+        the check shares no reader with the system under test."""
         latest = {u: latest_local_version(p) for u, p in (("src", self.src), ("log", self.log))}
         assert self.store.committed_versions() == latest, (
             f"seed {self.seed}: committed {self.store.committed_versions()} != latest {latest}"
         )
-        source = {r["id"]: r["value"] for r in spark.read.format("delta").load(self.src).collect()}
-        copy = (
-            spark.read.format("delta").load(str(self.root / "copy")).select("id", "value").collect()
-        )
-        copy_ids = [r["id"] for r in copy]
+        source = dict(_pairs(self.src))
+        copy = _pairs(str(self.root / "copy"))
+        copy_ids = [key for key, _ in copy]
         assert len(copy_ids) == len(set(copy_ids)), f"seed {self.seed}: duplicate keys in copy"
-        assert {r["id"]: r["value"] for r in copy} == source, f"seed {self.seed}: copy differs"
-        log_rows = sorted(
-            (r["id"], r["value"]) for r in spark.read.format("delta").load(self.log).collect()
-        )
-        events = sorted(
-            (r["id"], r["value"])
-            for r in spark.read.format("delta").load(str(self.root / "events")).collect()
-        )
-        assert events == log_rows, (
+        assert dict(copy) == source, f"seed {self.seed}: copy differs"
+        assert sorted(_pairs(str(self.root / "events"))) == sorted(_pairs(self.log)), (
             f"seed {self.seed}: events differ from log (lost or doubled rows)"
         )
+
+
+def _pairs(path: str) -> list[tuple[int, int]]:
+    """The (id, value) rows of a Delta table's current snapshot."""
+    table = RsTable(path).to_pyarrow_table(columns=["id", "value"])
+    return list(zip(table.column("id").to_pylist(), table.column("value").to_pylist(), strict=True))
 
 
 def run_case(spark: SparkSession, root: Path, seed: int, steps: int = 5) -> Stats:
