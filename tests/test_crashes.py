@@ -325,14 +325,11 @@ class Scenario:
         child: ``cycle`` (a headless cycle: plan, run, finalize) or ``reset`` (the
             `watermark reset -t orders --force --yes` command, re-run to recover).
         at_kill: checks the state the kill left, to show the process died at the point.
-        lost_history: the history row the kill loses and no recovery writes back (a
-            known gap in the store, reported; the case is then xfailed, not passed).
     """
 
     template: str
     child: str
     at_kill: Callable[[Lake, DagsterInstance], None]
-    lost_history: tuple[str, str | None, str | None] | None = None
 
 
 def _planned_without_partition(lake: Lake, instance: DagsterInstance) -> None:
@@ -371,6 +368,9 @@ def _abandoned_not_reset(lake: Lake, instance: DagsterInstance) -> None:
 def _reset_unrecorded(lake: Lake, instance: DagsterInstance) -> None:
     assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
     assert lake.store.committed_versions()["orders"] is None
+    # Killed before its history row: the row waits in the watermark row (pending).
+    assert not [h for h in lake.store.history() if h["event"] == "WATERMARK_RESET"]
+    assert lake.store.committed()["orders"].pending_history is not None
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -388,12 +388,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "before_batch_complete": Scenario("ran", "cycle", _all_advanced_still_open),
     "after_abandon": Scenario("planned", "reset", _abandoned_not_reset),
-    "after_manual_watermark_commit": Scenario(
-        "planned",
-        "reset",
-        _reset_unrecorded,
-        lost_history=("WATERMARK_RESET", None, "orders"),
-    ),
+    "after_manual_watermark_commit": Scenario("planned", "reset", _reset_unrecorded),
 }
 
 RESET = ["reset", "-t", "orders", "--force", "--yes", "--reason", "crash test"]
@@ -468,17 +463,11 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
             assert _ranges(batches[2]) == {"orders": "SNAPSHOT [0, 3]", "log": "APPEND_ONLY [1, 2]"}
             assert batches[2].full_load == ("orders_copy",)
             resets = [h for h in lake.store.history() if h["event"] == "WATERMARK_RESET"]
-            assert [(h["old_value"], h["new_value"]) for h in resets] in ([], [("0", None)])
+            assert [(h["old_value"], h["new_value"]) for h in resets] == [("0", None)]
         _assert_targets_exact(spark, lake)
 
         missing, extra = _history_gaps(lake)
         assert not extra, f"history rows recorded twice: {extra}"
-        if missing and scenario.lost_history is not None:
-            assert list(missing.elements()) == [scenario.lost_history], missing
-            pytest.xfail(
-                f"known gap: the kill at {point} loses the history row {scenario.lost_history} "
-                "and no recovery writes it back; data and watermarks are right"
-            )
         assert not missing, f"history rows lost: {missing}"
     finally:
         instance.dispose()

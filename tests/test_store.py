@@ -2,15 +2,24 @@
 
 import multiprocessing
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from watermark_dagster.core.planning import AdvanceDecision, UpstreamPosition
 from watermark_dagster.core.ranges import CursorWindow, ReadMode
 from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError
-from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+from watermark_dagster.faults import SimulatedCrash, simulate_crash_at
+from watermark_dagster.store import (
+    BatchStatus,
+    CheckpointStatus,
+    WatermarkHow,
+    WatermarkStore,
+    schema,
+)
 
 PIPELINES = {"pipeline_a": ["up1", "up2"], "pipeline_b": ["up2", "up3"]}
 
@@ -155,6 +164,13 @@ def _checkpoint_at(root: str, start_at: float, pipeline: str) -> int:
     return attempt
 
 
+def _flush_at(root: str, start_at: float) -> int:
+    store = WatermarkStore(root)
+    store.ensure_tables()
+    time.sleep(max(0.0, start_at - time.time()))
+    return store.flush_pending_history()
+
+
 @pytest.fixture(scope="module")
 def pool():
     ctx = multiprocessing.get_context("spawn")
@@ -239,3 +255,68 @@ def test_a_cursor_window_is_pinned_once_by_the_first_reader(tmp_path: Path) -> N
     assert store.pin_window("b000001", "clicks", (99, 99)).end == ends[0]
     store.advance(store.get_batch("b000001"), "clicks", actor="t")
     assert store.committed()["clicks"].committed_cursor == ends[0]
+
+
+def _manual_rows(store: WatermarkStore) -> list[tuple[str | None, str | None]]:
+    return [
+        (h["old_value"], h["new_value"]) for h in store.history() if h["event"] == "WATERMARK_SET"
+    ]
+
+
+def test_a_manual_change_killed_before_its_history_row_gets_it_recorded_once(
+    tmp_path: Path, pool
+) -> None:
+    """The history row of a manual change is committed with the watermark (pending), so a
+    process killed between the watermark commit and the history append loses nothing: an
+    advance keeps the pending row, and racing flushes record it exactly once."""
+    root = str(tmp_path)
+    store = WatermarkStore(root)
+    store.set_watermark("up1", 3, how=WatermarkHow.MANUAL_SET, actor="op")
+    assert _manual_rows(store) == [(None, "3")]
+    assert store.committed()["up1"].pending_history is None
+
+    with pytest.raises(SimulatedCrash), simulate_crash_at("after_manual_watermark_commit"):
+        store.set_watermark("up1", 5, how=WatermarkHow.MANUAL_SET, actor="op", reason="fix")
+    assert store.committed_versions() == {"up1": 5}
+    assert _manual_rows(store) == [(None, "3")]  # the kill came before the row
+    assert store.committed()["up1"].pending_history is not None
+
+    # The next batch advances up1 before anyone flushes: the pending row survives it.
+    batch, _ = store.create_batch([UpstreamPosition("up1", 7, 5)], {"p": ["up1"]}, actor="t")
+    assert batch is not None and store.advance(batch, "up1", actor="t") is AdvanceDecision.ADVANCE
+    assert store.committed_versions() == {"up1": 7}
+    assert store.committed()["up1"].pending_history is not None
+
+    start = time.time() + 1.5
+    assert sorted(pool.starmap(_flush_at, [(root, start)] * 4)) == [0, 0, 0, 1]
+    assert _manual_rows(store) == [(None, "3"), ("3", "5")]
+    [row] = [h for h in store.history() if h["new_value"] == "5"]
+    assert row["actor"] == "op" and '"reason": "fix"' in row["detail"]
+    assert store.committed()["up1"].pending_history is None
+    assert store.flush_pending_history() == 0
+
+
+def test_control_tables_from_before_a_new_column_are_migrated(tmp_path: Path) -> None:
+    """Control tables written by an older release lack the newest columns: the store adds
+    them (nullable) on first use and keeps every row."""
+    old = schema.COMMITTED_WATERMARKS.remove(
+        schema.COMMITTED_WATERMARKS.get_field_index("pending_history")
+    )
+    row = {
+        "upstream": "up1",
+        "committed_version": 4,
+        "batch_id": None,
+        "how": "MANUAL_SET",
+        "updated_at": datetime.now(UTC),
+        "actor": "old release",
+        "committed_cursor": None,
+        "table_id": None,
+        "source_state": None,
+    }
+    write_deltalake(str(tmp_path / "committed_watermarks"), pa.Table.from_pylist([row], old))
+    store = WatermarkStore(tmp_path)
+    assert store.committed_versions() == {"up1": 4}
+    assert store.committed()["up1"].pending_history is None
+    store.set_watermark("up1", 6, how=WatermarkHow.MANUAL_SET, actor="op")
+    assert store.committed_versions() == {"up1": 6}
+    assert _manual_rows(store) == [("4", "6")]

@@ -48,6 +48,10 @@ def look_before_planning(
     """
     now = now or datetime.now(UTC)
     marks = dict(store.committed())
+    pending = [u for u, w in marks.items() if w.pending_history is not None]
+    if pending and not preview:
+        # A watermark change whose process died before recording its history row.
+        store.flush_pending_history(pending)
 
     def observe(current: Mapping[str, Watermark]) -> RegistryObservation:
         return observe_registry(

@@ -46,6 +46,10 @@ COMMITTED_WATERMARKS = pa.schema(
         pa.field("committed_cursor", pa.string()),
         pa.field("table_id", pa.string()),
         pa.field("source_state", pa.string()),
+        # The history row of a manual change (or a start point) until it is in history:
+        # written in the same commit as the watermark, cleared once the row is recorded,
+        # so a process killed between the two leaves it for the next one to record.
+        pa.field("pending_history", pa.string()),
     ]
 )
 

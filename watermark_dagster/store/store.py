@@ -145,6 +145,7 @@ class Watermark:
     committed_cursor: CursorPosition | None = None
     table_id: str | None = None
     source_state: str | None = None
+    pending_history: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,15 @@ def default_actor() -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _history_row(event: str, actor: str | None, **fields: Any) -> dict[str, Any]:
+    """One ``history`` row; ``detail`` (a mapping) is stored as JSON."""
+    detail = fields.pop("detail", None)
+    row = {"at": _now(), "event": event, "actor": actor, **fields}
+    if detail is not None:
+        row["detail"] = json.dumps(detail, sort_keys=True, default=str)
+    return row
 
 
 def _text(version: int | None) -> str | None:
@@ -358,11 +368,7 @@ class WatermarkStore:
     def record(self, event: str, *, actor: str | None, **fields: Any) -> None:
         """Append one audit row to ``history``."""
         self.ensure_tables()
-        detail = fields.pop("detail", None)
-        row = {"at": _now(), "event": event, "actor": actor, **fields}
-        if detail is not None:
-            row["detail"] = json.dumps(detail, sort_keys=True, default=str)
-        self._append("history", [row])
+        self._append("history", [_history_row(event, actor, **fields)])
 
     def record_once(
         self,
@@ -379,21 +385,14 @@ class WatermarkStore:
         finalizer and its twin, or a recovery writing a row a killed process lost) write
         it once. Returns True when this call wrote it.
         """
-        self.ensure_tables()
-        detail = fields.pop("detail", None)
-        row = {
-            "at": _now(),
-            "event": event,
-            "actor": actor,
-            "batch_id": batch_id,
-            "upstream": upstream,
-            **fields,
-        }
-        if detail is not None:
-            row["detail"] = json.dumps(detail, sort_keys=True, default=str)
+        row = _history_row(event, actor, batch_id=batch_id, upstream=upstream, **fields)
         key = (pc.field("event") == event) & (pc.field("batch_id") == batch_id)
         if upstream is not None:
             key = key & (pc.field("upstream") == upstream)
+        return self._append_once(row, key)
+
+    def _append_once(self, row: dict[str, Any], key: pc.Expression) -> bool:
+        self.ensure_tables()
 
         def decide(dt: DeltaTable) -> bool:
             if self._rows(dt, key):
@@ -403,6 +402,60 @@ class WatermarkStore:
             return True
 
         return self._cas("history", decide)
+
+    @staticmethod
+    def _pending_row(event: str, actor: str | None, **fields: Any) -> str:
+        """A history row to store with a watermark change (``pending_history``); its
+        ``change_id`` in ``detail`` keys it, so it is recorded once."""
+        detail = {**(fields.pop("detail", None) or {}), "change_id": uuid.uuid4().hex}
+        row = _history_row(event, actor, detail=detail, **fields)
+        return json.dumps({**row, "at": row["at"].isoformat()}, sort_keys=True)
+
+    def flush_pending_history(self, upstreams: Iterable[str] | None = None) -> int:
+        """Record the history rows of watermark changes whose process died before it
+        recorded them (a kill between the watermark commit and the history append), then
+        clear them from the watermark rows. Each row is written once, even when two
+        processes flush at the same time. Returns how many rows this call wrote."""
+        wanted = None if upstreams is None else set(upstreams)
+        written = 0
+        for mark in self.committed().values():
+            if mark.pending_history is None or (wanted is not None and mark.upstream not in wanted):
+                continue
+            written += self._flush_one(mark.upstream, mark.pending_history)
+        return written
+
+    def _flush_one(self, upstream: str, pending: str) -> int:
+        row = json.loads(pending)
+        row["at"] = datetime.fromisoformat(row["at"])
+        change_id = json.loads(row["detail"])["change_id"]
+        key = (
+            (pc.field("event") == row["event"])
+            & (pc.field("upstream") == upstream)
+            & pc.match_substring(pc.field("detail"), change_id)  # pyright: ignore[reportAttributeAccessIssue]
+        )
+        wrote = self._append_once(row, key)
+
+        def clear(dt: DeltaTable) -> None:
+            source = pa.table(
+                {"upstream": [upstream], "pending_history": [pending]},
+                schema=pa.schema(
+                    [schema.COMMITTED_WATERMARKS.field(c) for c in ("upstream", "pending_history")]
+                ),
+            )
+            (
+                dt.merge(
+                    source,
+                    predicate="t.upstream = s.upstream AND t.pending_history = s.pending_history",
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=_CAS,
+                )
+                .when_matched_update({"pending_history": "CAST(NULL AS STRING)"})
+                .execute()
+            )
+
+        self._cas("committed_watermarks", clear)
+        return int(wrote)
 
     # ---------------------------------------------------------------- batches
 
@@ -998,7 +1051,10 @@ class WatermarkStore:
         cursor: str | None = None,
         table_id: str | None = None,
         source_state: str | None = None,
+        pending_history: str | None = None,
     ) -> None:
+        """Insert or replace one upstream's watermark row. A ``pending_history`` already on
+        the row is kept unless this change brings its own (see flush_pending_history)."""
         row = {
             "upstream": upstream,
             "committed_version": version,
@@ -1009,8 +1065,10 @@ class WatermarkStore:
             "committed_cursor": cursor,
             "table_id": table_id,
             "source_state": source_state,
+            "pending_history": pending_history,
         }
         source = pa.Table.from_pylist([row], schema=schema.COMMITTED_WATERMARKS)
+        columns = [c for c in row if pending_history is not None or c != "pending_history"]
         (
             dt.merge(
                 source,
@@ -1019,7 +1077,7 @@ class WatermarkStore:
                 target_alias="t",
                 commit_properties=_CAS,
             )
-            .when_matched_update_all()
+            .when_matched_update({c: f"s.{c}" for c in columns})
             .when_not_matched_insert_all()
             .execute()
         )
@@ -1056,23 +1114,23 @@ class WatermarkStore:
                     "committed_cursor": encode_position(cursor),
                     "table_id": table_ids.get(u),
                     "source_state": None,
+                    "pending_history": self._pending_row(
+                        "WATERMARK_STARTED",
+                        actor,
+                        upstream=u,
+                        new_value=str(version) if cursor is None else encode_position(cursor),
+                        detail={"why": why},
+                    ),
                 }
-                for u, (version, cursor, _) in sorted(todo.items())
+                for u, (version, cursor, why) in sorted(todo.items())
             ]
             data = pa.Table.from_pylist(rows, schema=schema.COMMITTED_WATERMARKS)
             write_deltalake(dt, data, mode="append", commit_properties=_CAS)
             return sorted(todo)
 
         done = self._cas("committed_watermarks", decide)
-        for upstream in done:
-            version, cursor, why = points[upstream]
-            self.record(
-                "WATERMARK_STARTED",
-                actor=actor,
-                upstream=upstream,
-                new_value=str(version) if cursor is None else encode_position(cursor),
-                detail={"why": why},
-            )
+        if done:
+            self.flush_pending_history(done)
         return done
 
     def committed(self) -> dict[str, Watermark]:
@@ -1088,6 +1146,7 @@ class WatermarkStore:
                 committed_cursor=decode_position(r["committed_cursor"]),
                 table_id=r["table_id"],
                 source_state=r["source_state"],
+                pending_history=r["pending_history"],
             )
             for r in self._rows(self._load("committed_watermarks"))
         }
@@ -1161,6 +1220,7 @@ class WatermarkStore:
             BatchStateError: an open batch reads the upstream and ``force`` is False.
             TerminalError: the state moved since ``expected`` was previewed.
         """
+        self.flush_pending_history()  # a change whose process died before recording it
         preview = self.preview_watermark(upstream, version, how=how)
         if expected is not None and (preview.old, preview.old_cursor, preview.open_batch) != (
             expected.old,
@@ -1207,18 +1267,34 @@ class WatermarkStore:
                 abandoned.append(preview.open_batch)
             fault_point("after_abandon")
 
-        def decide(dt: DeltaTable) -> dict[str, Any]:
+        event = "WATERMARK_SET" if how is WatermarkHow.MANUAL_SET else "WATERMARK_RESET"
+        details = {"reason": reason, "how": how.value, "abandoned": abandoned, **(detail or {})}
+
+        def decide(dt: DeltaTable) -> tuple[dict[str, Any], str]:
             rows = self._rows(dt, pc.field("upstream") == upstream)
             row = rows[0] if rows else {}
+            old, old_cursor = row.get("committed_version"), row.get("committed_cursor")
+            # The history row is committed with the watermark and recorded just after.
+            pending = self._pending_row(
+                event,
+                actor,
+                upstream=upstream,
+                old_value=old_cursor if old is None and old_cursor else _text(old),
+                new_value=_text(version),
+                detail=details,
+            )
             # A manual set keeps the table identity the watermark refers to; a reset
             # forgets it, so a recreated table is loaded afresh.
             table_id = row.get("table_id") if how is WatermarkHow.MANUAL_SET else None
-            self._upsert_watermark(dt, upstream, version, None, how, actor, table_id=table_id)
-            return row
+            self._upsert_watermark(
+                dt, upstream, version, None, how, actor, table_id=table_id, pending_history=pending
+            )
+            return row, pending
 
-        old_row = self._cas("committed_watermarks", decide)
+        old_row, pending = self._cas("committed_watermarks", decide)
         fault_point("after_manual_watermark_commit")
         old, old_cursor = old_row.get("committed_version"), old_row.get("committed_cursor")
+        self._flush_one(upstream, pending)
         stale = self._batch_reading(upstream)
         first = 0 if version is None else version + 1
         stale_range = stale.inputs[upstream].range if stale is not None else None
@@ -1230,14 +1306,6 @@ class WatermarkStore:
                 error=f"planned from the watermark before the {why}",
             )
             abandoned.append(stale.batch_id)
-        self.record(
-            "WATERMARK_SET" if how is WatermarkHow.MANUAL_SET else "WATERMARK_RESET",
-            actor=actor,
-            upstream=upstream,
-            old_value=old_cursor if old is None and old_cursor else _text(old),
-            new_value=_text(version),
-            detail={"reason": reason, "how": how.value, "abandoned": abandoned, **(detail or {})},
-        )
         return WatermarkChange(
             upstream=upstream,
             old=old,
