@@ -18,16 +18,14 @@ from pathlib import Path
 
 
 def _worker(seeds: list[int], steps: int, queue: "multiprocessing.Queue") -> None:  # type: ignore[type-arg]
-    from tests.conftest import SPARK_TEST_CONF
+    from tests.conftest import LONG_LIVED_SPARK_CONF
     from tests.model import run_case, summary
     from watermark_dagster.spark import build_spark_session
 
-    # A soak runs for hours: the full JIT pays back (the suite's C1-only setting is for short
-    # test processes), and one core per worker needs one shuffle partition. Measured here
-    # on 8 cases in a row: the last 5 took 69 s against 93 s with the suite's settings.
+    # One core per worker needs one shuffle partition. With the full JIT of a long-lived
+    # JVM, 5 cases in a row took 69 s against 93 s with the short-lived test settings.
     conf = {
-        **SPARK_TEST_CONF,
-        "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+        **LONG_LIVED_SPARK_CONF,
         "spark.sql.shuffle.partitions": "1",
         "spark.default.parallelism": "1",
     }
