@@ -417,6 +417,25 @@ def test_bad_input_is_refused_clearly_and_writes_nothing(
     assert _versions(home) == before
 
 
+def test_the_demo_refuses_to_run_on_another_registry(home: Path) -> None:
+    """The demo writes demo data and checks demo targets: pointed at a user's registry it
+    would commit demo rows next to their tables. It refuses and writes nothing."""
+    before = _versions(home)
+    upstreams = {p.name: p.stat().st_mtime_ns for p in (home / "demo").rglob("*")}
+    out = subprocess.run(
+        [str(SCRIPT), "demo"],
+        env=_env(home, WATERMARK_REGISTRY="my_lake.yaml"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "WATERMARK_REGISTRY is set" in out.stderr and "watermark run" in out.stderr
+    assert _versions(home) == before
+    assert {p.name: p.stat().st_mtime_ns for p in (home / "demo").rglob("*")} == upstreams
+
+
 COMMANDS = [
     "list",
     "get",

@@ -57,10 +57,18 @@ def cmd_demo(ctx: Context) -> int:
     from watermark_dagster.demo import DemoPaths, apply_round, seed
     from watermark_dagster.demo.verify import compare_with_full_recompute
     from watermark_dagster.headless import HeadlessRunner
+    from watermark_dagster.settings import registry_file
 
     args = ctx.args
     if args.rounds < 0:
         raise Refusal(f"--rounds must be 0 or more, got {args.rounds}.")
+    # The demo writes demo data and checks demo targets: it runs the demo registry only.
+    if registry_file() is not None:
+        raise Refusal(
+            f"WATERMARK_REGISTRY is set ({registry_file()}): `watermark demo` runs the demo "
+            "registry only. Unset it for the demo (WATERMARK_REGISTRY= watermark demo), or "
+            "use `watermark run` for your registry."
+        )
     home = ctx.home
     if args.fresh and home.exists():
         shutil.rmtree(home)
