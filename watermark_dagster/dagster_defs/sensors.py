@@ -134,8 +134,11 @@ def build_coordinator_sensor(
                     + (f"; full load {list(batch.full_load)}" if batch.full_load else "")
                 )
 
-        else:
+        elif cursor.get("plan_recorded") != batch.batch_id:
+            # Once per batch, not per tick (it reads history): the plan's history row, if
+            # the process that planned it died before writing it.
             store.ensure_plan_recorded(batch, actor=f"sensor:{COORDINATOR}")
+        cursor["plan_recorded"] = batch.batch_id
 
         add_partition = []
         if not context.instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, batch.batch_id):

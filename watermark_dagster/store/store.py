@@ -269,7 +269,6 @@ class WatermarkStore:
         self.storage_options = dict(storage_options) if storage_options else None
         self.max_commit_attempts = max_commit_attempts
         self._ensured = False
-        self._plan_recorded: set[str] = set()
 
     # ---------------------------------------------------------------- table plumbing
 
@@ -627,16 +626,17 @@ class WatermarkStore:
             return self._batches_from_rows(rows)[0], True
 
         batch, created = self._cas("batches", decide)
-        if created and batch is not None:
-            self._plan_recorded.add(batch.batch_id)
-            fault_point("after_plan_commit")
-            self._record_planned(batch, actor)
-        elif batch is not None:
+        if batch is not None:
+            if created:
+                fault_point("after_plan_commit")
             self.ensure_plan_recorded(batch, actor=actor)
         return batch, created
 
-    def _record_planned(self, batch: Batch, actor: str) -> None:
-        self.record_once(
+    def ensure_plan_recorded(self, batch: Batch, *, actor: str) -> bool:
+        """Write the BATCH_PLANNED history row of ``batch`` unless it is there (a planner
+        that died right after the plan commit left it out). Reads ``history``: a sensor
+        calls it once per batch. Returns True when this call wrote it."""
+        return self.record_once(
             "BATCH_PLANNED",
             actor=actor,
             batch_id=batch.batch_id,
@@ -646,15 +646,6 @@ class WatermarkStore:
                 "ranges": {u: i.describe() for u, i in batch.inputs.items()},
             },
         )
-
-    def ensure_plan_recorded(self, batch: Batch, *, actor: str) -> None:
-        """Write the BATCH_PLANNED history row of an open batch if it is missing (the
-        planner died right after the plan commit). Checked once per batch and process."""
-        if batch.batch_id in self._plan_recorded:
-            return
-        if not self._history_has("BATCH_PLANNED", batch.batch_id):
-            self._record_planned(batch, actor)
-        self._plan_recorded.add(batch.batch_id)
 
     def create_replay_batch(
         self,
@@ -820,9 +811,14 @@ class WatermarkStore:
         window = planned.window
         batch_range = planned.range
 
-        def decide(dt: DeltaTable) -> tuple[AdvanceDecision, str | None, str]:
+        def decide(dt: DeltaTable) -> tuple[AdvanceDecision, str | None, str, bool]:
             rows = self._rows(dt, pc.field("upstream") == upstream)
             row = rows[0] if rows else None
+            set_here = (
+                row is not None
+                and row["batch_id"] == batch.batch_id
+                and row["how"] == WatermarkHow.AUTO.value
+            )
             if window is not None:
                 current_pos = decode_position(row["committed_cursor"]) if row else None
                 decision = decide_cursor_advance(upstream, current_pos, window, batch.batch_id)
@@ -844,7 +840,7 @@ class WatermarkStore:
                         cursor=new_value,
                         source_state=state,
                     )
-                return decision, old_value, new_value
+                return decision, old_value, new_value, set_here
             assert batch_range is not None
             current = row["committed_version"] if row else None
             decision = decide_advance(upstream, current, batch_range, batch.batch_id)
@@ -859,11 +855,23 @@ class WatermarkStore:
                     actor,
                     table_id=batch.table_ids.get(upstream),
                 )
-            return decision, None if current is None else str(current), str(batch_range.end)
+            old = None if current is None else str(current)
+            return decision, old, str(batch_range.end), set_here
 
-        decision, old, new = self._cas("committed_watermarks", decide)
+        decision, old, new, set_here = self._cas("committed_watermarks", decide)
+        detail: dict[str, Any] = {"read": planned.describe()}
         if decision is AdvanceDecision.ADVANCE:
             fault_point("after_watermark_commit")
+        elif set_here:
+            # An earlier finalizer advanced and died before its history row: write it now,
+            # with the value the batch started from.
+            detail["recorded_after_restart"] = True
+            if window is not None:
+                old = encode_position(window.start)
+            else:
+                assert batch_range is not None
+                old = str(batch_range.start - 1) if batch_range.start > 0 else None
+        if decision is AdvanceDecision.ADVANCE or set_here:
             self.record_once(
                 "WATERMARK_ADVANCED",
                 actor=actor,
@@ -871,24 +879,7 @@ class WatermarkStore:
                 upstream=upstream,
                 old_value=old,
                 new_value=new,
-                detail={"read": planned.describe()},
-            )
-        elif self._set_by(upstream) == (batch.batch_id, WatermarkHow.AUTO):
-            # An earlier finalizer advanced and died before its history row: write it now,
-            # with the value the batch started from.
-            if window is not None:
-                before = encode_position(window.start)
-            else:
-                assert batch_range is not None
-                before = str(batch_range.start - 1) if batch_range.start > 0 else None
-            self.record_once(
-                "WATERMARK_ADVANCED",
-                actor=actor,
-                batch_id=batch.batch_id,
-                upstream=upstream,
-                old_value=before,
-                new_value=new,
-                detail={"read": planned.describe(), "recorded_after_restart": True},
+                detail=detail,
             )
 
         def mark(dt: DeltaTable) -> None:
@@ -917,17 +908,6 @@ class WatermarkStore:
                 batch_id=batch_id,
                 upstream=upstream,
             )
-
-    def _set_by(self, upstream: str) -> tuple[str | None, WatermarkHow | None]:
-        """Which batch set the upstream's committed watermark, and how."""
-        mark = self.committed().get(upstream)
-        return (None, None) if mark is None else (mark.batch_id, mark.how)
-
-    def _history_has(self, event: str, batch_id: str, upstream: str | None = None) -> bool:
-        filter_ = (pc.field("event") == event) & (pc.field("batch_id") == batch_id)
-        if upstream is not None:
-            filter_ = filter_ & (pc.field("upstream") == upstream)
-        return bool(self._rows(self._load("history"), filter_))
 
     def pin_window(
         self,
