@@ -223,6 +223,17 @@ def test_cursor_advance_moves_only_from_start_to_end() -> None:
         decide_cursor_advance("c", (5, 1), CursorWindow((5, 1)), "b1")
 
 
+def test_an_empty_cursor_window_advances_in_place_to_record_the_source_state() -> None:
+    # The source changed (late row below the position, delete, OPTIMIZE) but the window
+    # read nothing: the position stays and the new source state must be recorded, or the
+    # next plan sees the same change as new again, forever.
+    empty = CursorWindow((5, 1), (5, 1))
+    assert decide_cursor_advance("c", (5, 1), empty, "b1") is AdvanceDecision.ADVANCE
+    first = CursorWindow(None, ())
+    assert decide_cursor_advance("c", None, first, "b1") is AdvanceDecision.ADVANCE
+    assert decide_cursor_advance("c", (), first, "b1") is AdvanceDecision.ALREADY_DONE
+
+
 def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     recheck = int((now + timedelta(minutes=5)).timestamp() * 1_000_000)

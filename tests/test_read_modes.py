@@ -308,6 +308,88 @@ def test_timestamp_windows_read_tied_rows_exactly_once(lake: Lake) -> None:
     assert lake.run(spec).completed == []
 
 
+def _delta_clicks(lake: Lake, rows: list[tuple[int, datetime]], mode: str = "append") -> None:
+    frame = lake.spark.createDataFrame(
+        [(i, i * 10, ts) for i, ts in rows], "id long, value long, ts timestamp"
+    )
+    frame.coalesce(1).write.format("delta").mode(mode).save(lake.path("clicks"))
+
+
+def test_delta_cursor_upstream_goes_idle_after_commits_that_add_nothing_past_it(
+    lake: Lake,
+) -> None:
+    """A cursor upstream stored as a Delta table: a late row below the committed position,
+    a delete and an OPTIMIZE change the table but add nothing to read. Each plans at most
+    one batch, which reads nothing, writes nothing and records the source state, and then
+    the location goes idle (it used to plan an empty batch on every tick, forever)."""
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
+    _delta_clicks(lake, [(i, t0 + timedelta(minutes=i)) for i in range(1, 6)])
+    upstream = {
+        "name": "clicks",
+        "path": lake.path("clicks"),
+        "mode": "timestamp",
+        "format": "delta",
+        "cursor": "ts",
+        "tie_break": ["id"],
+    }
+    pipes = [
+        {
+            "name": "clicks_copy",
+            "upstreams": ["clicks"],
+            "target": lake.path("copy"),
+            "transform": "copy",
+        },
+        {
+            "name": "clicks_log",
+            "upstreams": ["clicks"],
+            "target": lake.path("log"),
+            "transform": "appended",
+            "write": "append",
+        },
+    ]
+    spec = lake.spec([upstream], pipes)
+    assert len(lake.run(spec).completed) == 1
+    _delta_clicks(lake, [(i, t0 + timedelta(minutes=i)) for i in range(6, 9)])
+    assert len(lake.run(spec).completed) == 1
+    position = lake.store.committed()["clicks"].committed_cursor
+    assert position == (int((t0 + timedelta(minutes=8)).timestamp() * 1_000_000), 8)
+
+    def versions() -> tuple[int | None, int | None]:
+        return latest_local_version(lake.path("copy")), latest_local_version(lake.path("log"))
+
+    def commit_that_adds_nothing(what: str) -> None:
+        if what == "late row":
+            _delta_clicks(lake, [(-1, t0)])  # below the committed position: never read
+        elif what == "delete":
+            DeltaTable.forPath(lake.spark, lake.path("clicks")).delete(F.col("id") == 3)
+        else:
+            DeltaTable.forPath(lake.spark, lake.path("clicks")).optimize().executeCompaction()
+
+    for what in ("late row", "delete", "optimize"):
+        before = versions()
+        report = lake.run(spec)
+        assert report.completed == [], f"nothing changed yet, but {report.completed} ran"
+        commit_that_adds_nothing(what)
+        report = lake.run(spec)
+        assert report.ticks < 10 and not report.failed_runs, (what, report)
+        assert len(report.completed) <= 1, f"{what}: batches {report.completed}"
+        for batch_id in report.completed:
+            for pipeline in ("clicks_copy", "clicks_log"):
+                meta = _meta(lake, pipeline, batch_id)
+                assert meta["rows_read"] == 0 and meta["rows_written"] == 0, (what, meta)
+        assert lake.run(spec).completed == [], f"{what}: not idle"
+        assert versions() == before, f"{what}: a target got an empty commit"
+        assert lake.store.committed()["clicks"].committed_cursor == position
+
+    # Rows past the position are still read, once.
+    _delta_clicks(lake, [(9, t0 + timedelta(minutes=9))])
+    [last] = lake.run(spec).completed
+    assert _meta(lake, "clicks_copy", last)["rows_read"] == 1
+    log_ids = [r["id"] for r in lake.table("log").select("id").collect()]
+    assert sorted(log_ids) == list(range(1, 10))
+    assert sorted(lake.rows("copy")) == list(range(1, 10))
+
+
 def test_timestamp_lag_holds_back_recent_rows_until_they_pass_it(lake: Lake) -> None:
     folder = lake.root / "clicks"
     now = datetime.now(UTC).replace(microsecond=0)

@@ -306,6 +306,11 @@ def decide_cursor_advance(
     """The cursor-upstream twin of :func:`decide_advance`: the committed position may only
     move from the window's start to its end.
 
+    An empty window (its end pinned at its start: the source changed but held no row past
+    the committed position, e.g. a late row, a delete or an OPTIMIZE) still ADVANCEs: the
+    position stays, but the source state it was read at is recorded with it, so the next
+    plan does not see the same change as new again and plan empty batches forever.
+
     Raises:
         BatchStateError: the window's end was never pinned (no pipeline read it).
         WatermarkGapError, WatermarkRegressionError: the committed position is neither the
@@ -318,10 +323,10 @@ def decide_cursor_advance(
             batch_id=batch_id,
             fix="run the batch's pipelines before finalizing it.",
         )
-    if committed == window.end:
-        return AdvanceDecision.ALREADY_DONE
     if committed == window.start:
         return AdvanceDecision.ADVANCE
+    if committed == window.end:
+        return AdvanceDecision.ALREADY_DONE
     raise WatermarkGapError(
         f"Upstream '{upstream}': batch {batch_id} covers the window {window} but the committed "
         f"position is {committed}; advancing would skip or re-read rows.",
