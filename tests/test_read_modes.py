@@ -158,22 +158,38 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     assert lake.rows("copy") == _source_rows(lake, "events")
 
     # An UPDATE inside the range: the batch fails loudly, nothing is written or advanced.
+    # The error is terminal: `watermark run` attempts it once (although 3 attempts are
+    # allowed), exits 1 and prints one message carrying the error's own fix.
     DeltaTable.forPath(spark, src).update("id = 3", {"value": "333"})  # v5
     target_version = latest_local_version(lake.path("copy"))
-    failed = lake.run(spec)
-    assert failed.failed_runs and not failed.completed
-    assert "UpstreamDataChangedError" in (failed.failed_runs[0].error or "")
-    assert "on_data_change='snapshot'" in (failed.failed_runs[0].error or "")
+    spec["max_attempts"] = 3
+    failed = lake.cli(spec, "run", "--json")
+    assert failed.returncode == 1, failed.stderr
+    outcome = json.loads(failed.stdout)
+    assert len(outcome["runs"]) == 1 and not outcome["runs"][0]["success"], outcome["runs"]
+    assert "UpstreamDataChangedError" in outcome["runs"][0]["error"]
+    stuck = outcome["stuck"]
+    assert "UpstreamDataChangedError" in stuck and "not retried" in stuck
+    assert "on_data_change='snapshot'" in stuck and "watermark run --retry" in stuck
+    assert "re-execute the batch partition from the UI." not in stuck.split("Fix:")[0]
+    assert failed.stderr.count("on_data_change='snapshot'") == 1, failed.stderr
     assert latest_local_version(lake.path("copy")) == target_version
     assert lake.store.committed_versions()["events"] == 4
-    [checkpoint] = lake.store.checkpoints(batch_id=lake.store.open_batch().batch_id)  # type: ignore[union-attr]
+    open_batch = lake.store.open_batch()
+    assert open_batch is not None
+    [checkpoint] = lake.store.checkpoints(batch_id=open_batch.batch_id)
     assert checkpoint.status is CheckpointStatus.FAILED
+    [stuck_row] = [
+        r for r in lake.store.history(batch_id=open_batch.batch_id) if r["event"] == "BATCH_STUCK"
+    ]
+    assert json.loads(stuck_row["detail"])["terminal"] is True
+    # The sensors do not resubmit it on later ticks either.
+    again = lake.run(spec)
+    assert not again.runs and again.stuck and "UpstreamDataChangedError" in again.stuck
 
-    # The documented fix: read such ranges as a snapshot. The same open batch is resumed
-    # (one more attempt allowed: the first one failed).
+    # The documented fix: read such ranges as a snapshot, then resume the same open batch.
     spec["upstreams"][0]["on_data_change"] = "snapshot"
-    spec["max_attempts"] = 2
-    resumed = lake.run(spec)
+    resumed = HeadlessRunner(defs_from(spec), lake.instance).run_until_idle(retry=True)
     assert len(resumed.completed) == 1 and not resumed.failed_runs, resumed
     meta = _meta(lake, "events_copy", resumed.completed[0])
     assert meta["events/read_mode"] == "SNAPSHOT" and meta["full_load"] is True

@@ -4,6 +4,7 @@ Upstreams are real Delta tables written with delta-rs; no pipeline runs here (th
 tests run them), so these tests look at what the sensors plan, request and refuse.
 """
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,11 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
+from watermark_dagster.core.planning import TerminalFailure, decide_resume
 from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.runs import terminal_error_tags
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.errors import UpstreamSchemaChangedError
 from watermark_dagster.registry import Pipeline, Registry, Upstream
 from watermark_dagster.store import BatchStatus, WatermarkStore
 
@@ -236,3 +240,54 @@ def test_start_from_latest_skips_history_and_reads_only_later_commits(
         assert batch.full_load == ()
     finally:
         instance.dispose()
+
+
+def test_a_terminal_failure_stops_the_batch_at_the_first_attempt(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    first = _tick(defs, instance, COORDINATOR)
+    [request] = first.run_requests
+    # A re-execution copies its parent's tags: a terminal tag naming another run is not
+    # this run's verdict, so this plain failure is retried.
+    copied = terminal_error_tags("another-run", "pipeline_a", UpstreamSchemaChangedError("x"))
+    create_run_for_test(
+        instance,
+        job_name="watermark_batch_job",
+        status=DagsterRunStatus.FAILURE,
+        tags={**request.tags, PARTITION_NAME_TAG: request.partition_key, **copied},
+    )
+    retried = _tick(defs, instance, COORDINATOR, first.cursor)
+    [again] = retried.run_requests
+    assert again.run_key == "b000001:2"
+
+    run = create_run_for_test(
+        instance,
+        job_name="watermark_batch_job",
+        status=DagsterRunStatus.FAILURE,
+        tags={**again.tags, PARTITION_NAME_TAG: again.partition_key},
+    )
+    error = UpstreamSchemaChangedError(
+        "Upstream 'up1': column 'id' changed type.",
+        upstream="up1",
+        fix="adapt the pipelines, then run `watermark reset -t up1 --force`.",
+    )
+    instance.add_run_tags(run.run_id, terminal_error_tags(run.run_id, "pipeline_a", error))
+    stuck = _tick(defs, instance, COORDINATOR, retried.cursor)
+    assert not stuck.run_requests  # 2 failed runs of 3 allowed, but retrying cannot help
+    reason = stuck.skip_message or ""
+    assert "is stuck" in reason and "UpstreamSchemaChangedError" in reason
+    assert "watermark reset -t up1 --force" in reason and "not retried" in reason
+    [row] = [h for h in store.history() if h["event"] == "BATCH_STUCK"]
+    detail = json.loads(row["detail"])
+    assert detail["terminal"] is True and detail["error"] == "UpstreamSchemaChangedError"
+    # Later ticks stay stuck, and record it once.
+    later = _tick(defs, instance, COORDINATOR, stuck.cursor)
+    assert not later.run_requests and "is stuck" in (later.skip_message or "")
+    assert [h["event"] for h in store.history()].count("BATCH_STUCK") == 1
+
+
+def test_resume_decisions() -> None:
+    terminal = TerminalFailure("p", "UpstreamRecreatedError", "gone. Fix: reset.")
+    assert decide_resume("b1", ["p"], failed_runs=0, max_attempts=3, terminal=None).run
+    assert not decide_resume("b1", ["p"], failed_runs=3, max_attempts=3, terminal=None).run
+    stop = decide_resume("b1", ["p"], failed_runs=1, max_attempts=3, terminal=terminal)
+    assert not stop.run and stop.stuck and "Fix: reset." in stop.stuck

@@ -6,15 +6,25 @@ run requests in this process (one Spark session for the whole cycle), all agains
 Dagster instance, so runs and materializations show up in the UI afterwards.
 """
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dagster import AssetKey, DagsterInstance, Definitions, SensorResult, build_sensor_context
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    Definitions,
+    Failure,
+    SensorResult,
+    build_sensor_context,
+)
 from dagster._core.definitions.sensor_definition import SensorDefinition
 
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.dagster_defs.runs import TERMINAL_TAG, batch_runs, succeeded_pipelines
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, resume_request
 from watermark_dagster.errors import WatermarkError
+from watermark_dagster.store import WatermarkStore
 
 
 def _ours(cls: type) -> set[str]:
@@ -29,7 +39,9 @@ def _root_message(error: object) -> str:
     while getattr(chain[-1], "cause", None) is not None:
         chain.append(chain[-1].cause)  # type: ignore[attr-defined]
     named = next((e for e in chain if getattr(e, "cls_name", None) in ours), chain[-1])
-    return str(getattr(named, "message", named)).strip()
+    text = str(getattr(named, "message", named)).strip()
+    # A terminal error reaches Dagster as a Failure whose description is the error itself.
+    return text.removeprefix(f"{Failure.__module__}.{Failure.__name__}: ")
 
 
 @dataclass
@@ -132,29 +144,65 @@ class HeadlessRunner:
                 raise_on_error=False,
                 run_config={"loggers": {"console": {"config": {"log_level": self.run_log_level}}}},
             )
-            error = None
+            error, terminal, traces = None, None, []
             if not outcome.success:
-                failures = [
-                    f"{e.step_key}: {_root_message(e.event_specific_data.error)}"  # type: ignore[union-attr]
-                    for e in outcome.all_events
-                    if e.is_step_failure and e.event_specific_data is not None
-                ]
+                failures = []
+                for e in outcome.all_events:
+                    if not e.is_step_failure or e.event_specific_data is None:
+                        continue
+                    info = e.event_specific_data.error  # type: ignore[union-attr]
+                    failures.append(f"{e.step_key}: {_root_message(info)}")
+                    if info is not None:
+                        traces.append(info.to_string())
                 error = "; ".join(failures) or "run failed"
+                run = self.instance.get_run_by_id(outcome.run_id)
+                terminal = run.tags.get(TERMINAL_TAG) if run is not None else None
             names = [k.to_user_string() for k in keys]
             report.runs.append(
                 RunOutcome(
                     outcome.run_id, str(request.partition_key), names, outcome.success, error
                 )
             )
-            self.log(
-                f"run {outcome.run_id[:8]} batch {request.partition_key} {names}: "
-                + ("success" if outcome.success else f"FAILED: {error}")
-            )
+            head = f"run {outcome.run_id[:8]} batch {request.partition_key} {names}: "
+            if outcome.success:
+                self.log(head + "success")
+            elif terminal:
+                # The coordinator stops the batch and reports the error with its fix once.
+                self.log(head + f"FAILED with {json.loads(terminal)['error']} (not retryable)")
+            else:
+                self.log(head + f"FAILED: {error}")
+                for trace in traces:
+                    self.log(trace.rstrip())
 
-    def run_until_idle(self, *, max_ticks: int = 100) -> CycleReport:
-        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck."""
+    def retry_request(self, store: WatermarkStore) -> SensorResult | None:
+        """One more run of the open batch's unfinished pipelines, whatever its failed runs
+        (``watermark run --retry``: the operator fixed what made it stuck)."""
+        batch = store.open_batch()
+        if batch is None:
+            return None
+        keys = {name: self.pipeline_key(name) for name in batch.pipelines}
+        done = succeeded_pipelines(self.instance, batch, keys)
+        todo = [keys[p] for p in batch.pipelines if p not in done]
+        if not todo:
+            return None
+        attempt = batch_runs(self.instance, batch.batch_id).last_attempt + 1
+        self.log(f"batch {batch.batch_id}: retrying {[k.to_user_string() for k in todo]}")
+        return SensorResult(run_requests=[resume_request(batch.batch_id, todo, attempt)])
+
+    def run_until_idle(self, *, max_ticks: int = 100, retry: bool = False) -> CycleReport:
+        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck.
+
+        Args:
+            max_ticks: stop after this many coordinator ticks.
+            retry: first run the open batch's unfinished pipelines once more, even if the
+                batch is stuck (after a terminal error, or after ``max_attempts`` failures).
+        """
         store = self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
         report = CycleReport()
+        if retry:
+            again = self.retry_request(store)
+            if again is not None:
+                self.execute_requests(again, report)
         for _ in range(max_ticks):
             report.ticks += 1
             coordinated = self.tick(COORDINATOR)
@@ -167,8 +215,7 @@ class HeadlessRunner:
                 self.log(f"batch {before.batch_id} completed")
             skip = coordinated.skip_reason.skip_message if coordinated.skip_reason else None
             if skip and "is stuck" in skip:
-                report.stuck = skip
-                self.log(skip)
+                report.stuck = skip  # the caller reports it (once)
                 return report
             if not coordinated.run_requests and after is None:
                 return report

@@ -23,7 +23,12 @@ from dagster import (
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
-from watermark_dagster.dagster_defs.runs import PLAN_ID_METADATA, WORKER_TAG, worker_identity
+from watermark_dagster.dagster_defs.runs import (
+    PLAN_ID_METADATA,
+    WORKER_TAG,
+    terminal_error_tags,
+    worker_identity,
+)
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError
 from watermark_dagster.execute import PipelineOutcome, execute_pipeline
 from watermark_dagster.observe.delta_log import Observation, Observer
@@ -220,7 +225,15 @@ def build_pipeline_asset(
                 run_id=context.run.run_id,
             )
         except TerminalError as e:
-            raise Failure(description=str(e), metadata=e.metadata(), allow_retries=False) from e
+            # Retrying cannot help: the coordinator reads this tag and stops the batch.
+            context.instance.add_run_tags(
+                context.run.run_id, terminal_error_tags(context.run.run_id, pipeline.name, e)
+            )
+            raise Failure(
+                description=f"{type(e).__name__}: {e}",
+                metadata={**e.metadata(), "error": type(e).__name__},
+                allow_retries=False,
+            ) from None
         return MaterializeResult(metadata=outcome_metadata(outcome))
 
     return _pipeline_asset

@@ -3,6 +3,7 @@
 Every query here is bounded by the open batch (one partition), never by history.
 """
 
+import json
 import os
 import socket
 from collections.abc import Mapping
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
+from watermark_dagster.core.planning import TerminalFailure
+from watermark_dagster.errors import TerminalError
 from watermark_dagster.store import Batch
 
 # A run is in flight until it reaches one of these. QUEUED and NOT_STARTED count as in
@@ -23,6 +26,36 @@ WORKER_TAG = "watermark/worker"
 ATTEMPT_TAG = "watermark/attempt"
 BATCH_TAG = "watermark/batch"
 PLAN_ID_METADATA = "watermark/plan_id"
+# Set on a run whose pipeline raised a TerminalError: the coordinator does not resubmit it.
+TERMINAL_TAG = "watermark/terminal_error"
+
+
+def terminal_error_tags(run_id: str, pipeline: str, error: TerminalError) -> dict[str, str]:
+    """The run tag that marks ``run_id`` as failed by ``error`` (retrying cannot help).
+
+    It names its own run: a re-execution from the UI copies its parent's tags, and must
+    not inherit the verdict.
+    """
+    value = {
+        "run_id": run_id,
+        "pipeline": pipeline,
+        "error": type(error).__name__,
+        "message": str(error)[:2000],
+    }
+    return {TERMINAL_TAG: json.dumps(value)}
+
+
+def _terminal_failure(run: object) -> TerminalFailure | None:
+    raw = run.tags.get(TERMINAL_TAG)  # type: ignore[attr-defined]
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if value.get("run_id") != run.run_id:  # type: ignore[attr-defined]
+        return None
+    return TerminalFailure(value.get("pipeline"), value.get("error", ""), value.get("message", ""))
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -69,15 +102,23 @@ class BatchRuns:
     dead: tuple[str, ...]
     failed: int
     last_attempt: int
+    terminal: TerminalFailure | None = None
 
 
 def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
-    """Classify the runs of a batch partition; runs whose worker died are marked failed."""
-    runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: batch_id}))
+    """Classify the runs of a batch partition; runs whose worker died are marked failed.
+
+    ``terminal`` is set when the newest finished run failed with a terminal error.
+    """
+    runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: batch_id}))  # newest first
     in_flight: list[str] = []
     dead: list[str] = []
     failed = 0
     last_attempt = 0
+    newest_finished = next((r for r in runs if r.status in FINISHED), None)
+    terminal = None
+    if newest_finished is not None and newest_finished.status is DagsterRunStatus.FAILURE:
+        terminal = _terminal_failure(newest_finished)
     for run in runs:
         last_attempt = max(last_attempt, int(run.tags.get(ATTEMPT_TAG, "0") or 0))
         if run.status not in FINISHED:
@@ -100,7 +141,7 @@ def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
             # A canceled run counts as a failed attempt, so an operator's cancel is not
             # undone by endless resubmission.
             failed += run.status is not DagsterRunStatus.SUCCESS
-    return BatchRuns(tuple(in_flight), tuple(dead), failed, last_attempt)
+    return BatchRuns(tuple(in_flight), tuple(dead), failed, last_attempt, terminal)
 
 
 def succeeded_pipelines(

@@ -25,7 +25,7 @@ from dagster import (
 )
 
 from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.core.planning import batch_is_due
+from watermark_dagster.core.planning import batch_is_due, decide_resume
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
@@ -63,6 +63,17 @@ class WatermarkSettings:
     max_attempts: int = 3
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
+
+
+def resume_request(batch_id: str, keys: list[AssetKey], attempt: int) -> RunRequest:
+    """The run that (re)materializes ``keys`` for batch ``batch_id``; its key carries the
+    attempt, since Dagster never launches a run key twice (failed runs included)."""
+    return RunRequest(
+        run_key=f"{batch_id}:{attempt}",
+        partition_key=batch_id,
+        asset_selection=keys,
+        tags={ATTEMPT_TAG: str(attempt), BATCH_TAG: batch_id},
+    )
 
 
 def build_coordinator_sensor(
@@ -170,27 +181,36 @@ def build_coordinator_sensor(
         todo = [p for p in batch.pipelines if p not in done and p in pipeline_keys]
         if not todo:
             return result(f"batch {batch.batch_id}: all pipelines succeeded; finalizer's turn")
-        if runs.failed >= settings.max_attempts:
-            if cursor.get("stuck") != batch.batch_id:
-                cursor["stuck"] = batch.batch_id
+        decision = decide_resume(
+            batch.batch_id,
+            todo,
+            failed_runs=runs.failed,
+            max_attempts=settings.max_attempts,
+            terminal=runs.terminal,
+        )
+        if not decision.run:
+            stuck_key = f"{batch.batch_id}:{runs.last_attempt}"
+            if cursor.get("stuck") != stuck_key:
+                cursor["stuck"] = stuck_key
+                detail: dict[str, Any] = {
+                    "failed_runs": runs.failed,
+                    "pipelines": todo,
+                    "reason": decision.stuck,
+                    "terminal": runs.terminal is not None,
+                }
+                if runs.terminal is not None:
+                    detail.update(error=runs.terminal.error, message=runs.terminal.message)
                 store.record(
                     "BATCH_STUCK",
                     actor=f"sensor:{COORDINATOR}",
                     batch_id=batch.batch_id,
-                    detail={"failed_runs": runs.failed, "pipelines": todo},
+                    detail=detail,
                 )
-            return result(
-                f"batch {batch.batch_id} is stuck: {runs.failed} failed runs (max_attempts="
-                f"{settings.max_attempts}); pipelines {todo} unfinished. Fix the cause and "
-                "re-execute the batch partition from the UI."
-            )
+                # The full reason (with the fix) is this tick's skip reason.
+                context.log.warning(f"batch {batch.batch_id} is stuck: not resubmitted")
+            return result(decision.stuck)
         attempt = runs.last_attempt + 1
-        request = RunRequest(
-            run_key=f"{batch.batch_id}:{attempt}",
-            partition_key=batch.batch_id,
-            asset_selection=[pipeline_keys[p] for p in todo],
-            tags={ATTEMPT_TAG: str(attempt), BATCH_TAG: batch.batch_id},
-        )
+        request = resume_request(batch.batch_id, [pipeline_keys[p] for p in todo], attempt)
         context.log.info(f"batch {batch.batch_id} attempt {attempt}: requesting {todo}")
         return result(None, [request])
 

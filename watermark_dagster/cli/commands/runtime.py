@@ -26,9 +26,11 @@ def cmd_run(ctx: Context) -> int:
 
     spark = ctx.spark()
     try:
-        report = HeadlessRunner(
-            ctx.defs, DagsterInstance.get(), log=_progress(ctx)
-        ).run_until_idle()
+        # Run events stay in the instance; failures are reported once, by the runner.
+        runner = HeadlessRunner(
+            ctx.defs, DagsterInstance.get(), log=_progress(ctx), run_log_level="CRITICAL"
+        )
+        report = runner.run_until_idle(retry=ctx.args.retry)
     finally:
         spark.stop()
     failed = report.failed_runs
@@ -44,10 +46,12 @@ def cmd_run(ctx: Context) -> int:
     else:
         ctx.console.print()
         print_status(ctx, as_json=False)
-    for r in failed:
-        ctx.console.problem(f"FAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}")
     if report.stuck:
+        # One message: it carries the failed run's error and its fix.
         ctx.console.problem(report.stuck)
+    else:
+        for r in failed:
+            ctx.console.problem(f"FAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}")
     return EXIT_FAILED if report.stuck or failed else EXIT_OK
 
 
@@ -92,6 +96,8 @@ def cmd_demo(ctx: Context) -> int:
             batches += report.completed
             if report.stuck or report.failed_runs:
                 break
+        if report.stuck:
+            ctx.console.problem(report.stuck)
         checks = compare_with_full_recompute(spark, paths)
     finally:
         spark.stop()
@@ -165,7 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--fresh", action="store_true", help="delete WATERMARK_HOME first")
     demo.add_argument("--quiet", action="store_true", help="no per-run progress lines")
 
-    add_command(
+    run = add_command(
         sub,
         "run",
         cmd_run,
@@ -177,6 +183,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         example="*/10 * * * * cd /srv/lake && watermark run --json >> watermark-run.log",
         json_help="print the outcome as JSON (progress goes to stderr)",
+    )
+    run.add_argument(
+        "--retry",
+        action="store_true",
+        help="run the open batch's unfinished pipelines once more, even if it is stuck "
+        "(after you fixed what a terminal error named)",
     )
 
     dev = add_command(
