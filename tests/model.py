@@ -1,7 +1,10 @@
 """The model-based exactly-once check: random histories, failures, crashes and replays.
 
-One case, from a seed: two upstreams (``src`` with change data feed, ``log`` append-only
-without it) get random commits (inserts, updates, deletes, appends, OPTIMIZE); between
+One case, from a seed: three upstreams (``src`` with change data feed, ``log`` append-only
+without it, ``clicks`` a Delta table read through a timestamp cursor) get random commits
+(inserts, updates, deletes, appends, OPTIMIZE, RESTORE and whole-table rewrites that
+delete and re-insert keys in one commit, late cursor rows below the committed position,
+deletes of cursor rows already read); between
 them the system runs cycles — plan, run the pipelines, finalize — interrupted at random by
 a failing pipeline, a crash at a random fault point (the in-process stand-in for SIGKILL:
 nothing records it), replays of applied ranges and backfills of old batches. When the
@@ -19,6 +22,7 @@ import random
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,23 @@ def _events(batch: BatchContext) -> DataFrame:
     return batch["log"].changes.select("id", "value")
 
 
+def _clicks_log(batch: BatchContext) -> DataFrame:
+    return batch["clicks"].changes.select("id", "value")
+
+
+def _clicks_copy(batch: BatchContext) -> DataFrame:
+    return batch["clicks"].net_changes(["id"]).select("id", "value")
+
+
+# Cursor rows: normal rows arrive in cursor order; late rows carry a cursor below every
+# window already pinned, so by design they are never read.
+CLICKS_BASE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _micros(ts: datetime) -> int:
+    return int(ts.timestamp() * 1_000_000)
+
+
 @dataclass
 class Stats:
     """What a case did, summed over a soak run."""
@@ -96,8 +117,17 @@ class Case:
         self.stats = Stats(cases=1)
         self.next_id = 0
         self.src, self.log = str(root / "src"), str(root / "log")
+        self.clicks = str(root / "clicks")
+        clicks = Upstream(
+            "clicks",
+            path=self.clicks,
+            mode="timestamp",
+            format="delta",
+            cursor="ts",
+            tie_break=("id",),
+        )
         self.registry = Registry(
-            upstreams=[Upstream("src", path=self.src), Upstream("log", path=self.log)],
+            upstreams=[Upstream("src", path=self.src), Upstream("log", path=self.log), clicks],
             pipelines=[
                 Pipeline(
                     "copy", ("src",), str(root / "copy"), ("id",), self.failures.wrap("copy", _copy)
@@ -110,9 +140,30 @@ class Case:
                     self.failures.wrap("events", _events),
                     write="append",
                 ),
+                Pipeline(
+                    "clicks_log",
+                    ("clicks",),
+                    str(root / "clicks_log"),
+                    (),
+                    self.failures.wrap("clicks_log", _clicks_log),
+                    write="append",
+                ),
+                Pipeline(
+                    "clicks_copy",
+                    ("clicks",),
+                    str(root / "clicks_copy"),
+                    ("id",),
+                    self.failures.wrap("clicks_copy", _clicks_copy),
+                ),
             ],
         )
-        self.consumers = {"src": ["copy"], "log": ["events"]}
+        self.consumers = {
+            "src": ["copy"],
+            "log": ["events"],
+            "clicks": ["clicks_log", "clicks_copy"],
+        }
+        # Cursor rows the pipelines must end up with: id -> (position, value).
+        self.clicks_expected: dict[int, tuple[tuple[int, int], int]] = {}
         self.store = WatermarkStore(root / "control")
         self.observer = Observer()
         self.high_water: dict[str, int] = {}
@@ -142,11 +193,42 @@ class Case:
             configuration={"delta.enableChangeDataFeed": "true"},
         )
         write_deltalake(self.log, self._rows(self._new_ids(4)))
-        self.stats.commits += 2
+        self._add_clicks(self._new_ids(3), late=False)
+        self.stats.commits += 3
+
+    def _pinned_high(self) -> tuple:
+        """The greatest cursor position any window of ``clicks`` was pinned at so far."""
+        ends = [
+            b.inputs["clicks"].window.end  # type: ignore[union-attr]
+            for b in self.store.batches()
+            if "clicks" in b.inputs and b.inputs["clicks"].window is not None
+        ]
+        return max((tuple(e) for e in ends if e is not None), default=())
+
+    def _add_clicks(self, ids: list[int], *, late: bool) -> None:
+        """Append cursor rows; a late row's cursor is below every window pinned so far."""
+        if late:
+            stamps = [CLICKS_BASE - timedelta(days=1, seconds=i) for i in ids]
+        else:
+            stamps = [CLICKS_BASE + timedelta(seconds=i) for i in ids]
+        rows = self._rows(ids).append_column("ts", pa.array(stamps, pa.timestamp("us", tz="UTC")))
+        high = self._pinned_high()
+        for i, ts, value in zip(ids, stamps, rows.column("value").to_pylist(), strict=True):
+            position = (_micros(ts), i)
+            if position > high:  # a window pinned later reads it; else it is never read
+                self.clicks_expected[i] = (position, value)
+        write_deltalake(self.clicks, rows, mode="append")
 
     def commit(self) -> None:
         """One random upstream commit."""
-        kind = self.rng.choice(["insert", "update", "delete", "append", "append", "optimize"])
+        kind = self.rng.choice(
+            ["insert", "update", "delete", "append", "append", "optimize", "rewrite", "restore"]
+            + ["click", "click", "late_click", "delete_click"]
+        )
+        if kind.endswith("click"):
+            self._commit_clicks(kind)
+            self.stats.commits += 1
+            return
         src = RsTable(self.src)
         existing = sorted(src.to_pyarrow_table(columns=["id"]).column("id").to_pylist())
         if kind == "insert" or (kind in ("update", "delete") and not existing):
@@ -165,9 +247,40 @@ class Case:
             write_deltalake(
                 self.log, self._rows(self._new_ids(self.rng.randint(1, 3))), mode="append"
             )
+        elif kind == "rewrite":
+            # One commit that deletes every key and inserts it again (some values changed):
+            # a delete and an insert of the same key share one commit version.
+            table = src.to_pyarrow_table(columns=["id", "value"])
+            values = [v + 1 if self.rng.random() < 0.3 else v for v in table["value"].to_pylist()]
+            table = table.set_column(1, "value", pa.array(values, pa.int64()))
+            write_deltalake(self.src, table, mode="overwrite")
+        elif kind == "restore":
+            # RESTORE to an older version: files removed and re-added in one commit.
+            if src.version() < 1:
+                return self.commit()
+            src.restore(self.rng.randint(max(0, src.version() - 3), src.version() - 1))
         else:
-            RsTable(self.rng.choice([self.src, self.log])).optimize.compact()
+            RsTable(self.rng.choice([self.src, self.log, self.clicks])).optimize.compact()
         self.stats.commits += 1
+
+    def _commit_clicks(self, kind: str) -> None:
+        if kind == "click":
+            self._add_clicks(self._new_ids(self.rng.randint(1, 3)), late=False)
+        elif kind == "late_click":
+            self._add_clicks(self._new_ids(1), late=True)
+        else:
+            # Delete a row some window already read (the targets keep it, by design).
+            high = self._pinned_high()
+            table = RsTable(self.clicks).to_pyarrow_table(columns=["id", "ts"])
+            read = [
+                i
+                for i, ts in zip(table["id"].to_pylist(), table["ts"].to_pylist(), strict=True)
+                if (_micros(ts), i) <= high
+            ]
+            if not read:
+                self._add_clicks(self._new_ids(1), late=False)
+                return
+            RsTable(self.clicks).delete(f"id = {int(self.rng.choice(read))}")
 
     # ---------------------------------------------------------------- the system
 
@@ -223,7 +336,7 @@ class Case:
             pass
 
     def failing_cycle(self) -> None:
-        name = self.rng.choice(["copy", "events"])
+        name = self.rng.choice(["copy", "events", "clicks_log", "clicks_copy"])
         self.failures.failing.add(name)
         self.stats.failures += 1
         try:
@@ -332,8 +445,20 @@ class Case:
         watermark is at the latest version. Tables are read with delta-rs, not Spark, so
         the check shares no reader with the system under test."""
         latest = {u: latest_local_version(p) for u, p in (("src", self.src), ("log", self.log))}
-        assert self.store.committed_versions() == latest, (
-            f"seed {self.seed}: committed {self.store.committed_versions()} != latest {latest}"
+        committed = self.store.committed_versions()
+        versioned = {u: committed.get(u) for u in latest}
+        assert versioned == latest, f"seed {self.seed}: committed {versioned} != latest {latest}"
+        # Idle: nothing new is planned once drained (an empty cursor window records the
+        # source state it was read at, so late rows, deletes and OPTIMIZE go quiet).
+        assert not self.cycle(), f"seed {self.seed}: a batch was planned after draining"
+        expected_clicks = sorted((i, v) for i, (_, v) in self.clicks_expected.items())
+        for target in ("clicks_log", "clicks_copy"):
+            got = sorted(_pairs(str(self.root / target)))
+            assert got == expected_clicks, f"seed {self.seed}: {target} lost or doubled rows"
+        position = self.store.committed()["clicks"].committed_cursor
+        newest = max((p for p, _ in self.clicks_expected.values()), default=())
+        assert position is not None and tuple(position) >= newest, (
+            f"seed {self.seed}: clicks committed at {position}, rows up to {newest} were due"
         )
         source = dict(_pairs(self.src))
         copy = _pairs(str(self.root / "copy"))
