@@ -22,6 +22,8 @@ from watermark_dagster.errors import (
     UpstreamRecreatedError,
     UpstreamSchemaChangedError,
     UpstreamUnreadableError,
+    recreated_error,
+    reset_command,
 )
 from watermark_dagster.registry import SchemaChanges, Upstream
 
@@ -37,8 +39,8 @@ def _local(path: str) -> str:
 def reset_fix(upstream: str) -> str:
     """The recovery command for a range that cannot be read any more."""
     return (
-        f"run `watermark reset -t {upstream} --force --reason '...'`: the open batch is "
-        f"abandoned and every pipeline reading '{upstream}' reloads it from a snapshot."
+        f"run `{reset_command(upstream)}`: the open batch is abandoned and every pipeline "
+        f"reading '{upstream}' reloads it from a snapshot."
     )
 
 
@@ -204,8 +206,8 @@ def table_at(upstream: Upstream, version: int) -> DeltaTable:
             f"(needed at version {version}).",
             upstream=upstream.name,
             versions=f"version={version}",
-            fix=f"restore the table, or run `watermark reset -t {upstream.name} --force` once "
-            "it exists again.",
+            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists "
+            "again.",
         ) from e
     except (DeltaError, OSError) as e:
         raise UpstreamUnreadableError(
@@ -227,8 +229,8 @@ def latest_table(upstream: Upstream) -> DeltaTable:
         raise UpstreamRecreatedError(
             f"Upstream '{upstream.name}' at {upstream.path!r} cannot be loaded ({e}).",
             upstream=upstream.name,
-            fix=f"restore the table, or run `watermark reset -t {upstream.name} --force` once "
-            "it exists again.",
+            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists "
+            "again.",
         ) from e
 
 
@@ -239,23 +241,21 @@ def check_identity(upstream: Upstream, rng: VersionRange, planned_table_id: str 
         UpstreamRecreatedError: its id changed, or it has fewer versions than the range.
     """
     latest = latest_table(upstream)
+    unreadable = f"The batch cannot read the range {rng} it pinned; nothing was written."
     if latest.version() < rng.end:
-        raise UpstreamRecreatedError(
-            f"Upstream '{upstream.name}' is at version {latest.version()}, below the end of "
-            f"the batch's range {rng}: it was dropped and recreated or restored.",
-            upstream=upstream.name,
+        raise recreated_error(
+            upstream.name,
+            f"it is at version {latest.version()}, below the end of the batch's range {rng}",
+            unreadable,
             versions=f"range={rng}, latest={latest.version()}",
-            fix=reset_fix(upstream.name),
         )
     table_id = str(latest.metadata().id)
     if planned_table_id and table_id != planned_table_id:
-        raise UpstreamRecreatedError(
-            f"Upstream '{upstream.name}' has table id {table_id}, not {planned_table_id} as "
-            f"when the batch was planned: it was dropped and recreated, so versions {rng} are "
-            "not the ones the batch pinned.",
-            upstream=upstream.name,
+        raise recreated_error(
+            upstream.name,
+            f"its table id is {table_id}, not {planned_table_id} as when the batch was planned",
+            unreadable,
             versions=f"range={rng}",
-            fix=reset_fix(upstream.name),
         )
 
 
