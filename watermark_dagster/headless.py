@@ -99,7 +99,8 @@ class HeadlessRunner:
         return self.defs.resolve_sensor_def(name)
 
     def tick(self, name: str) -> SensorResult:
-        """Evaluate one sensor once, as the daemon would, and apply its partition requests."""
+        """Evaluate one sensor once, as the daemon would: record its asset events
+        (observations, check evaluations) in the instance and apply its partition requests."""
         sensor = self._sensor(name)
         with build_sensor_context(
             instance_ref=self.instance.get_ref(),
@@ -110,6 +111,8 @@ class HeadlessRunner:
         ) as context:
             data = sensor.evaluate_tick(context)
         self._cursors[name] = data.cursor
+        for event in data.asset_events or []:
+            self.instance.report_runless_asset_event(event)
         for request in data.dynamic_partitions_requests or []:
             keys = list(getattr(request, "partition_keys", []) or [])
             if keys:
@@ -151,8 +154,15 @@ class HeadlessRunner:
                 + ("success" if outcome.success else f"FAILED: {error}")
             )
 
-    def run_until_idle(self, *, max_ticks: int = 100) -> CycleReport:
-        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck."""
+    def run_until_idle(
+        self, *, max_ticks: int = 100, max_batches: int | None = None
+    ) -> CycleReport:
+        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck.
+
+        Commits that arrive while a batch runs are planned into the next batch, so this
+        can run several batches. ``max_batches`` stops it once that many batches completed
+        (``watermark run --once``: at most one).
+        """
         store = self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
         report = CycleReport()
         for _ in range(max_ticks):
@@ -171,5 +181,7 @@ class HeadlessRunner:
                 self.log(skip)
                 return report
             if not coordinated.run_requests and after is None:
+                return report
+            if max_batches is not None and len(report.completed) >= max_batches:
                 return report
         return report
