@@ -15,7 +15,11 @@ from typing import Any
 
 
 class WatermarkError(Exception):
-    """Base class of every error raised by watermark-dagster."""
+    """Base class of every error raised by watermark-dagster.
+
+    ``str(error)`` is the message followed by ``Fix: <fix>``; ``reason`` is the message
+    alone and ``fix`` the fix alone, for output that shows them apart.
+    """
 
     def __init__(
         self,
@@ -27,6 +31,7 @@ class WatermarkError(Exception):
         versions: str | None = None,
         fix: str | None = None,
     ) -> None:
+        self.reason = message
         self.upstream = upstream
         self.pipeline = pipeline
         self.batch_id = batch_id

@@ -89,23 +89,47 @@ def iter_commits(
         yield version, commit_actions(upstream, version)
 
 
+def missing_commits(upstream: Upstream, rng: VersionRange) -> list[int]:
+    """The versions of ``rng`` whose commit file is no longer in the Delta log (log cleanup
+    removed them), oldest first. One listing of ``_delta_log`` for a local table; one
+    lookup per version of the range on an object store."""
+    if _is_local(upstream.path):
+        try:
+            names = set(os.listdir(os.path.join(_local(upstream.path), "_delta_log")))
+        except FileNotFoundError:
+            names = set()
+        return [v for v in range(rng.start, rng.end + 1) if f"{v:020d}.json" not in names]
+    from pyarrow import fs as pafs
+
+    filesystem, root = pafs.FileSystem.from_uri(upstream.path.rstrip("/"))
+    infos = filesystem.get_file_info(
+        [f"{root}/_delta_log/{v:020d}.json" for v in range(rng.start, rng.end + 1)]
+    )
+    return [rng.start + i for i, info in enumerate(infos) if info.type == pafs.FileType.NotFound]
+
+
+def missing_commits_error(
+    upstream: Upstream, rng: VersionRange, missing: Sequence[int], *, planned: bool = True
+) -> UpstreamUnreadableError:
+    """The error of a range whose commits ``missing`` are gone from the log."""
+    whose = "the batch's range" if planned else "the range that would be planned,"
+    return UpstreamUnreadableError(
+        f"Upstream '{upstream.name}': commits {missing[0]}..{missing[-1]} of {whose} {rng} "
+        "are no longer in the Delta log (log cleanup removed them after "
+        "delta.logRetentionDuration), so the range cannot be read.",
+        upstream=upstream.name,
+        versions=f"range={rng}, missing={missing[0]}..{missing[-1]}",
+        fix=reset_fix(upstream.name),
+    )
+
+
 def require_commits(upstream: Upstream, rng: VersionRange) -> None:
     """Fail loudly when a commit file of the range is gone (cheap: one listing locally)."""
     if not _is_local(upstream.path):
         return
-    try:
-        names = set(os.listdir(os.path.join(_local(upstream.path), "_delta_log")))
-    except FileNotFoundError:
-        names = set()
-    missing = [v for v in range(rng.start, rng.end + 1) if f"{v:020d}.json" not in names]
+    missing = missing_commits(upstream, rng)
     if missing:
-        raise UpstreamUnreadableError(
-            f"Upstream '{upstream.name}': commits {missing[0]}..{missing[-1]} of the batch's "
-            f"range {rng} are no longer in the Delta log (log cleanup or a recreated table).",
-            upstream=upstream.name,
-            versions=f"range={rng}, missing={missing[0]}..{missing[-1]}",
-            fix=reset_fix(upstream.name),
-        )
+        raise missing_commits_error(upstream, rng, missing)
 
 
 @dataclass(frozen=True)
@@ -206,8 +230,7 @@ def table_at(upstream: Upstream, version: int) -> DeltaTable:
             f"(needed at version {version}).",
             upstream=upstream.name,
             versions=f"version={version}",
-            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists "
-            "again.",
+            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists again.",
         ) from e
     except (DeltaError, OSError) as e:
         raise UpstreamUnreadableError(
@@ -229,8 +252,7 @@ def latest_table(upstream: Upstream) -> DeltaTable:
         raise UpstreamRecreatedError(
             f"Upstream '{upstream.name}' at {upstream.path!r} cannot be loaded ({e}).",
             upstream=upstream.name,
-            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists "
-            "again.",
+            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists again.",
         ) from e
 
 
