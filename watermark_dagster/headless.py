@@ -67,6 +67,9 @@ class HeadlessRunner:
         log: where progress lines go (default: nowhere).
         run_log_level: level of Dagster's console log inside executed runs (``"DEBUG"`` shows
             every step event; the event log in the instance is complete either way).
+        before_first_run: called once, just before the first run is executed (the command
+            line starts its Spark session there, so a cycle with nothing to run starts no
+            JVM).
     """
 
     def __init__(
@@ -76,8 +79,10 @@ class HeadlessRunner:
         *,
         log: Callable[[str], None] | None = None,
         run_log_level: str = "INFO",
+        before_first_run: Callable[[], object] | None = None,
     ) -> None:
         self.run_log_level = run_log_level
+        self._before_first_run = before_first_run
         self.defs = defs
         self.instance = instance
         self.log = log or (lambda _msg: None)
@@ -126,6 +131,9 @@ class HeadlessRunner:
     def execute_requests(self, result: SensorResult, report: CycleReport) -> None:
         """Execute each run request of a coordinator tick in this process."""
         for request in result.run_requests or []:
+            if self._before_first_run is not None:
+                self._before_first_run()
+                self._before_first_run = None
             keys = list(request.asset_selection or [])
             outcome = self._job.execute_in_process(
                 instance=self.instance,

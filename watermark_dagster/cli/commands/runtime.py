@@ -24,13 +24,19 @@ def cmd_run(ctx: Context) -> int:
 
     from watermark_dagster.headless import HeadlessRunner
 
-    spark = ctx.spark()
+    started: list[Any] = []
     try:
-        report = HeadlessRunner(ctx.defs, DagsterInstance.get(), log=_progress(ctx)).run_until_idle(
-            max_batches=1 if ctx.args.once else None
-        )
+        # The Spark session is started for the first run only: a cycle with nothing to
+        # run (nothing new, or every upstream blocked) starts no JVM.
+        report = HeadlessRunner(
+            ctx.defs,
+            DagsterInstance.get(),
+            log=_progress(ctx),
+            before_first_run=lambda: started.append(ctx.spark()),
+        ).run_until_idle(max_batches=1 if ctx.args.once else None)
     finally:
-        spark.stop()
+        for spark in started:
+            spark.stop()
     failed = report.failed_runs
     rows = status_rows(ctx)
     # An upstream nothing can be planned for (recreated, missing) fails the run: a cron
