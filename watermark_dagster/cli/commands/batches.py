@@ -61,7 +61,8 @@ def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any
     A batch is stuck when the coordinator recorded ``BATCH_STUCK`` for it (its failed runs
     reached the maximum, or a pipeline failed with an error retrying cannot fix) and no
     pipeline attempt started after that. The reason is the recorded error, else the last
-    failed attempt's; the fix is the recorded one, else re-executing the partition.
+    failed attempt's; the fix is the recorded one, else the one that error names, else
+    re-executing the partition.
     """
     from watermark_dagster.store import BatchStatus, CheckpointStatus
 
@@ -80,13 +81,18 @@ def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any
         if any(c.started_at > detail["at"] for c in attempts):
             continue  # re-executed since: running or failing again, not given up
         failed = [c for c in attempts if c.status is CheckpointStatus.FAILED and c.error]
+        reason = detail.get("error") or (failed[-1].error if failed else None)
+        fix = detail.get("fix")
+        if fix is None and reason and " Fix: " in reason:
+            # The error names its own fix (our errors end with it): that is the advice.
+            reason, fix = reason.rsplit(" Fix: ", 1)
         stuck[batch_id] = {
             "since": f"{detail['at']:%Y-%m-%d %H:%M:%S}",
             "failed_runs": detail.get("failed_runs"),
             "pipelines": detail.get("pipelines"),
             "terminal": detail.get("terminal"),
-            "reason": detail.get("error") or (failed[-1].error if failed else None),
-            "fix": detail.get("fix") or STUCK_FIX,
+            "reason": reason,
+            "fix": fix or STUCK_FIX,
         }
     return stuck
 
@@ -156,6 +162,16 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _say(ctx: Context, text: str) -> None:
+    """A line of prose: wrapped to the terminal's width on a terminal, whole elsewhere."""
+    console = ctx.console
+    if console.terminal and console.width:
+        text = textwrap.fill(
+            text, width=console.width, subsequent_indent="    ", break_on_hyphens=False
+        )
+    console.print(text)
+
+
 def _print_errors(ctx: Context, checkpoints: Sequence[dict[str, Any]]) -> None:
     """The attempts table. Off a terminal each error is shown whole on its row; on a
     terminal the row shows what fits and the full errors follow, wrapped."""
@@ -181,15 +197,7 @@ def _print_errors(ctx: Context, checkpoints: Sequence[dict[str, Any]]) -> None:
         console.print()
         console.print(console.paint("errors", "bold"))
         for c, e in long:
-            title = f"{c['pipeline']} attempt {c['attempt']}:"
-            console.print(
-                textwrap.fill(
-                    f"{title} {e}",
-                    width=console.width,
-                    subsequent_indent="  ",
-                    break_on_hyphens=False,
-                )
-            )
+            _say(ctx, f"{c['pipeline']} attempt {c['attempt']}: {e}")
 
 
 def cmd_batch(ctx: Context) -> int:
@@ -249,8 +257,8 @@ def cmd_batch(ctx: Context) -> int:
             + (f"; pipelines {stuck['pipelines']} unfinished" if stuck["pipelines"] else "")
         )
         if stuck["reason"]:
-            ctx.console.print(f"  reason: {_one_line(stuck['reason'])}")
-        ctx.console.print(f"  fix: {stuck['fix']}")
+            _say(ctx, f"  reason: {_one_line(stuck['reason'])}")
+        _say(ctx, f"  fix: {stuck['fix']}")
     ctx.console.print()
     ctx.console.table(
         ["upstream", "mode", "start", "end", "full load", "advanced"],
