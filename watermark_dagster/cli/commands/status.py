@@ -212,7 +212,7 @@ def cmd_get(ctx: Context) -> int:
     ]
     if row["blocked"] or row["unavailable"]:
         state = "BLOCKED" if row["blocked"] else "UNAVAILABLE"
-        reason = row["blocked"] or _without_fix(row["unavailable"], row["fix"])
+        reason = row["blocked"] or _without_fix(str(row["unavailable"]), row["fix"])
         pairs += [("state", Styled(state, "bad")), ("why", reason), ("fix", row["fix"])]
     from watermark_dagster.cli.render import fields
 
