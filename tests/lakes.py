@@ -75,13 +75,21 @@ def registry_from(spec: dict[str, Any]) -> Registry:
 
 
 def defs_from(spec: dict[str, Any]):  # noqa: ANN201
-    """The code location a spec describes (local[2] Spark, no minimum batch interval)."""
+    """The code location a spec describes (local[2] Spark, no minimum batch interval).
+
+    Optional spec keys: ``max_attempts``, ``spark_master`` (a master that cannot start
+    proves a command started no JVM), ``sensor_interval_seconds`` (for a live daemon).
+    """
     return build_definitions(
         registry_from(spec),
         control_root=spec["control_root"],
-        spark=SparkSessionResource(master="local[2]", conf=SPARK_TEST_CONF),
+        spark=SparkSessionResource(
+            master=spec.get("spark_master", "local[2]"), conf=SPARK_TEST_CONF
+        ),
         settings=WatermarkSettings(
-            min_batch_interval_seconds=0, max_attempts=spec.get("max_attempts", 1)
+            min_batch_interval_seconds=0,
+            max_attempts=spec.get("max_attempts", 1),
+            sensor_interval_seconds=spec.get("sensor_interval_seconds", 30),
         ),
     )
 

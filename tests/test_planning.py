@@ -23,6 +23,7 @@ from watermark_dagster.errors import (
     UpstreamRecreatedError,
     WatermarkGapError,
     WatermarkRegressionError,
+    recreated_fix,
 )
 
 PIPELINES = {"pipeline_a": ["up1", "up2"], "pipeline_b": ["up2", "up3"]}
@@ -89,9 +90,12 @@ def test_unconsumed_upstream_gets_no_range() -> None:
 
 
 def test_recreated_upstream_fails_loudly() -> None:
-    with pytest.raises(UpstreamRecreatedError, match=r"'up1' is at version 2, below .* 7") as e:
+    with pytest.raises(
+        UpstreamRecreatedError, match=r"'up1' was dropped and recreated: it is at version 2, below"
+    ) as e:
         plan_batch([UpstreamPosition("up1", 2, 7)], {"p": ["up1"]})
-    assert "watermark reset -t up1" in str(e.value)
+    assert e.value.fix == recreated_fix("up1")
+    assert "`watermark reset -t up1 --force`" in str(e.value)
     assert e.value.upstream == "up1"
 
 

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, build_sensor_context
+from dagster import (
+    AssetCheckEvaluation,
+    AssetObservation,
+    DagsterInstance,
+    DagsterRunStatus,
+    build_sensor_context,
+)
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
@@ -87,11 +93,16 @@ def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:  
     ]
     [add] = result.dynamic_partitions_requests
     assert list(add.partition_keys) == ["b000001"]
-    # Observations of the three upstreams ride along with the tick.
-    assert sorted(e.asset_key.to_user_string() for e in result.asset_events) == [
-        "up1",
-        "up2",
-        "up3",
+    # Observations of the three upstreams ride along with the tick, and so do their
+    # watermark_continuity check results (all passing).
+    events = result.asset_events
+    observed = [e for e in events if isinstance(e, AssetObservation)]
+    assert sorted(e.asset_key.to_user_string() for e in observed) == ["up1", "up2", "up3"]
+    checks = [e for e in events if isinstance(e, AssetCheckEvaluation)]
+    assert sorted((e.asset_key.to_user_string(), e.passed) for e in checks) == [
+        ("up1", True),
+        ("up2", True),
+        ("up3", True),
     ]
     batch = store.open_batch()
     assert batch is not None

@@ -15,7 +15,11 @@ from typing import Any
 
 
 class WatermarkError(Exception):
-    """Base class of every error raised by watermark-dagster."""
+    """Base class of every error raised by watermark-dagster.
+
+    ``str(error)`` is the message followed by ``Fix: <fix>``; ``reason`` is the message
+    alone and ``fix`` the fix alone, for output that shows them apart.
+    """
 
     def __init__(
         self,
@@ -27,6 +31,7 @@ class WatermarkError(Exception):
         versions: str | None = None,
         fix: str | None = None,
     ) -> None:
+        self.reason = message
         self.upstream = upstream
         self.pipeline = pipeline
         self.batch_id = batch_id
@@ -94,3 +99,49 @@ class UpstreamDataChangedError(TerminalError):
 
 class UpstreamSchemaChangedError(TerminalError):
     """An upstream's schema changed incompatibly inside a batch's range."""
+
+
+def reset_command(upstream: str) -> str:
+    """The command that recovers an upstream whose committed watermark no longer applies
+    (the table was recreated, or the range it needs was cleaned up): forget the watermark,
+    abandon the open batch that reads the table, reload it from a snapshot."""
+    return f"watermark reset -t {upstream} --force"
+
+
+def recreated_fix(upstream: str) -> str:
+    """The fix of every :class:`UpstreamRecreatedError`, wherever it is detected."""
+    return (
+        f"check that the table now at the path of '{upstream}' is the one to follow, then run "
+        f"`{reset_command(upstream)}`: its watermark is forgotten (an open batch reading it is "
+        f"abandoned) and every pipeline reading '{upstream}' reloads it from a snapshot."
+    )
+
+
+def recreated_error(
+    upstream: str,
+    found: str,
+    consequence: str,
+    *,
+    versions: str | None = None,
+    batch_id: str | None = None,
+) -> UpstreamRecreatedError:
+    """The error for an upstream that was dropped and recreated at the same path.
+
+    Planning, observation and the read path detect it in different ways; they all build it
+    here, so the message has one shape and the fix is one and the same command.
+
+    Args:
+        upstream: the upstream's name.
+        found: what shows it, e.g. ``"its table id is X, but ..."``.
+        consequence: what happens because of it, e.g. ``"Nothing is planned for it."``.
+        versions: the versions concerned, for metadata.
+        batch_id: the batch concerned, if any.
+    """
+    return UpstreamRecreatedError(
+        f"Upstream '{upstream}' was dropped and recreated: {found}. Its versions no longer "
+        f"continue from the committed watermark. {consequence}",
+        upstream=upstream,
+        batch_id=batch_id,
+        versions=versions,
+        fix=recreated_fix(upstream),
+    )

@@ -79,6 +79,9 @@ class HeadlessRunner:
         log: where progress lines go (default: nowhere).
         run_log_level: level of Dagster's console log inside executed runs (``"DEBUG"`` shows
             every step event; the event log in the instance is complete either way).
+        before_first_run: called once, just before the first run is executed (the command
+            line starts its Spark session there, so a cycle with nothing to run starts no
+            JVM).
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class HeadlessRunner:
         *,
         log: Callable[[str], None] | None = None,
         run_log_level: str = "INFO",
+        before_first_run: Callable[[], object] | None = None,
     ) -> None:
         self.run_log_level = run_log_level
+        self._before_first_run = before_first_run
         self.defs = defs
         self.instance = instance
         self.log = log or (lambda _msg: None)
@@ -111,7 +116,8 @@ class HeadlessRunner:
         return self.defs.resolve_sensor_def(name)
 
     def tick(self, name: str) -> SensorResult:
-        """Evaluate one sensor once, as the daemon would, and apply its partition requests."""
+        """Evaluate one sensor once, as the daemon would: record its asset events
+        (observations, check evaluations) in the instance and apply its partition requests."""
         sensor = self._sensor(name)
         with build_sensor_context(
             instance_ref=self.instance.get_ref(),
@@ -122,6 +128,8 @@ class HeadlessRunner:
         ) as context:
             data = sensor.evaluate_tick(context)
         self._cursors[name] = data.cursor
+        for event in data.asset_events or []:
+            self.instance.report_runless_asset_event(event)
         for request in data.dynamic_partitions_requests or []:
             keys = list(getattr(request, "partition_keys", []) or [])
             if keys:
@@ -135,6 +143,9 @@ class HeadlessRunner:
     def execute_requests(self, result: SensorResult, report: CycleReport) -> None:
         """Execute each run request of a coordinator tick in this process."""
         for request in result.run_requests or []:
+            if self._before_first_run is not None:
+                self._before_first_run()
+                self._before_first_run = None
             keys = list(request.asset_selection or [])
             outcome = self._job.execute_in_process(
                 instance=self.instance,
@@ -189,11 +200,18 @@ class HeadlessRunner:
         self.log(f"batch {batch.batch_id}: retrying {[k.to_user_string() for k in todo]}")
         return SensorResult(run_requests=[resume_request(batch.batch_id, todo, attempt)])
 
-    def run_until_idle(self, *, max_ticks: int = 100, retry: bool = False) -> CycleReport:
+    def run_until_idle(
+        self, *, max_ticks: int = 100, max_batches: int | None = None, retry: bool = False
+    ) -> CycleReport:
         """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck.
+
+        Commits that arrive while a batch runs are planned into the next batch, so this
+        can run several batches.
 
         Args:
             max_ticks: stop after this many coordinator ticks.
+            max_batches: stop once that many batches completed (``watermark run --once``:
+                at most one).
             retry: first run the open batch's unfinished pipelines once more, even if the
                 batch is stuck (after a terminal error, or after ``max_attempts`` failures).
         """
@@ -218,5 +236,7 @@ class HeadlessRunner:
                 report.stuck = skip  # the caller reports it (once)
                 return report
             if not coordinated.run_requests and after is None:
+                return report
+            if max_batches is not None and len(report.completed) >= max_batches:
                 return report
         return report

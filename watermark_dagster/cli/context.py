@@ -1,7 +1,8 @@
 """What every command needs: where things live, the code location, its store and registry.
 
 Nothing here writes to the control tables. Loading a code location only builds its
-definitions; the store creates missing control tables on first use, as the sensors do.
+definitions; ``store`` creates missing control tables on first use, as the sensors do,
+while ``read_store`` (for commands that only look) creates and writes nothing.
 """
 
 import argparse
@@ -107,6 +108,15 @@ class Context:
     def store(self) -> "WatermarkStore":
         """Its control tables."""
         return self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
+
+    @cached_property
+    def read_store(self) -> "WatermarkStore":
+        """The same control tables opened read-only: nothing is created (a missing control
+        table reads as empty) and nothing can be written. For commands that only look."""
+        from watermark_dagster.store import ReadOnlyWatermarkStore
+
+        store = self.store
+        return ReadOnlyWatermarkStore(store.root, storage_options=store.storage_options)
 
     def spark(self) -> Any:
         """The code location's Spark session, started once for the whole command."""

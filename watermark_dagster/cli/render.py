@@ -6,6 +6,7 @@ Colours follow the usual conventions: only when the stream is a terminal, never 
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ STATUS_STYLES: dict[str, Style] = {
     "COMPLETED": "ok",
     "SUCCESS": "ok",
     "PLANNED": "warn",
+    "STUCK": "bad",
+    "BLOCKED": "bad",
     "RUNNING": "warn",
     "FAILED": "bad",
     "ABANDONED": "bad",
@@ -101,6 +104,11 @@ class Console:
         self.err = err or sys.stderr
         self.colour = colour_enabled(self.out)
         self.err_colour = colour_enabled(self.err)
+        isatty = getattr(self.out, "isatty", None)
+        # On a terminal long texts may be cut to fit and are repeated in full below;
+        # elsewhere (pipes, files, logs) nothing is ever cut.
+        self.terminal = bool(isatty and isatty())
+        self.width = shutil.get_terminal_size().columns if self.terminal else None
 
     def print(self, text: str = "") -> None:
         """A line of results."""

@@ -13,9 +13,9 @@ from typing import Protocol
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import (
     BatchStateError,
-    UpstreamRecreatedError,
     WatermarkGapError,
     WatermarkRegressionError,
+    recreated_error,
 )
 
 
@@ -173,12 +173,11 @@ def _plan_input(pos: UpstreamPosition, consumed: bool) -> PlannedInput:
         return PlannedInput(name, ReadMode.NOOP, None, None, CursorWindow(start, start))
     committed = pos.committed_version
     if committed is not None and pos.latest_version < committed:
-        raise UpstreamRecreatedError(
-            f"Upstream '{name}' is at version {pos.latest_version}, below its committed "
-            f"watermark {committed}: the table was dropped and recreated or restored.",
-            upstream=name,
+        raise recreated_error(
+            name,
+            f"it is at version {pos.latest_version}, below its committed watermark {committed}",
+            "Nothing can be planned for it.",
             versions=f"latest={pos.latest_version}, committed={committed}",
-            fix=f"check the table, then run `watermark reset -t {name} --force` to reload it.",
         )
     if committed is None:
         if not consumed:

@@ -1,9 +1,15 @@
-"""Dagster asset checks on upstreams: the retention horizon.
+"""Dagster asset checks on upstreams: the retention horizon and continuity.
 
-One check per versioned upstream, on the upstream's observable source asset: it fails
-(severity ERROR) when the oldest version a batch still needs is close to the table's
-retention horizon, or already gone, so an operator can act before VACUUM or log cleanup
-makes the range unreadable. The decision lives in :mod:`watermark_dagster.observe.retention`.
+On each upstream's observable source asset:
+
+* ``retention_horizon`` (versioned upstreams) fails (severity ERROR) when the oldest
+  version a batch still needs is close to the table's retention horizon, or already gone,
+  so an operator can act before VACUUM or log cleanup makes the range unreadable. The
+  decision lives in :mod:`watermark_dagster.observe.retention`.
+* ``watermark_continuity`` fails (severity ERROR) while nothing can be planned for the
+  upstream: it was dropped and recreated since its committed watermark, or it is missing.
+  The coordinator sensor reports it whenever it looks at the upstreams (so it needs no
+  manual run); it can also be run from the asset's *Checks* tab.
 """
 
 from collections.abc import Iterator, Mapping
@@ -12,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
@@ -24,7 +31,8 @@ from dagster import (
 )
 
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
-from watermark_dagster.errors import TerminalError
+from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
+from watermark_dagster.observe.delta_log import Observer, RegistryObservation, recreation
 from watermark_dagster.observe.retention import (
     DEFAULT_MARGIN,
     RetentionStatus,
@@ -35,6 +43,7 @@ from watermark_dagster.observe.retention import (
 from watermark_dagster.registry import Registry, Upstream
 
 RETENTION_CHECK = "retention_horizon"
+CONTINUITY_CHECK = "watermark_continuity"
 
 
 @dataclass(frozen=True)
@@ -187,3 +196,126 @@ def build_retention_checks(
             )
 
     return [retention_checks]
+
+
+def continuity_result(
+    upstream: str, problem: WatermarkError | str | None, committed: int | None = None
+) -> tuple[bool, str, dict[str, Any]]:
+    """``(passed, description, metadata)`` of the continuity check of one upstream.
+
+    Args:
+        problem: why nothing can be planned for it (an error, or its text), or None.
+        committed: its committed version, for the description of a pass.
+    """
+    if problem is None:
+        at = "nothing committed yet" if committed is None else f"committed version {committed}"
+        return True, f"'{upstream}' continues from its watermark ({at}).", {"upstream": upstream}
+    meta: dict[str, Any] = {"upstream": upstream}
+    if isinstance(problem, WatermarkError):
+        meta.update(problem.metadata())
+    return False, str(problem), meta
+
+
+def continuity_evaluations(
+    look: RegistryObservation,
+    upstream_keys: Mapping[str, AssetKey],
+    reported: Mapping[str, str],
+) -> tuple[list[AssetCheckEvaluation], dict[str, str]]:
+    """The continuity check evaluations a coordinator tick reports from its look at the
+    upstreams: only those whose outcome changed since ``reported`` (so the event log gets
+    a row per change, not per tick).
+
+    Returns:
+        the evaluations, and the new ``upstream -> outcome`` mapping to remember.
+    """
+    names = sorted(set(look.observed) | set(look.errors))
+    now: dict[str, str] = {}
+    events: list[AssetCheckEvaluation] = []
+    for name in names:
+        problem: WatermarkError | str | None = look.blocked.get(name) or look.errors.get(name)
+        mark = look.marks.get(name)
+        passed, description, meta = continuity_result(
+            name, problem, mark.committed_version if mark else None
+        )
+        outcome = "ok" if passed else description
+        now[name] = outcome
+        if reported.get(name) == outcome:
+            continue
+        events.append(
+            AssetCheckEvaluation(
+                asset_key=upstream_keys[name],
+                check_name=CONTINUITY_CHECK,
+                passed=passed,
+                severity=AssetCheckSeverity.ERROR,
+                description=description,
+                metadata=meta,
+            )
+        )
+    return events, now
+
+
+def build_continuity_checks(
+    registry: Registry, upstream_keys: Mapping[str, AssetKey], observer: Observer
+) -> list[AssetChecksDefinition]:
+    """One ``watermark_continuity`` check per upstream that a pipeline reads.
+
+    The coordinator sensor reports these checks from every look it takes at the upstreams
+    (see :func:`continuity_evaluations`); the definition returned here lets the UI show
+    them and run them by hand. A check fails with severity ERROR while the upstream blocks
+    its pipelines: dropped and recreated since its committed watermark (another table id,
+    or fewer versions than the watermark), or missing; the description names the fix.
+
+    Args:
+        registry: the upstreams and pipelines.
+        upstream_keys: upstream name -> its asset key (from the translator).
+        observer: the code location's observer (its cache is shared with the sensors).
+    """
+    upstreams = {
+        AssetCheckKey(upstream_keys[u.name], CONTINUITY_CHECK): u
+        for u in registry.consumed_upstreams()
+    }
+    if not upstreams:
+        return []
+    specs = [
+        AssetCheckSpec(
+            CONTINUITY_CHECK,
+            asset=key.asset_key,
+            description=f"Fails while nothing can be planned for '{u.name}': the table was "
+            "dropped and recreated since its committed watermark, or it is missing. The "
+            "coordinator sensor reports it at every look at the upstreams.",
+        )
+        for key, u in upstreams.items()
+    ]
+
+    @multi_asset_check(
+        specs=specs,
+        can_subset=True,
+        name="watermark_continuity_checks",
+        description="Whether each upstream still continues from its committed watermark.",
+    )
+    def continuity_checks(
+        context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
+    ) -> Iterator[AssetCheckResult]:
+        marks = watermark_store.get_store().committed()
+        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
+            upstream = upstreams[key]
+            mark = marks.get(upstream.name)
+            problem: WatermarkError | None
+            try:
+                problem = recreation(observer.observe(upstream), mark)
+            except UpstreamUnavailableError as e:
+                problem = e
+            passed, description, meta = continuity_result(
+                upstream.name, problem, mark.committed_version if mark else None
+            )
+            (context.log.info if passed else context.log.error)(description)
+            yield AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=passed,
+                severity=AssetCheckSeverity.ERROR,
+                description=description,
+                metadata=meta,
+            )
+
+    return [continuity_checks]

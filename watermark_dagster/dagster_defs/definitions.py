@@ -14,7 +14,7 @@ from watermark_dagster.dagster_defs.assets import (
     build_pipeline_asset,
     build_upstream_assets,
 )
-from watermark_dagster.dagster_defs.checks import build_retention_checks
+from watermark_dagster.dagster_defs.checks import build_continuity_checks, build_retention_checks
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.sensors import (
     WatermarkSettings,
@@ -81,7 +81,10 @@ def build_definitions(
     )
     return Definitions(
         assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
-        asset_checks=[*build_retention_checks(registry, upstream_keys)],
+        asset_checks=[
+            *build_retention_checks(registry, upstream_keys),
+            *build_continuity_checks(registry, upstream_keys, observer),
+        ],
         jobs=[job],
         sensors=[
             build_coordinator_sensor(

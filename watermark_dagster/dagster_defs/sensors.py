@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetKey,
     AssetObservation,
     DefaultSensorStatus,
@@ -27,6 +28,7 @@ from dagster import (
 from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.core.planning import batch_is_due, decide_resume
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
+from watermark_dagster.dagster_defs.checks import continuity_evaluations
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     ATTEMPT_TAG,
@@ -102,7 +104,7 @@ def build_coordinator_sensor(
         store = watermark_store.get_store()
         cursor = json.loads(context.cursor) if context.cursor else {}
         seen: dict[str, int] = cursor.get("observed", {})
-        events: list[AssetObservation] = []
+        events: list[AssetObservation | AssetCheckEvaluation] = []
 
         batch = store.open_batch()
         if batch is None:
@@ -114,6 +116,11 @@ def build_coordinator_sensor(
             observed, errors = look.observed, look.errors
             for error in errors.values():
                 context.log.error(error)
+            # The watermark_continuity check of each upstream, reported when it changes:
+            # a recreated or missing upstream shows as a failing check without a click.
+            checks, cursor["continuity"] = continuity_evaluations(
+                look, upstream_keys, cursor.get("continuity", {})
+            )
             for name, obs in observed.items():
                 if obs.is_cursor:
                     continue
@@ -121,6 +128,7 @@ def build_coordinator_sensor(
                     events.append(observation_event(obs, upstream_keys[name], committed.get(name)))
                     seen[name] = obs.latest_version
             cursor["observed"] = seen
+            events += checks
             now = datetime.now(UTC)
             interval = timedelta(seconds=settings.min_batch_interval_seconds)
             if not batch_is_due(store.last_planned_at(), now, interval):

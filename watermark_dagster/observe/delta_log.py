@@ -20,7 +20,11 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from watermark_dagster.core.commits import version_at
 from watermark_dagster.core.planning import Plan, UpstreamPosition, plan_batch, with_committed
 from watermark_dagster.core.ranges import ReadMode
-from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
+from watermark_dagster.errors import (
+    UpstreamRecreatedError,
+    UpstreamUnavailableError,
+    recreated_error,
+)
 from watermark_dagster.registry import Pipeline, Registry, Upstream, UpstreamMode, WriteMode
 
 if TYPE_CHECKING:
@@ -181,6 +185,35 @@ class Observer:
         )
 
 
+def recreation(obs: Observation, mark: "Watermark | None") -> UpstreamRecreatedError | None:
+    """The error when ``obs`` shows that the table was dropped and recreated since its
+    committed watermark ``mark`` was set: its table id changed (``CREATE OR REPLACE``,
+    a drop and a new table at the path, with any number of versions), or it has fewer
+    versions than the watermark. None when the table still continues from the watermark,
+    or nothing is committed."""
+    if mark is None or obs.is_cursor or mark.committed_version is None:
+        return None
+    committed = mark.committed_version
+    versions = f"committed={committed}, latest={obs.latest_version}"
+    consequence = "Nothing is planned for it or for the pipelines reading it."
+    if mark.table_id and obs.table_id and mark.table_id != obs.table_id:
+        return recreated_error(
+            obs.upstream,
+            f"its table id is {obs.table_id}, but its committed watermark {committed} was set "
+            f"on table {mark.table_id}",
+            consequence,
+            versions=versions,
+        )
+    if obs.latest_version < committed:
+        return recreated_error(
+            obs.upstream,
+            f"it is at version {obs.latest_version}, below its committed watermark {committed}",
+            consequence,
+            versions=versions,
+        )
+    return None
+
+
 def read_mode_of(upstream: Upstream, obs: Observation) -> ReadMode:
     """The mode a range of this upstream is read in, from its configuration and its
     change data feed flag."""
@@ -201,6 +234,9 @@ class RegistryObservation:
     Attributes:
         observed: upstream -> what was seen.
         errors: upstream -> why it cannot be planned (missing, not Delta, recreated).
+        blocked: upstream -> the error of those among ``errors`` that were dropped and
+            recreated since their watermark was committed: they stay blocked until an
+            operator resets them (the error's fix).
         positions: where each observed upstream stands.
         runnable: pipeline -> upstreams, for pipelines whose upstreams were all observed.
         bootstrap: pipelines whose target is missing or empty (their next batch loads
@@ -215,6 +251,7 @@ class RegistryObservation:
     bootstrap: tuple[str, ...] = ()
     overwrite: tuple[str, ...] = ()
     marks: Mapping[str, "Watermark"] = field(default_factory=dict)
+    blocked: Mapping[str, UpstreamRecreatedError] = field(default_factory=dict)
 
     @property
     def table_ids(self) -> dict[str, str | None]:
@@ -266,32 +303,17 @@ def observe_registry(
     marks = marks or {}
     observed: dict[str, Observation] = {}
     errors: dict[str, str] = {}
+    blocked: dict[str, UpstreamRecreatedError] = {}
     for upstream in registry.consumed_upstreams():
         try:
             obs = observer.observe(upstream)
         except UpstreamUnavailableError as e:
             errors[upstream.name] = str(e)
             continue
-        mark = marks.get(upstream.name)
-        if (
-            mark is not None
-            and mark.table_id
-            and obs.table_id
-            and mark.committed_version is not None
-            and mark.table_id != obs.table_id
-        ):
-            errors[upstream.name] = str(
-                UpstreamRecreatedError(
-                    f"Upstream '{upstream.name}' has table id {obs.table_id}, but its committed "
-                    f"watermark {mark.committed_version} was set on table {mark.table_id}: the "
-                    "table was dropped and recreated, so its versions no longer continue "
-                    "from the watermark. Nothing is planned for it.",
-                    upstream=upstream.name,
-                    versions=f"committed={mark.committed_version}, latest={obs.latest_version}",
-                    fix=f"check the table, then run `watermark reset -t {upstream.name}` to "
-                    "reload it from a snapshot.",
-                )
-            )
+        recreated = recreation(obs, marks.get(upstream.name))
+        if recreated is not None:
+            errors[upstream.name] = str(recreated)
+            blocked[upstream.name] = recreated
             continue
         observed[upstream.name] = obs
     positions = tuple(
@@ -315,7 +337,7 @@ def observe_registry(
     )
     overwrite = tuple(p for p in runnable if registry.pipelines[p].write is WriteMode.OVERWRITE)
     return RegistryObservation(
-        observed, errors, positions, runnable, bootstrap, overwrite, dict(marks)
+        observed, errors, positions, runnable, bootstrap, overwrite, dict(marks), blocked
     )
 
 

@@ -464,14 +464,42 @@ _CAUSES = (
 
 def unreadable(upstream: Upstream, what: str, error: BaseException) -> BaseException:
     """Turn Spark's failure to read a pinned range into a named, actionable error; other
-    failures pass through unchanged."""
+    failures pass through unchanged.
+
+    The message keeps Spark's own first line without the py4j call noise ("An error
+    occurred while calling o59.count.") or the Java class in front of it, and names the
+    missing file when Spark's text holds its path.
+    """
+    import re
+
     text = str(error)
-    first = next((line for line in text.splitlines() if line.strip()), text)[:500]
+    lines = [line.strip() for line in text.splitlines()]
+    meaningful = [
+        line.lstrip(": ").strip()
+        for line in lines
+        if line
+        and not re.fullmatch(r"An error occurred while calling [\w$.]+\.?", line)
+        and not line.startswith(("at ", "..."))
+    ]
+    first = meaningful[0] if meaningful else text.strip()
+    # "org.apache.spark.SparkException: [FAILED_READ_FILE...] ..." -> "[FAILED_READ_FILE...] ..."
+    first = re.sub(r"^(?:[a-z_][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ", "", first)[:500]
+    path = None
+    for pattern in (
+        r"reading file (\S+?)\.? File does not exist",
+        r"File (\S+) does not exist",
+        r"FileNotFoundException: (?:File )?(\S+)",
+    ):
+        found = re.search(pattern, text)
+        if found:
+            path = found.group(1).rstrip(".")
+            break
     for needles, cause, fix in _CAUSES:
         if any(n.lower() in text.lower() for n in needles):
+            missing = f"; missing file: {path}" if path else ""
             return UpstreamUnreadableError(
-                f"Upstream '{upstream.name}': the batch's read {what} failed because {cause} "
-                f"({first}). Nothing was written and no watermark moved.",
+                f"Upstream '{upstream.name}': the batch's read {what} failed because {cause}"
+                f"{missing}. Spark: {first} Nothing was written and no watermark moved.",
                 upstream=upstream.name,
                 versions=what,
                 fix=fix.format(name=upstream.name),

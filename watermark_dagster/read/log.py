@@ -22,6 +22,8 @@ from watermark_dagster.errors import (
     UpstreamRecreatedError,
     UpstreamSchemaChangedError,
     UpstreamUnreadableError,
+    recreated_error,
+    reset_command,
 )
 from watermark_dagster.registry import SchemaChanges, Upstream
 
@@ -37,8 +39,8 @@ def _local(path: str) -> str:
 def reset_fix(upstream: str) -> str:
     """The recovery command for a range that cannot be read any more."""
     return (
-        f"run `watermark reset -t {upstream} --force --reason '...'`: the open batch is "
-        f"abandoned and every pipeline reading '{upstream}' reloads it from a snapshot."
+        f"run `{reset_command(upstream)}`: the open batch is abandoned and every pipeline "
+        f"reading '{upstream}' reloads it from a snapshot."
     )
 
 
@@ -87,23 +89,47 @@ def iter_commits(
         yield version, commit_actions(upstream, version)
 
 
+def missing_commits(upstream: Upstream, rng: VersionRange) -> list[int]:
+    """The versions of ``rng`` whose commit file is no longer in the Delta log (log cleanup
+    removed them), oldest first. One listing of ``_delta_log`` for a local table; one
+    lookup per version of the range on an object store."""
+    if _is_local(upstream.path):
+        try:
+            names = set(os.listdir(os.path.join(_local(upstream.path), "_delta_log")))
+        except FileNotFoundError:
+            names = set()
+        return [v for v in range(rng.start, rng.end + 1) if f"{v:020d}.json" not in names]
+    from pyarrow import fs as pafs
+
+    filesystem, root = pafs.FileSystem.from_uri(upstream.path.rstrip("/"))
+    infos = filesystem.get_file_info(
+        [f"{root}/_delta_log/{v:020d}.json" for v in range(rng.start, rng.end + 1)]
+    )
+    return [rng.start + i for i, info in enumerate(infos) if info.type == pafs.FileType.NotFound]
+
+
+def missing_commits_error(
+    upstream: Upstream, rng: VersionRange, missing: Sequence[int], *, planned: bool = True
+) -> UpstreamUnreadableError:
+    """The error of a range whose commits ``missing`` are gone from the log."""
+    whose = "the batch's range" if planned else "the range that would be planned,"
+    return UpstreamUnreadableError(
+        f"Upstream '{upstream.name}': commits {missing[0]}..{missing[-1]} of {whose} {rng} "
+        "are no longer in the Delta log (log cleanup removed them after "
+        "delta.logRetentionDuration), so the range cannot be read.",
+        upstream=upstream.name,
+        versions=f"range={rng}, missing={missing[0]}..{missing[-1]}",
+        fix=reset_fix(upstream.name),
+    )
+
+
 def require_commits(upstream: Upstream, rng: VersionRange) -> None:
     """Fail loudly when a commit file of the range is gone (cheap: one listing locally)."""
     if not _is_local(upstream.path):
         return
-    try:
-        names = set(os.listdir(os.path.join(_local(upstream.path), "_delta_log")))
-    except FileNotFoundError:
-        names = set()
-    missing = [v for v in range(rng.start, rng.end + 1) if f"{v:020d}.json" not in names]
+    missing = missing_commits(upstream, rng)
     if missing:
-        raise UpstreamUnreadableError(
-            f"Upstream '{upstream.name}': commits {missing[0]}..{missing[-1]} of the batch's "
-            f"range {rng} are no longer in the Delta log (log cleanup or a recreated table).",
-            upstream=upstream.name,
-            versions=f"range={rng}, missing={missing[0]}..{missing[-1]}",
-            fix=reset_fix(upstream.name),
-        )
+        raise missing_commits_error(upstream, rng, missing)
 
 
 @dataclass(frozen=True)
@@ -204,8 +230,7 @@ def table_at(upstream: Upstream, version: int) -> DeltaTable:
             f"(needed at version {version}).",
             upstream=upstream.name,
             versions=f"version={version}",
-            fix=f"restore the table, or run `watermark reset -t {upstream.name} --force` once "
-            "it exists again.",
+            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists again.",
         ) from e
     except (DeltaError, OSError) as e:
         raise UpstreamUnreadableError(
@@ -227,8 +252,7 @@ def latest_table(upstream: Upstream) -> DeltaTable:
         raise UpstreamRecreatedError(
             f"Upstream '{upstream.name}' at {upstream.path!r} cannot be loaded ({e}).",
             upstream=upstream.name,
-            fix=f"restore the table, or run `watermark reset -t {upstream.name} --force` once "
-            "it exists again.",
+            fix=f"restore the table, or run `{reset_command(upstream.name)}` once it exists again.",
         ) from e
 
 
@@ -239,23 +263,21 @@ def check_identity(upstream: Upstream, rng: VersionRange, planned_table_id: str 
         UpstreamRecreatedError: its id changed, or it has fewer versions than the range.
     """
     latest = latest_table(upstream)
+    unreadable = f"The batch cannot read the range {rng} it pinned; nothing was written."
     if latest.version() < rng.end:
-        raise UpstreamRecreatedError(
-            f"Upstream '{upstream.name}' is at version {latest.version()}, below the end of "
-            f"the batch's range {rng}: it was dropped and recreated or restored.",
-            upstream=upstream.name,
+        raise recreated_error(
+            upstream.name,
+            f"it is at version {latest.version()}, below the end of the batch's range {rng}",
+            unreadable,
             versions=f"range={rng}, latest={latest.version()}",
-            fix=reset_fix(upstream.name),
         )
     table_id = str(latest.metadata().id)
     if planned_table_id and table_id != planned_table_id:
-        raise UpstreamRecreatedError(
-            f"Upstream '{upstream.name}' has table id {table_id}, not {planned_table_id} as "
-            f"when the batch was planned: it was dropped and recreated, so versions {rng} are "
-            "not the ones the batch pinned.",
-            upstream=upstream.name,
+        raise recreated_error(
+            upstream.name,
+            f"its table id is {table_id}, not {planned_table_id} as when the batch was planned",
+            unreadable,
             versions=f"range={rng}",
-            fix=reset_fix(upstream.name),
         )
 
 

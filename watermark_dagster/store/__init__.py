@@ -1,5 +1,6 @@
 """The control plane: batches, committed watermarks, checkpoints and history in Delta."""
 
+from watermark_dagster.store.readonly import ReadOnlyStoreError, ReadOnlyWatermarkStore
 from watermark_dagster.store.store import (
     Batch,
     BatchKind,
@@ -21,6 +22,8 @@ __all__ = [
     "BatchStatus",
     "Checkpoint",
     "CheckpointStatus",
+    "ReadOnlyStoreError",
+    "ReadOnlyWatermarkStore",
     "Watermark",
     "WatermarkChange",
     "WatermarkHow",

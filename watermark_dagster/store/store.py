@@ -200,11 +200,21 @@ def seq_of(batch_id: str) -> int:
 
 
 def default_actor() -> str:
-    """``user@host`` of this process, recorded with manual changes."""
+    """``user@host`` of this process, recorded with manual changes.
+
+    The user is the login name of the controlling terminal, else the operating system's
+    account name of this process (cron, containers and services have no terminal and
+    often no ``$USER``), else ``uid<N>`` for an id without an account entry.
+    """
     try:
         user = os.getlogin()
     except OSError:
-        user = os.environ.get("USER", "unknown")
+        try:
+            import pwd
+
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (ImportError, KeyError):
+            user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
     return f"{user}@{socket.gethostname()}"
 
 

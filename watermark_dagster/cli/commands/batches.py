@@ -1,25 +1,113 @@
-"""``watermark batches``, ``batch`` and ``plan --dry-run``: what was and would be planned."""
+"""``watermark batches``, ``batch`` and ``plan --dry-run``: what was and would be planned.
+
+These commands only look: they open the control tables read-only (nothing is created in a
+fresh home, nothing is written).
+"""
 
 import argparse
+import json
 import re
+import textwrap
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from watermark_dagster.cli.context import EXIT_OK, Context, Refusal
 from watermark_dagster.cli.parser import add_command
-from watermark_dagster.cli.render import STATUS_STYLES
+from watermark_dagster.cli.render import STATUS_STYLES, Styled
+
+STUCK = "STUCK"
+# The coordinator's own advice when a stuck batch's history row carries no fix.
+STUCK_FIX = "fix the cause, then re-execute the batch's partition from the Dagster UI."
 
 
-def _batch_summary(batch: Any) -> dict[str, Any]:
+def range_text(planned: Any) -> str:
+    """What one planned input reads: ``[3, 5]``, a cursor window ``(a .. b]`` or ``NOOP``."""
+    if not planned.reads:
+        return "NOOP"
+    if planned.window is not None:
+        return str(planned.window)
+    return str(planned.range)
+
+
+def snapshot_readers(
+    inputs: Mapping[str, Any],
+    full_load: Sequence[str],
+    pipeline_inputs: Mapping[str, Sequence[str]],
+) -> dict[str, list[str]]:
+    """upstream -> the pipelines of ``full_load`` that read it: they load it as a snapshot
+    whatever its own read mode (a pipeline added later, an overwrite pipeline)."""
+    return {
+        u: sorted(p for p in full_load if u in pipeline_inputs.get(p, ()))
+        for u in inputs
+        if any(u in pipeline_inputs.get(p, ()) for p in full_load)
+    }
+
+
+def snapshot_text(planned: Any, pipelines: Sequence[str]) -> str | None:
+    """``SNAPSHOT @5 for p_new``: how full-load pipelines read one upstream (None: none does)."""
+    if not pipelines:
+        return None
+    if planned.window is not None:
+        end = "?" if planned.window.end is None else ", ".join(map(str, planned.window.end))
+        at = f"up to {end}"
+    else:
+        at = f"@{planned.snapshot_version}"
+    return f"SNAPSHOT {at} for {', '.join(pipelines)}"
+
+
+def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
+
+    A batch is stuck when the coordinator recorded ``BATCH_STUCK`` for it (its failed runs
+    reached the maximum, or a pipeline failed with an error retrying cannot fix) and no
+    pipeline attempt started after that. The reason is the recorded error, else the last
+    failed attempt's; the fix is the recorded one, else the one that error names, else
+    re-executing the partition.
+    """
+    from watermark_dagster.store import BatchStatus, CheckpointStatus
+
+    open_ids = {b.batch_id for b in batches if b.status is BatchStatus.PLANNED}
+    if not open_ids:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    for row in store.history():
+        if row["event"] != "BATCH_STUCK" or row["batch_id"] not in open_ids:
+            continue
+        detail = json.loads(row["detail"]) if row.get("detail") else {}
+        found[row["batch_id"]] = {"at": row["at"], **(detail if isinstance(detail, dict) else {})}
+    stuck: dict[str, dict[str, Any]] = {}
+    for batch_id, detail in found.items():
+        attempts = store.checkpoints(batch_id=batch_id)
+        if any(c.started_at > detail["at"] for c in attempts):
+            continue  # re-executed since: running or failing again, not given up
+        failed = [c for c in attempts if c.status is CheckpointStatus.FAILED and c.error]
+        reason = detail.get("error") or (failed[-1].error if failed else None)
+        fix = detail.get("fix")
+        if fix is None and reason and " Fix: " in reason:
+            # The error names its own fix (our errors end with it): that is the advice.
+            reason, fix = reason.rsplit(" Fix: ", 1)
+        stuck[batch_id] = {
+            "since": f"{detail['at']:%Y-%m-%d %H:%M:%S}",
+            "failed_runs": detail.get("failed_runs"),
+            "pipelines": detail.get("pipelines"),
+            "terminal": detail.get("terminal"),
+            "reason": reason,
+            "fix": fix or STUCK_FIX,
+        }
+    return stuck
+
+
+def _batch_summary(batch: Any, stuck: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "batch_id": batch.batch_id,
         "seq": batch.seq,
         "kind": batch.kind.value,
-        "status": batch.status.value,
+        "status": STUCK if stuck else batch.status.value,
         "created_at": f"{batch.created_at:%Y-%m-%d %H:%M:%S}",
         "pipelines": list(batch.pipelines),
-        "ranges": {
-            u: (str(i.range) if i.range else "NOOP") for u, i in sorted(batch.inputs.items())
-        },
+        "full_load": list(batch.full_load),
+        "ranges": {u: range_text(i) for u, i in sorted(batch.inputs.items())},
+        **({"stuck": dict(stuck)} if stuck else {}),
     }
 
 
@@ -31,18 +119,26 @@ def cmd_batches(ctx: Context) -> int:
         raise Refusal(f"--limit must be 1 or more, got {args.limit}.")
     status = None
     if args.status:
-        try:
-            status = BatchStatus(args.status.upper())
-        except ValueError:
-            valid = [s.value for s in BatchStatus]
-            raise Refusal(f"unknown --status {args.status!r}; use one of {valid}.") from None
-    found = [b for b in ctx.store.batches() if status is None or b.status is status]
-    rows = [_batch_summary(b) for b in found[: args.limit or None]]
+        wanted = args.status.upper()
+        if wanted != STUCK:
+            try:
+                status = BatchStatus(wanted)
+            except ValueError:
+                valid = [s.value for s in BatchStatus] + [STUCK]
+                raise Refusal(f"unknown --status {args.status!r}; use one of {valid}.") from None
+    store = ctx.read_store
+    every = store.batches()
+    stuck = stuck_batches(store, every)
+    if args.status and args.status.upper() == STUCK:
+        found = [b for b in every if b.batch_id in stuck]
+    else:
+        found = [b for b in every if status is None or b.status is status]
+    rows = [_batch_summary(b, stuck.get(b.batch_id)) for b in found[: args.limit or None]]
     if args.json:
         ctx.console.json(rows)
         return EXIT_OK
     ctx.console.table(
-        ["batch", "kind", "status", "created", "pipelines", "ranges"],
+        ["batch", "kind", "status", "created", "pipelines", "full load", "ranges"],
         [
             [
                 r["batch_id"],
@@ -50,12 +146,58 @@ def cmd_batches(ctx: Context) -> int:
                 r["status"],
                 r["created_at"],
                 ",".join(r["pipelines"]),
+                ",".join(r["full_load"]),
                 " ".join(f"{u}={v}" for u, v in r["ranges"].items()),
             ]
             for r in rows
         ],
     )
+    for r in rows:
+        if "stuck" in r:
+            ctx.console.print(f"\n{r['batch_id']} is stuck: `watermark batch {r['batch_id']}`")
     return EXIT_OK
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _say(ctx: Context, text: str) -> None:
+    """A line of prose: wrapped to the terminal's width on a terminal, whole elsewhere."""
+    console = ctx.console
+    if console.terminal and console.width:
+        text = textwrap.fill(
+            text, width=console.width, subsequent_indent="    ", break_on_hyphens=False
+        )
+    console.print(text)
+
+
+def _print_errors(ctx: Context, checkpoints: Sequence[dict[str, Any]]) -> None:
+    """The attempts table. Off a terminal each error is shown whole on its row; on a
+    terminal the row shows what fits and the full errors follow, wrapped."""
+    console = ctx.console
+    headers = ["pipeline", "attempt", "status", "rows read", "rows written", "error"]
+    rows = [
+        [c["pipeline"], c["attempt"], c["status"], c["rows_read"], c["rows_written"]]
+        for c in checkpoints
+    ]
+    errors = [_one_line(c["error"]) if c["error"] else None for c in checkpoints]
+    if not console.terminal or console.width is None:
+        console.table(headers, [r + [e] for r, e in zip(rows, errors, strict=True)])
+        return
+    fixed = [
+        max([len(h)] + [len("" if r[i] is None else str(r[i])) for r in rows])
+        for i, h in enumerate(headers[:-1])
+    ]
+    room = max(20, console.width - sum(fixed) - 2 * len(fixed))
+    cut = [None if e is None else e if len(e) <= room else e[: room - 1] + "…" for e in errors]
+    console.table(headers, [r + [e] for r, e in zip(rows, cut, strict=True)])
+    long = [(c, e) for c, e in zip(checkpoints, errors, strict=True) if e and len(e) > room]
+    if long:
+        console.print()
+        console.print(console.paint("errors", "bold"))
+        for c, e in long:
+            _say(ctx, f"{c['pipeline']} attempt {c['attempt']}: {e}")
 
 
 def cmd_batch(ctx: Context) -> int:
@@ -64,12 +206,15 @@ def cmd_batch(ctx: Context) -> int:
     batch_id = ctx.args.batch_id
     if not re.fullmatch(r"b\d{6,}", batch_id):
         raise Refusal(f"{batch_id!r} is not a batch id (they look like b000042).")
+    store = ctx.read_store
     try:
-        batch = ctx.store.get_batch(batch_id)
+        batch = store.get_batch(batch_id)
     except BatchStateError as e:
         raise Refusal(str(e)) from None
+    stuck = stuck_batches(store, [batch]).get(batch_id)
+    readers = snapshot_readers(batch.inputs, batch.full_load, ctx.registry.pipeline_inputs())
     detail = {
-        **_batch_summary(batch),
+        **_batch_summary(batch, stuck),
         "actor": batch.actor,
         "upstreams": [
             {
@@ -77,6 +222,8 @@ def cmd_batch(ctx: Context) -> int:
                 "mode": i.mode.value,
                 "start_version": i.range.start if i.range else None,
                 "end_version": i.snapshot_version,
+                "window": _window(i.window),
+                "snapshot_for": readers.get(u, []),
                 "advanced": u in batch.advanced,
             }
             for u, i in sorted(batch.inputs.items())
@@ -91,37 +238,92 @@ def cmd_batch(ctx: Context) -> int:
                 "run_id": c.run_id,
                 "error": c.error,
             }
-            for c in ctx.store.checkpoints(batch_id=batch_id)
+            for c in store.checkpoints(batch_id=batch_id)
         ],
     }
     if ctx.args.json:
         ctx.console.json(detail)
         return EXIT_OK
-    status = ctx.console.paint(batch.status.value, STATUS_STYLES.get(batch.status.value))
+    shown = detail["status"]
+    status = ctx.console.paint(shown, STATUS_STYLES.get(shown))
     ctx.console.print(
         f"batch {batch.batch_id} (seq {batch.seq}, {batch.kind.value}) {status}, "
-        f"planned {detail['created_at']} by {batch.actor}\n"
+        f"planned {detail['created_at']} by {batch.actor}"
     )
-    ctx.console.table(
-        ["upstream", "mode", "start", "end", "advanced"],
-        [list(u.values()) for u in detail["upstreams"]],
-    )
+    if stuck:
+        runs = f" after {stuck['failed_runs']} failed runs" if stuck["failed_runs"] else ""
+        ctx.console.print(
+            ctx.console.paint(f"stuck since {stuck['since']}{runs}", "bad")
+            + (f"; pipelines {stuck['pipelines']} unfinished" if stuck["pipelines"] else "")
+        )
+        if stuck["reason"]:
+            _say(ctx, f"  reason: {_one_line(stuck['reason'])}")
+        _say(ctx, f"  fix: {stuck['fix']}")
     ctx.console.print()
     ctx.console.table(
-        ["pipeline", "attempt", "status", "rows read", "rows written", "error"],
+        ["upstream", "mode", "start", "end", "full load", "advanced"],
         [
             [
-                c["pipeline"],
-                c["attempt"],
-                c["status"],
-                c["rows_read"],
-                c["rows_written"],
-                c["error"].splitlines()[0][:80] if c["error"] else None,
+                u["upstream"],
+                u["mode"],
+                u["start_version"] if u["window"] is None else _position(u["window"]["start"]),
+                u["end_version"] if u["window"] is None else _position(u["window"]["end"]),
+                snapshot_text(batch.inputs[u["upstream"]], u["snapshot_for"]),
+                u["advanced"],
             ]
-            for c in detail["checkpoints"]
+            for u in detail["upstreams"]
         ],
     )
+    ctx.console.print()
+    _print_errors(ctx, detail["checkpoints"])
     return EXIT_OK
+
+
+def _position(value: Any) -> Any:
+    """A cursor position as text (``2026-01-01T00:00:00, 7``); other values unchanged."""
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return value
+
+
+def _window(window: Any) -> dict[str, Any] | None:
+    """A cursor window as JSON: its start and end positions (None: open or not pinned)."""
+    if window is None:
+        return None
+    return {
+        "start": None if window.start is None else list(window.start),
+        "end": None if window.end is None else list(window.end),
+    }
+
+
+def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
+    """Planned ranges whose commits are already gone from the Delta log (no JVM): the batch
+    would fail as soon as it runs."""
+    from watermark_dagster.core.ranges import ReadMode
+    from watermark_dagster.read.log import missing_commits, missing_commits_error
+
+    found = []
+    full = set(plan.full_load)
+    for name, planned in sorted(plan.inputs.items()):
+        if planned.mode not in (ReadMode.CDF, ReadMode.APPEND_ONLY) or planned.range is None:
+            continue
+        readers = [p for p, ups in ctx.registry.pipeline_inputs().items() if name in ups]
+        if readers and all(p in full for p in readers):
+            continue  # every reader loads a snapshot: the range's commits are not read
+        upstream = ctx.registry.upstreams[name]
+        missing = missing_commits(upstream, planned.range)
+        if missing:
+            error = missing_commits_error(upstream, planned.range, missing, planned=False)
+            found.append(
+                {
+                    "upstream": name,
+                    "range": str(planned.range),
+                    "missing": [missing[0], missing[-1]],
+                    "reason": error.reason,
+                    "fix": error.fix,
+                }
+            )
+    return found
 
 
 def cmd_plan(ctx: Context) -> int:
@@ -133,57 +335,123 @@ def cmd_plan(ctx: Context) -> int:
             "`watermark plan` only previews; add --dry-run (the coordinator sensor or "
             "`watermark run` plans for real)."
         )
-    open_batch = ctx.store.open_batch()
+    store = ctx.read_store
+    open_batch = store.open_batch()
+    observer = Observer()
     # The coordinator's own look, previewed: start_from points are applied to a copy.
     found = look_before_planning(
-        ctx.registry, Observer(), ctx.store, actor="watermark plan", preview=True
+        ctx.registry, observer, store, actor="watermark plan", preview=True
     )
     look = found.observation
     plan = look.plan()
+    pipeline_inputs = ctx.registry.pipeline_inputs()
+    readers = snapshot_readers(plan.inputs, plan.full_load, pipeline_inputs)
+    held = {
+        name: {
+            "reason": error.reason,
+            "fix": error.fix,
+            "pipelines": sorted(p for p, ups in pipeline_inputs.items() if name in ups),
+        }
+        for name, error in sorted(look.blocked.items())
+    }
+    unavailable = {n: e for n, e in sorted(look.errors.items()) if n not in look.blocked}
+    gone = _gone_commits(ctx, plan) if open_batch is None else []
+    upstreams = []
+    for p in look.positions:
+        planned = plan.inputs[p.name]
+        mark = look.marks.get(p.name)
+        cursor = mark.committed_cursor if mark else None
+        upstreams.append(
+            {
+                "upstream": p.name,
+                "committed": list(cursor) if cursor is not None else p.committed_version,
+                "latest": None if planned.is_cursor else p.latest_version,
+                "mode": planned.mode.value,
+                "range": range_text(planned),
+                "snapshot_for": readers.get(p.name, []),
+                "state": "ok",
+            }
+        )
+    for name in sorted(set(look.errors)):
+        mark = look.marks.get(name)
+        latest = None
+        if name in look.blocked:
+            latest = observer.observe(ctx.registry.upstreams[name]).latest_version
+        upstreams.append(
+            {
+                "upstream": name,
+                "committed": mark.committed_version if mark else None,
+                "latest": latest,
+                "mode": "BLOCKED" if name in look.blocked else "UNAVAILABLE",
+                "range": None,
+                "snapshot_for": [],
+                "state": "blocked" if name in look.blocked else "unavailable",
+            }
+        )
     result = {
         "open_batch": open_batch.batch_id if open_batch else None,
         "would_plan": bool(plan.has_work and open_batch is None),
         "pipelines": list(plan.pipelines),
         "full_load": list(plan.full_load),
-        "upstreams": [
-            {
-                "upstream": p.name,
-                "committed": p.committed_version,
-                "latest": p.latest_version,
-                "mode": plan.inputs[p.name].mode.value,
-                "range": str(plan.inputs[p.name].range) if plan.inputs[p.name].range else "NOOP",
-            }
-            for p in look.positions
-        ],
-        "unavailable": dict(look.errors),
+        "upstreams": upstreams,
+        "blocked": held,
+        "unavailable": unavailable,
+        "warnings": gone,
     }
     if ctx.args.json:
         ctx.console.json(result)
         return EXIT_OK
+    console = ctx.console
+    stopped = sorted({p for h in held.values() for p in h["pipelines"]})
+    stopped += sorted(
+        {p for n in unavailable for p, ups in pipeline_inputs.items() if n in ups} - set(stopped)
+    )
     if open_batch is not None:
-        ctx.console.print(
+        console.print(
             f"batch {open_batch.batch_id} is open: the coordinator resumes it and plans "
             "nothing new until it completes. The next plan after it would be:"
         )
-    elif not plan.has_work:
-        ctx.console.print("nothing to plan: no upstream has new versions.")
+    elif plan.has_work:
+        console.print(f"the coordinator would plan now, running {list(plan.pipelines)}:")
+    elif stopped:
+        console.print(
+            console.paint(
+                f"nothing can be planned for {stopped}: "
+                f"{len(held) + len(unavailable)} upstream(s) blocked (see below).",
+                "bad",
+            )
+        )
     else:
-        ctx.console.print(f"the coordinator would plan now, running {list(plan.pipelines)}:")
-    ctx.console.table(
-        ["upstream", "committed", "latest", "mode", "range"],
+        console.print("nothing to plan: no upstream has new versions.")
+    console.table(
+        ["upstream", "committed", "latest", "mode", "range", "full load"],
         [
             [
                 u["upstream"],
-                "none" if u["committed"] is None else u["committed"],
+                "none" if u["committed"] is None else _position(u["committed"]),
                 u["latest"],
-                u["mode"],
+                Styled(u["mode"], "bad") if u["state"] != "ok" else u["mode"],
                 u["range"],
+                snapshot_text(plan.inputs[u["upstream"]], u["snapshot_for"])
+                if u["state"] == "ok"
+                else None,
             ]
-            for u in result["upstreams"]
+            for u in upstreams
         ],
     )
-    for name, error in look.errors.items():
-        ctx.console.problem(f"unavailable: {name}: {error}", style="warn")
+    notes: list[str] = []
+    for name, h in held.items():
+        notes.append(console.paint(f"BLOCKED {name}: {h['reason']}", "bad"))
+        notes.append(f"  fix: {h['fix']}")
+    for name, message in unavailable.items():
+        notes.append(console.paint(f"UNAVAILABLE {name}: {message}", "warn"))
+    for g in gone:
+        notes.append(console.paint(f"WARNING {g['upstream']}: {g['reason']}", "warn"))
+        notes.append(f"  fix: {g['fix']}")
+    if notes:
+        console.print()
+        for line in notes:
+            console.print(line)
     return EXIT_OK
 
 
@@ -194,9 +462,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "batches",
         cmd_batches,
         help="batches with their ranges, newest first",
-        example="watermark batches --status PLANNED --limit 5",
+        example="watermark batches --status PLANNED --limit 5\nwatermark batches --status stuck",
     )
-    batches.add_argument("--status", help="PLANNED, COMPLETED, FAILED or ABANDONED")
+    batches.add_argument("--status", help="PLANNED, COMPLETED, FAILED, ABANDONED or STUCK")
     batches.add_argument("--limit", type=int, help="only the newest N")
 
     batch = add_command(

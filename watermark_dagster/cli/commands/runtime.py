@@ -24,23 +24,42 @@ def cmd_run(ctx: Context) -> int:
 
     from watermark_dagster.headless import HeadlessRunner
 
-    spark = ctx.spark()
+    started: list[Any] = []
     try:
-        # Run events stay in the instance; failures are reported once, by the runner.
-        runner = HeadlessRunner(
-            ctx.defs, DagsterInstance.get(), log=_progress(ctx), run_log_level="CRITICAL"
-        )
-        report = runner.run_until_idle(retry=ctx.args.retry)
+        # The Spark session is started for the first run only: a cycle with nothing to
+        # run (nothing new, or every upstream blocked) starts no JVM. Run events stay in
+        # the instance; failures are reported once, by the runner.
+        report = HeadlessRunner(
+            ctx.defs,
+            DagsterInstance.get(),
+            log=_progress(ctx),
+            run_log_level="CRITICAL",
+            before_first_run=lambda: started.append(ctx.spark()),
+        ).run_until_idle(max_batches=1 if ctx.args.once else None, retry=ctx.args.retry)
     finally:
-        spark.stop()
+        for spark in started:
+            spark.stop()
     failed = report.failed_runs
+    rows = status_rows(ctx)
+    # An upstream nothing can be planned for (recreated, missing) fails the run: a cron
+    # job must not report success while its pipelines silently stop following the table.
+    consumed = {u.name for u in ctx.registry.consumed_upstreams()}
+    blocked = [r for r in rows if r["upstream"] in consumed and (r["blocked"] or r["unavailable"])]
     if ctx.args.json:
         ctx.console.json(
             {
                 "completed": report.completed,
                 "runs": [asdict(r) for r in report.runs],
                 "stuck": report.stuck,
-                "upstreams": status_rows(ctx),
+                "blocked": {
+                    r["upstream"]: {
+                        "reason": r["blocked"] or r["unavailable"],
+                        "fix": r["fix"],
+                        "pipelines": ctx.consumers(r["upstream"]),
+                    }
+                    for r in blocked
+                },
+                "upstreams": rows,
             }
         )
     else:
@@ -52,7 +71,13 @@ def cmd_run(ctx: Context) -> int:
     else:
         for r in failed:
             ctx.console.problem(f"FAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}")
-    return EXIT_FAILED if report.stuck or failed else EXIT_OK
+    for r in blocked:
+        what = "was dropped and recreated" if r["blocked"] else "is unavailable"
+        ctx.console.problem(
+            f"BLOCKED: upstream {r['upstream']} {what}; nothing is planned for "
+            f"{ctx.consumers(r['upstream'])}. Fix: {r['fix']}"
+        )
+    return EXIT_FAILED if report.stuck or failed or blocked else EXIT_OK
 
 
 def cmd_demo(ctx: Context) -> int:
@@ -175,14 +200,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "run",
         cmd_run,
-        help="one headless cycle: plan or resume, run the pipelines, finalize",
+        help="run batches headless until nothing is left (--once: one batch)",
         description=(
-            "One headless cycle, for cron instead of the Dagster daemon: plan a batch or\n"
-            "resume the open one, materialize its pipelines, finalize. Exit 1 names the\n"
-            "pipeline that failed."
+            "Drive the code location without the Dagster daemon (for cron): resume the open\n"
+            "batch or plan one, materialize its pipelines, finalize it, and repeat until no\n"
+            "upstream has anything new, so commits that arrive meanwhile are run too. With\n"
+            "--once, stop after one batch. Exit 1 names the pipeline that failed, the stuck\n"
+            "batch, or an upstream nothing can be planned for (recreated or missing) and its\n"
+            "fix."
         ),
-        example="*/10 * * * * cd /srv/lake && watermark run --json >> watermark-run.log",
+        example=(
+            "*/10 * * * * cd /srv/lake && watermark run --json >> watermark-run.log\n"
+            "watermark run --once"
+        ),
         json_help="print the outcome as JSON (progress goes to stderr)",
+    )
+    run.add_argument(
+        "--once",
+        action="store_true",
+        help="plan or resume at most one batch, run it, finalize it, stop",
     )
     run.add_argument(
         "--retry",

@@ -12,31 +12,47 @@ from watermark_dagster.errors import WatermarkError
 RECENT_HISTORY = 5
 
 
-def _latest(ctx: Context, name: str) -> tuple[int | None, str | None, str]:
-    """``(latest version, why it is unavailable, read mode)``; cursor upstreams have no
-    version but are still checked for availability."""
-    from watermark_dagster.observe.delta_log import Observer, read_mode_of
+def _look(ctx: Context, name: str, mark: Any) -> dict[str, Any]:
+    """``latest``, ``mode`` and what blocks the upstream: ``unavailable`` (the path holds
+    no readable table) or ``blocked`` (dropped and recreated since its watermark), with
+    the ``fix``. Cursor upstreams have no version but are still checked for availability."""
+    from watermark_dagster.observe.delta_log import Observer, read_mode_of, recreation
 
     upstream = ctx.registry.upstreams[name]
+    found: dict[str, Any] = {"latest": None, "mode": str(upstream.mode), "unavailable": None}
+    found.update(blocked=None, fix=None)
     try:
         obs = Observer().observe(upstream)
     except WatermarkError as e:
-        return None, str(e), str(upstream.mode)
-    mode = read_mode_of(upstream, obs).value
-    return (None if obs.is_cursor else obs.latest_version), None, mode
+        return {**found, "unavailable": str(e), "fix": e.fix}
+    found.update(
+        latest=None if obs.is_cursor else obs.latest_version,
+        mode=read_mode_of(upstream, obs).value,
+    )
+    recreated = recreation(obs, mark)
+    if recreated is not None:
+        found.update(blocked=recreated.reason, fix=recreated.fix)
+    return found
 
 
 def status_rows(ctx: Context) -> list[dict[str, Any]]:
-    """Every upstream: committed, latest, lag, the open batch's read of it, last change."""
-    committed = ctx.store.committed()
-    open_batch = ctx.store.open_batch()
+    """Every upstream: committed, latest, lag, the open batch's read of it, last change,
+    and what blocks it (``unavailable`` or ``blocked``, with the ``fix``)."""
+    store = ctx.read_store
+    committed = store.committed()
+    open_batch = store.open_batch()
     rows = []
     for name in sorted(ctx.registry.upstreams):
-        latest, problem, mode = _latest(ctx, name)
         mark = committed.get(name)
+        look = _look(ctx, name, mark)
+        latest = look["latest"]
         version = mark.committed_version if mark else None
         cursor = mark.committed_cursor if mark else None
-        lag = None if latest is None or cursor else latest - (-1 if version is None else version)
+        lag = (
+            None
+            if latest is None or cursor or look["blocked"]
+            else latest - (-1 if version is None else version)
+        )
         planned = open_batch.inputs.get(name) if open_batch else None
         rows.append(
             {
@@ -44,7 +60,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                 "committed": version if cursor is None else list(cursor),
                 "latest": latest,
                 "lag": lag,
-                "mode": mode,
+                "mode": look["mode"],
                 "open_batch": (
                     f"{open_batch.batch_id} {planned.describe()}"
                     if open_batch and planned
@@ -55,10 +71,38 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                     if mark
                     else None
                 ),
-                "unavailable": problem,
+                "unavailable": look["unavailable"],
+                "blocked": look["blocked"],
+                "fix": look["fix"],
             }
         )
     return rows
+
+
+def _without_fix(message: str, fix: str | None) -> str:
+    return message.removesuffix(f" Fix: {fix}") if fix else message
+
+
+def _lag_cell(row: dict[str, Any]) -> Any:
+    if row["blocked"]:
+        return Styled("BLOCKED", "bad")
+    return Styled(str(row["lag"]), "warn") if row["lag"] else row["lag"]
+
+
+def blocked_lines(ctx: Context, rows: list[dict[str, Any]]) -> list[str]:
+    """Under a table of upstreams: each blocked or unavailable one, why, and the fix."""
+    lines = []
+    for r in rows:
+        if r["blocked"]:
+            lines.append(ctx.console.paint(f"BLOCKED {r['upstream']}: {r['blocked']}", "bad"))
+        elif r["unavailable"]:
+            reason = _without_fix(r["unavailable"], r["fix"])
+            lines.append(ctx.console.paint(f"UNAVAILABLE {r['upstream']}: {reason}", "warn"))
+        else:
+            continue
+        if r["fix"]:
+            lines.append(f"  fix: {r['fix']}")
+    return lines
 
 
 def print_status(ctx: Context, *, as_json: bool) -> None:
@@ -75,7 +119,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
                 r["upstream"],
                 "none" if r["committed"] is None else r["committed"],
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
-                Styled(str(r["lag"]), "warn") if r["lag"] else r["lag"],
+                _lag_cell(r),
                 r["mode"],
                 r["open_batch"],
                 r["last_change"],
@@ -83,9 +127,11 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
             for r in rows
         ],
     )
-    for r in rows:
-        if r["unavailable"]:
-            ctx.console.problem(r["unavailable"], style="warn")
+    lines = blocked_lines(ctx, rows)
+    if lines:
+        ctx.console.print()
+        for line in lines:
+            ctx.console.print(line)
 
 
 def cmd_list(ctx: Context) -> int:
@@ -95,8 +141,8 @@ def cmd_list(ctx: Context) -> int:
 
 def _consumer_status(ctx: Context, name: str) -> list[dict[str, Any]]:
     """Each pipeline reading ``name`` and where it stands in the open batch."""
-    batch = ctx.store.open_batch()
-    checkpoints = ctx.store.checkpoints(batch_id=batch.batch_id) if batch else []
+    batch = ctx.read_store.open_batch()
+    checkpoints = ctx.read_store.checkpoints(batch_id=batch.batch_id) if batch else []
     out = []
     for pipeline in ctx.consumers(name):
         if batch is None:
@@ -131,8 +177,8 @@ def _history_rows(history: list[dict[str, Any]]) -> list[list[Any]]:
 def cmd_get(ctx: Context) -> int:
     name = ctx.upstream(ctx.args.table).name
     [row] = [r for r in status_rows(ctx) if r["upstream"] == name]
-    mark = ctx.store.committed().get(name)
-    history = ctx.store.history(upstream=name)
+    mark = ctx.read_store.committed().get(name)
+    history = ctx.read_store.history(upstream=name)
     if not ctx.args.history:
         history = history[-RECENT_HISTORY:]
     out = {
@@ -159,11 +205,15 @@ def cmd_get(ctx: Context) -> int:
         ),
         ("set by", f"{out['how']} {out['batch_id'] or ''}".strip() if mark else None),
         ("latest", row["latest"] if row["unavailable"] is None else Styled("unavailable", "bad")),
-        ("lag", Styled(str(row["lag"]), "warn") if row["lag"] else row["lag"]),
+        ("lag", _lag_cell(row)),
         ("open batch", row["open_batch"] or "none"),
         ("consumers", consumers),
         ("last change", row["last_change"]),
     ]
+    if row["blocked"] or row["unavailable"]:
+        state = "BLOCKED" if row["blocked"] else "UNAVAILABLE"
+        reason = row["blocked"] or _without_fix(str(row["unavailable"]), row["fix"])
+        pairs += [("state", Styled(state, "bad")), ("why", reason), ("fix", row["fix"])]
     from watermark_dagster.cli.render import fields
 
     ctx.console.print(fields(pairs, colour=ctx.console.colour))
@@ -173,8 +223,6 @@ def cmd_get(ctx: Context) -> int:
     ctx.console.table(
         ["at", "event", "batch", "old", "new", "actor", "reason"], _history_rows(history)
     )
-    if row["unavailable"]:
-        ctx.console.problem(row["unavailable"], style="warn")
     return EXIT_OK
 
 

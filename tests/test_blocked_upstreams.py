@@ -1,0 +1,382 @@
+"""An upstream dropped and recreated at the same path is refused loudly (I6).
+
+The table is recreated the ways operators do it: a new table with fewer, as many or more
+versions than the committed watermark (delta-rs, after removing the folder), the same
+with a watermark that carries no table id, and Spark's ``CREATE OR REPLACE TABLE ... AS
+SELECT``. Each time the coordinator plans nothing for it, and every surface says so and
+names the one recovery command: ``watermark run`` exits 1, ``list``, ``get`` and ``plan
+--dry-run`` show it BLOCKED (text and JSON), and the upstream's ``watermark_continuity``
+asset check fails in a real Dagster instance, reported by the coordinator sensor itself
+(ticked in-process, and by a real ``dagster-daemon``).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from dagster import (
+    AssetCheckKey,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetsDefinition,
+    AssetSelection,
+    DagsterInstance,
+    materialize,
+)
+from dagster._core.instance.ref import InstanceRef
+from deltalake import DeltaTable, write_deltalake
+
+from tests.conftest import REPO
+from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
+from watermark_dagster.core.planning import UpstreamPosition, plan_batch
+from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.dagster_defs.checks import CONTINUITY_CHECK
+from watermark_dagster.dagster_defs.sensors import COORDINATOR
+from watermark_dagster.errors import UpstreamRecreatedError, recreated_fix
+from watermark_dagster.headless import HeadlessRunner
+from watermark_dagster.observe.delta_log import Observer, observe_registry
+from watermark_dagster.read.log import check_identity
+from watermark_dagster.store import BatchStatus, WatermarkStore
+
+SCRIPT = Path(sys.executable).with_name("watermark")
+DAEMON = Path(sys.executable).with_name("dagster-daemon")
+RESET = "`watermark reset -t up --force`"
+
+
+def _commit(path: Path, ids: list[int]) -> None:
+    write_deltalake(
+        str(path),
+        pa.table({"id": pa.array(ids, pa.int64()), "value": pa.array(ids, pa.int64())}),
+        mode="append",
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+
+
+@dataclass
+class Lake:
+    root: Path
+    spec: dict[str, Any]
+    dagster_home: Path
+
+    @property
+    def store(self) -> WatermarkStore:
+        return WatermarkStore(self.spec["control_root"])
+
+    @property
+    def up(self) -> Path:
+        return self.root / "up"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess:
+        spec_file = write_spec(self.root / "spec.json", self.spec)
+        env = {
+            **os.environ,
+            SPEC_ENV: str(spec_file),
+            "PYTHONPATH": str(REPO),
+            "DAGSTER_HOME": str(self.dagster_home),
+        }
+        env.pop("NO_COLOR", None)
+        return subprocess.run(
+            [str(SCRIPT), *args, "--defs", "tests.lakes:defs"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def json(self, *args: str) -> Any:
+        out = self.cli(*args, "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+
+@pytest.fixture
+def lake(tmp_path: Path, dagster_home: Path) -> Lake:
+    """Two upstreams (``up`` at version 2, ``other`` at 0), each read by one pipeline whose
+    target exists; a first batch advanced both watermarks to the latest versions, on the
+    tables' ids, as the finalizer does."""
+    for i in range(3):
+        _commit(tmp_path / "up", [i])
+    _commit(tmp_path / "other", [0])
+    for target in ("up_copy", "other_copy"):
+        _commit(tmp_path / target, [0])
+    spec = {
+        "control_root": str(tmp_path / "control"),
+        # Starting Spark would fail: proves that a command with nothing to run starts no JVM.
+        "spark_master": "no-such-master",
+        "upstreams": [
+            {"name": "up", "path": str(tmp_path / "up")},
+            {"name": "other", "path": str(tmp_path / "other")},
+        ],
+        "pipelines": [
+            {"name": "up_copy", "upstreams": ["up"], "target": str(tmp_path / "up_copy"),
+             "transform": "copy"},
+            {"name": "other_copy", "upstreams": ["other"],
+             "target": str(tmp_path / "other_copy"), "transform": "copy"},
+        ],
+    }  # fmt: skip
+    store = WatermarkStore(spec["control_root"])
+    ids = {n: str(DeltaTable(str(tmp_path / n)).metadata().id) for n in ("up", "other")}
+    batch, _ = store.create_batch(
+        [UpstreamPosition("up", 2, None), UpstreamPosition("other", 0, None)],
+        {"up_copy": ["up"], "other_copy": ["other"]},
+        actor="test",
+        table_ids=ids,
+    )
+    assert batch is not None
+    for upstream in batch.ranged_upstreams:
+        store.advance(batch, upstream, actor="test")
+    store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="test")
+    assert store.committed()["up"].table_id == ids["up"]
+    return Lake(tmp_path, spec, dagster_home)
+
+
+def _recreate(lake: Lake, versions: int) -> None:
+    """Drop the table and create a new one at the same path with ``versions`` commits."""
+    shutil.rmtree(lake.up)
+    for i in range(versions):
+        _commit(lake.up, [100 + i])
+
+
+# case -> (commits of the new table, whether the watermark row keeps its table id)
+CASES = {
+    "fewer_versions": (1, True),
+    "as_many_versions": (3, True),
+    "more_versions": (5, True),
+    "fewer_versions_no_table_id": (2, False),
+}
+
+
+def _drop_table_id(lake: Lake) -> None:
+    """Rewrite the watermark row of ``up`` without its table id (older releases wrote none)."""
+    dt = DeltaTable(str(Path(lake.spec["control_root"]) / "committed_watermarks"))
+    dt.update(predicate="upstream = 'up'", updates={"table_id": "NULL"})
+    assert lake.store.committed()["up"].table_id is None
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_recreated_upstream_is_blocked_on_every_surface(lake: Lake, case: str) -> None:
+    versions, keeps_id = CASES[case]
+    if not keeps_id:
+        _drop_table_id(lake)
+    _recreate(lake, versions)
+    batches_before = len(lake.store.batches())
+
+    rows = {r["upstream"]: r for r in lake.json("list")}
+    up = rows["up"]
+    assert "was dropped and recreated" in up["blocked"], up
+    assert up["fix"] == recreated_fix("up") and RESET in up["fix"]
+    assert up["lag"] is None and up["committed"] == 2
+    assert rows["other"]["blocked"] is None and rows["other"]["fix"] is None
+
+    got = lake.json("get", "-t", "up")
+    assert (got["blocked"], got["fix"]) == (up["blocked"], up["fix"])
+
+    plan = lake.json("plan", "--dry-run")
+    assert plan["blocked"]["up"]["pipelines"] == ["up_copy"]
+    assert plan["blocked"]["up"]["fix"] == recreated_fix("up")
+    assert "up" not in plan["unavailable"]
+    by_name = {u["upstream"]: u for u in plan["upstreams"]}
+    assert (by_name["up"]["mode"], by_name["up"]["state"]) == ("BLOCKED", "blocked")
+    assert not plan["would_plan"] and plan["pipelines"] == []
+
+    # A cron job sees a failure naming the upstream and the fix; nothing is planned or run
+    # (and no JVM started: the location's Spark master cannot start).
+    run = lake.cli("run")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "BLOCKED: upstream up was dropped and recreated" in run.stderr
+    assert "['up_copy']" in run.stderr and RESET in run.stderr
+    assert len(lake.store.batches()) == batches_before
+    out = lake.cli("run", "--json")
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["blocked"]["up"]["fix"] == recreated_fix("up")
+
+    # The documented recovery unblocks it: the next plan reloads the new table.
+    reset = lake.cli("reset", "-t", "up", "--force", "--yes", "--reason", "recreated")
+    assert reset.returncode == 0, reset.stderr
+    assert lake.json("list")[1]["blocked"] is None  # sorted: other, up
+    plan = lake.json("plan", "--dry-run")
+    assert plan["blocked"] == {} and plan["pipelines"] == ["up_copy"]
+    assert {u["upstream"]: u["mode"] for u in plan["upstreams"]}["up"] == "SNAPSHOT"
+
+
+def test_blocked_upstream_in_text_output(lake: Lake) -> None:
+    _recreate(lake, 1)
+    listed = lake.cli("list")
+    assert listed.returncode == 0, listed.stderr
+    [row] = [line for line in listed.stdout.splitlines() if line.startswith("up ")]
+    assert "BLOCKED" in row.split()
+    assert "BLOCKED up: Upstream 'up' was dropped and recreated" in listed.stdout
+    assert f"fix: {recreated_fix('up')}" in listed.stdout
+
+    got = lake.cli("get", "-t", "up")
+    assert got.returncode == 0, got.stderr
+    fields = dict(
+        line.split(None, 1) for line in got.stdout.split("\n\n")[0].splitlines() if " " in line
+    )
+    assert fields["state"].strip() == "BLOCKED"
+    assert fields["fix"].strip() == recreated_fix("up")
+
+    plan = lake.cli("plan", "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    assert "no upstream has new versions" not in plan.stdout
+    assert "nothing can be planned for ['up_copy']" in plan.stdout
+    assert "BLOCKED up: Upstream 'up' was dropped and recreated" in plan.stdout
+    assert RESET in plan.stdout
+
+
+def test_the_three_detectors_give_one_fix(lake: Lake) -> None:
+    """Planning, observation and the read path each detect a recreated table; all of them
+    suggest the same command."""
+    registry = registry_from(lake.spec)
+    planned_id = lake.store.committed()["up"].table_id
+    _recreate(lake, 1)
+    with pytest.raises(UpstreamRecreatedError) as planning:
+        plan_batch([UpstreamPosition("up", 0, 2)], {"up_copy": ["up"]})
+    look = observe_registry(
+        registry, Observer(), {"up": 2, "other": 0}, marks=lake.store.committed()
+    )
+    with pytest.raises(UpstreamRecreatedError) as fewer:
+        check_identity(registry.upstreams["up"], VersionRange(1, 2), planned_id)
+    _recreate(lake, 4)
+    with pytest.raises(UpstreamRecreatedError) as other_id:
+        check_identity(registry.upstreams["up"], VersionRange(1, 2), planned_id)
+    errors = [planning.value, look.blocked["up"], fewer.value, other_id.value]
+    assert {e.fix for e in errors} == {recreated_fix("up")}
+    assert all(str(e).startswith("Upstream 'up' was dropped and recreated: ") for e in errors)
+
+
+def _check_history(instance: DagsterInstance, upstream: str) -> list[Any]:
+    """Evaluations of an upstream's continuity check recorded in the instance, oldest first."""
+    key = AssetCheckKey(AssetKey([upstream]), CONTINUITY_CHECK)
+    records = instance.event_log_storage.get_asset_check_execution_history(key, limit=100)
+    evaluations = [
+        r.event.dagster_event.event_specific_data  # type: ignore[union-attr]
+        for r in reversed(records)
+        if r.event is not None and r.event.dagster_event is not None
+    ]
+    return [e for e in evaluations if hasattr(e, "passed")]
+
+
+def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
+    defs = defs_from(lake.spec)
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))
+    try:
+        runner = HeadlessRunner(defs, instance)
+        runner.tick(COORDINATOR)
+        assert [e.passed for e in _check_history(instance, "up")] == [True]
+        runner.tick(COORDINATOR)  # nothing changed: nothing reported again
+        assert len(_check_history(instance, "up")) == 1
+
+        _recreate(lake, 1)
+        result = runner.tick(COORDINATOR)
+        assert not result.run_requests and result.skip_reason is not None
+        assert "unavailable: ['up']" in (result.skip_reason.skip_message or "")
+        history = _check_history(instance, "up")
+        assert [e.passed for e in history] == [True, False]
+        failed = history[-1]
+        assert failed.severity is AssetCheckSeverity.ERROR
+        assert "was dropped and recreated" in failed.description
+        assert RESET in failed.description
+        assert failed.metadata["fix"].value == recreated_fix("up")
+        runner.tick(COORDINATOR)
+        assert len(_check_history(instance, "up")) == 2  # reported once per change
+        assert [e.passed for e in _check_history(instance, "other")] == [True]
+
+        # Run by hand from the UI (the check's own op), it says the same.
+        everything = [*(defs.assets or []), *(defs.asset_checks or [])]
+        key = AssetCheckKey(AssetKey(["up"]), CONTINUITY_CHECK)
+        done = materialize(
+            [d for d in everything if isinstance(d, AssetsDefinition)],
+            selection=AssetSelection.checks(key),
+            resources=defs.resources,
+            instance=instance,
+        )
+        [evaluation] = done.get_asset_check_evaluations()
+        assert not evaluation.passed and evaluation.description == failed.description
+    finally:
+        instance.dispose()
+
+
+@pytest.mark.live
+def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
+    """A real ``dagster-daemon`` ticks the coordinator on its own; the recreated upstream's
+    check turns failing in the instance with nobody launching anything."""
+    lake.spec["sensor_interval_seconds"] = 1
+    spec_file = write_spec(lake.root / "spec.json", lake.spec)
+    workspace = lake.root / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_module:\n      module_name: tests.lakes\n"
+        f"      attribute: defs\n      working_directory: {REPO}\n"
+    )
+    env = {
+        **os.environ,
+        SPEC_ENV: str(spec_file),
+        "PYTHONPATH": str(REPO),
+        "DAGSTER_HOME": str(lake.dagster_home),
+    }
+    log = (lake.root / "daemon.log").open("w")
+    daemon = subprocess.Popen(
+        [str(DAEMON), "run", "-w", str(workspace)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))
+
+    def wait_for(predicate: Any, what: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            assert daemon.poll() is None, (lake.root / "daemon.log").read_text()[-3000:]
+            time.sleep(1)
+        raise AssertionError(f"{what}: {(lake.root / 'daemon.log').read_text()[-3000:]}")
+
+    try:
+        wait_for(lambda: _check_history(instance, "up"), "no continuity check reported")
+        assert [e.passed for e in _check_history(instance, "up")] == [True]
+        _recreate(lake, 5)
+        wait_for(
+            lambda: not _check_history(instance, "up")[-1].passed,
+            "the recreated upstream's check never failed",
+        )
+        failed = _check_history(instance, "up")[-1]
+        assert RESET in failed.description
+        assert len(lake.store.batches()) == 1  # nothing planned for it
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait()
+        log.close()
+        instance.dispose()
+
+
+@pytest.mark.spark
+def test_create_or_replace_table_is_blocked(spark, lake: Lake) -> None:  # noqa: ANN001
+    """Spark's CREATE OR REPLACE keeps the path and the version numbers going (the new
+    table's first version is 3) but gives the table a new id and drops its change feed."""
+    spark.sql(
+        f"CREATE OR REPLACE TABLE delta.`{lake.up}` USING delta AS "
+        "SELECT id, id * 2 AS value FROM range(3)"
+    )
+    assert DeltaTable(str(lake.up)).version() == 3
+    rows = {r["upstream"]: r for r in lake.json("list")}
+    assert "its table id is" in rows["up"]["blocked"] and rows["up"]["fix"] == recreated_fix("up")
+    plan = lake.json("plan", "--dry-run")
+    assert "up" in plan["blocked"] and plan["pipelines"] == []
+    run = lake.cli("run")
+    assert run.returncode == 1 and RESET in run.stderr, run.stdout + run.stderr

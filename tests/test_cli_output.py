@@ -1,0 +1,381 @@
+"""What the console script prints must not mislead: each case runs the real `watermark`
+script in a subprocess against real control tables and Delta tables written with delta-rs
+(the `--once` case runs pipelines with Spark).
+
+Covered: cursor windows in `batches`; a preview in a fresh home that creates nothing and
+says why nothing can be planned; cursor positions in `plan --dry-run`; stuck batches and
+whole errors in `batch`; a pipeline added later shown as a SNAPSHOT of its upstreams;
+planned ranges whose commits are already gone; the actor without `$USER`; `run --once`.
+"""
+
+import json
+import os
+import pwd
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from tests.conftest import REPO
+from tests.lakes import SPEC_ENV, write_spec
+from tests.test_blocked_upstreams import SCRIPT, Lake, _commit
+from tests.test_cli import _on_terminal
+from watermark_dagster.core.planning import UpstreamPosition
+from watermark_dagster.core.ranges import ReadMode
+from watermark_dagster.demo import DemoPaths
+from watermark_dagster.read.inputs import unreadable
+from watermark_dagster.registry import Upstream
+from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+
+RESET = "`watermark reset -t up --force`"
+
+
+def _lake(tmp_path: Path, dagster_home: Path, *, commits: int = 3, **spec: Any) -> Lake:
+    """Upstream ``up`` with ``commits`` versions read by ``up_copy``; no Spark master that
+    could start (nothing here runs a pipeline)."""
+    for i in range(commits):
+        _commit(tmp_path / "up", [i])
+    base = {
+        "control_root": str(tmp_path / "control"),
+        "spark_master": "no-such-master",
+        "upstreams": [{"name": "up", "path": str(tmp_path / "up")}],
+        "pipelines": [
+            {"name": "up_copy", "upstreams": ["up"], "target": str(tmp_path / "up_copy"),
+             "transform": "copy"},
+        ],
+    }  # fmt: skip
+    return Lake(tmp_path, {**base, **spec}, dagster_home)
+
+
+def _advance_all(store: WatermarkStore, batch: Any) -> None:
+    for upstream in batch.ranged_upstreams:
+        store.advance(batch, upstream, actor="test")
+    store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="test")
+
+
+# ------------------------------------------------------------------ cursor upstreams
+
+
+def test_batches_and_plan_show_a_cursor_upstreams_window_and_position(
+    tmp_path: Path, dagster_home: Path
+) -> None:
+    clicks = tmp_path / "clicks"
+    clicks.mkdir()
+    pq.write_table(
+        pa.table({"ts": pa.array([1, 2], pa.int64()), "id": [1, 2]}), clicks / "a.parquet"
+    )
+    lake = _lake(
+        tmp_path,
+        dagster_home,
+        upstreams=[{"name": "clicks", "path": str(clicks), "mode": "timestamp",
+                    "format": "parquet", "cursor": "ts", "tie_break": ["id"]}],
+        pipelines=[{"name": "clicks_copy", "upstreams": ["clicks"],
+                    "target": str(tmp_path / "t"), "transform": "copy"}],
+    )  # fmt: skip
+    store = lake.store
+    batch, _ = store.create_batch(
+        [UpstreamPosition("clicks", -1, None, mode=ReadMode.TIMESTAMP)],
+        {"clicks_copy": ["clicks"]},
+        actor="test",
+    )
+    assert batch is not None
+    end = ("2026-01-01T00:05:00+00:00", 2000)
+    store.pin_window(batch.batch_id, "clicks", end)
+    _advance_all(store, store.get_batch(batch.batch_id))
+
+    [row] = lake.json("batches")
+    assert row["ranges"] == {"clicks": "(-inf .. 2026-01-01T00:05:00+00:00, 2000]"}
+    text = lake.cli("batches")
+    assert "clicks=(-inf .. 2026-01-01T00:05:00+00:00, 2000]" in text.stdout, text.stdout
+    assert "NOOP" not in text.stdout
+
+    # `plan --dry-run` shows the committed position `watermark list` shows, no version.
+    listed = {r["upstream"]: r for r in lake.json("list")}
+    [planned] = lake.json("plan", "--dry-run")["upstreams"]
+    assert planned["committed"] == listed["clicks"]["committed"] == list(end)
+    assert planned["latest"] is None and planned["range"].startswith(
+        "(2026-01-01T00:05:00+00:00, 2000 .. "
+    )
+    plan = lake.cli("plan", "--dry-run")
+    [line] = [x for x in plan.stdout.splitlines() if x.startswith("clicks")]
+    assert "2026-01-01T00:05:00+00:00, 2000" in line and "none" not in line and "-1" not in line
+
+
+# ------------------------------------------------------------------ plan --dry-run
+
+
+def test_plan_in_a_fresh_home_creates_nothing_and_says_why_nothing_is_planned(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "fresh"
+    env = {**os.environ, "WATERMARK_HOME": str(home), "DAGSTER_HOME": str(tmp_path / "dh")}
+    env.pop("WATERMARK_REGISTRY", None)
+
+    def plan(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(SCRIPT), "plan", "--dry-run", *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
+    out = plan()
+    assert out.returncode == 0, out.stderr
+    # The demo location's upstreams do not exist yet: the reason is on stdout, above the
+    # rows of the upstreams that block the plan.
+    assert "no upstream has new versions" not in out.stdout
+    assert "nothing can be planned for ['customer_payments', 'orders_enriched']" in out.stdout
+    for name in ("customers", "orders", "payments"):
+        assert f"UNAVAILABLE {name}: Upstream '{name}'" in out.stdout
+        assert any(line.split()[:1] == [name] for line in out.stdout.splitlines())
+    assert "not a readable Delta table" in out.stdout
+    got = json.loads(plan("--json").stdout)
+    assert set(got["unavailable"]) == {"customers", "orders", "payments"}
+    assert not Path(DemoPaths(home).control_root).exists()
+
+
+def test_plan_warns_when_a_planned_ranges_commits_are_gone(
+    tmp_path: Path, dagster_home: Path
+) -> None:
+    lake = _lake(tmp_path, dagster_home, commits=6)
+    _commit(tmp_path / "up_copy", [0])  # a target that exists: no first load
+    store = lake.store
+    batch, _ = store.create_batch([UpstreamPosition("up", 1, None)], {"up_copy": ["up"]}, actor="t")
+    assert batch is not None
+    _advance_all(store, batch)
+    # Log cleanup: a checkpoint at the latest version, older commit files removed.
+    DeltaTable(str(tmp_path / "up")).create_checkpoint()
+    for version in range(4):
+        (tmp_path / "up" / "_delta_log" / f"{version:020d}.json").unlink()
+
+    got = lake.json("plan", "--dry-run")
+    assert got["would_plan"] and {u["upstream"]: u["range"] for u in got["upstreams"]} == {
+        "up": "[2, 5]"
+    }
+    [warning] = got["warnings"]
+    assert (warning["upstream"], warning["range"], warning["missing"]) == ("up", "[2, 5]", [2, 3])
+    assert RESET in warning["fix"]
+    text = lake.cli("plan", "--dry-run")
+    assert "WARNING up: Upstream 'up': commits 2..3 of the range that would be planned" in (
+        text.stdout
+    )
+    assert f"fix: run {RESET}" in text.stdout
+
+
+# ------------------------------------------------------------------ pipelines added later
+
+
+def test_a_pipeline_added_later_reads_its_upstreams_as_a_snapshot(
+    tmp_path: Path, dagster_home: Path
+) -> None:
+    lake = _lake(tmp_path, dagster_home)
+    _commit(tmp_path / "up_copy", [0])
+    store = lake.store
+    batch, _ = store.create_batch([UpstreamPosition("up", 2, None)], {"up_copy": ["up"]}, actor="t")
+    assert batch is not None
+    _advance_all(store, batch)
+    lake.spec["pipelines"].append(
+        {
+            "name": "up_new",
+            "upstreams": ["up"],
+            "target": str(tmp_path / "new"),
+            "transform": "copy",
+        }
+    )
+
+    got = lake.json("plan", "--dry-run")
+    assert (got["pipelines"], got["full_load"]) == (["up_new"], ["up_new"])
+    [up] = got["upstreams"]
+    assert (up["mode"], up["range"], up["snapshot_for"]) == ("NOOP", "NOOP", ["up_new"])
+    assert "SNAPSHOT @2 for up_new" in lake.cli("plan", "--dry-run").stdout
+
+    planned, _ = store.create_batch(
+        [UpstreamPosition("up", 2, None)],
+        {"up_copy": ["up"], "up_new": ["up"]},
+        actor="t",
+        bootstrap=["up_new"],
+    )
+    assert planned is not None and planned.full_load == ("up_new",)
+    detail = lake.json("batch", planned.batch_id)
+    assert [(u["mode"], u["snapshot_for"]) for u in detail["upstreams"]] == [("NOOP", ["up_new"])]
+    assert "SNAPSHOT @2 for up_new" in lake.cli("batch", planned.batch_id).stdout
+    [row] = [r for r in lake.json("batches") if r["batch_id"] == planned.batch_id]
+    assert row["full_load"] == ["up_new"]
+
+
+# ------------------------------------------------------------------ stuck batches and errors
+
+LONG_ERROR = (
+    "watermark_dagster.errors.UpstreamSchemaChangedError: Upstream 'up': the schema changed "
+    "incompatibly inside the batch's range [3, 3]: column 'value' changed type from "
+    '"long" to "string". Fix: adapt the pipelines reading it to the new schema, then run '
+    f"{RESET} to reload from a snapshot."
+)
+
+
+def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
+    tmp_path: Path, dagster_home: Path
+) -> None:
+    lake = _lake(tmp_path, dagster_home)
+    store = lake.store
+    batch, _ = store.create_batch([UpstreamPosition("up", 2, None)], {"up_copy": ["up"]}, actor="t")
+    assert batch is not None
+    attempt = store.begin_checkpoint("up_copy", batch.batch_id, run_id="r1")
+    store.finish_checkpoint(
+        "up_copy", batch.batch_id, attempt, CheckpointStatus.FAILED, error=LONG_ERROR
+    )
+    store.record(
+        "BATCH_STUCK",
+        actor="sensor:watermark_coordinator",
+        batch_id=batch.batch_id,
+        detail={
+            "failed_runs": 1,
+            "pipelines": ["up_copy"],
+            "error": LONG_ERROR.split(": ", 1)[1].split(" Fix: ")[0],
+            "fix": LONG_ERROR.split(" Fix: ")[1],
+            "terminal": True,
+        },
+    )
+
+    got = lake.json("batch", batch.batch_id)
+    assert got["status"] == "STUCK"
+    assert got["stuck"]["fix"] == LONG_ERROR.split(" Fix: ")[1]
+    assert "changed type" in got["stuck"]["reason"] and got["stuck"]["terminal"] is True
+    assert [b["batch_id"] for b in lake.json("batches", "--status", "stuck")] == [batch.batch_id]
+
+    # Off a terminal nothing is cut: the fix command at the end of the error is there.
+    text = lake.cli("batch", batch.batch_id)
+    first = text.stdout.splitlines()[0]
+    assert "STUCK" in first and "PLANNED" not in first
+    assert f"fix: adapt the pipelines reading it to the new schema, then run {RESET}" in (
+        text.stdout
+    )
+    assert LONG_ERROR in text.stdout
+
+    # On a terminal the row is cut to the width, and the whole error follows, wrapped.
+    spec_file = write_spec(tmp_path / "spec.json", lake.spec)
+    rc, screen, err = _on_terminal(
+        tmp_path,
+        "batch",
+        batch.batch_id,
+        "--defs",
+        "tests.lakes:defs",
+        stdout_tty=True,
+        COLUMNS="100",
+        NO_COLOR="1",
+        DAGSTER_HOME=str(dagster_home),
+        PYTHONPATH=str(REPO),
+        **{SPEC_ENV: str(spec_file)},
+    )
+    assert rc == 0, err
+    lines = screen.replace("\r", "").splitlines()
+    assert all(len(line) <= 100 for line in lines), lines
+    assert any(line.endswith("…") and line.startswith("up_copy") for line in lines)
+    assert LONG_ERROR in " ".join(" ".join(lines).split())
+
+    # Re-executed after it was reported stuck: no longer given up on.
+    again = store.begin_checkpoint("up_copy", batch.batch_id, run_id="r2")
+    assert lake.json("batch", batch.batch_id)["status"] == "PLANNED"
+    # Stuck again, recorded without an error or a fix: the failed attempt's error says it.
+    store.finish_checkpoint(
+        "up_copy", batch.batch_id, again, CheckpointStatus.FAILED, error=LONG_ERROR
+    )
+    store.record(
+        "BATCH_STUCK",
+        actor="sensor:watermark_coordinator",
+        batch_id=batch.batch_id,
+        detail={"failed_runs": 2, "pipelines": ["up_copy"]},
+    )
+    stuck = lake.json("batch", batch.batch_id)["stuck"]
+    assert stuck["fix"] == LONG_ERROR.split(" Fix: ")[1]
+    assert stuck["reason"] == LONG_ERROR.split(" Fix: ")[0]
+
+
+def test_an_unreadable_range_error_names_the_missing_file_without_py4j_noise() -> None:
+    """The text Spark 4.1 raised for a CDF range whose change file VACUUM removed (recorded
+    from a real run; test_read_modes runs the case end to end)."""
+    spark_text = (
+        "An error occurred while calling o68.count.\n"
+        ": org.apache.spark.SparkException: [FAILED_READ_FILE.FILE_NOT_EXIST] Encountered "
+        "error while reading file file:/lake/up/_change_data/cdc-00000-d9.c000.snappy.parquet."
+        " File does not exist. It is possible the underlying files have been updated.\n"
+        "You can explicitly invalidate the cache in Spark by running 'REFRESH TABLE tableName'"
+        " command in SQL or by recreating the Dataset/DataFrame involved. SQLSTATE: KD001\n"
+        "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.fileNotExistError("
+        "QueryExecutionErrors.scala:902)\n"
+    )
+    error = unreadable(Upstream("up", path="/lake/up"), "CDF [1, 1]", RuntimeError(spark_text))
+    text = str(error)
+    assert "An error occurred while calling" not in text and "org.apache" not in text
+    assert "missing file: file:/lake/up/_change_data/cdc-00000-d9.c000.snappy.parquet." in text
+    assert "Spark: [FAILED_READ_FILE.FILE_NOT_EXIST]" in text and RESET in text
+
+
+# ------------------------------------------------------------------ the actor
+
+
+def test_set_records_the_os_account_when_user_is_unset(tmp_path: Path, dagster_home: Path) -> None:
+    lake = _lake(tmp_path, dagster_home)
+    store = lake.store
+    batch, _ = store.create_batch([UpstreamPosition("up", 2, None)], {"up_copy": ["up"]}, actor="t")
+    assert batch is not None
+    _advance_all(store, batch)
+    spec_file = write_spec(tmp_path / "spec.json", lake.spec)
+    env = {k: v for k, v in os.environ.items() if k not in ("USER", "LOGNAME", "USERNAME", "LNAME")}
+    env.update({SPEC_ENV: str(spec_file), "PYTHONPATH": str(REPO),
+                "DAGSTER_HOME": str(dagster_home)})  # fmt: skip
+    out = subprocess.run(
+        [str(SCRIPT), "set", "-t", "up", "--version", "1", "--yes", "--defs", "tests.lakes:defs"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # no controlling terminal, as under cron
+    )
+    assert out.returncode == 0, out.stderr
+    account = pwd.getpwuid(os.getuid()).pw_name
+    actor = f"{account}@{socket.gethostname()}"
+    assert f"by {actor}" in out.stdout
+    assert store.history(upstream="up")[-1]["actor"] == actor
+
+
+# ------------------------------------------------------------------ run --once
+
+
+@pytest.mark.spark
+def test_run_once_runs_one_batch_and_run_runs_until_idle(
+    spark, tmp_path: Path, dagster_home: Path
+) -> None:  # noqa: ANN001
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    from tests.lakes import defs_from
+    from watermark_dagster.headless import HeadlessRunner
+
+    lake = _lake(tmp_path, dagster_home, spark_master="local[1]")
+    lake.spec["upstreams"][0]["max_versions_per_batch"] = 1
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    try:  # the first load, in this process
+        assert len(HeadlessRunner(defs_from(lake.spec), instance).run_until_idle().completed) == 1
+    finally:
+        instance.dispose()
+    for i in (3, 4, 5):
+        _commit(tmp_path / "up", [i])  # versions 3, 4, 5: three batches of one version
+
+    once = lake.cli("run", "--once", "--json")
+    assert once.returncode == 0, once.stdout + once.stderr
+    assert len(json.loads(once.stdout)["completed"]) == 1
+    assert lake.store.committed_versions()["up"] == 3
+
+    rest = lake.cli("run", "--json")
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert len(json.loads(rest.stdout)["completed"]) == 2
+    assert lake.store.committed_versions()["up"] == 5
