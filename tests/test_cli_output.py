@@ -235,12 +235,14 @@ def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
         "BATCH_STUCK",
         actor="sensor:watermark_coordinator",
         batch_id=batch.batch_id,
+        # The shape the coordinator records for a terminal failure.
         detail={
             "failed_runs": 1,
             "pipelines": ["up_copy"],
-            "error": LONG_ERROR.split(": ", 1)[1].split(" Fix: ")[0],
-            "fix": LONG_ERROR.split(" Fix: ")[1],
+            "reason": "batch is stuck: ...",
             "terminal": True,
+            "error": "UpstreamSchemaChangedError",
+            "message": LONG_ERROR.split(": ", 1)[1],
         },
     )
 

@@ -14,10 +14,11 @@ from typing import Any
 from watermark_dagster.cli.context import EXIT_OK, Context, Refusal
 from watermark_dagster.cli.parser import add_command
 from watermark_dagster.cli.render import STATUS_STYLES, Styled
+from watermark_dagster.core.planning import RESUME_HINT
 
 STUCK = "STUCK"
 # The coordinator's own advice when a stuck batch's history row carries no fix.
-STUCK_FIX = "fix the cause, then re-execute the batch's partition from the Dagster UI."
+STUCK_FIX = f"fix the cause, then {RESUME_HINT}."
 
 
 def range_text(planned: Any) -> str:
@@ -81,7 +82,7 @@ def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any
         if any(c.started_at > detail["at"] for c in attempts):
             continue  # re-executed since: running or failing again, not given up
         failed = [c for c in attempts if c.status is CheckpointStatus.FAILED and c.error]
-        reason = detail.get("error") or (failed[-1].error if failed else None)
+        reason = detail.get("message") or (failed[-1].error if failed else None)
         fix = detail.get("fix")
         if fix is None and reason and " Fix: " in reason:
             # The error names its own fix (our errors end with it): that is the advice.
