@@ -280,7 +280,7 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
         _recreate(lake, 1)
         result = runner.tick(COORDINATOR)
         assert not result.run_requests and result.skip_reason is not None
-        assert "unavailable: ['up']" in (result.skip_reason.skip_message or "")
+        assert "blocked, dropped and recreated: ['up']" in (result.skip_reason.skip_message or "")
         history = _check_history(instance, "up")
         assert [e.passed for e in history] == [True, False]
         failed = history[-1]

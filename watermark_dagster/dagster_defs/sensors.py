@@ -140,8 +140,13 @@ def build_coordinator_sensor(
             batch, created = plan_next(store, found, actor=f"sensor:{COORDINATOR}")
             if batch is None:
                 reason = "no upstream has new versions"
-                if errors:
-                    reason += f"; unavailable: {sorted(errors)}"
+                if look.blocked:
+                    reason += (
+                        f"; blocked, dropped and recreated: {sorted(look.blocked)} (see their "
+                        "watermark_continuity check for the fix)"
+                    )
+                if set(errors) - set(look.blocked):
+                    reason += f"; unavailable: {sorted(set(errors) - set(look.blocked))}"
                 return SensorResult(
                     skip_reason=reason, asset_events=events, cursor=json.dumps(cursor)
                 )
