@@ -2,8 +2,10 @@
 
 For cron-driven deployments, the demo and tests. It evaluates the same coordinator and
 finalizer sensors the daemon would, applies their partition requests, and executes their
-run requests in this process (one Spark session for the whole cycle), all against a real
-Dagster instance, so runs and materializations show up in the UI afterwards.
+run requests in this process, all against a real Dagster instance, so runs and
+materializations show up in the UI afterwards. Spark starts only when a run has work: the
+first such run creates the session and the rest of the cycle reuses it; a cycle with nothing
+to do, or whose runs all skip, starts no JVM.
 """
 
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from dagster import AssetKey, DagsterInstance, Definitions, SensorResult, build_
 from dagster._core.definitions.sensor_definition import SensorDefinition
 
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
+from watermark_dagster.dagster_defs.resources import held_spark_sessions
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
 from watermark_dagster.errors import WatermarkError
 
@@ -32,6 +35,19 @@ def _root_message(error: object) -> str:
     return str(getattr(named, "message", named)).strip()
 
 
+def _skipped(events: list) -> dict[str, str]:
+    """pipeline -> reason, for the materializations of a run that record a skip."""
+    found = {}
+    for event in events:
+        materialization = event.event_specific_data.materialization  # type: ignore[union-attr]
+        reason = materialization.metadata.get("skipped")
+        if reason is not None:
+            found[materialization.asset_key.to_user_string()] = str(
+                getattr(reason, "value", reason)
+            )
+    return found
+
+
 @dataclass
 class RunOutcome:
     """One executed run."""
@@ -41,6 +57,8 @@ class RunOutcome:
     pipelines: list[str]
     success: bool
     error: str | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+    """pipeline -> why it wrote nothing (superseded batch, nothing changed for it)."""
 
 
 @dataclass
@@ -141,18 +159,33 @@ class HeadlessRunner:
                 ]
                 error = "; ".join(failures) or "run failed"
             names = [k.to_user_string() for k in keys]
+            skipped = _skipped(outcome.get_asset_materialization_events())
             report.runs.append(
                 RunOutcome(
-                    outcome.run_id, str(request.partition_key), names, outcome.success, error
+                    outcome.run_id,
+                    str(request.partition_key),
+                    names,
+                    outcome.success,
+                    error,
+                    skipped,
                 )
             )
             self.log(
                 f"run {outcome.run_id[:8]} batch {request.partition_key} {names}: "
                 + ("success" if outcome.success else f"FAILED: {error}")
+                + "".join(f"; {p} SKIPPED: {why}" for p, why in skipped.items())
             )
 
     def run_until_idle(self, *, max_ticks: int = 100) -> CycleReport:
-        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck."""
+        """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck.
+
+        The Spark session is created by the first run that needs it and kept for the rest of
+        the cycle (then stopped, unless it existed before): none when nothing needs Spark.
+        """
+        with held_spark_sessions():
+            return self._run_until_idle(max_ticks)
+
+    def _run_until_idle(self, max_ticks: int) -> CycleReport:
         store = self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
         report = CycleReport()
         for _ in range(max_ticks):

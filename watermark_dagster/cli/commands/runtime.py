@@ -24,13 +24,9 @@ def cmd_run(ctx: Context) -> int:
 
     from watermark_dagster.headless import HeadlessRunner
 
-    spark = ctx.spark()
-    try:
-        report = HeadlessRunner(
-            ctx.defs, DagsterInstance.get(), log=_progress(ctx)
-        ).run_until_idle()
-    finally:
-        spark.stop()
+    # No Spark here: the first run with work starts it and the cycle stops it, so a cycle
+    # with nothing to do starts no JVM.
+    report = HeadlessRunner(ctx.defs, DagsterInstance.get(), log=_progress(ctx)).run_until_idle()
     failed = report.failed_runs
     if ctx.args.json:
         ctx.console.json(
