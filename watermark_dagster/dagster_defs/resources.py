@@ -74,8 +74,10 @@ class SparkSessionResource(ConfigurableResource):
     app_name: str = Field(default="watermark-dagster", description="Spark application name.")
     conf: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra Spark settings, applied after the defaults (e.g. "
-        "spark.sql.shuffle.partitions, spark.jars for offline Delta jars).",
+        description="Extra Spark settings, applied after the defaults of "
+        "watermark_dagster.spark.spark_defaults (local: driver memory a quarter of RAM "
+        "between 1 and 4 GiB, 2 x cores shuffle partitions, adaptive execution), e.g. "
+        "spark.driver.memory, spark.sql.shuffle.partitions, spark.jars for offline Delta jars.",
     )
     stop_on_teardown: bool = Field(
         default=True,
