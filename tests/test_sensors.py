@@ -24,7 +24,7 @@ from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
 from watermark_dagster.core.planning import TerminalFailure, decide_resume
-from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.definitions import build_definitions, registry_of
 from watermark_dagster.dagster_defs.runs import terminal_error_tags
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import UpstreamSchemaChangedError
@@ -147,6 +147,28 @@ def test_nothing_new_plans_nothing(setup) -> None:  # noqa: ANN001
     assert not result.run_requests
     assert "no upstream has new versions" in (result.skip_message or "")
     assert len(store.batches()) == 1
+
+
+def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> None:  # noqa: ANN001
+    """A code location built without settings uses the same minimum interval as the
+    environment's default (0): new commits right after a batch are planned at once."""
+    from watermark_dagster import settings
+
+    monkeypatch.delenv("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", raising=False)
+    assert WatermarkSettings().min_batch_interval_seconds == settings.min_batch_interval_seconds()
+    assert settings.min_batch_interval_seconds() == 0
+    built, instance, store, ups = setup
+    defs = build_definitions(registry_of(built), control_root=store.root)  # default settings
+    first = _tick(defs, instance, COORDINATOR)
+    planned = store.open_batch()
+    assert first.run_requests and planned is not None
+    for upstream in planned.ranged_upstreams:
+        store.advance(planned, upstream, actor="test")
+    store.set_batch_status(planned.batch_id, BatchStatus.COMPLETED, actor="test")
+    _commit(ups["up1"], [3])
+    second = _tick(defs, instance, COORDINATOR, first.cursor)
+    assert second.run_requests, second.skip_message
+    assert sorted(b.batch_id for b in store.batches()) == ["b000001", "b000002"]
 
 
 def test_two_coordinator_ticks_at_once_create_one_batch(setup) -> None:  # noqa: ANN001

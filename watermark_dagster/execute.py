@@ -8,6 +8,7 @@ import logging
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -56,6 +57,15 @@ class BatchContext:
             ) from None
 
 
+class SkipKind(StrEnum):
+    """Why a pipeline run on a batch does nothing."""
+
+    NOT_IN_BATCH = "not_in_batch"
+    """None of the pipeline's upstreams changed in the batch (a NOOP pipeline)."""
+    SUPERSEDED = "superseded"
+    """The pipeline already applied a newer batch; re-applying this one could regress it."""
+
+
 @dataclass(frozen=True)
 class InputReport:
     """Per-upstream facts of one run, shown as materialization metadata."""
@@ -80,6 +90,7 @@ class PipelineOutcome:
     write: WriteResult | None
     skipped_reason: str | None = None
     full_load: bool = False
+    skip: SkipKind | None = None
 
     @property
     def rows_read(self) -> int:
@@ -97,20 +108,41 @@ def _error_text(exc: BaseException) -> str:
     return text[:4000]
 
 
-def execute_pipeline(
-    *,
-    spark: SparkSession,
-    store: WatermarkStore,
-    registry: Registry,
-    pipeline_name: str,
-    batch_id: str,
-    run_id: str | None = None,
-) -> PipelineOutcome:
-    """Run ``pipeline_name`` on batch ``batch_id`` and record its checkpoint.
+@dataclass(frozen=True)
+class PipelineDecision:
+    """What a run of one pipeline on one batch has to do, decided from the control tables
+    alone: no Spark session is needed to reach it, so a run that skips starts no JVM."""
+
+    pipeline: Pipeline
+    batch: Batch
+    skip: SkipKind | None = None
+    skipped_reason: str | None = None
+
+    def skipped_outcome(self) -> PipelineOutcome:
+        """The outcome of a run that skips (only when :attr:`skip` is set)."""
+        assert self.skip is not None, "skipped_outcome() of a decision to run"
+        return PipelineOutcome(
+            self.pipeline.name,
+            self.batch,
+            None,
+            (),
+            None,
+            skipped_reason=self.skipped_reason,
+            skip=self.skip,
+        )
+
+
+def decide_pipeline(
+    *, store: WatermarkStore, registry: Registry, pipeline_name: str, batch_id: str
+) -> PipelineDecision:
+    """Decide, without Spark, whether ``pipeline_name`` has work on batch ``batch_id``.
+
+    It skips a batch none of its upstreams changed in (NOOP), and a batch older than one it
+    already applied (a backfill of a superseded batch, I5).
 
     Raises:
-        BatchStateError: the batch is unknown or abandoned.
-        Exception: whatever the read, transform or write raised (after recording FAILED).
+        BatchStateError: the batch is unknown or abandoned, or pins no range for one of the
+            pipeline's upstreams.
     """
     pipeline: Pipeline = registry.pipelines[pipeline_name]
     batch = store.get_batch(batch_id)
@@ -124,7 +156,7 @@ def execute_pipeline(
     if pipeline_name not in batch.pipelines:
         reason = f"no upstream of '{pipeline_name}' changed in batch {batch_id}"
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
-        return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)
+        return PipelineDecision(pipeline, batch, SkipKind.NOT_IN_BATCH, reason)
     newest = None if batch.kind is BatchKind.REPLAY else store.newest_applied(pipeline_name)
     if newest is not None and newest.seq > batch.seq:
         # I5: a backfill of an older batch must not overwrite what newer batches wrote (nor
@@ -134,7 +166,7 @@ def execute_pipeline(
             f"batch {newest.batch_id}; its target is left as it is"
         )
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
-        return PipelineOutcome(pipeline_name, batch, None, (), None, skipped_reason=reason)
+        return PipelineDecision(pipeline, batch, SkipKind.SUPERSEDED, reason)
     missing = [u for u in pipeline.upstreams if u not in batch.inputs]
     if missing:
         raise BatchStateError(
@@ -144,7 +176,52 @@ def execute_pipeline(
             batch_id=batch_id,
             fix="let the batch finish, then the next batch includes the new upstreams.",
         )
+    return PipelineDecision(pipeline, batch)
 
+
+def execute_pipeline(
+    *,
+    spark: SparkSession,
+    store: WatermarkStore,
+    registry: Registry,
+    pipeline_name: str,
+    batch_id: str,
+    run_id: str | None = None,
+) -> PipelineOutcome:
+    """Run ``pipeline_name`` on batch ``batch_id`` and record its checkpoint:
+    :func:`decide_pipeline`, then :func:`run_pipeline`.
+
+    Raises:
+        BatchStateError: the batch is unknown or abandoned.
+        Exception: whatever the read, transform or write raised (after recording FAILED).
+    """
+    decision = decide_pipeline(
+        store=store, registry=registry, pipeline_name=pipeline_name, batch_id=batch_id
+    )
+    return run_pipeline(
+        spark=spark, store=store, registry=registry, decision=decision, run_id=run_id
+    )
+
+
+def run_pipeline(
+    *,
+    spark: SparkSession,
+    store: WatermarkStore,
+    registry: Registry,
+    decision: PipelineDecision,
+    run_id: str | None = None,
+) -> PipelineOutcome:
+    """Carry out ``decision``: read the pinned inputs, transform, write, checkpoint.
+
+    A decision to skip returns its outcome and touches neither Spark nor the store.
+
+    Raises:
+        Exception: whatever the read, transform or write raised (after recording FAILED).
+    """
+    if decision.skip is not None:
+        return decision.skipped_outcome()
+    pipeline, batch = decision.pipeline, decision.batch
+    pipeline_name, batch_id = pipeline.name, batch.batch_id
     attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id)
     inputs: dict[str, UpstreamInput] = {}
     full_load = pipeline_name in batch.full_load

@@ -2,13 +2,16 @@
 
 For cron-driven deployments, the demo and tests. It evaluates the same coordinator and
 finalizer sensors the daemon would, applies their partition requests, and executes their
-run requests in this process (one Spark session for the whole cycle), all against a real
-Dagster instance, so runs and materializations show up in the UI afterwards.
+run requests in this process, all against a real Dagster instance, so runs and
+materializations show up in the UI afterwards. Spark starts only when a run has work: the
+first such run creates the session and the rest of the cycle reuses it; a cycle with nothing
+to do, or whose runs all skip, starts no JVM.
 """
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dagster import (
     AssetKey,
@@ -21,6 +24,7 @@ from dagster import (
 from dagster._core.definitions.sensor_definition import SensorDefinition
 
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
+from watermark_dagster.dagster_defs.resources import held_spark_sessions
 from watermark_dagster.dagster_defs.runs import TERMINAL_TAG, batch_runs, succeeded_pipelines
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, resume_request
 from watermark_dagster.errors import WatermarkError
@@ -44,6 +48,19 @@ def _root_message(error: object) -> str:
     return text.removeprefix(f"{Failure.__module__}.{Failure.__name__}: ")
 
 
+def _skipped(events: Sequence[Any]) -> dict[str, str]:
+    """pipeline -> reason, for the materializations of a run that record a skip."""
+    found = {}
+    for event in events:
+        materialization = event.event_specific_data.materialization  # type: ignore[union-attr]
+        reason = materialization.metadata.get("skipped")
+        if reason is not None:
+            found[materialization.asset_key.to_user_string()] = str(
+                getattr(reason, "value", reason)
+            )
+    return found
+
+
 @dataclass
 class RunOutcome:
     """One executed run."""
@@ -53,6 +70,8 @@ class RunOutcome:
     pipelines: list[str]
     success: bool
     error: str | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+    """pipeline -> why it wrote nothing (superseded batch, nothing changed for it)."""
 
 
 @dataclass
@@ -79,9 +98,6 @@ class HeadlessRunner:
         log: where progress lines go (default: nowhere).
         run_log_level: level of Dagster's console log inside executed runs (``"DEBUG"`` shows
             every step event; the event log in the instance is complete either way).
-        before_first_run: called once, just before the first run is executed (the command
-            line starts its Spark session there, so a cycle with nothing to run starts no
-            JVM).
     """
 
     def __init__(
@@ -91,10 +107,8 @@ class HeadlessRunner:
         *,
         log: Callable[[str], None] | None = None,
         run_log_level: str = "INFO",
-        before_first_run: Callable[[], object] | None = None,
     ) -> None:
         self.run_log_level = run_log_level
-        self._before_first_run = before_first_run
         self.defs = defs
         self.instance = instance
         self.log = log or (lambda _msg: None)
@@ -143,9 +157,6 @@ class HeadlessRunner:
     def execute_requests(self, result: SensorResult, report: CycleReport) -> None:
         """Execute each run request of a coordinator tick in this process."""
         for request in result.run_requests or []:
-            if self._before_first_run is not None:
-                self._before_first_run()
-                self._before_first_run = None
             keys = list(request.asset_selection or [])
             outcome = self._job.execute_in_process(
                 instance=self.instance,
@@ -169,14 +180,21 @@ class HeadlessRunner:
                 run = self.instance.get_run_by_id(outcome.run_id)
                 terminal = run.tags.get(TERMINAL_TAG) if run is not None else None
             names = [k.to_user_string() for k in keys]
+            skipped = _skipped(outcome.get_asset_materialization_events())
             report.runs.append(
                 RunOutcome(
-                    outcome.run_id, str(request.partition_key), names, outcome.success, error
+                    outcome.run_id,
+                    str(request.partition_key),
+                    names,
+                    outcome.success,
+                    error,
+                    skipped,
                 )
             )
             head = f"run {outcome.run_id[:8]} batch {request.partition_key} {names}: "
+            skips = "".join(f"; {p} SKIPPED: {why}" for p, why in skipped.items())
             if outcome.success:
-                self.log(head + "success")
+                self.log(head + "success" + skips)
             elif terminal:
                 # The coordinator stops the batch and reports the error with its fix once.
                 self.log(head + f"FAILED with {json.loads(terminal)['error']} (not retryable)")
@@ -206,7 +224,9 @@ class HeadlessRunner:
         """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck.
 
         Commits that arrive while a batch runs are planned into the next batch, so this
-        can run several batches.
+        can run several batches. The Spark session is created by the first run that needs
+        it and kept for the rest of the cycle (then stopped, unless it existed before):
+        none when nothing needs Spark.
 
         Args:
             max_ticks: stop after this many coordinator ticks.
@@ -215,6 +235,10 @@ class HeadlessRunner:
             retry: first run the open batch's unfinished pipelines once more, even if the
                 batch is stuck (after a terminal error, or after ``max_attempts`` failures).
         """
+        with held_spark_sessions():
+            return self._run_until_idle(max_ticks, max_batches, retry)
+
+    def _run_until_idle(self, max_ticks: int, max_batches: int | None, retry: bool) -> CycleReport:
         store = self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
         report = CycleReport()
         if retry:

@@ -18,6 +18,12 @@ from pathlib import Path
 
 from watermark_dagster.errors import ConfigurationError
 
+# The one default of each batching setting: `WatermarkSettings` (a code location built with
+# `build_definitions`) and the environment variables below both read these.
+DEFAULT_MIN_BATCH_INTERVAL_SECONDS = 0.0
+DEFAULT_SENSOR_INTERVAL_SECONDS = 30
+DEFAULT_MAX_ATTEMPTS = 3
+
 
 def _number(name: str, default: str, cast: type) -> float | int:
     raw = os.environ.get(name, default)
@@ -64,14 +70,20 @@ def spark_conf() -> dict[str, str]:
 
 def min_batch_interval_seconds() -> float:
     """``WATERMARK_MIN_BATCH_INTERVAL_SECONDS``."""
-    return float(_number("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", "0", float))
+    return float(
+        _number(
+            "WATERMARK_MIN_BATCH_INTERVAL_SECONDS", str(DEFAULT_MIN_BATCH_INTERVAL_SECONDS), float
+        )
+    )
 
 
 def sensor_interval_seconds() -> int:
     """``WATERMARK_SENSOR_INTERVAL_SECONDS``."""
-    return int(_number("WATERMARK_SENSOR_INTERVAL_SECONDS", "30", int))
+    return int(
+        _number("WATERMARK_SENSOR_INTERVAL_SECONDS", str(DEFAULT_SENSOR_INTERVAL_SECONDS), int)
+    )
 
 
 def max_attempts() -> int:
     """``WATERMARK_MAX_ATTEMPTS``."""
-    return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", "3", int)))
+    return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS), int)))

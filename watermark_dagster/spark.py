@@ -19,14 +19,98 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
-# Small-machine defaults; every one can be overridden through ``conf``.
+# Defaults for every session; each can be overridden through ``conf``. Adaptive query
+# execution (on by default since Spark 3.2) is named here so a user sees it is relied on:
+# it coalesces the small shuffle partitions a small batch produces and splits skewed ones.
 DEFAULT_CONF = {
-    "spark.sql.shuffle.partitions": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.adaptive.skewJoin.enabled": "true",
 }
+
+_MIB = 1024 * 1024
+# The driver heap of a local session: a quarter of the machine's memory, at least 1 GiB
+# (Spark's own default, which a 2M-row first load exhausts) and at most 4 GiB (enough for
+# first loads of several million rows while leaving room for other processes).
+DRIVER_MEMORY_FRACTION = 0.25
+DRIVER_MEMORY_MIN_MIB = 1024
+DRIVER_MEMORY_MAX_MIB = 4096
+
+
+def machine_memory_bytes() -> int | None:
+    """Physical memory, or the cgroup's memory limit when that is lower (containers)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit_file in (
+        "/sys/fs/cgroup/memory.max",  # cgroup v2
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",  # cgroup v1
+    ):
+        try:
+            raw = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and 0 < int(raw) < total:
+            total = int(raw)
+    return total
+
+
+def default_driver_memory(memory_bytes: int | None = None) -> str:
+    """``spark.driver.memory`` for a local session on this machine (e.g. ``"4096m"``)."""
+    total = machine_memory_bytes() if memory_bytes is None else memory_bytes
+    if not total:
+        return f"{DRIVER_MEMORY_MIN_MIB * 2}m"
+    mib = int(total * DRIVER_MEMORY_FRACTION) // _MIB
+    return f"{max(DRIVER_MEMORY_MIN_MIB, min(DRIVER_MEMORY_MAX_MIB, mib))}m"
+
+
+def local_cores(master: str) -> int:
+    """Cores a ``local``, ``local[N]`` or ``local[*]`` master uses."""
+    inner = master.removeprefix("local").strip("[]").split(",")[0]
+    if not inner:
+        return 1  # plain "local" runs one thread
+    if inner.isdigit():
+        return max(1, int(inner))
+    return max(1, os.cpu_count() or 1)
+
+
+def spark_defaults(*, master: str = "local[*]", remote: str | None = None) -> dict[str, str]:
+    """The settings a session gets unless ``conf`` overrides them.
+
+    A local session (the JVM is launched by this process, so heap settings still apply)
+    also gets a driver heap sized for the machine (:func:`default_driver_memory`) and
+    ``2 x cores`` shuffle partitions (at least 4), which adaptive execution coalesces when
+    a batch is small. A cluster keeps Spark's own shuffle default; a Spark Connect server
+    is configured where it runs.
+    """
+    if remote:
+        # Only session-level SQL settings can be set from a Connect client.
+        return {"spark.sql.session.timeZone": DEFAULT_CONF["spark.sql.session.timeZone"]}
+    settings = dict(DEFAULT_CONF)
+    if master.startswith("local"):
+        settings["spark.driver.memory"] = default_driver_memory()
+        settings["spark.sql.shuffle.partitions"] = str(max(4, 2 * local_cores(master)))
+    return settings
+
+
+def session_settings(
+    *, master: str = "local[*]", remote: str | None = None, conf: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Every setting a session is built with: Delta's, :func:`spark_defaults`, loopback
+    addresses for a local driver, then ``conf`` (which overrides any of them)."""
+    local = not remote and master.startswith("local")
+    loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    return {
+        **DELTA_CONF,
+        **spark_defaults(master=master, remote=remote),
+        **(loopback if local else {}),
+        **dict(conf or {}),
+    }
 
 
 def build_spark_session(
@@ -55,8 +139,7 @@ def build_spark_session(
         ... )
     """
     local = not remote and master.startswith("local")
-    loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-    settings = {**DELTA_CONF, **DEFAULT_CONF, **(loopback if local else {}), **dict(conf or {})}
+    settings = session_settings(master=master, remote=remote, conf=conf)
     if local:
         # A local session talks to itself only: keep the driver off external interfaces.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -30,7 +30,13 @@ from watermark_dagster.dagster_defs.runs import (
     worker_identity,
 )
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError
-from watermark_dagster.execute import PipelineOutcome, execute_pipeline
+from watermark_dagster.execute import (
+    PipelineDecision,
+    PipelineOutcome,
+    SkipKind,
+    decide_pipeline,
+    run_pipeline,
+)
 from watermark_dagster.observe.delta_log import Observation, Observer
 from watermark_dagster.registry import Pipeline, Registry, Upstream
 
@@ -148,6 +154,8 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
     }
     if outcome.skipped_reason:
         meta["skipped"] = outcome.skipped_reason
+        if outcome.skip is not None:
+            meta["skip_kind"] = outcome.skip.value
         return meta
     rows = []
     for r in outcome.inputs:
@@ -187,6 +195,34 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
     return meta
 
 
+# Run tag naming the pipelines of a run that skipped, e.g. "orders_enriched=superseded".
+SKIPPED_TAG = "watermark/skipped"
+
+
+def report_skip(context: AssetExecutionContext, decision: PipelineDecision) -> None:
+    """Say in the run's log, and as a run tag the runs list shows, that a pipeline did
+    nothing on this batch and why (a superseded backfill would otherwise read only
+    "Materialized value ... RUN_SUCCESS")."""
+    assert decision.skip is not None
+    what = (
+        "SKIPPED (superseded): nothing written"
+        if decision.skip is SkipKind.SUPERSEDED
+        else "SKIPPED (nothing changed for it in this batch): nothing written"
+    )
+    context.log.warning(
+        f"{decision.pipeline.name} on batch {decision.batch.batch_id}: {what}; "
+        f"{decision.skipped_reason}. No Spark session was started."
+    )
+    # One tag per run (Dagster allows one namespace level in tag keys), listing every
+    # pipeline of the run that skipped.
+    run = context.instance.get_run_by_id(context.run.run_id)
+    earlier = (run.tags if run else {}).get(SKIPPED_TAG, "")
+    entry = f"{decision.pipeline.name}={decision.skip.value}"
+    context.instance.add_run_tags(
+        context.run.run_id, {SKIPPED_TAG: f"{earlier}, {entry}" if earlier else entry}
+    )
+
+
 def build_pipeline_asset(
     pipeline: Pipeline,
     registry: Registry,
@@ -215,13 +251,24 @@ def build_pipeline_asset(
         watermark_store: WatermarkStoreResource,
     ) -> MaterializeResult:
         context.instance.add_run_tags(context.run.run_id, {WORKER_TAG: worker_identity()})
+        store = watermark_store.get_store()
         try:
-            outcome = execute_pipeline(
-                spark=spark.get_session(),
-                store=watermark_store.get_store(),
+            # Decide from the control tables first: a run that skips asks for no Spark
+            # session, so it starts no JVM (the resource creates the session on first use).
+            decision = decide_pipeline(
+                store=store,
                 registry=registry,
                 pipeline_name=pipeline.name,
                 batch_id=context.partition_key,
+            )
+            if decision.skip is not None:
+                report_skip(context, decision)
+                return MaterializeResult(metadata=outcome_metadata(decision.skipped_outcome()))
+            outcome = run_pipeline(
+                spark=spark.get_session(),
+                store=store,
+                registry=registry,
+                decision=decision,
                 run_id=context.run.run_id,
             )
         except TerminalError as e:

@@ -10,6 +10,45 @@ from pyspark.sql import SparkSession
 from watermark_dagster.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore
 
+# Sessions created by runs while a `held_spark_sessions()` scope is open; None when no scope
+# is open. A list, not a flag: the scope stops exactly the sessions that runs created in it.
+_held: list[SparkSession] | None = None
+
+
+@contextmanager
+def held_spark_sessions() -> Iterator[None]:
+    """Keep the Spark sessions that runs create inside this scope open until it ends.
+
+    A headless cycle executes several runs in one process: without this, each run would
+    stop the session it created and the next run would build a new one. Inside the scope the
+    first run that needs Spark creates the session, later runs reuse it, and the scope stops
+    it at the end. A cycle whose runs all skip (or that has no run) starts no JVM at all.
+    Nested scopes defer to the outermost one.
+
+    Example:
+        >>> with held_spark_sessions():
+        ...     HeadlessRunner(defs, instance).run_until_idle()
+    """
+    global _held
+    if _held is not None:
+        yield
+        return
+    _held = []
+    try:
+        yield
+    finally:
+        sessions, _held = _held, None
+        for session in sessions:
+            session.stop()
+
+
+def spark_was_started() -> bool:
+    """Whether this process has launched a Spark JVM (py4j gateway) at any time; stays
+    true after the session is stopped. Spark Connect clients start no local JVM."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
 
 class SparkSessionResource(ConfigurableResource):
     """A Spark session with Delta Lake, created lazily once per run process.
@@ -35,8 +74,10 @@ class SparkSessionResource(ConfigurableResource):
     app_name: str = Field(default="watermark-dagster", description="Spark application name.")
     conf: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra Spark settings, applied after the defaults (e.g. "
-        "spark.sql.shuffle.partitions, spark.jars for offline Delta jars).",
+        description="Extra Spark settings, applied after the defaults of "
+        "watermark_dagster.spark.spark_defaults (local: driver memory a quarter of RAM "
+        "between 1 and 4 GiB, 2 x cores shuffle partitions, adaptive execution), e.g. "
+        "spark.driver.memory, spark.sql.shuffle.partitions, spark.jars for offline Delta jars.",
     )
     stop_on_teardown: bool = Field(
         default=True,
@@ -47,7 +88,8 @@ class SparkSessionResource(ConfigurableResource):
     _created: bool = PrivateAttr(default=False)
 
     def get_session(self) -> SparkSession:
-        """The run's session, created on first use."""
+        """The run's session, created on first use: a step that never calls this starts
+        no JVM."""
         if self._session is None:
             existed = SparkSession.getActiveSession() is not None
             self._session = build_spark_session(
@@ -62,7 +104,10 @@ class SparkSessionResource(ConfigurableResource):
             yield self
         finally:
             if self._session is not None and self._created and self.stop_on_teardown:
-                self._session.stop()
+                if _held is not None:
+                    _held.append(self._session)  # stopped when the held scope ends
+                else:
+                    self._session.stop()
             self._session = None
 
 

@@ -40,6 +40,11 @@ from watermark_dagster.dagster_defs.runs import (
 from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.delta_log import Observer
 from watermark_dagster.registry import Registry
+from watermark_dagster.settings import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
+    DEFAULT_SENSOR_INTERVAL_SECONDS,
+)
 
 COORDINATOR = "watermark_coordinator"
 FINALIZER = "watermark_finalizer"
@@ -51,7 +56,8 @@ class WatermarkSettings:
 
     Attributes:
         min_batch_interval_seconds: no batch is planned sooner than this after the previous
-            one; changes in between are coalesced (keeps the partition count down).
+            one; changes in between are coalesced (keeps the partition count down). Default
+            0 (plan as soon as there is work), as ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS``.
         sensor_interval_seconds: how often the coordinator and finalizer tick.
         max_attempts: runs of one batch that may fail before the coordinator stops
             resubmitting it and reports it stuck.
@@ -60,9 +66,9 @@ class WatermarkSettings:
         default_status: whether the sensors start running when the code location loads.
     """
 
-    min_batch_interval_seconds: float = 60.0
-    sensor_interval_seconds: int = 30
-    max_attempts: int = 3
+    min_batch_interval_seconds: float = DEFAULT_MIN_BATCH_INTERVAL_SECONDS
+    sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_SECONDS
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
 

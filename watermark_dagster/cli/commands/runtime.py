@@ -24,21 +24,12 @@ def cmd_run(ctx: Context) -> int:
 
     from watermark_dagster.headless import HeadlessRunner
 
-    started: list[Any] = []
-    try:
-        # The Spark session is started for the first run only: a cycle with nothing to
-        # run (nothing new, or every upstream blocked) starts no JVM. Run events stay in
-        # the instance; failures are reported once, by the runner.
-        report = HeadlessRunner(
-            ctx.defs,
-            DagsterInstance.get(),
-            log=_progress(ctx),
-            run_log_level="CRITICAL",
-            before_first_run=lambda: started.append(ctx.spark()),
-        ).run_until_idle(max_batches=1 if ctx.args.once else None, retry=ctx.args.retry)
-    finally:
-        for spark in started:
-            spark.stop()
+    # No Spark here: the first run with work starts it and the cycle stops it, so a cycle
+    # with nothing to do (nothing new, every upstream blocked, runs that skip) starts no JVM.
+    # Run events stay in the instance; failures are reported once, by the runner.
+    report = HeadlessRunner(
+        ctx.defs, DagsterInstance.get(), log=_progress(ctx), run_log_level="CRITICAL"
+    ).run_until_idle(max_batches=1 if ctx.args.once else None, retry=ctx.args.retry)
     failed = report.failed_runs
     rows = status_rows(ctx)
     # An upstream nothing can be planned for (recreated, missing) fails the run: a cron
