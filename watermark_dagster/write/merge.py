@@ -16,12 +16,12 @@ from typing import Any
 from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from watermark_dagster.changes import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, latest_per_key
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
 
 SEQ_COLUMN = "_wm_seq"
 BATCH_COLUMN = "_wm_batch_id"
@@ -74,14 +74,8 @@ def prepare_changes(
         )
     key_cols = [F.col(_q(k)) for k in keys]
     if COMMIT_VERSION in changes.columns:
-        latest_first = Window.partitionBy(*key_cols).orderBy(
-            F.col(COMMIT_VERSION).desc_nulls_last()
-        )
-        changes = (
-            changes.withColumn("_wm_rank", F.row_number().over(latest_first))
-            .where(F.col("_wm_rank") == 1)
-            .drop("_wm_rank")
-        )
+        # The latest change per key, in the one order shared with net_changes.
+        changes = latest_per_key(changes, keys)
     else:
         dup = changes.groupBy(*key_cols).count().where(F.col("count") > 1).limit(1).collect()
         if dup:

@@ -15,8 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from watermark_dagster.changes import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
 from watermark_dagster.registry import Pipeline, WriteMode, validate_name
 from watermark_dagster.write.merge import (
     BATCH_COLUMN,
