@@ -19,6 +19,7 @@ from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.execute import BatchContext
 from watermark_dagster.registry import Pipeline, Registry, Upstream
+from watermark_dagster.transforms import recompute
 
 SPEC_ENV = "LAKE_SPEC"
 
@@ -51,7 +52,42 @@ def appended(upstream: str):  # noqa: ANN201
     return transform
 
 
-TRANSFORMS = {"copy": copy_rows, "doubled": doubled, "appended": appended}
+def before_images_first(frame: DataFrame) -> DataFrame:
+    """``frame`` in one partition with deletes and pre-images ahead of the rows that follow
+    them in the same commit: the order in which a tie-break that trusts Spark's row order
+    keeps the state before the commit."""
+    after = F.col("_change_type").isin("insert", "update_postimage")
+    return frame.repartition(1).sortWithinPartitions(after)
+
+
+def raw_changes(upstream: str):  # noqa: ANN201
+    """Every change row of one upstream, pre-images included, for the merge to resolve
+    (the latest per key by ``_commit_version`` and change type), in adversarial order."""
+
+    def transform(batch: BatchContext) -> DataFrame:
+        return before_images_first(batch[upstream].changes.drop("_commit_timestamp"))
+
+    return transform
+
+
+def recomputed(upstream: str):  # noqa: ANN201
+    """The touched ids recomputed from the pinned snapshot (``transforms.recompute``)."""
+
+    def transform(batch: BatchContext) -> DataFrame:
+        touched = batch[upstream].changed_keys(["id"])
+        current = batch[upstream].snapshot.select("id", "value")
+        return recompute(touched, current, ["id"])
+
+    return transform
+
+
+TRANSFORMS = {
+    "copy": copy_rows,
+    "doubled": doubled,
+    "appended": appended,
+    "raw": raw_changes,
+    "recomputed": recomputed,
+}
 
 
 def registry_from(spec: dict[str, Any]) -> Registry:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable as RsTable
-from deltalake import write_deltalake
+from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
 from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
@@ -471,8 +471,11 @@ class Case:
 
 
 def _pairs(path: str) -> list[tuple[int, int]]:
-    """The (id, value) rows of a Delta table's current snapshot."""
-    table = RsTable(path).to_pyarrow_table(columns=["id", "value"])
+    """The (id, value) rows of a Delta table's current snapshot. Read through delta-rs's
+    query engine, which applies deletion vectors (merge targets have them; its plain
+    pyarrow reader refuses such tables)."""
+    rows = QueryBuilder().register("t", RsTable(path)).execute("SELECT * FROM t").read_all()
+    table = pa.table(rows).select(["id", "value"])
     return list(zip(table.column("id").to_pylist(), table.column("value").to_pylist(), strict=True))
 
 

@@ -146,7 +146,9 @@ def build_upstream_assets(
 
 
 def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
-    """Materialization metadata: per-upstream mode and range, rows read and written."""
+    """Materialization metadata: per-upstream mode and range, rows read, and what the
+    write committed (rows inserted, updated, deleted and copied; files added, removed and
+    touched), taken from the target commits of this run only."""
     meta: dict[str, Any] = {
         "batch_id": outcome.batch.batch_id,
         "batch_seq": outcome.batch.seq,
@@ -186,11 +188,18 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
     meta["rows_read"] = outcome.rows_read
     meta["rows_written"] = outcome.rows_written
     if outcome.write is not None:
-        meta["rows_inserted"] = outcome.write.rows_inserted
-        meta["rows_updated"] = outcome.write.rows_updated
-        meta["rows_deleted"] = outcome.write.rows_deleted
-        meta["target_version"] = outcome.write.target_version
-        meta["already_applied"] = outcome.write.already_applied
+        # Every figure comes from the commits this write made; none when it made none.
+        write = outcome.write
+        meta["committed"] = write.committed
+        meta["rows_inserted"] = write.rows_inserted
+        meta["rows_updated"] = write.rows_updated
+        meta["rows_deleted"] = write.rows_deleted
+        meta["rows_copied"] = write.rows_copied
+        meta["files_added"] = write.files_added
+        meta["files_removed"] = write.files_removed
+        meta["files_touched"] = write.files_touched
+        meta["target_version"] = write.target_version
+        meta["already_applied"] = write.already_applied
     meta["attempt"] = outcome.attempt or 0
     return meta
 

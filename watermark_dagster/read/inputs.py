@@ -13,13 +13,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property, reduce
-from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from watermark_dagster.changes import CDF_COLUMNS as CDF_COLUMNS  # re-exported
+from watermark_dagster.changes import (
+    CHANGE_TYPE,
+    COMMIT_TIMESTAMP,
+    COMMIT_VERSION,
+    INSERT,
+    PREIMAGE,
+    latest_per_key,
+)
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError
@@ -27,13 +35,6 @@ from watermark_dagster.read import log as delta_log
 from watermark_dagster.registry import OnDataChange, Upstream
 
 log = logging.getLogger("watermark_dagster")
-
-CHANGE_TYPE = "_change_type"
-COMMIT_VERSION = "_commit_version"
-COMMIT_TIMESTAMP = "_commit_timestamp"
-CDF_COLUMNS = (CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)
-PREIMAGE = "update_preimage"
-INSERT = "insert"
 
 # Pins a cursor window's end: (end position or None, when the rows held back by the lag
 # pass it, in microseconds since the epoch, or None) -> the pinned window.
@@ -411,22 +412,20 @@ class UpstreamInput:
             return f"SNAPSHOT @{self.snapshot_version}"
         return f"{self.mode.value} {self.range}"
 
-    def _latest_first(self, keys: Sequence[str]) -> Any:
-        order = [F.col(COMMIT_VERSION).desc_nulls_last()]
-        if self.window is not None:
-            order += [c.desc_nulls_last() for c in _position_columns(self.changes, self._upstream)]
-        return Window.partitionBy(*[F.col(f"`{k}`") for k in keys]).orderBy(*order)
-
     def net_changes(self, keys: Sequence[str]) -> DataFrame:
         """The latest change per key: ``insert``, ``update_postimage`` or ``delete`` rows,
-        one per key, pre-images dropped (for a cursor upstream the latest is the row with
-        the greatest cursor)."""
-        return (
-            self.changes.where(F.col(CHANGE_TYPE) != PREIMAGE)
-            .withColumn("_wm_rank", F.row_number().over(self._latest_first(keys)))
-            .where(F.col("_wm_rank") == 1)
-            .drop("_wm_rank")
-        )
+        one per key, pre-images dropped.
+
+        The latest is the change of the highest commit version; inside one commit the row
+        describing the state after it wins over a delete of the same key (a RESTORE or a
+        rewrite without change files removes and re-adds a key in one commit); for a cursor
+        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.changes`).
+        """
+        then: list[Column] = []
+        if self.window is not None:
+            then = [c.desc_nulls_last() for c in _position_columns(self.changes, self._upstream)]
+        changes = self.changes.where(F.col(CHANGE_TYPE) != PREIMAGE)
+        return latest_per_key(changes, keys, *then)
 
     def changed_keys(self, columns: Sequence[str]) -> DataFrame:
         """Distinct values of ``columns`` over every change row (pre-images included), e.g.

@@ -1,48 +1,73 @@
-"""Merging a batch's changes into a pipeline's target table, idempotently.
+"""Merging a batch's changes into a pipeline's target table, idempotently and at the cost
+of what changed.
 
 The target keeps, per row, the sequence number of the batch that last wrote it
 (``_wm_seq``). A change is applied only when its batch is at least as new as the row's,
 so running the same batch twice (retry after a crash between the target commit and the
 checkpoint) changes nothing the second time, and re-running an older batch cannot
 overwrite what a newer one wrote.
+
+Cost: the output is persisted once and one aggregate gives every count and check (see
+:mod:`~watermark_dagster.write.summary`); the MERGE condition carries the key ranges of
+the batch's changes, so Delta skips the files those keys cannot be in, and targets have
+deletion vectors, so the files that do hold a changed key are not rewritten (see
+:mod:`~watermark_dagster.write.layout`).
 """
 
+import logging
 import operator
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import reduce
 from typing import Any
 
 from delta.tables import DeltaTable as SparkDeltaTable
-from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql import types as T
 
+from watermark_dagster.changes import (
+    CHANGE_TYPE,
+    COMMIT_TIMESTAMP,
+    COMMIT_VERSION,
+    UPSERT,
+    is_delete,
+    latest_per_key,
+    quoted,
+)
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
+from watermark_dagster.write.commits import (
+    WriteResult,
+    commits_since,
+    labelled_commits,
+    new_label,
+    target_version,
+)
+from watermark_dagster.write.layout import (
+    create_target,
+    deletion_vectors_enabled,
+    target_layout,
+)
+from watermark_dagster.write.summary import OutputSummary, intervals, range_keys, summarize
+
+log = logging.getLogger("watermark_dagster")
 
 SEQ_COLUMN = "_wm_seq"
 BATCH_COLUMN = "_wm_batch_id"
-_DELETE = "delete"
+# Up to this many changed keys are fetched to the driver to build a file-skipping
+# condition finer than one min..max range; at most this many intervals go into it.
+KEY_LIST_LIMIT = 10_000
+MAX_INTERVALS = 32
 
-
-@dataclass(frozen=True)
-class WriteResult:
-    """What one write did to the target."""
-
-    target_version: int
-    rows_inserted: int
-    rows_updated: int
-    rows_deleted: int
-    created: bool
-    already_applied: bool = False
-
-    @property
-    def rows_written(self) -> int:
-        """Rows inserted, updated or deleted."""
-        return self.rows_inserted + self.rows_updated + self.rows_deleted
+__all__ = [
+    "BATCH_COLUMN",
+    "SEQ_COLUMN",
+    "WriteResult",
+    "duplicate_key_error",
+    "merge_into_target",
+    "prepare_changes",
+    "target_version",
+]
 
 
 def _q(name: str) -> str:
@@ -50,18 +75,21 @@ def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _col(alias: str, name: str) -> Any:
+def _col(alias: str, name: str) -> Column:
     return F.col(f"{alias}.{_q(name)}")
 
 
 def prepare_changes(
     changes: DataFrame, *, keys: Sequence[str], batch_seq: int, batch_id: str, pipeline: str
 ) -> DataFrame:
-    """One change per key, with the framework's columns, ready to merge.
+    """One change per key (when ``_commit_version`` orders them), with the framework's
+    columns, ready to merge. Lazy: no Spark action.
+
+    Without ``_commit_version`` several rows of one key cannot be ordered; the caller
+    checks for them in its one aggregate (:func:`duplicate_key_error`).
 
     Raises:
-        TerminalError: a key column is missing, or several changes share a key and there is
-            no ``_commit_version`` to choose the latest.
+        TerminalError: a key column is missing.
     """
     missing = [k for k in keys if k not in changes.columns]
     if missing:
@@ -72,28 +100,10 @@ def prepare_changes(
             batch_id=batch_id,
             fix="return the target's key columns from the transform.",
         )
-    key_cols = [F.col(_q(k)) for k in keys]
     if COMMIT_VERSION in changes.columns:
-        latest_first = Window.partitionBy(*key_cols).orderBy(
-            F.col(COMMIT_VERSION).desc_nulls_last()
-        )
-        changes = (
-            changes.withColumn("_wm_rank", F.row_number().over(latest_first))
-            .where(F.col("_wm_rank") == 1)
-            .drop("_wm_rank")
-        )
-    else:
-        dup = changes.groupBy(*key_cols).count().where(F.col("count") > 1).limit(1).collect()
-        if dup:
-            raise TerminalError(
-                f"Pipeline '{pipeline}': the transform returned several rows for key "
-                f"{dup[0].asDict()} and no {COMMIT_VERSION} column to pick the latest.",
-                pipeline=pipeline,
-                batch_id=batch_id,
-                fix=f"return one row per key, or include {COMMIT_VERSION}.",
-            )
+        changes = latest_per_key(changes, keys)
     if CHANGE_TYPE not in changes.columns:
-        changes = changes.withColumn(CHANGE_TYPE, F.lit("upsert"))
+        changes = changes.withColumn(CHANGE_TYPE, F.lit(UPSERT))
     return (
         changes.drop(COMMIT_VERSION, COMMIT_TIMESTAMP)
         .withColumn(SEQ_COLUMN, F.lit(batch_seq).cast("long"))
@@ -101,30 +111,71 @@ def prepare_changes(
     )
 
 
-def _last_commit_metrics(target: str, storage_options: dict[str, str] | None) -> tuple[int, dict]:
-    dt = RsDeltaTable(target, storage_options=storage_options)
-    last = dt.history(1)[0]
-    return dt.version(), dict(last.get("operationMetrics") or {})
-
-
-def target_version(target: str, storage_options: dict[str, str] | None) -> int | None:
-    """The target's current version (None when it does not exist yet)."""
-    if not RsDeltaTable.is_deltatable(target, storage_options=storage_options):
+def duplicate_key_error(
+    summary: OutputSummary, *, pipeline: str, batch_id: str
+) -> TerminalError | None:
+    """The error for a transform output holding several rows of one key, if it does."""
+    if summary.duplicate is None:
         return None
-    return RsDeltaTable(target, storage_options=storage_options).version()
-
-
-def create_clustered(
-    spark: SparkSession, target: str, schema: StructType, cluster_by: Sequence[str]
-) -> None:
-    """Create an empty target with liquid clustering (the DataFrame writer cannot)."""
-    (
-        SparkDeltaTable.createIfNotExists(spark)
-        .location(target)
-        .addColumns(schema)
-        .clusterBy(*cluster_by)
-        .execute()
+    return TerminalError(
+        f"Pipeline '{pipeline}': the transform returned several rows for key "
+        f"{summary.duplicate} and no {COMMIT_VERSION} column to pick the latest.",
+        pipeline=pipeline,
+        batch_id=batch_id,
+        fix=f"return one row per key, or include {COMMIT_VERSION}.",
     )
+
+
+def _literal(value: Any, dtype: T.DataType) -> Column:
+    # Cast to the column's own type, so the comparison keeps the bare column (a cast on the
+    # column side would make it ineligible for Delta's data skipping).
+    return F.lit(value).cast(dtype)
+
+
+def skipping_condition(
+    prepared: DataFrame,
+    summary: OutputSummary,
+    keys: Sequence[str],
+    key_values: list[Any],
+    target_schema: T.StructType | None = None,
+) -> Column | None:
+    """A condition on the target's key columns alone that every row a change can match
+    satisfies: Delta uses it to skip files whose min/max statistics lie outside it.
+
+    Per key column, the min..max range of the changes; for the first key, when its
+    changed values were fetched, up to :data:`MAX_INTERVALS` intervals around them. A key
+    whose type differs in the target is left out (a cast on the target's column would
+    defeat skipping, and a value may not fit the target's type).
+    """
+    parts: list[Column] = []
+    for k, (lo, hi) in summary.key_ranges.items():
+        dtype = prepared.schema[k].dataType
+        if target_schema is not None and (
+            k not in target_schema.fieldNames() or target_schema[k].dataType != dtype
+        ):
+            continue
+        target = _col("t", k)
+        if k == keys[0] and key_values:
+            spans = [
+                (target == _literal(a, dtype))
+                if a == b
+                else ((target >= _literal(a, dtype)) & (target <= _literal(b, dtype)))
+                for a, b in intervals(key_values, MAX_INTERVALS)
+            ]
+            parts.append(reduce(operator.or_, spans))
+        else:
+            parts.append((target >= _literal(lo, dtype)) & (target <= _literal(hi, dtype)))
+    return reduce(operator.and_, parts) if parts else None
+
+
+def _first_key_values(
+    prepared: DataFrame, keys: Sequence[str], summary: OutputSummary
+) -> list[Any]:
+    """The first key's changed values, when few enough to fetch (a small job over the
+    persisted output, worth it for the files it lets the MERGE skip)."""
+    if keys[0] not in summary.key_ranges or summary.rows > KEY_LIST_LIMIT:
+        return []
+    return [r[0] for r in prepared.select(quoted(keys[0])).collect() if r[0] is not None]
 
 
 def merge_into_target(
@@ -136,92 +187,106 @@ def merge_into_target(
     batch_seq: int,
     batch_id: str,
     pipeline: str,
-    storage_options: dict[str, str] | None = None,
+    storage_options: Mapping[str, str] | None = None,
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
     insert_missing: bool = True,
 ) -> WriteResult:
     """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
 
-    Creates the target on the first batch. The merge only touches rows whose ``_wm_seq`` is
-    not newer than this batch's, which makes the write safe to repeat. With
-    ``insert_missing`` off (replays), keys the target does not hold are not inserted: the
-    target cannot tell a key never seen from one a newer batch deleted.
+    Creates the target if it is missing (with deletion vectors, clustered on the keys by
+    default). The merge only touches rows whose ``_wm_seq`` is not newer than this
+    batch's, which makes the write safe to repeat. With ``insert_missing`` off (replays),
+    keys the target does not hold are not inserted: the target cannot tell a key never
+    seen from one a newer batch deleted. An empty output commits nothing.
+
+    Raises:
+        TerminalError: a key column is missing, or several rows share a key and there is
+            no ``_commit_version`` to choose the latest.
     """
     prepared = prepare_changes(
         changes, keys=keys, batch_seq=batch_seq, batch_id=batch_id, pipeline=pipeline
     )
-    # Evaluate the transform once: MERGE scans its source more than once, and the source
-    # (joins over change feeds and snapshots) is the expensive part.
+    # Evaluate the transform once: the summary and the MERGE (which scans its source more
+    # than once) read the persisted rows.
     prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        prepared.count()
-        return _write(
-            spark,
+        summary = summarize(
             prepared,
-            target=target,
             keys=keys,
-            storage_options=storage_options,
-            partition_by=partition_by,
-            cluster_by=cluster_by,
-            insert_missing=insert_missing,
+            check_duplicates=COMMIT_VERSION not in changes.columns,
+            ranges=range_keys(prepared, keys),
         )
+        error = duplicate_key_error(summary, pipeline=pipeline, batch_id=batch_id)
+        if error is not None:
+            raise error
+        before = target_version(target, storage_options)
+        if before is not None and summary.rows == 0:
+            log.info("pipeline=%s batch=%s: no changes; nothing committed", pipeline, batch_id)
+            return WriteResult.nothing(before)
+        label = new_label(pipeline, batch_id, batch_seq)
+        with labelled_commits(spark, label):
+            if before is None:
+                schema = prepared.drop(CHANGE_TYPE).schema
+                layout = target_layout(
+                    spark,
+                    schema,
+                    keys=keys,
+                    merge=True,
+                    partition_by=partition_by,
+                    cluster_by=cluster_by,
+                )
+                create_target(spark, target, schema, layout)
+            elif not deletion_vectors_enabled(target, storage_options):
+                log.info(
+                    "target=%s has no deletion vectors: a MERGE rewrites every file holding a "
+                    "changed key (see the README to enable them)",
+                    target,
+                )
+            if summary.rows:
+                _merge(
+                    spark,
+                    prepared,
+                    summary,
+                    target=target,
+                    keys=keys,
+                    # A target created by this write takes every upsert, as a first write.
+                    insert_missing=insert_missing or before is None,
+                )
+        version, commits = commits_since(target, storage_options, before, label)
+        return WriteResult.from_commits(version, commits, created=before is None)
     finally:
         prepared.unpersist()
 
 
-def _write(
+def _merge(
     spark: SparkSession,
     prepared: DataFrame,
+    summary: OutputSummary,
     *,
     target: str,
     keys: Sequence[str],
-    storage_options: dict[str, str] | None,
-    partition_by: Sequence[str] = (),
-    cluster_by: Sequence[str] = (),
-    insert_missing: bool = True,
-) -> WriteResult:
-    is_delete = F.lower(F.col(f"s.{_q(CHANGE_TYPE)}")) == _DELETE
+    insert_missing: bool,
+) -> None:
+    deleting = is_delete(_col("s", CHANGE_TYPE))
     data_columns = [c for c in prepared.columns if c != CHANGE_TYPE]
-
-    if not SparkDeltaTable.isDeltaTable(spark, target):
-        rows = prepared.where(F.lower(F.col(_q(CHANGE_TYPE))) != _DELETE).drop(CHANGE_TYPE)
-        writer = rows.write.format("delta").mode("errorifexists")
-        if partition_by:
-            writer = writer.partitionBy(*partition_by)
-        if cluster_by:
-            create_clustered(spark, target, rows.schema, cluster_by)
-            writer = writer.mode("append")
-        writer.save(target)
-        version, metrics = _last_commit_metrics(target, storage_options)
-        return WriteResult(
-            target_version=version,
-            rows_inserted=int(metrics.get("numOutputRows", 0)),
-            rows_updated=0,
-            rows_deleted=0,
-            created=True,
-        )
-
+    table = SparkDeltaTable.forPath(spark, target)
     on = reduce(operator.and_, [_col("t", k) == _col("s", k) for k in keys])
+    values = _first_key_values(prepared, keys, summary)
+    skip = skipping_condition(prepared, summary, keys, values, table.toDF().schema)
+    if skip is not None:
+        # Target-only conditions are what Delta's MERGE prunes target files with.
+        on = on & skip
     not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
     assignments = {_q(c): _col("s", c) for c in data_columns}
     merge = (
-        SparkDeltaTable.forPath(spark, target)
-        .alias("t")
+        table.alias("t")
         .merge(prepared.alias("s"), on)
         # New nullable output columns (an upstream gained a column) are added to the target.
         .withSchemaEvolution()
-        .whenMatchedDelete(condition=is_delete & not_older)
-        .whenMatchedUpdate(condition=~is_delete & not_older, set=assignments)
+        .whenMatchedDelete(condition=deleting & not_older)
+        .whenMatchedUpdate(condition=~deleting & not_older, set=assignments)
     )
     if insert_missing:
-        merge = merge.whenNotMatchedInsert(condition=~is_delete, values=assignments)
+        merge = merge.whenNotMatchedInsert(condition=~deleting, values=assignments)
     merge.execute()
-    version, metrics = _last_commit_metrics(target, storage_options)
-    return WriteResult(
-        target_version=version,
-        rows_inserted=int(metrics.get("numTargetRowsInserted", 0)),
-        rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
-        rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
-        created=False,
-    )

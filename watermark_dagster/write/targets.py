@@ -5,32 +5,57 @@ its checkpoint changes nothing the second time (I4):
 
 * merge keeps per row the batch position that wrote it and only takes newer changes;
 * append and overwrite carry Delta transaction identifiers (application id = pipeline,
-  version = batch position): Delta itself skips a transaction it already committed.
+  version = batch position): a batch whose transaction the target already records is not
+  written again, and not even computed.
+
+Each write evaluates the transform once (persisted, then one aggregate for every count and
+check), commits nothing when there is nothing to change, and reports the metrics of its
+own commits only.
 """
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 
+from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from watermark_dagster.changes import (
+    CHANGE_TYPE,
+    COMMIT_TIMESTAMP,
+    COMMIT_VERSION,
+    is_delete,
+)
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.inputs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION
 from watermark_dagster.registry import Pipeline, WriteMode, validate_name
+from watermark_dagster.write.commits import (
+    WriteResult,
+    applied_transaction,
+    commits_since,
+    has_data_files,
+    labelled_commits,
+    new_label,
+    target_version,
+)
+from watermark_dagster.write.layout import (
+    create_target,
+    laid_out,
+    rows_per_file,
+    target_layout,
+)
 from watermark_dagster.write.merge import (
     BATCH_COLUMN,
     SEQ_COLUMN,
-    WriteResult,
-    _last_commit_metrics,
     _q,
-    create_clustered,
+    duplicate_key_error,
     merge_into_target,
     prepare_changes,
-    target_version,
 )
+from watermark_dagster.write.summary import summarize
 
-_DELETE = "delete"
+log = logging.getLogger("watermark_dagster")
 
 
 def _stamped(frame: DataFrame, write_seq: int, batch_id: str) -> DataFrame:
@@ -41,80 +66,180 @@ def _stamped(frame: DataFrame, write_seq: int, batch_id: str) -> DataFrame:
     )
 
 
-def _without_deletes(
-    frame: DataFrame, pipeline: Pipeline, batch_id: str, *, full: bool
-) -> DataFrame:
+def _without_deletes(frame: DataFrame) -> DataFrame:
     if CHANGE_TYPE not in frame.columns:
         return frame
-    is_delete = F.lower(F.col(_q(CHANGE_TYPE))) == _DELETE
-    if not full and frame.where(is_delete).limit(1).count():
-        raise TerminalError(
-            f"Pipeline '{pipeline.name}' appends to its target, but its transform returned "
-            "delete rows; an append target cannot delete.",
-            pipeline=pipeline.name,
-            batch_id=batch_id,
-            fix="use write='merge' with key columns, or filter the deletes out.",
-        )
-    return frame.where(~is_delete | F.col(_q(CHANGE_TYPE)).isNull()).drop(CHANGE_TYPE)
+    return frame.where(~is_delete(F.col(_q(CHANGE_TYPE)))).drop(CHANGE_TYPE)
+
+
+def _append_delete_error(pipeline: Pipeline, batch_id: str) -> TerminalError:
+    return TerminalError(
+        f"Pipeline '{pipeline.name}' appends to its target, but its transform returned "
+        "delete rows; an append target cannot delete.",
+        pipeline=pipeline.name,
+        batch_id=batch_id,
+        fix="use write='merge' with key columns, or filter the deletes out.",
+    )
+
+
+def transaction_app_id(pipeline: Pipeline) -> str:
+    """The Delta transaction application id of a pipeline's append and overwrite writes."""
+    return f"watermark:{pipeline.name}"
 
 
 def _txn_write(
     spark: SparkSession,
+    output: DataFrame,
+    pipeline: Pipeline,
+    *,
+    batch_id: str,
+    write_seq: int,
+    overwrite: bool,
+) -> WriteResult:
+    options: Mapping[str, str] = dict(pipeline.storage_options or {})
+    app_id = transaction_app_id(pipeline)
+    before = target_version(pipeline.target, options)
+    if before is not None:
+        applied = applied_transaction(pipeline.target, options, app_id)
+        if applied is not None and applied >= write_seq:
+            # Delta would skip this transaction anyway: skip computing it too.
+            log.info(
+                "pipeline=%s batch=%s: transaction %s/%d already committed",
+                pipeline.name,
+                batch_id,
+                app_id,
+                write_seq,
+            )
+            return WriteResult.nothing(before, already_applied=True)
+    merge = pipeline.write is WriteMode.MERGE
+    if merge:
+        frame = prepare_changes(
+            output,
+            keys=pipeline.keys,
+            batch_seq=write_seq,
+            batch_id=batch_id,
+            pipeline=pipeline.name,
+        )
+    else:
+        frame = _stamped(output, write_seq, batch_id)
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        summary = summarize(
+            frame,
+            keys=pipeline.keys,
+            check_duplicates=merge and COMMIT_VERSION not in output.columns,
+        )
+        error = duplicate_key_error(summary, pipeline=pipeline.name, batch_id=batch_id)
+        if error is not None:
+            raise error
+        if not overwrite and summary.deletes:
+            raise _append_delete_error(pipeline, batch_id)
+        rows = _without_deletes(frame)
+        return _commit(
+            spark,
+            rows,
+            pipeline,
+            count=summary.upserts,
+            before=before,
+            overwrite=overwrite,
+            label=new_label(pipeline.name, batch_id, write_seq),
+            app_id=app_id,
+            write_seq=write_seq,
+        )
+    finally:
+        frame.unpersist()
+
+
+def _commit(
+    spark: SparkSession,
     rows: DataFrame,
     pipeline: Pipeline,
     *,
-    mode: str,
+    count: int,
+    before: int | None,
+    overwrite: bool,
+    label: str,
+    app_id: str,
     write_seq: int,
 ) -> WriteResult:
-    options = dict(pipeline.storage_options or {})
-    before = target_version(pipeline.target, options or None)
-    writer = (
-        rows.write.format("delta")
-        .mode(mode)
-        .option("txnAppId", f"watermark:{pipeline.name}")
-        .option("txnVersion", write_seq)
-    )
-    for key, value in options.items():
-        writer = writer.option(key, value)
+    options: Mapping[str, str] = dict(pipeline.storage_options or {})
+    target = pipeline.target
     exists = before is not None
     replace_schema = (
-        mode == "overwrite"
-        and exists
-        and not _only_adds(read_schema(spark, pipeline.target), rows.schema)
+        overwrite and exists and not _only_adds(read_schema(spark, target), rows.schema)
     )
-    if pipeline.cluster_by and not exists:
-        # The DataFrame writer cannot cluster: create the empty clustered table first.
-        create_clustered(spark, pipeline.target, rows.schema, pipeline.cluster_by)
-        exists = True
-    if not exists:
-        writer = writer.partitionBy(*pipeline.partition_by) if pipeline.partition_by else writer
-    elif replace_schema:
-        # A reload whose columns changed type or disappeared (an upstream's schema changed
-        # and the pipeline was reset) replaces the schema, which also clears clustering.
-        writer = writer.option("overwriteSchema", "true")
-        if pipeline.partition_by:
-            writer = writer.partitionBy(*pipeline.partition_by)
-    else:
-        # New output columns are added. An overwrite replaces the rows only ("true"
-        # matches every row): a plain overwrite would also drop the table's clustering.
-        writer = writer.option("mergeSchema", "true")
-        if mode == "overwrite":
-            writer = writer.option("replaceWhere", "true")
-    writer.save(pipeline.target)
-    if replace_schema and pipeline.cluster_by:
-        recluster(spark, pipeline.target, pipeline.cluster_by)
-    version, metrics = _last_commit_metrics(pipeline.target, options or None)
-    if version == before:
-        # Delta skipped the write: this transaction (pipeline, batch) was committed before.
-        return WriteResult(version, 0, 0, 0, created=False, already_applied=True)
-    written = int(metrics.get("numOutputRows", 0))
-    return WriteResult(
-        target_version=version,
-        rows_inserted=written,
-        rows_updated=0,
-        rows_deleted=0,
-        created=before is None,
+    # Nothing to add; an overwrite still has to empty a target that holds rows.
+    if (
+        before is not None
+        and count == 0
+        and not replace_schema
+        and (not overwrite or not has_data_files(target, options))
+    ):
+        log.info("pipeline=%s: empty output; nothing committed to %s", pipeline.name, target)
+        return WriteResult.nothing(before)
+    layout = target_layout(
+        spark,
+        rows.schema,
+        keys=pipeline.keys,
+        merge=pipeline.write is WriteMode.MERGE,
+        partition_by=pipeline.partition_by,
+        cluster_by=pipeline.cluster_by,
     )
+    if overwrite:
+        rows = laid_out(spark, rows, count, layout)
+    writer = (
+        rows.write.format("delta")
+        .mode("overwrite" if overwrite else "append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", write_seq)
+    )
+    if overwrite and layout.cluster_by:
+        writer = writer.option("maxRecordsPerFile", rows_per_file(spark))
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    with labelled_commits(spark, label):
+        if not exists and layout.cluster_by:
+            # The DataFrame writer cannot cluster: create the empty clustered table first.
+            create_target(spark, target, rows.schema, layout)
+            exists = True
+            writer = writer.option("mergeSchema", "true")
+            if overwrite:
+                writer = writer.option("replaceWhere", "true")
+        elif not exists:
+            for key, value in (layout.properties or {}).items():
+                writer = writer.option(key, value)
+            if layout.partition_by:
+                writer = writer.partitionBy(*layout.partition_by)
+        elif replace_schema:
+            # A reload whose columns changed type or disappeared (an upstream's schema
+            # changed and the pipeline was reset) replaces the schema, which also clears
+            # clustering.
+            writer = writer.option("overwriteSchema", "true")
+            if pipeline.partition_by:
+                writer = writer.partitionBy(*pipeline.partition_by)
+        else:
+            # New output columns are added. An overwrite replaces the rows only ("true"
+            # matches every row): a plain overwrite would also drop the table's clustering.
+            writer = writer.option("mergeSchema", "true")
+            if overwrite:
+                writer = writer.option("replaceWhere", "true")
+        # Clustering cleared by a schema replacement is set again, on tables that had it.
+        recluster_by = ()
+        if replace_schema and (pipeline.cluster_by or _is_clustered(target, options)):
+            recluster_by = layout.cluster_by
+        writer.save(target)
+        if recluster_by:
+            recluster(spark, target, recluster_by)
+    version, commits = commits_since(target, options, before, label)
+    if not commits:
+        # Delta skipped the write: a concurrent attempt committed this transaction first.
+        return WriteResult.nothing(version, already_applied=True)
+    return WriteResult.from_commits(version, commits, created=before is None)
+
+
+def _is_clustered(target: str, options: Mapping[str, str]) -> bool:
+    protocol = RsDeltaTable(target, storage_options=dict(options) or None).protocol()
+    return "clustering" in (protocol.writer_features or [])
 
 
 def read_schema(spark: SparkSession, target: str) -> StructType:
@@ -155,27 +280,16 @@ def write_target(
         write_seq: the batch position the rows carry (``Batch.write_seq``).
         full_load: the batch reloads the pipeline from snapshots: the target is replaced.
         replay: a REPLAY batch: a merge does not insert keys the target lacks.
+
+    Returns:
+        What this write committed (``committed`` is False when it committed nothing: an
+        empty output, changes older than the target's rows, or an already applied batch).
     """
-    if full_load or pipeline.write is WriteMode.OVERWRITE:
-        if pipeline.write is WriteMode.MERGE:
-            output = prepare_changes(
-                output,
-                keys=pipeline.keys,
-                batch_seq=write_seq,
-                batch_id=batch_id,
-                pipeline=pipeline.name,
-            )
-            rows = _without_deletes(output, pipeline, batch_id, full=True)
-        else:
-            rows = _stamped(
-                _without_deletes(output, pipeline, batch_id, full=True), write_seq, batch_id
-            )
-        return _persisted_write(spark, rows, pipeline, mode="overwrite", write_seq=write_seq)
-    if pipeline.write is WriteMode.APPEND:
-        rows = _stamped(
-            _without_deletes(output, pipeline, batch_id, full=False), write_seq, batch_id
+    if full_load or pipeline.write is not WriteMode.MERGE:
+        overwrite = full_load or pipeline.write is WriteMode.OVERWRITE
+        return _txn_write(
+            spark, output, pipeline, batch_id=batch_id, write_seq=write_seq, overwrite=overwrite
         )
-        return _persisted_write(spark, rows, pipeline, mode="append", write_seq=write_seq)
     return merge_into_target(
         spark,
         output,
@@ -191,15 +305,4 @@ def write_target(
     )
 
 
-def _persisted_write(
-    spark: SparkSession, rows: DataFrame, pipeline: Pipeline, *, mode: str, write_seq: int
-) -> WriteResult:
-    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        rows.count()
-        return _txn_write(spark, rows, pipeline, mode=mode, write_seq=write_seq)
-    finally:
-        rows.unpersist()
-
-
-__all__: Sequence[str] = ["WriteResult", "write_target"]
+__all__: Sequence[str] = ["WriteResult", "transaction_app_id", "write_target"]

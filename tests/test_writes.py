@@ -1,0 +1,449 @@
+"""Writing targets: same-commit ties, no empty commits, metrics of this write only, and a
+merge whose cost follows the change. Real Spark, Delta and Dagster throughout."""
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from dagster import DagsterInstance
+from dagster._core.instance.ref import InstanceRef
+from delta.tables import DeltaTable
+from deltalake import DeltaTable as RsDeltaTable
+from deltalake import write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from tests.lakes import before_images_first
+from tests.test_read_modes import Lake, _meta, _source_rows, _write
+from watermark_dagster.core.planning import PlannedInput
+from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.read.inputs import UpstreamInput
+from watermark_dagster.registry import Pipeline, Upstream
+from watermark_dagster.write.targets import write_target
+
+pytestmark = pytest.mark.spark
+
+# Spark's bound on rows per written file, which first loads also size their files by.
+ROWS_PER_FILE_CONF = "spark.sql.files.maxRecordsPerFile"
+
+
+@pytest.fixture
+def lake(spark: SparkSession, tmp_path: Path, dagster_home: Path) -> Iterator[Lake]:
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    try:
+        yield Lake(tmp_path, spark, instance)
+    finally:
+        instance.dispose()
+
+
+# ------------------------------------------------------------------ same-commit ties
+
+
+def _restore(lake: Lake, src: str) -> None:
+    DeltaTable.forPath(lake.spark, src).restoreToVersion(0)
+
+
+def _delta_rs_overwrite(lake: Lake, src: str) -> None:
+    # No change-data files: Spark derives a delete of every old row and an insert of every
+    # new one, all at the same commit version.
+    ids = list(range(0, 10))
+    write_deltalake(
+        src,
+        pa.table({"id": pa.array(ids, pa.int64()), "value": pa.array([i * 10 for i in ids])}),
+        mode="overwrite",
+    )
+
+
+def _delta_rs_replace_where(lake: Lake, src: str) -> None:
+    # delta-rs writes one change-data file holding the inserts, then the deletes.
+    ids = [2, 3, 4]
+    write_deltalake(
+        src,
+        pa.table({"id": pa.array(ids, pa.int64()), "value": pa.array([i * 10 for i in ids])}),
+        mode="overwrite",
+        predicate="id >= 2 AND id <= 4",
+    )
+
+
+def _sync_merge(lake: Lake, src: str) -> None:
+    # The "make the table equal this snapshot" MERGE: rows whose value changed do not
+    # match, so each is deleted (not matched by source) and re-inserted in one commit.
+    wanted = lake.spark.createDataFrame(
+        [(i, i * 10 if i % 2 else i) for i in range(0, 9)], "id long, value long"
+    )
+    (
+        DeltaTable.forPath(lake.spark, src)
+        .alias("t")
+        .merge(wanted.alias("s"), "t.id = s.id AND t.value = s.value")
+        .whenNotMatchedInsertAll()
+        .whenNotMatchedBySourceDelete()
+        .execute()
+    )
+
+
+REWRITES: dict[str, Callable[[Lake, str], None]] = {
+    "restore": _restore,
+    "delta_rs_overwrite": _delta_rs_overwrite,
+    "delta_rs_replace_where": _delta_rs_replace_where,
+    "sync_merge": _sync_merge,
+}
+
+
+def _ties(lake: Lake, src: str, start: int, end: int) -> list[Any]:
+    """Keys with a delete and an insert at the same commit version in the change feed."""
+    feed = (
+        lake.spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", start)
+        .option("endingVersion", end)
+        .load(src)
+    )
+    types = F.collect_set("_change_type")
+    grouped = feed.groupBy("id", "_commit_version").agg(types.alias("types"))
+    both = F.array_contains("types", "delete") & F.array_contains("types", "insert")
+    return [r["id"] for r in grouped.where(both).collect()]
+
+
+@pytest.mark.parametrize("rewrite", sorted(REWRITES))
+def test_a_key_removed_and_re_added_in_one_commit_resolves_to_the_state_after_it(
+    lake: Lake, rewrite: str
+) -> None:
+    spark, src = lake.spark, lake.path("src")
+    _write(spark, src, range(0, 10), cdf=True)  # v0
+    # recompute() reads the pinned snapshot, so ties cannot touch it; one case shows it.
+    names = ("copy", "raw", "recomputed") if rewrite == "restore" else ("copy", "raw")
+    pipes = [
+        {"name": name, "upstreams": ["src"], "target": lake.path(name), "transform": name}
+        for name in names
+    ]
+    spec = lake.spec([{"name": "src", "path": src}], pipes)
+    assert len(lake.run(spec).completed) == 1  # the first load
+
+    DeltaTable.forPath(spark, src).update("id = 3", {"value": "300"})  # v1
+    REWRITES[rewrite](lake, src)  # v2
+    tied = _ties(lake, src, 1, 2)
+    assert 3 in tied, f"{rewrite}: expected id 3 deleted and re-added at one version: {tied}"
+
+    [batch_id] = lake.run(spec).completed
+    planned = lake.store.get_batch(batch_id).inputs["src"]
+    assert (planned.mode, planned.range) == (ReadMode.CDF, VersionRange(1, 2))
+    expected = _source_rows(lake, "src")
+    for name in names:
+        assert lake.rows(name) == expected, f"{rewrite}: target {name} differs"
+
+    # net_changes itself, with the rows served in the order that trips a tie-break on
+    # Spark's row order (every delete ahead of the insert of its commit).
+    pinned = UpstreamInput.pinned(
+        spark, Upstream("src", path=src), PlannedInput("src", ReadMode.CDF, VersionRange(1, 2), 2)
+    )
+    pinned.__dict__["changes"] = before_images_first(pinned.changes)
+    net = {r["id"]: (r["_change_type"], r["value"]) for r in pinned.net_changes(["id"]).collect()}
+    assert 3 in net
+    for key, (change, value) in net.items():
+        assert (change == "delete") == (key not in expected), (rewrite, key, change)
+        assert change == "delete" or value == expected[key], (rewrite, key, value)
+
+
+# ------------------------------------------------------------------ nothing to write
+
+
+def _version(path: str) -> int:
+    return RsDeltaTable(path).version()
+
+
+def _last_operation(path: str) -> dict[str, Any]:
+    return RsDeltaTable(path).history(1)[0]
+
+
+def test_a_batch_with_nothing_to_write_commits_nothing_and_reports_zeros(lake: Lake) -> None:
+    spark = lake.spark
+    orders, log_path = lake.path("orders"), lake.path("log")
+    _write(spark, orders, range(0, 30), cdf=True)
+    _write(spark, log_path, range(0, 30), cdf=False)
+    pipes = [
+        {
+            "name": "orders_copy",
+            "upstreams": ["orders"],
+            "target": lake.path("copy"),
+            "transform": "copy",
+        },
+        {
+            "name": "log_copy",
+            "upstreams": ["log"],
+            "target": lake.path("events"),
+            "transform": "appended",
+            "write": "append",
+            "keys": [],
+        },
+    ]
+    spec = lake.spec([{"name": "orders", "path": orders}, {"name": "log", "path": log_path}], pipes)
+    lake.run(spec)  # first loads
+    DeltaTable.forPath(spark, orders).update("id < 12", {"value": "value + 1"})
+    _write(spark, log_path, range(30, 35), cdf=False)
+    [merged] = lake.run(spec).completed
+    assert _meta(lake, "orders_copy", merged)["rows_updated"] == 12
+    copy_version, events_version = _version(lake.path("copy")), _version(lake.path("events"))
+
+    # Commits that change no row (a table property, a compaction): the batch reads
+    # nothing and writes nothing.
+    RsDeltaTable(orders).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 60 days"}
+    )
+    DeltaTable.forPath(spark, log_path).optimize().executeCompaction()
+    assert _last_operation(log_path)["operation"] == "OPTIMIZE"
+    [empty] = lake.run(spec).completed
+    for asset, target, version in (
+        ("orders_copy", "copy", copy_version),
+        ("log_copy", "events", events_version),
+    ):
+        meta = _meta(lake, asset, empty)
+        assert meta["rows_read"] == 0, (asset, meta)
+        # Not the 12 rows the MERGE of the previous batch updated: nothing was committed.
+        assert (meta["rows_written"], meta["rows_updated"]) == (0, 0), (asset, meta)
+        assert _version(lake.path(target)) == version, f"{asset} made an empty commit"
+        assert (meta["committed"], meta["target_version"]) == (False, version)
+    checkpoints = lake.store.checkpoints(batch_id=empty)
+    assert checkpoints and all(c.rows_written == 0 for c in checkpoints)
+
+
+def _pipeline(lake: Lake, name: str, write: str, keys: tuple[str, ...] = ()) -> Pipeline:
+    return Pipeline(name, ("src",), lake.path(name), keys, lambda batch: batch, write=write)
+
+
+def _rows(spark: SparkSession, ids: range) -> DataFrame:
+    return spark.createDataFrame([(i, i * 10) for i in ids], "id long, value long")
+
+
+def test_empty_outputs_on_every_write_path(lake: Lake) -> None:
+    spark = lake.spark
+    empty = _rows(spark, range(0))
+
+    # Append: an empty output commits nothing, again on retry, and the next batch's
+    # transaction still lands once.
+    append = _pipeline(lake, "appended", "append")
+    first = write_target(
+        spark, _rows(spark, range(3)), append, batch_id="b1", write_seq=1, full_load=True
+    )
+    assert (first.created, first.rows_inserted) == (True, 3)
+    assert first.committed
+    for _ in range(2):
+        nothing = write_target(spark, empty, append, batch_id="b2", write_seq=2, full_load=False)
+        assert nothing.target_version == first.target_version == _version(append.target)
+        assert (nothing.committed, nothing.already_applied, nothing.rows_written) == (
+            False,
+            False,
+            0,
+        )
+    third = write_target(
+        spark, _rows(spark, range(3, 5)), append, batch_id="b3", write_seq=3, full_load=False
+    )
+    assert (third.committed, third.rows_inserted, third.target_version) == (
+        True,
+        2,
+        first.target_version + 1,
+    )
+    again = write_target(
+        spark, _rows(spark, range(3, 5)), append, batch_id="b3", write_seq=3, full_load=False
+    )
+    assert (again.committed, again.already_applied, again.rows_written) == (False, True, 0)
+    assert lake.table("appended").count() == 5
+
+    # Overwrite: an empty snapshot creates an empty target with the output's schema; an
+    # empty reload of an empty target commits nothing; an empty reload of a filled one
+    # empties it.
+    overwrite = _pipeline(lake, "overwritten", "overwrite")
+    created = write_target(spark, empty, overwrite, batch_id="b1", write_seq=1, full_load=True)
+    assert (created.created, created.committed, created.rows_written) == (True, True, 0)
+    assert lake.table("overwritten").count() == 0
+    assert {"id", "value", "_wm_seq", "_wm_batch_id"} <= set(lake.table("overwritten").columns)
+    nothing = write_target(spark, empty, overwrite, batch_id="b2", write_seq=2, full_load=True)
+    assert (nothing.committed, nothing.target_version) == (False, created.target_version)
+    filled = write_target(
+        spark, _rows(spark, range(4)), overwrite, batch_id="b3", write_seq=3, full_load=True
+    )
+    assert (filled.committed, filled.rows_inserted) == (True, 4)
+    emptied = write_target(spark, empty, overwrite, batch_id="b4", write_seq=4, full_load=True)
+    assert (emptied.committed, emptied.files_removed > 0) == (True, True)
+    assert lake.table("overwritten").count() == 0
+
+    # Merge: an empty first output still creates the target; an empty batch commits
+    # nothing; a batch whose changes are all older than the target's rows commits nothing
+    # (Delta makes no commit) and reports zeros, not the previous MERGE's figures.
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    created = write_target(spark, empty, merge, batch_id="b1", write_seq=1, full_load=False)
+    assert (created.created, created.committed, created.rows_written) == (True, True, 0)
+    upserted = write_target(
+        spark, _rows(spark, range(5)), merge, batch_id="b2", write_seq=2, full_load=False
+    )
+    assert (upserted.committed, upserted.rows_inserted) == (True, 5)
+    nothing = write_target(spark, empty, merge, batch_id="b3", write_seq=3, full_load=False)
+    assert (nothing.committed, nothing.rows_written, nothing.target_version) == (
+        False,
+        0,
+        upserted.target_version,
+    )
+    older = _rows(spark, range(5)).withColumn("value", F.lit(-1))
+    stale = write_target(spark, older, merge, batch_id="b1", write_seq=1, full_load=False)
+    assert (stale.committed, stale.rows_written) == (False, 0)
+    assert stale.target_version == upserted.target_version == _version(merge.target)
+    assert sorted(r["value"] for r in lake.table("merged").collect()) == [0, 10, 20, 30, 40]
+
+
+# ------------------------------------------------------------------ cost
+
+
+@pytest.fixture
+def small_files(spark: SparkSession) -> Iterator[None]:
+    """First loads write files of at most 5,000 rows (the session setting is restored)."""
+    previous = spark.conf.get(ROWS_PER_FILE_CONF, None)
+    spark.conf.set(ROWS_PER_FILE_CONF, "5000")
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(ROWS_PER_FILE_CONF)
+        else:
+            spark.conf.set(ROWS_PER_FILE_CONF, previous)
+
+
+def _file_ranges(path: str) -> list[tuple[int, int]]:
+    """(min id, max id) of each data file, from the statistics in the Delta log."""
+    actions = pa.table(RsDeltaTable(path).get_add_actions(flatten=True)).to_pydict()
+    return sorted(zip(actions["min.id"], actions["max.id"], strict=True))
+
+
+def test_a_merge_batch_copies_about_the_rows_it_changes(lake: Lake, small_files: None) -> None:
+    spark, src, n = lake.spark, lake.path("orders"), 20_000
+    rows = spark.range(n).select("id", (F.col("id") * 2).alias("value"))
+    rows.coalesce(1).write.format("delta").option("delta.enableChangeDataFeed", "true").save(src)
+    pipes = [
+        {
+            "name": "orders_copy",
+            "upstreams": ["orders"],
+            "target": lake.path("copy"),
+            "transform": "copy",
+        }
+    ]
+    spec = lake.spec([{"name": "orders", "path": src}], pipes)
+    lake.run(spec)  # the first load
+    ranges = _file_ranges(lake.path("copy"))
+
+    # 20 keys spread over every file: 12 updated, 8 deleted, and 5 new keys.
+    changed = sorted({(i * 997) % n for i in range(20)})
+    table = DeltaTable.forPath(spark, src)
+    table.update(F.col("id").isin(changed[:12]), {"value": F.lit(-1)})
+    table.delete(F.col("id").isin(changed[12:]))
+    spark.range(n, n + 5).select("id", F.lit(7).cast("long").alias("value")).write.format(
+        "delta"
+    ).mode("append").save(src)
+    [batch_id] = lake.run(spec).completed
+
+    # Delta's own figures for the MERGE: unchanged rows rewritten around the changed ones.
+    last = _last_operation(lake.path("copy"))
+    assert last["operation"] == "MERGE"
+    assert int(last["operationMetrics"]["numTargetRowsCopied"]) <= 2 * 25, last
+    meta = _meta(lake, "orders_copy", batch_id)
+    assert (meta["rows_updated"], meta["rows_deleted"], meta["rows_inserted"]) == (12, 8, 5)
+    assert meta["rows_copied"] <= 2 * 25, meta
+    assert meta["files_touched"] <= len(ranges)
+    assert lake.rows("copy") == _source_rows(lake, "orders")
+
+    # How: the first load wrote a few files of disjoint key ranges, with deletion vectors.
+    assert 4 <= len(ranges) <= 6, ranges
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    config = RsDeltaTable(lake.path("copy")).metadata().configuration
+    assert config.get("delta.enableDeletionVectors") == "true"
+
+
+def test_the_merge_condition_lets_delta_skip_files(lake: Lake, small_files: None) -> None:
+    from watermark_dagster.write.merge import prepare_changes, skipping_condition
+    from watermark_dagster.write.summary import summarize
+
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    write_target(
+        spark, _rows(spark, range(20_000)), merge, batch_id="b1", write_seq=1, full_load=True
+    )
+    ranges = _file_ranges(merge.target)
+    assert 4 <= len(ranges) <= 6, ranges
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    target = lake.table("merged").alias("t")
+
+    def files_read(changed: list[int]) -> int:
+        prepared = prepare_changes(
+            _rows(spark, changed), keys=["id"], batch_seq=2, batch_id="b2", pipeline="merged"
+        )
+        summary = summarize(prepared, ranges=["id"])
+        condition = skipping_condition(prepared, summary, ["id"], changed)
+        assert condition is not None
+        return len(target.where(condition).inputFiles())
+
+    assert files_read([100, 101, 102]) == 1  # within the first file's range
+    # Keys at both ends: one min..max range would read every file; the intervals read two.
+    assert files_read([5, 6, 19_990]) == 2
+    assert files_read(list(range(0, 20_000, 1_000))) == len(ranges)
+
+
+def test_an_old_target_without_deletion_vectors_keeps_working(lake: Lake) -> None:
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    # A target as earlier versions created it: no deletion vectors, no clustering.
+    old = _rows(spark, range(100)).withColumn("_wm_seq", F.lit(1).cast("long"))
+    old.withColumn("_wm_batch_id", F.lit("b1")).coalesce(1).write.format("delta").save(merge.target)
+    changes = _rows(spark, range(95, 105)).withColumn("value", F.lit(-1).cast("long"))
+    result = write_target(spark, changes, merge, batch_id="b2", write_seq=2, full_load=False)
+    assert (result.rows_updated, result.rows_inserted) == (5, 5)
+    assert result.rows_copied == 95  # the one file rewritten around the 5 updated rows
+    assert "delta.enableDeletionVectors" not in RsDeltaTable(merge.target).metadata().configuration
+    assert lake.table("merged").where("value = -1").count() == 10
+
+
+def _counted(spark: SparkSession, frame: DataFrame) -> tuple[DataFrame, Any]:
+    """``frame`` behind a filter that counts, in an accumulator, the rows it evaluates."""
+    counter = spark.sparkContext.accumulator(0)
+    seen = F.udf(lambda _: counter.add(1) or True, "boolean", useArrow=False)
+    return frame.where(seen(F.col("id"))), counter
+
+
+def test_the_transform_is_evaluated_once_per_write(lake: Lake) -> None:
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    append = _pipeline(lake, "appended", "append")
+
+    # A first load, then an incremental merge, of an output without _commit_version (as
+    # recompute() returns): the duplicate-key check comes from the same single pass.
+    output, counter = _counted(spark, _rows(spark, range(40)))
+    write_target(spark, output, merge, batch_id="b1", write_seq=1, full_load=True)
+    assert counter.value == 40
+    changes = _rows(spark, range(30, 50)).withColumn(
+        "_change_type", F.when(F.col("id") % 2 == 0, "delete").otherwise("upsert")
+    )
+    output, counter = _counted(spark, changes)
+    result = write_target(spark, output, merge, batch_id="b2", write_seq=2, full_load=False)
+    assert counter.value == 20
+    assert (result.rows_deleted, result.rows_updated, result.rows_inserted) == (5, 5, 5)
+
+    # The same with _commit_version: several changes of a key, the latest wins.
+    versioned = _rows(spark, range(0, 10)).withColumn("_commit_version", F.col("id") % 2)
+    versioned = versioned.withColumn("id", F.col("id") % 5)
+    output, counter = _counted(spark, versioned)
+    write_target(spark, output, merge, batch_id="b3", write_seq=3, full_load=False)
+    assert counter.value == 10
+    assert {r["id"]: r["value"] for r in lake.table("merged").where("id < 5").collect()} == {
+        0: 50,
+        1: 10,
+        2: 70,
+        3: 30,
+        4: 90,
+    }
+
+    # Append: the delete check comes from the same pass; a retried batch whose
+    # transaction the target holds is not computed at all.
+    output, counter = _counted(spark, _rows(spark, range(25)))
+    write_target(spark, output, append, batch_id="b1", write_seq=1, full_load=False)
+    assert counter.value == 25
+    output, counter = _counted(spark, _rows(spark, range(25)))
+    again = write_target(spark, output, append, batch_id="b1", write_seq=1, full_load=False)
+    assert again.already_applied and counter.value == 0

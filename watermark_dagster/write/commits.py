@@ -1,0 +1,175 @@
+"""What one write committed to a target, read from exactly the commits it made.
+
+A write labels its commits (Delta's ``commitInfo.userMetadata``) with a token of its own,
+then reads the operation metrics of the commits after the version it started from that
+carry the token. A write that commits nothing (an empty output, a MERGE that changed no
+row, an append Delta skipped as already applied) therefore reports zeros, never the
+figures of an older commit. The label also shows in the target's history which pipeline
+and batch wrote each commit.
+"""
+
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from deltalake import DeltaTable as RsDeltaTable
+from pyspark.sql import SparkSession
+
+log = logging.getLogger("watermark_dagster")
+
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one write did to the target, from the operation metrics of its own commits.
+
+    Attributes:
+        target_version: the target's version after the write (unchanged if nothing was
+            committed).
+        rows_inserted, rows_updated, rows_deleted: target rows the write changed.
+        created: the write created the target.
+        already_applied: Delta's transaction id shows this batch was written before (an
+            append or overwrite retried after a crash); nothing was written again.
+        committed: the write made at least one commit. False for an empty output, a
+            MERGE whose changes were all older than the target's rows, and
+            ``already_applied``.
+        rows_copied: unchanged rows a MERGE or overwrite rewrote because they shared a
+            file with a changed row (``numTargetRowsCopied``; 0 with deletion vectors).
+        files_added, files_removed: data files the commits added and removed.
+        files_touched: existing files the write changed: removed, or given a deletion
+            vector.
+    """
+
+    target_version: int
+    rows_inserted: int
+    rows_updated: int
+    rows_deleted: int
+    created: bool
+    already_applied: bool = False
+    committed: bool = False
+    rows_copied: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    files_touched: int = 0
+
+    @property
+    def rows_written(self) -> int:
+        """Rows inserted, updated or deleted."""
+        return self.rows_inserted + self.rows_updated + self.rows_deleted
+
+    @classmethod
+    def nothing(cls, version: int, *, already_applied: bool = False) -> "WriteResult":
+        """A write that committed nothing (the target stays at ``version``)."""
+        return cls(version, 0, 0, 0, created=False, already_applied=already_applied)
+
+    @classmethod
+    def from_commits(
+        cls, version: int, commits: list[Mapping[str, object]], *, created: bool
+    ) -> "WriteResult":
+        """Sum the operation metrics of a write's commits (a creation, then a WRITE or a
+        MERGE)."""
+        total: dict[str, int] = {}
+        for commit in commits:
+            for key, value in dict(commit.get("operationMetrics") or {}).items():  # type: ignore[call-overload]
+                try:
+                    total[key] = total.get(key, 0) + int(value)
+                except (TypeError, ValueError):
+                    continue
+        merged = any(c.get("operation") == "MERGE" for c in commits)
+
+        def m(name: str) -> int:
+            return total.get(name, 0)
+
+        if merged:
+            return cls(
+                target_version=version,
+                rows_inserted=m("numTargetRowsInserted"),
+                rows_updated=m("numTargetRowsUpdated"),
+                rows_deleted=m("numTargetRowsDeleted"),
+                created=created,
+                committed=bool(commits),
+                rows_copied=m("numTargetRowsCopied"),
+                files_added=m("numTargetFilesAdded"),
+                files_removed=m("numTargetFilesRemoved"),
+                files_touched=m("numTargetFilesRemoved")
+                + m("numTargetDeletionVectorsAdded")
+                + m("numTargetDeletionVectorsUpdated"),
+            )
+        return cls(
+            target_version=version,
+            rows_inserted=m("numOutputRows"),
+            rows_updated=0,
+            rows_deleted=0,
+            created=created,
+            committed=bool(commits),
+            rows_copied=m("numCopiedRows"),
+            files_added=m("numFiles"),
+            files_removed=m("numRemovedFiles"),
+            files_touched=m("numRemovedFiles"),
+        )
+
+
+def target_version(target: str, storage_options: Mapping[str, str] | None) -> int | None:
+    """The target's current version (None when it does not exist yet)."""
+    options = dict(storage_options) if storage_options else None
+    if not RsDeltaTable.is_deltatable(target, storage_options=options):
+        return None
+    return RsDeltaTable(target, storage_options=options).version()
+
+
+def applied_transaction(
+    target: str, storage_options: Mapping[str, str] | None, app_id: str
+) -> int | None:
+    """The latest transaction version Delta recorded for ``app_id`` on ``target``."""
+    options = dict(storage_options) if storage_options else None
+    return RsDeltaTable(target, storage_options=options).transaction_version(app_id)
+
+
+def has_data_files(target: str, storage_options: Mapping[str, str] | None) -> bool:
+    """True when the target's current version holds at least one data file."""
+    options = dict(storage_options) if storage_options else None
+    return len(RsDeltaTable(target, storage_options=options).file_uris()) > 0
+
+
+def new_label(pipeline: str, batch_id: str, write_seq: int) -> str:
+    """A label unique to one write: pipeline, batch, position and a nonce."""
+    return f"watermark pipeline={pipeline} batch={batch_id} seq={write_seq} {uuid.uuid4().hex[:12]}"
+
+
+@contextmanager
+def labelled_commits(spark: SparkSession, label: str) -> Iterator[None]:
+    """Every Delta commit made in this block records ``label`` as its user metadata.
+
+    A session setting, because MERGE and the table builder take no per-call option; the
+    previous value is restored afterwards.
+    """
+    previous = spark.conf.get(USER_METADATA_CONF, None)
+    spark.conf.set(USER_METADATA_CONF, label)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(USER_METADATA_CONF)
+        else:
+            spark.conf.set(USER_METADATA_CONF, previous)
+
+
+def commits_since(
+    target: str, storage_options: Mapping[str, str] | None, before: int | None, label: str
+) -> tuple[int, list[dict]]:
+    """The target's version now, and the commits after ``before`` that carry ``label``
+    (oldest first)."""
+    options = dict(storage_options) if storage_options else None
+    dt = RsDeltaTable(target, storage_options=options)
+    version = dt.version()
+    made = version - (-1 if before is None else before)
+    if made <= 0:
+        return version, []
+    ours = [dict(c) for c in dt.history(made) if c.get("userMetadata") == label]
+    if len(ours) < made:
+        others = made - len(ours)
+        log.info("target=%s: %d commit(s) by other writers during this write", target, others)
+    return version, sorted(ours, key=lambda c: int(c.get("version", 0)))

@@ -1,0 +1,138 @@
+"""How a target is laid out, so that a batch's MERGE touches few files and copies no rows.
+
+* **Deletion vectors** on merge targets: a MERGE that updates or deletes a row marks it
+  deleted in a small side file instead of rewriting the whole data file around it.
+* **Clustered on the merge keys** by default (liquid clustering), unless the pipeline
+  chooses ``partition_by`` or ``cluster_by``: a first load writes the rows range-partitioned
+  and sorted on the clustering columns, so each file holds a narrow key range and Delta's
+  min/max statistics let a MERGE skip the files the batch's keys cannot be in;
+  ``OPTIMIZE`` keeps the table clustered afterwards.
+* **Bounded files**: a first load writes at most ``spark.sql.files.maxRecordsPerFile`` rows
+  per file (1,000,000 when that setting is 0, Spark's "unlimited").
+
+Existing targets keep the layout and properties they were created with: turning deletion
+vectors on upgrades a table's protocol (reader version 3), which locks out readers that do
+not support them, so it is the owner's call (see the README).
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable as SparkDeltaTable
+from deltalake import DeltaTable as RsDeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from watermark_dagster.changes import quoted
+
+DEFAULT_ROWS_PER_FILE = 1_000_000
+_FILL = 0.85
+ROWS_PER_FILE_CONF = "spark.sql.files.maxRecordsPerFile"
+DELETION_VECTORS = "delta.enableDeletionVectors"
+# Delta's own way to set a table property's default for every table a session creates;
+# when a user sets it for deletion vectors, their choice stands.
+DELETION_VECTORS_DEFAULT_CONF = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
+# Liquid clustering takes at most 4 columns, each with min/max statistics (the first 32
+# columns have them by default).
+_MAX_CLUSTER_COLUMNS = 4
+_STATS_COLUMNS = 32
+_CLUSTERABLE = (
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.FloatType,
+    T.DoubleType,
+    T.DecimalType,
+    T.StringType,
+    T.DateType,
+    T.TimestampType,
+    T.TimestampNTZType,
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A new target's partitioning or clustering, and its table properties."""
+
+    partition_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
+    properties: Mapping[str, str] | None = None
+
+
+def default_cluster_columns(keys: Sequence[str], schema: T.StructType) -> tuple[str, ...]:
+    """The merge keys, when liquid clustering can use them (at most 4 columns of types
+    with statistics, among the first 32 columns); otherwise none."""
+    names = [f.name for f in schema.fields]
+    if not keys or len(keys) > _MAX_CLUSTER_COLUMNS:
+        return ()
+    for k in keys:
+        if k not in names or names.index(k) >= _STATS_COLUMNS:
+            return ()
+        if not isinstance(schema[k].dataType, _CLUSTERABLE):
+            return ()
+    return tuple(keys)
+
+
+def target_layout(
+    spark: SparkSession,
+    schema: T.StructType,
+    *,
+    keys: Sequence[str],
+    merge: bool,
+    partition_by: Sequence[str] = (),
+    cluster_by: Sequence[str] = (),
+) -> Layout:
+    """The layout a new target is created with.
+
+    Merge targets get deletion vectors and, unless the pipeline gives ``partition_by`` or
+    ``cluster_by``, clustering on their keys. Append and overwrite targets keep only what
+    the pipeline asks for (they never update rows in place).
+    """
+    properties: dict[str, str] = {}
+    if merge and spark.conf.get(DELETION_VECTORS_DEFAULT_CONF, None) is None:
+        properties[DELETION_VECTORS] = "true"
+    clustering = tuple(cluster_by)
+    if merge and not partition_by and not cluster_by:
+        clustering = default_cluster_columns(keys, schema)
+    return Layout(tuple(partition_by), clustering, properties)
+
+
+def rows_per_file(spark: SparkSession) -> int:
+    """The most rows a first load writes into one file."""
+    configured = int(spark.conf.get(ROWS_PER_FILE_CONF, "0") or 0)
+    return configured if configured > 0 else DEFAULT_ROWS_PER_FILE
+
+
+def laid_out(spark: SparkSession, rows: DataFrame, count: int, layout: Layout) -> DataFrame:
+    """``rows`` arranged for a first load: range-partitioned and sorted on the clustering
+    columns into files of at most :func:`rows_per_file` rows (unchanged when the target
+    is not clustered)."""
+    if not layout.cluster_by or count <= 0:
+        return rows
+    # Range bounds come from a sample, so partitions vary in size: aim below the bound, so
+    # that a partition slightly over it is not split into a full file and a sliver.
+    files = max(1, math.ceil(count / (rows_per_file(spark) * _FILL)))
+    columns = [quoted(c) for c in layout.cluster_by]
+    return rows.repartitionByRange(files, *columns).sortWithinPartitions(*columns)
+
+
+def create_target(spark: SparkSession, target: str, schema: T.StructType, layout: Layout) -> None:
+    """Create an empty target with its clustering or partitioning and properties (the
+    DataFrame writer cannot cluster)."""
+    builder = SparkDeltaTable.createIfNotExists(spark).location(target).addColumns(schema)
+    if layout.cluster_by:
+        builder = builder.clusterBy(*layout.cluster_by)
+    elif layout.partition_by:
+        builder = builder.partitionedBy(*layout.partition_by)
+    for key, value in (layout.properties or {}).items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def deletion_vectors_enabled(target: str, storage_options: Mapping[str, str] | None) -> bool:
+    """True when the target's MERGEs write deletion vectors instead of rewriting files."""
+    options = dict(storage_options) if storage_options else None
+    config = RsDeltaTable(target, storage_options=options).metadata().configuration
+    return str(config.get(DELETION_VECTORS, "false")).lower() == "true"
