@@ -408,19 +408,17 @@ class Contenders:
         """One headless cycle of ``name``'s code location in this process."""
         if name not in self._runners:
             from dagster import DagsterInstance
-            from dagster._core.instance.ref import InstanceRef
 
             from watermark_dagster.headless import HeadlessRunner
 
-            home = self._dagster_home(name)
-            instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+            instance = DagsterInstance.from_config(str(self._dagster_home(name)))
             runner = HeadlessRunner(location(self._spec(name)), instance, run_log_level="ERROR")
             self._runners[name] = (instance, runner)
         instance, runner = self._runners[name]
         # The sensors' console lines (batch planned, advanced) would drown the figures; they
         # are shown when the cycle did not do what was expected.
         console = io.StringIO()
-        with contextlib.redirect_stdout(console):
+        with contextlib.redirect_stdout(console), contextlib.redirect_stderr(console):
             report = runner.run_until_idle()
         problems = [f"{r.batch_id}: {r.error}" for r in report.failed_runs]
         if report.stuck:
@@ -576,10 +574,18 @@ def summarize(repeats: list[dict[str, Any]], names: Sequence[str]) -> dict[str, 
         if found:
             keys = sorted({k for m in found for k in m})
             merge[n] = {k: statistics.median([m.get(k, 0) for m in found]) for k in keys}
+    details: dict[str, dict[str, dict[str, float]]] = {}
+    for n in names:
+        found = [r["detail"][n] for r in repeats if r.get("detail", {}).get(n)]
+        for key in sorted({k for d in found for k in d}):
+            values = [d[key] for d in found if isinstance(d.get(key), int | float)]
+            if values:
+                details.setdefault(n, {})[key] = _spread(values)
     return {
         "seconds": {n: _spread(v) for n, v in seconds.items()},
         "ratios": ratios,
         "merge_metrics_median": merge,
+        "details": details,
     }
 
 
@@ -594,6 +600,12 @@ def _print_change_summary(out: Callable[[str], None], summary: dict[str, Any]) -
             f"{k.removeprefix('numTarget')}={m[k]:g}" for k in MERGE_METRICS if k in m
         )
         out(f"    MERGE {name}: {shown}")
+    run = summary.get("details", {}).get("ours_warm", {}).get("dagster_run_seconds")
+    if run and "ours_warm" in summary["seconds"]:
+        out(
+            f"    ours_warm: the Dagster run took {run['median']:.2f}s (median) of "
+            f"{summary['seconds']['ours_warm']['median']:.2f}s; the rest is the sensor ticks"
+        )
 
 
 def run_size(
@@ -780,8 +792,9 @@ def plot(result: dict[str, Any], path: Path) -> str:
         ax.set_yscale("log")
         ax.set_xlabel("change per commit")
         ax.set_ylabel("seconds (median, min-max)")
-        ax.set_title(f"{size['rows']:,} rows")
-    axes[0][0].legend(fontsize=8)
+        load = f"load {size['loadavg_before'][0]:.1f} to {size.get('loadavg_after', ['?'])[0]:.1f}"
+        ax.set_title(f"{size['rows']:,} rows ({load})", fontsize=10)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     m = result["machine"]
     fig.suptitle(
         f"one batch per commit; {m['cpus']} cores, {result['spark']['spark.master']}, "
@@ -877,7 +890,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 50k rows, one 1%% change, 1 repeat"
     )
+    parser.add_argument(
+        "--replot", type=Path, default=None, help="only redraw the PNG of a results JSON"
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        args.plot = args.plot or args.replot.with_suffix(".png")
+        return args
     if args.quick:
         args.sizes, args.changes, args.repeats = [50_000], [0.01], 1
     if args.repeats < 1:
@@ -891,6 +910,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = lambda line: print(line, flush=True)  # noqa: E731
+    if args.replot:
+        out(plot(json.loads(args.replot.read_text()), args.plot))
+        return 0
     started_at, started = datetime.now(UTC), time.monotonic()
     deadline = started + args.budget_minutes * 60
     conf = {"spark.driver.memory": args.driver_memory, **(QUICK_CONF if args.quick else {})}
