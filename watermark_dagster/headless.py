@@ -8,8 +8,9 @@ first such run creates the session and the rest of the cycle reuses it; a cycle 
 to do, or whose runs all skip, starts no JVM.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dagster import AssetKey, DagsterInstance, Definitions, SensorResult, build_sensor_context
 from dagster._core.definitions.sensor_definition import SensorDefinition
@@ -35,7 +36,7 @@ def _root_message(error: object) -> str:
     return str(getattr(named, "message", named)).strip()
 
 
-def _skipped(events: list) -> dict[str, str]:
+def _skipped(events: Sequence[Any]) -> dict[str, str]:
     """pipeline -> reason, for the materializations of a run that record a skip."""
     found = {}
     for event in events:
