@@ -66,6 +66,7 @@ def _definitions(
             master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"),
             remote=os.environ.get("WATERMARK_SPARK_REMOTE") or None,
             conf=settings.spark_conf(),
+            engine=settings.engine(),  # type: ignore[arg-type]
         ),
         settings=watermark_settings,
     )

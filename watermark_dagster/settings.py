@@ -6,6 +6,7 @@
 | ``WATERMARK_SPARK_MASTER`` | ``local[*]`` | Spark master (``spark://...`` for a cluster) |
 | ``WATERMARK_SPARK_REMOTE`` | unset | Spark Connect URL (``sc://host:port``) |
 | ``WATERMARK_SPARK_CONF`` | ``{}`` | extra Spark settings as a JSON object |
+| ``WATERMARK_ENGINE`` | ``process`` | ``resident``: runs use the ``watermark engine`` process |
 | ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
 | ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
 | ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
@@ -87,3 +88,22 @@ def sensor_interval_seconds() -> int:
 def max_attempts() -> int:
     """``WATERMARK_MAX_ATTEMPTS``."""
     return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS), int)))
+
+
+ENGINES = ("process", "resident")
+
+
+def engine() -> str:
+    """``WATERMARK_ENGINE``: ``process`` (a Spark session per run process) or ``resident``.
+
+    Raises:
+        ConfigurationError: any other value.
+    """
+    raw = os.environ.get("WATERMARK_ENGINE", "").strip() or "process"
+    if raw not in ENGINES:
+        raise ConfigurationError(
+            f"WATERMARK_ENGINE={raw!r} is not an engine.",
+            fix="set it to 'process' (a Spark session in each run) or 'resident' (the engine "
+            "`watermark engine` runs), or unset it.",
+        )
+    return raw

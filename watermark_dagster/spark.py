@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from watermark_dagster.errors import ConfigurationError
+
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -102,8 +104,13 @@ def session_settings(
     *, master: str = "local[*]", remote: str | None = None, conf: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """Every setting a session is built with: Delta's, :func:`spark_defaults`, loopback
-    addresses for a local driver, then ``conf`` (which overrides any of them)."""
-    local = not remote and master.startswith("local")
+    addresses for a local driver, then ``conf`` (which overrides any of them). A Spark
+    Connect client sends only the session-level defaults and ``conf``."""
+    if remote:
+        # Delta's extension and catalog are static settings of the server; a client that
+        # sends them only gets warnings.
+        return {**spark_defaults(remote=remote), **dict(conf or {})}
+    local = master.startswith("local")
     loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
     return {
         **DELTA_CONF,
@@ -156,9 +163,59 @@ def build_spark_session(
 
         builder = configure_spark_with_delta_pip(builder)
     session = builder.getOrCreate()
+    if remote:
+        require_delta_connect(session, remote)
     if resolve and not cached:
         _remember_delta_jars(session.conf.get("spark.jars", None))
     return session
+
+
+# What a Connect server needs for Delta's Python DeltaTable API (the MERGE, table creation).
+DELTA_CONNECT_SERVER_CONF = {
+    "spark.sql.extensions": DELTA_CONF["spark.sql.extensions"],
+    "spark.sql.catalog.spark_catalog": DELTA_CONF["spark.sql.catalog.spark_catalog"],
+    "spark.connect.extensions.relation.classes": (
+        "org.apache.spark.sql.connect.delta.DeltaRelationPlugin"
+    ),
+    "spark.connect.extensions.command.classes": (
+        "org.apache.spark.sql.connect.delta.DeltaCommandPlugin"
+    ),
+}
+
+
+def require_delta_connect(session: SparkSession, remote: str) -> None:
+    """Refuse a Spark Connect server that cannot run pipelines, before any batch work.
+
+    Every read mode (CDF, APPEND_ONLY, SNAPSHOT, TIMESTAMP) works through plain DataFrame
+    reads on a server with Delta's jars, but target writes use Delta's ``DeltaTable`` API,
+    which a Connect client sends as Delta protocol messages: the server needs Delta's
+    Connect plugin (``io.delta:delta-connect-server``) to run them. One cheap probe
+    (``DeltaTable.isDeltaTable`` on a path that does not exist) tells.
+
+    Raises:
+        ConfigurationError: the server has no Delta Connect plugin.
+    """
+    import tempfile
+
+    from delta.tables import DeltaTable
+
+    probe = str(Path(tempfile.gettempdir()) / "watermark-dagster-connect-probe-absent")
+    try:
+        DeltaTable.isDeltaTable(session, probe)
+    except Exception as e:  # noqa: BLE001 - the server's error is matched by its text
+        text = str(e)
+        if "NO_HANDLER_FOR_EXTENSION" not in text and "delta.connect" not in text:
+            raise
+        raise ConfigurationError(
+            f"The Spark Connect server at {remote} has no Delta Connect plugin, so pipelines "
+            "cannot write their targets there (Delta's DeltaTable API, used for the MERGE and "
+            "to create targets, fails with CONNECT_INVALID_PLAN.NO_HANDLER_FOR_EXTENSION). "
+            "Every read mode would work; the writes would not.",
+            fix="start the server with Delta's Connect server jar "
+            "(io.delta:delta-connect-server for the server's Spark version) and "
+            + " ".join(f"--conf {k}={v}" for k, v in DELTA_CONNECT_SERVER_CONF.items())
+            + "; or unset the remote (WATERMARK_SPARK_REMOTE) to run Spark in each run process.",
+        ) from None
 
 
 def _jars_cache_file() -> Path:

@@ -29,6 +29,7 @@ from watermark_dagster.dagster_defs.runs import (
     terminal_error_tags,
     worker_identity,
 )
+from watermark_dagster.engine import EngineUnavailableError, run_on_engine
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError
 from watermark_dagster.execute import (
     PipelineDecision,
@@ -39,6 +40,7 @@ from watermark_dagster.execute import (
 )
 from watermark_dagster.observe.delta_log import Observation, Observer
 from watermark_dagster.registry import Pipeline, Registry, Upstream
+from watermark_dagster.store import WatermarkStore
 
 BATCHES_PARTITIONS_NAME = "watermark_batches"
 
@@ -232,6 +234,48 @@ def report_skip(context: AssetExecutionContext, decision: PipelineDecision) -> N
     )
 
 
+# Run tag naming where a run's pipelines ran: "resident:<pid>" or "process".
+ENGINE_TAG = "watermark/engine"
+
+
+def _run(
+    context: AssetExecutionContext,
+    spark: SparkSessionResource,
+    store: WatermarkStore,
+    registry: Registry,
+    decision: PipelineDecision,
+) -> PipelineOutcome:
+    """Run a decided pipeline on the resident engine when one is configured and answers,
+    else on this run process's own session."""
+    address = spark.engine_address()
+    if address is not None:
+        try:
+            outcome, pid = run_on_engine(
+                address,
+                pipeline=decision.pipeline.name,
+                batch_id=decision.batch.batch_id,
+                run_id=context.run.run_id,
+                control_root=store.root,
+            )
+        except EngineUnavailableError as e:
+            context.log.warning(
+                f"{decision.pipeline.name}: the resident engine is not running ({e}); running "
+                "in this process with its own Spark session. Start it with `watermark engine`."
+            )
+        else:
+            context.log.info(f"{decision.pipeline.name}: ran on the resident engine (pid {pid})")
+            context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: f"resident:{pid}"})
+            return outcome
+    context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: "process"})
+    return run_pipeline(
+        spark=spark.get_session(),
+        store=store,
+        registry=registry,
+        decision=decision,
+        run_id=context.run.run_id,
+    )
+
+
 def build_pipeline_asset(
     pipeline: Pipeline,
     registry: Registry,
@@ -273,13 +317,7 @@ def build_pipeline_asset(
             if decision.skip is not None:
                 report_skip(context, decision)
                 return MaterializeResult(metadata=outcome_metadata(decision.skipped_outcome()))
-            outcome = run_pipeline(
-                spark=spark.get_session(),
-                store=store,
-                registry=registry,
-                decision=decision,
-                run_id=context.run.run_id,
-            )
+            outcome = _run(context, spark, store, registry, decision)
         except TerminalError as e:
             # Retrying cannot help: the coordinator reads this tag and stops the batch.
             context.instance.add_run_tags(

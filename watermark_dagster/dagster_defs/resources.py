@@ -2,6 +2,8 @@
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
@@ -9,6 +11,9 @@ from pyspark.sql import SparkSession
 
 from watermark_dagster.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore
+
+if TYPE_CHECKING:
+    from watermark_dagster.engine import EngineAddress
 
 # Sessions created by runs while a `held_spark_sessions()` scope is open; None when no scope
 # is open. A list, not a flag: the scope stops exactly the sessions that runs created in it.
@@ -83,6 +88,17 @@ class SparkSessionResource(ConfigurableResource):
         default=True,
         description="Stop the session when the run ends (only if this resource created it).",
     )
+    engine: Literal["process", "resident"] = Field(
+        default="process",
+        description="Where pipelines run: 'process' (a Spark session in each run process) or "
+        "'resident' (the long-lived engine `watermark engine` started, with a warm JVM; a "
+        "run falls back to its own session when no engine answers).",
+    )
+    engine_folder: str | None = Field(
+        default=None,
+        description="Folder of the resident engine's socket and key (default: "
+        "$WATERMARK_HOME/engine).",
+    )
 
     _session: SparkSession | None = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
@@ -97,6 +113,17 @@ class SparkSessionResource(ConfigurableResource):
             )
             self._created = not existed
         return self._session
+
+    def engine_address(self) -> "EngineAddress | None":
+        """The resident engine to send work to, or None for ``engine="process"``."""
+        if self.engine != "resident":
+            return None
+        from watermark_dagster import settings
+        from watermark_dagster.engine import EngineAddress
+
+        if self.engine_folder:
+            return EngineAddress(Path(self.engine_folder))
+        return EngineAddress.under(settings.home())
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator["SparkSessionResource"]:

@@ -5,8 +5,16 @@ epilog, ``set_defaults(func=...)``, a function ``(Context) -> exit code``) and l
 module in :data:`MODULES`.
 """
 
-from watermark_dagster.cli.commands import batches, manual, replay, runtime, status, verify
+from watermark_dagster.cli.commands import (
+    batches,
+    engine,
+    manual,
+    replay,
+    runtime,
+    status,
+    verify,
+)
 
-MODULES = (status, manual, batches, replay, verify, runtime)
+MODULES = (status, manual, batches, replay, verify, runtime, engine)
 
 __all__ = ["MODULES"]
