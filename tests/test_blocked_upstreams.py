@@ -324,6 +324,11 @@ def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
         "PYTHONPATH": str(REPO),
         "DAGSTER_HOME": str(lake.dagster_home),
     }
+    # Create the instance's SQLite storages before the daemon and its code server start:
+    # two processes creating them at once can stamp two alembic heads (seen on a fresh
+    # clone: "Version table 'alembic_version' has more than one head present").
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))
+    instance.get_runs(limit=1)
     log = (lake.root / "daemon.log").open("w")
     daemon = subprocess.Popen(
         [str(DAEMON), "run", "-w", str(workspace)],
@@ -332,7 +337,6 @@ def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))
 
     def wait_for(predicate: Any, what: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
