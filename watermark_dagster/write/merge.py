@@ -312,7 +312,7 @@ def _merge(
         # Target-only conditions are what Delta's MERGE prunes target files with.
         on = on & skip
     not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
-    assignments = {_q(c): _col("s", c) for c in data_columns}
+    assignments: dict[str, str | Column] = {_q(c): _col("s", c) for c in data_columns}
     source = prepared
     if _broadcastable(spark, prepared, summary.rows):
         # Delta materializes a MERGE's source, which hides its size from the planner: without
