@@ -10,9 +10,10 @@ and batch wrote each commit.
 
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import SparkSession
@@ -67,13 +68,14 @@ class WriteResult:
 
     @classmethod
     def from_commits(
-        cls, version: int, commits: list[Mapping[str, object]], *, created: bool
+        cls, version: int, commits: Sequence[Mapping[str, Any]], *, created: bool
     ) -> "WriteResult":
         """Sum the operation metrics of a write's commits (a creation, then a WRITE or a
         MERGE)."""
         total: dict[str, int] = {}
         for commit in commits:
-            for key, value in dict(commit.get("operationMetrics") or {}).items():  # type: ignore[call-overload]
+            metrics: Mapping[str, Any] = commit.get("operationMetrics") or {}
+            for key, value in metrics.items():
                 try:
                     total[key] = total.get(key, 0) + int(value)
                 except (TypeError, ValueError):

@@ -108,12 +108,14 @@ def rows_per_file(spark: SparkSession) -> int:
 def laid_out(spark: SparkSession, rows: DataFrame, count: int, layout: Layout) -> DataFrame:
     """``rows`` arranged for a first load: range-partitioned and sorted on the clustering
     columns into files of at most :func:`rows_per_file` rows (unchanged when the target
-    is not clustered)."""
-    if not layout.cluster_by or count <= 0:
+    is not clustered or the rows fit in one file)."""
+    if not layout.cluster_by or count <= rows_per_file(spark):
+        # One file's worth: a sorted single file skips no more than the writer's own files
+        # would, and the shuffle into one task would cost the write its parallelism.
         return rows
     # Range bounds come from a sample, so partitions vary in size: aim below the bound, so
     # that a partition slightly over it is not split into a full file and a sliver.
-    files = max(1, math.ceil(count / (rows_per_file(spark) * _FILL)))
+    files = math.ceil(count / (rows_per_file(spark) * _FILL))
     columns = [quoted(c) for c in layout.cluster_by]
     return rows.repartitionByRange(files, *columns).sortWithinPartitions(*columns)
 

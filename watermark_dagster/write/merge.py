@@ -16,6 +16,7 @@ deletion vectors, so the files that do hold a changed key are not rewritten (see
 
 import logging
 import operator
+import re
 from collections.abc import Mapping, Sequence
 from functools import reduce
 from typing import Any
@@ -58,6 +59,7 @@ BATCH_COLUMN = "_wm_batch_id"
 # condition finer than one min..max range; at most this many intervals go into it.
 KEY_LIST_LIMIT = 10_000
 MAX_INTERVALS = 32
+BROADCAST_THRESHOLD_CONF = "spark.sql.autoBroadcastJoinThreshold"
 
 __all__ = [
     "BATCH_COLUMN",
@@ -178,6 +180,38 @@ def _first_key_values(
     return [r[0] for r in prepared.select(quoted(keys[0])).collect() if r[0] is not None]
 
 
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
+
+
+def _size_setting(text: str) -> int:
+    """A Spark byte-size setting (``10MB``, ``10485760b``, ``-1``) in bytes."""
+    match = re.fullmatch(r"\s*(-?\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        return -1
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def _row_bytes(schema: T.StructType) -> int:
+    """A rough width of a row (Spark's own default sizes, strings counted generously)."""
+    width = 0
+    for f in schema.fields:
+        dtype = f.dataType
+        if isinstance(dtype, T.StringType | T.BinaryType):
+            width += 64
+        elif isinstance(dtype, T.ArrayType | T.MapType | T.StructType):
+            width += 256
+        else:
+            width += 8
+    return width
+
+
+def _broadcastable(spark: SparkSession, prepared: DataFrame, rows: int) -> bool:
+    """True when the changes are small enough, by Spark's own broadcast threshold, to be
+    sent to every task instead of shuffling the target."""
+    threshold = _size_setting(spark.conf.get(BROADCAST_THRESHOLD_CONF, "10MB") or "-1")
+    return threshold > 0 and rows * _row_bytes(prepared.schema) <= threshold
+
+
 def merge_into_target(
     spark: SparkSession,
     changes: DataFrame,
@@ -278,10 +312,15 @@ def _merge(
         # Target-only conditions are what Delta's MERGE prunes target files with.
         on = on & skip
     not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
-    assignments = {_q(c): _col("s", c) for c in data_columns}
+    assignments: dict[str, str | Column] = {_q(c): _col("s", c) for c in data_columns}
+    source = prepared
+    if _broadcastable(spark, prepared, summary.rows):
+        # Delta materializes a MERGE's source, which hides its size from the planner: without
+        # the hint a few changed rows are joined by shuffling every row of the touched files.
+        source = F.broadcast(prepared)
     merge = (
         table.alias("t")
-        .merge(prepared.alias("s"), on)
+        .merge(source.alias("s"), on)
         # New nullable output columns (an upstream gained a column) are added to the target.
         .withSchemaEvolution()
         .whenMatchedDelete(condition=deleting & not_older)
