@@ -21,7 +21,9 @@ from benchmarks.incremental import (
 )
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.spark
+# A smoke run of a benchmark (minutes on 2 cores): kept out of the default suite, run
+# with `pytest -m slow tests/test_benchmark_incremental.py`.
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def test_quick_run_has_every_contender_apply_the_same_commit(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from tests.model import Stats, run_case, summary
 pytestmark = pytest.mark.spark
 
 SEEDS = [int(s) for s in os.environ.get("WATERMARK_MODEL_SEEDS", "").split(",") if s] or list(
-    range(1, 7)
+    range(1, 4)
 )
 
 
