@@ -55,9 +55,10 @@ log = logging.getLogger("watermark_dagster")
 
 SEQ_COLUMN = "_wm_seq"
 BATCH_COLUMN = "_wm_batch_id"
-# Up to this many changed keys are fetched to the driver to build a file-skipping
-# condition finer than one min..max range; at most this many intervals go into it.
-KEY_LIST_LIMIT = 10_000
+# Up to this many changed keys are fetched to the driver (one small job) to build a
+# file-skipping condition finer than one min..max range, of at most this many intervals.
+# Beyond it, keys spread over the whole range leave the intervals little to skip.
+KEY_LIST_LIMIT = 2_000
 MAX_INTERVALS = 32
 BROADCAST_THRESHOLD_CONF = "spark.sql.autoBroadcastJoinThreshold"
 
