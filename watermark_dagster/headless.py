@@ -25,7 +25,7 @@ from dagster._core.definitions.sensor_definition import SensorDefinition
 
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
 from watermark_dagster.dagster_defs.resources import held_spark_sessions
-from watermark_dagster.dagster_defs.runs import TERMINAL_TAG, batch_runs, succeeded_pipelines
+from watermark_dagster.dagster_defs.runs import TERMINAL_TAG, batch_runs, unfinished_pipelines
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, resume_request
 from watermark_dagster.errors import WatermarkError
 from watermark_dagster.store import WatermarkStore
@@ -210,8 +210,7 @@ class HeadlessRunner:
         if batch is None:
             return None
         keys = {name: self.pipeline_key(name) for name in batch.pipelines}
-        done = succeeded_pipelines(self.instance, batch, keys)
-        todo = [keys[p] for p in batch.pipelines if p not in done]
+        todo = [keys[p] for p in unfinished_pipelines(self.instance, batch, keys)]
         if not todo:
             return None
         attempt = batch_runs(self.instance, batch.batch_id).last_attempt + 1

@@ -171,6 +171,15 @@ def succeeded_pipelines(
     return done
 
 
+def unfinished_pipelines(
+    instance: DagsterInstance, batch: Batch, keys: Mapping[str, AssetKey]
+) -> list[str]:
+    """The pipelines of ``batch`` (among ``keys``) still to materialize for it: what the
+    coordinator resubmits and ``watermark run --retry`` runs again."""
+    done = succeeded_pipelines(instance, batch, keys)
+    return [p for p in batch.pipelines if p not in done and p in keys]
+
+
 def consumers_from_graph(
     asset_graph: object,
     upstream_keys: Mapping[str, AssetKey],

@@ -36,6 +36,7 @@ from watermark_dagster.dagster_defs.runs import (
     batch_runs,
     consumers_from_graph,
     succeeded_pipelines,
+    unfinished_pipelines,
 )
 from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.delta_log import Observer
@@ -196,8 +197,7 @@ def build_coordinator_sensor(
 
         if runs.in_flight:
             return result(f"batch {batch.batch_id}: run(s) {list(runs.in_flight)} in flight")
-        done = succeeded_pipelines(context.instance, batch, pipeline_keys)
-        todo = [p for p in batch.pipelines if p not in done and p in pipeline_keys]
+        todo = unfinished_pipelines(context.instance, batch, pipeline_keys)
         if not todo:
             return result(f"batch {batch.batch_id}: all pipelines succeeded; finalizer's turn")
         decision = decide_resume(
