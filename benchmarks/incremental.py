@@ -11,6 +11,9 @@ commit, in an order rotated from repeat to repeat:
   transforms, merges and checkpoints, finalizer tick that advances and completes);
 * ``ours_cold``: the same through ``watermark run`` in a fresh process (Python, Dagster and
   JVM start included);
+* ``ours_engine``: ``watermark run`` in a fresh process with ``WATERMARK_ENGINE=resident``:
+  the run process starts no JVM and sends its pipelines to ``watermark engine``, a
+  long-lived process started once per size (its first batch is the first load);
 * ``recompute_warm`` / ``recompute_cold``: read the snapshot, same projection, overwrite;
 * ``streaming_warm`` / ``streaming_cold``: Structured Streaming of the change feed,
   ``availableNow``, checkpointed, ``foreachBatch`` MERGE of the latest change per key.
@@ -36,6 +39,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,6 +73,8 @@ CONTENDERS = {
     "ours_warm": "our batch in-process, warm Spark: headless cycle = plan tick + Dagster run "
     "(read, transform, MERGE, checkpoint) + finalize tick",
     "ours_cold": "our batch as `watermark run` in a fresh process (Python, Dagster, JVM start)",
+    "ours_engine": "our batch as `watermark run` in a fresh process (Python, Dagster, no JVM) "
+    "whose pipelines run on the resident engine `watermark engine` (warm JVM, started per size)",
     "recompute_warm": "full recompute, warm Spark: snapshot, same projection, overwrite",
     "recompute_cold": "full recompute in a fresh Python process with its own JVM",
     "streaming_warm": "Structured Streaming, warm Spark: change feed, availableNow, "
@@ -79,8 +85,10 @@ CONTENDERS = {
 RATIOS = (
     ("recompute/ours warm", "recompute_warm", "ours_warm"),
     ("recompute/ours cold", "recompute_cold", "ours_cold"),
+    ("recompute cold/ours engine", "recompute_cold", "ours_engine"),
     ("ours/streaming warm", "ours_warm", "streaming_warm"),
     ("ours/streaming cold", "ours_cold", "streaming_cold"),
+    ("ours engine/streaming cold", "ours_engine", "streaming_cold"),
 )
 MERGE_METRICS = (
     "numTargetRowsCopied",
@@ -101,6 +109,10 @@ DEFAULT_SIZES = (500_000, 2_000_000, 8_000_000)
 DEFAULT_CHANGES = (0.001, 0.01, 0.1)
 EPOCH = 1_767_225_600  # 2026-01-01 UTC
 YEAR = 365 * 86_400
+
+
+class _NoRun:
+    tags: dict[str, str] = {}
 
 
 class TargetMismatch(Exception):
@@ -141,6 +153,7 @@ def location(spec: dict[str, Any]) -> Any:
             master=spec["spark"]["master"],
             app_name="bench-ours",
             conf=spec["spark"]["conf"],
+            engine=spec.get("engine", "process"),
         ),
         settings=WatermarkSettings(min_batch_interval_seconds=0),
     )
@@ -332,19 +345,33 @@ class Contenders:
         self.names = list(names)
         self.targets = {n: str(root / "targets" / n) for n in self.names}
         self._runners: dict[str, tuple[Any, Any]] = {}
+        self._engine: subprocess.Popen[bytes] | None = None
 
     def close(self) -> None:
-        """Release the Dagster instances of the in-process runners."""
+        """Release the Dagster instances of the in-process runners; stop the engine."""
         for instance, _ in self._runners.values():
             instance.dispose()
         self._runners.clear()
+        if self._engine is not None:
+            self._engine.send_signal(signal.SIGTERM)
+            try:
+                self._engine.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self._engine.kill()
+                self._engine.wait()
+            self._engine = None
 
     def setup(self, name: str, version: int) -> Outcome:
         """The first load of ``name``'s target, in this process; timed for the record."""
         started = time.perf_counter()
-        if name.startswith("ours"):
+        if name == "ours_engine":
+            # The engine is started once; its first batch (this first load) warms its JIT.
+            self._start_engine()
+            self._watermark_run(name, version)
+            detail = None
+        elif name.startswith("ours"):
             detail = self._headless(name, version)
-            if name == "ours_cold":  # the cold process opens the instance itself from now on
+            if name == "ours_cold":  # `watermark run` opens the instance itself from now on
                 self._runners.pop(name)[0].dispose()
         elif name.startswith("recompute"):
             recompute(self.spark, self.upstream, self.targets[name], version)
@@ -362,8 +389,8 @@ class Contenders:
             started = time.perf_counter()
             detail = self._headless(name, version)
             outcome = Outcome(time.perf_counter() - started, detail=detail)
-        elif name == "ours_cold":
-            outcome = self._watermark_run(version)
+        elif name in ("ours_cold", "ours_engine"):
+            outcome = self._watermark_run(name, version)
         elif name == "recompute_warm":
             started = time.perf_counter()
             recompute(self.spark, self.upstream, self.targets[name], version)
@@ -395,7 +422,41 @@ class Contenders:
             "upstream": self.upstream,
             "target": self.targets[name],
             "control_root": str(self.root / "control" / name),
+            "engine": "resident" if name == "ours_engine" else "process",
         }
+
+    def _cli_env(self, name: str) -> dict[str, str]:
+        """The environment of ``watermark`` commands on ``name``'s code location."""
+        spec_file = self.root / f"{name}.json"
+        spec_file.write_text(json.dumps(self._spec(name)))
+        return _child_env(
+            {
+                SPEC_ENV: str(spec_file),
+                "DAGSTER_HOME": str(self._dagster_home(name)),
+                "WATERMARK_HOME": str(self.root / f"watermark_home_{name}"),
+            }
+        )
+
+    def _start_engine(self) -> None:
+        """``watermark engine`` for the ``ours_engine`` code location; returns when it listens.
+
+        Raises:
+            CycleError: the engine exited before it listened.
+        """
+        from watermark_dagster.engine import EngineAddress
+
+        env = self._cli_env("ours_engine")
+        address = EngineAddress.under(Path(env["WATERMARK_HOME"]))
+        log_path = self.root / "engine.log"
+        argv = [*_watermark_command(), "engine", "--defs", "benchmarks.incremental:defs"]
+        with log_path.open("w") as log_file:
+            self._engine = subprocess.Popen(
+                argv, env=env, cwd=REPO, stdout=log_file, stderr=log_file, stdin=subprocess.DEVNULL
+            )
+        while not address.socket.exists():
+            if self._engine.poll() is not None:
+                raise CycleError(f"watermark engine exited: {log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
 
     def _dagster_home(self, name: str) -> Path:
         home = self.root / "dagster" / name
@@ -433,22 +494,10 @@ class Contenders:
                 run_seconds += stats.end_time - stats.start_time
         return {"dagster_run_seconds": round(run_seconds, 3)}
 
-    def _watermark_run(self, version: int) -> Outcome:
-        """``watermark run`` in a fresh process on the ``ours_cold`` code location."""
-        spec_file = self.root / "ours_cold.json"
-        spec_file.write_text(json.dumps(self._spec("ours_cold")))
-        script = Path(sys.executable).parent / "watermark"
-        command = (
-            [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
-        )
-        env = _child_env(
-            {
-                SPEC_ENV: str(spec_file),
-                "DAGSTER_HOME": str(self._dagster_home("ours_cold")),
-                "WATERMARK_HOME": str(self.root / "watermark_home_cold"),
-            }
-        )
-        argv = [*command, "run", "--defs", "benchmarks.incremental:defs", "--json"]
+    def _watermark_run(self, name: str, version: int) -> Outcome:
+        """``watermark run`` in a fresh process on ``name``'s code location."""
+        env = self._cli_env(name)
+        argv = [*_watermark_command(), "run", "--defs", "benchmarks.incremental:defs", "--json"]
         seconds, out = _timed_child(argv, env, "watermark run")
         try:
             report = json.loads(out)
@@ -457,8 +506,25 @@ class Contenders:
         problems = [f"{r['batch_id']}: {r['error']}" for r in report["runs"] if not r["success"]]
         if report.get("stuck"):
             problems.append(report["stuck"])
-        self._check_ours("ours_cold", version, report["completed"], problems)
+        if name == "ours_engine":
+            problems += self._off_engine([r["run_id"] for r in report["runs"]])
+        self._check_ours(name, version, report["completed"], problems)
         return Outcome(seconds)
+
+    def _off_engine(self, run_ids: Sequence[str]) -> list[str]:
+        """The runs among ``run_ids`` that did not run on the resident engine (read after
+        the timed process, from the runs' ``watermark/engine`` tag)."""
+        from dagster import DagsterInstance
+
+        from watermark_dagster.dagster_defs.assets import ENGINE_TAG
+
+        with DagsterInstance.from_config(str(self._dagster_home("ours_engine"))) as instance:
+            tags = {i: (instance.get_run_by_id(i) or _NoRun).tags.get(ENGINE_TAG) for i in run_ids}
+        return [
+            f"run {i} ran on {tag!r}, not the resident engine"
+            for i, tag in tags.items()
+            if not str(tag).startswith("resident:")
+        ]
 
     def _check_ours(
         self, name: str, version: int, completed: Sequence[str], problems: list[str]
@@ -482,6 +548,11 @@ class Contenders:
         return streaming_catch_up(
             self.spark, self.upstream, self.targets[name], self._checkpoint(name)
         )
+
+
+def _watermark_command() -> list[str]:
+    script = Path(sys.executable).parent / "watermark"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:

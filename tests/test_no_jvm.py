@@ -211,3 +211,30 @@ def test_a_run_that_skips_starts_no_jvm_and_says_why(
     assert f"{pipeline} SKIPPED" in line and words in line
     assert len(out["run_log"]) == 2 and all(words in m for m in out["run_log"])
     assert out["tags"] == [f"{pipeline}={kind}"] * 2
+
+
+def test_headless_ticks_reuse_the_open_instance(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A headless tick evaluates the sensors on the runner's open instance: no new instance
+    from its ref (a storage connection and a schema check every tick, every batch)."""
+    from dagster import DagsterInstance
+
+    from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+    from watermark_dagster.definitions import build_demo_definitions
+    from watermark_dagster.headless import HeadlessRunner
+
+    opened: list[object] = []
+    from_ref = DagsterInstance.from_ref
+
+    def counting_from_ref(ref: object) -> DagsterInstance:
+        opened.append(ref)
+        return from_ref(ref)  # type: ignore[arg-type]
+
+    with DagsterInstance.from_config(str(home / "dagster")) as instance:
+        runner = HeadlessRunner(build_demo_definitions(home), instance)
+        monkeypatch.setattr(DagsterInstance, "from_ref", staticmethod(counting_from_ref))
+        for name in (COORDINATOR, FINALIZER, COORDINATOR):
+            result = runner.tick(name)
+            assert not result.run_requests  # everything is committed: nothing to plan
+    assert opened == []

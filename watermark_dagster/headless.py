@@ -113,6 +113,7 @@ class HeadlessRunner:
         self.instance = instance
         self.log = log or (lambda _msg: None)
         self._cursors: dict[str, str | None] = {}
+        self._instance_ref = instance.get_ref()
         self._job = defs.resolve_job_def(BATCH_JOB)
 
     def pipeline_key(self, name: str) -> AssetKey:
@@ -133,8 +134,11 @@ class HeadlessRunner:
         """Evaluate one sensor once, as the daemon would: record its asset events
         (observations, check evaluations) in the instance and apply its partition requests."""
         sensor = self._sensor(name)
+        # The open instance, not a new one from its ref (an alembic check and a storage
+        # connection per tick); the ref too, which Dagster needs to resolve partition keys.
         with build_sensor_context(
-            instance_ref=self.instance.get_ref(),
+            instance=self.instance,
+            instance_ref=self._instance_ref,
             definitions=self.defs,
             sensor_name=name,
             cursor=self._cursors.get(name),
