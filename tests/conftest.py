@@ -3,6 +3,7 @@
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +61,22 @@ def watermark_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if "not spark" in (config.option.markexpr or ""):
+        _refuse_jvm_starts()
+
+
+def _refuse_jvm_starts() -> None:
+    """The fast tier (``-m 'not spark ...'``) promises no JVM: point ``JAVA_HOME`` (which
+    Spark's launcher uses before ``PATH``) at a ``java`` that fails, naming the tier, so a
+    test that starts Spark without the ``spark`` marker fails instead of slowing the tier."""
+    home = Path(tempfile.mkdtemp(prefix="watermark-no-jvm-"))
+    java = home / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text(
+        "#!/bin/sh\n"
+        'echo "this test started a JVM in the no-JVM tier (-m \\"not spark\\"): mark it '
+        '@pytest.mark.spark" >&2\n'
+        "exit 97\n"
+    )
+    java.chmod(0o755)
+    os.environ["JAVA_HOME"] = str(home)

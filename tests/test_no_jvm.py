@@ -101,6 +101,7 @@ def _env(home: Path, java_home: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.spark  # starts a JVM on purpose: the shim must see it
 def test_the_java_shim_sees_a_spark_session_start(tmp_path: Path) -> None:
     """The probe the other tests rely on: a session started under the shim is recorded."""
     java_home, launches = _java_shim(tmp_path)
