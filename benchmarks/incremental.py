@@ -223,11 +223,28 @@ class Change:
         return self.updated + self.deleted + self.inserted
 
 
+PATTERNS = {
+    "uniform": "updated and deleted ids drawn from the whole table (every file holds one)",
+    "recent": "updated and deleted ids drawn from the newest 5% of ids (changes to recent "
+    "rows, as in order or event tables)",
+}
+RECENT_SHARE = 0.05
+
+
 def commit_change(
-    spark: SparkSession, path: str, *, size: int, fraction: float, salt: int, next_id: int
+    spark: SparkSession,
+    path: str,
+    *,
+    size: int,
+    fraction: float,
+    salt: int,
+    next_id: int,
+    pattern: str = "uniform",
 ) -> Change:
     """One MERGE commit changing ``fraction`` of ``size`` rows: 40% updates, 30% deletes
-    (of existing ids, chosen by a seeded hash) and 30% inserts (new ids from ``next_id``)."""
+    (of existing ids, chosen by a seeded hash, from the whole table or, with ``pattern``
+    ``"recent"``, from the newest :data:`RECENT_SHARE` of ids) and 30% inserts (new ids
+    from ``next_id``)."""
     from delta.tables import DeltaTable
 
     started = time.perf_counter()
@@ -235,6 +252,9 @@ def commit_change(
     n_update, n_delete = round(changed * 0.4), round(changed * 0.3)
     n_insert = changed - n_update - n_delete
     current = spark.read.format("delta").load(path).select("id")
+    if pattern == "recent":
+        floor = max(0, next_id - max(round(next_id * RECENT_SHARE), round(changed * 2)))
+        current = current.where(F.col("id") >= floor)
     total = current.count()
     wanted = n_update + n_delete
     picked = (
@@ -718,7 +738,13 @@ def run_size(
             for repeat in range(args.repeats):
                 salt += 1
                 change = commit_change(
-                    spark, upstream, size=rows, fraction=fraction, salt=salt, next_id=next_id
+                    spark,
+                    upstream,
+                    size=rows,
+                    fraction=fraction,
+                    salt=salt,
+                    next_id=next_id,
+                    pattern=args.pattern,
                 )
                 next_id += change.inserted
                 order = lab.names[turn % len(lab.names) :] + lab.names[: turn % len(lab.names)]
@@ -868,8 +894,8 @@ def plot(result: dict[str, Any], path: Path) -> str:
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     m = result["machine"]
     fig.suptitle(
-        f"one batch per commit; {m['cpus']} cores, {result['spark']['spark.master']}, "
-        f"commit {m.get('commit')}",
+        f"one batch per commit ({next(iter(result.get('pattern', {'uniform': ''})))} ids); "
+        f"{m['cpus']} cores, {result['spark']['spark.master']}, commit {m.get('commit')}",
         fontsize=10,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -936,6 +962,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="change per commit as fractions or percents (0.1%%,1%%,10%%)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="paired repeats per change")
+    parser.add_argument(
+        "--pattern",
+        choices=sorted(PATTERNS),
+        default="uniform",
+        help="which ids a change updates and deletes: "
+        + "; ".join(f"{k}: {v}".replace("%", "%%") for k, v in PATTERNS.items()),
+    )
     parser.add_argument(
         "--budget-minutes",
         type=float,
@@ -1008,6 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inserts",
         "sizes_requested": args.sizes,
         "changes_requested": args.changes,
+        "pattern": {args.pattern: PATTERNS[args.pattern]},
         "repeats": args.repeats,
         "sizes": [],
         "stopped": None,
