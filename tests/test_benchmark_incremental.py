@@ -15,9 +15,11 @@ from benchmarks.baselines import recompute
 from benchmarks.incremental import (
     CONTENDERS,
     RATIOS,
+    RECENT_SHARE,
     TargetMismatch,
     build_upstream,
     check_targets,
+    commit_change,
 )
 from tests.conftest import REPO
 
@@ -61,7 +63,7 @@ def test_quick_run_has_every_contender_apply_the_same_commit(tmp_path: Path) -> 
         "equal": sorted(CONTENDERS),
     }
     # Delta's own metrics: each merging contender applied exactly that commit, once.
-    for name in ("ours_warm", "ours_cold", "streaming_warm", "streaming_cold"):
+    for name in ("ours_warm", "ours_cold", "ours_engine", "streaming_warm", "streaming_cold"):
         merge = repeat["merge"][name]
         assert merge["merge_commits"] >= 1, name
         assert merge["numTargetRowsUpdated"] == 200, name
@@ -100,3 +102,25 @@ def test_check_targets_fails_loudly_on_any_difference(spark: SparkSession, tmp_p
     one_row.write.format("delta").mode("append").save(duplicated)
     with pytest.raises(TargetMismatch, match=r"target of duplicated .*101 rows against 100"):
         check_targets(spark, upstream, version, {"duplicated": duplicated})
+
+
+def test_recent_changes_update_and_delete_only_the_newest_ids(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    upstream = str(tmp_path / "upstream")
+    version = build_upstream(spark, upstream, 2_000)
+    change = commit_change(
+        spark, upstream, size=2_000, fraction=0.01, salt=1, next_id=2_000, pattern="recent"
+    )
+    assert (change.updated, change.deleted, change.inserted) == (8, 6, 6)
+    rows = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", change.version)
+        .load(upstream)
+        .where(F.col("_change_type").isin("update_preimage", "delete"))
+    )
+    assert rows.count() == 14
+    # Every updated or deleted id is among the newest RECENT_SHARE of the 2,000 ids.
+    assert rows.agg(F.min("id")).first()[0] >= 2_000 * (1 - RECENT_SHARE)
+    assert version == change.version - 1
