@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 DAGSTER = Path(sys.executable).with_name("dagster")
 if not DAGSTER.exists():  # run by another interpreter: fall back to the repository's venv
     DAGSTER = REPO / ".venv" / "bin" / "dagster"
+SCRIPT = DAGSTER.with_name("watermark")
 
 LOCATION = "watermark_dagster"
 REPOSITORY = "__repository__"
@@ -148,20 +149,30 @@ def _descendants(root: int) -> dict[int, tuple[str, int]]:
 
 
 class DagsterDev:
-    """``dagster dev`` in its own process group, its output in a log file.
+    """``dagster dev`` (or ``command``, which starts it on ``port``) in its own process
+    group, its output in a log file.
 
     A watcher thread remembers every descendant it ever sees (pid, start time, parent,
     command line): one that left the process group or was re-parented is still stopped, by
     its own pid, at the end, and the test can count the JVMs each run started.
     """
 
-    def __init__(self, *, cwd: Path, env: dict[str, str], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        port: int,
+        log_path: Path,
+        command: list[str] | None = None,
+    ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/graphql"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            command
+            or [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -668,6 +679,41 @@ def _watermark_problems(log: str) -> list[str]:
 # ------------------------------------------------------------------------ the test
 
 
+def _dev_env(dagster_home: Path, watermark_home: Path) -> dict[str, str]:
+    """The environment ``dagster dev`` runs in: the test's homes, quick sensors, a small
+    loopback-only Spark."""
+    env = dict(os.environ)
+    env.update(
+        DAGSTER_HOME=str(dagster_home),
+        WATERMARK_HOME=str(watermark_home),
+        WATERMARK_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL_SECONDS),
+        WATERMARK_MIN_BATCH_INTERVAL_SECONDS=str(MIN_BATCH_INTERVAL_SECONDS),
+        WATERMARK_SPARK_MASTER="local[1]",
+        WATERMARK_SPARK_CONF=json.dumps(
+            {
+                "spark.sql.shuffle.partitions": "1",
+                "spark.default.parallelism": "1",
+                "spark.databricks.delta.snapshotPartitions": "1",
+                # A short-lived driver on a small machine: the C1 JIT alone warms up sooner
+                # (runs about 20% faster here) and the serial GC needs no extra threads.
+                "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                # Loopback only (Spark would otherwise bind to the first non-loopback address).
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+            }
+        ),
+        SPARK_LOCAL_IP="127.0.0.1",
+        # Show DeprecationWarnings (hidden by default outside __main__) so the log check
+        # below can see the ones raised from watermark_dagster's code.
+        PYTHONWARNINGS="default::DeprecationWarning",
+        PYSPARK_PYTHON=sys.executable,
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("WATERMARK_SPARK_REMOTE", None)
+    env.pop("WATERMARK_ENGINE", None)  # `watermark dev --engine` sets it for its children
+    return env
+
+
 @pytest.fixture
 def instance_reader(dagster_home: Path) -> Iterator[Callable[[], Any]]:
     """A read-only handle on the instance ``dagster dev`` uses (opened on first use)."""
@@ -700,34 +746,7 @@ def test_dagster_dev_runs_batches_by_itself(
     assert seeded == {u: 0 for u in UPSTREAMS}, seeded
     assert (dagster_home / "dagster.yaml").is_file()
 
-    env = dict(os.environ)
-    env.update(
-        DAGSTER_HOME=str(dagster_home),
-        WATERMARK_HOME=str(watermark_home),
-        WATERMARK_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL_SECONDS),
-        WATERMARK_MIN_BATCH_INTERVAL_SECONDS=str(MIN_BATCH_INTERVAL_SECONDS),
-        WATERMARK_SPARK_MASTER="local[1]",
-        WATERMARK_SPARK_CONF=json.dumps(
-            {
-                "spark.sql.shuffle.partitions": "1",
-                "spark.default.parallelism": "1",
-                "spark.databricks.delta.snapshotPartitions": "1",
-                # A short-lived driver on a small machine: the C1 JIT alone warms up sooner
-                # (runs about 20% faster here) and the serial GC needs no extra threads.
-                "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                # Loopback only (Spark would otherwise bind to the first non-loopback address).
-                "spark.driver.host": "127.0.0.1",
-                "spark.driver.bindAddress": "127.0.0.1",
-            }
-        ),
-        SPARK_LOCAL_IP="127.0.0.1",
-        # Show DeprecationWarnings (hidden by default outside __main__) so the log check
-        # below can see the ones raised from watermark_dagster's code.
-        PYTHONWARNINGS="default::DeprecationWarning",
-        PYSPARK_PYTHON=sys.executable,
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("WATERMARK_SPARK_REMOTE", None)
+    env = _dev_env(dagster_home, watermark_home)
 
     dev = DagsterDev(cwd=REPO, env=env, port=_free_port(), log_path=tmp_path / "dagster_dev.log")
     timings: dict[str, float] = {}
@@ -818,3 +837,59 @@ def test_dagster_dev_runs_batches_by_itself(
     expected = {pid: jvms.get(pid) for pid in run_pids.values()}
     assert jvms == expected, f"JVMs by run process {jvms}, runs {run_pids}:\n{chains}"
     assert all(len(j or ()) == 1 for j in jvms.values()), f"{jvms}:\n{chains}"
+
+
+def test_watermark_dev_engine_runs_every_pipeline_on_one_warm_jvm(
+    spark: Any,
+    tmp_path: Path,
+    dagster_home: Path,
+    watermark_home: Path,
+    instance_reader: Callable[[], Any],
+) -> None:
+    """``watermark dev --engine``: the engine starts beside ``dagster dev``, the batch's runs
+    send their pipelines to it (tagged with its pid) and start no JVM themselves, the only
+    Spark driver is the engine's, and stopping ``watermark dev`` stops the engine too."""
+    paths = DemoPaths(watermark_home)
+    assert seed(spark, paths)
+    seeded = _latest_versions(paths)
+    port = _free_port()
+    command = [str(SCRIPT), "dev", "--engine", "--host", "127.0.0.1", "--port", str(port)]
+    dev = DagsterDev(
+        cwd=REPO,
+        env=_dev_env(dagster_home, watermark_home),
+        port=port,
+        log_path=tmp_path / "watermark_dev.log",
+        command=command,
+    )
+    try:
+        ready = dev.wait_for(
+            "the engine's ready line",
+            lambda: re.search(r"engine ready at \S+ \(pid (\d+)\)", dev.log_text()),
+            STARTUP_TIMEOUT,
+        )
+        engine_pid = int(ready.group(1))
+        dev.wait_for(
+            "the code location to load", lambda: _sensors(dev, loading=True), STARTUP_TIMEOUT
+        )
+        [first] = dev.wait_for(
+            "the first batch to complete on the engine",
+            lambda: _all_caught_up(paths, seeded, 1),
+            FIRST_BATCH_TIMEOUT,
+        )
+        run_pids = _check_batch_in_dagster(dev, instance_reader(), first)
+        runs = _runs_of_partition(dev, first.batch_id)
+        engines = {r["runId"]: {t["key"]: t["value"] for t in r["tags"]} for r in runs}
+        assert {run: tags.get("watermark/engine") for run, tags in engines.items()} == {
+            run: f"resident:{engine_pid}" for run in engines
+        }, dev.explain("runs did not use the resident engine")
+        _assert_targets_match_full_recompute(spark, paths, seeded)
+    finally:
+        dev.stop()
+    assert dev.proc.returncode is not None
+    assert not dev.leftovers, "processes left alive after stopping watermark dev:\n" + "\n".join(
+        dev.leftovers
+    )
+    # The engine's JVM is the only Spark driver: no run process started one.
+    jvms, chains = dev.jvms_by_run(set(run_pids.values()))
+    assert set(jvms) == {None} and len(jvms[None]) == 1, f"{jvms}:\n{chains}"
+    assert f"<- {engine_pid} " in chains, chains

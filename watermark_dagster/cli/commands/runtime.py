@@ -1,8 +1,12 @@
 """``watermark run``, ``demo`` and ``dev``: driving a code location."""
 
 import argparse
+import contextlib
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -157,14 +161,72 @@ def cmd_dev(ctx: Context) -> int:
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
     argv = [dagster, "dev", "-w", args.workspace, "-h", args.host, "-p", str(args.port)]
     env = {"DAGSTER_HOME": os.environ["DAGSTER_HOME"], "WATERMARK_HOME": str(ctx.home)}
+    if args.engine:
+        env["WATERMARK_ENGINE"] = "resident"
     if args.json:
         ctx.console.json({"argv": argv, "env": env})
     else:
         ctx.console.print(" ".join(f"{k}={v}" for k, v in env.items()))
         ctx.console.print(" ".join(argv))
     sys.stdout.flush()
-    os.execv(argv[0], argv)
-    return EXIT_OK  # not reached
+    os.environ.update(env)
+    if not args.engine:
+        os.execv(argv[0], argv)
+    return _dev_with_engine(ctx, argv)
+
+
+def _dev_with_engine(ctx: Context, argv: list[str]) -> int:
+    """``dagster dev`` beside a resident engine: start ``watermark engine``, wait until it
+    listens, run ``dagster dev`` (whose runs inherit ``WATERMARK_ENGINE=resident``), and stop
+    the engine when ``dagster dev`` ends, however it ends.
+
+    Raises:
+        Refusal: the engine exited before it was ready (its own error is printed above).
+    """
+    script = Path(sys.executable).with_name("watermark")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
+    # --json: the engine's ready line is one JSON object on stdout; its progress goes to stderr.
+    engine = subprocess.Popen(
+        [*command, "engine", "--json"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert engine.stdout is not None
+        line = engine.stdout.readline()
+        if not line:
+            code = engine.wait()
+            raise Refusal(
+                f"watermark engine exited ({code}) before it was ready (its error is above); "
+                "nothing was started. Run `watermark engine` alone to see it, or drop --engine."
+            )
+        ready = json.loads(line)
+        if ctx.args.json:
+            ctx.console.json({"engine": ready})
+        else:
+            ctx.console.print(
+                f"engine ready at {ready['socket']} (pid {ready['pid']}); runs send their "
+                "pipelines to it"
+            )
+        sys.stdout.flush()
+        dev = subprocess.Popen(argv)
+
+        def forward(signum: int, _frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                dev.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        while True:
+            try:
+                return dev.wait()
+            except KeyboardInterrupt:
+                continue  # Ctrl-C reached dagster dev too: wait for it to shut down
+    finally:
+        if engine.poll() is None:
+            engine.send_signal(signal.SIGTERM)
+            try:
+                engine.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                engine.kill()
+                engine.wait()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -230,3 +292,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     dev.add_argument("--workspace", default="workspace.yaml", help="default: workspace.yaml")
     dev.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     dev.add_argument("--port", type=int, default=3000, help="default: 3000")
+    dev.add_argument(
+        "--engine",
+        action="store_true",
+        help="also start the resident engine (`watermark engine`) and have runs use it "
+        "(WATERMARK_ENGINE=resident): no JVM start per run; stopped with dagster dev",
+    )
