@@ -74,7 +74,10 @@ def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:  
         registry,
         control_root=paths.control_root,
         spark=SparkSessionResource(master="local[2]", conf=SPARK_TEST_CONF),
-        settings=WatermarkSettings(min_batch_interval_seconds=0, max_attempts=3),
+        # Two batch partitions kept: the third batch prunes the first (see the first test).
+        settings=WatermarkSettings(
+            min_batch_interval_seconds=0, max_attempts=3, keep_batch_partitions=2
+        ),
     )
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
     try:
@@ -136,7 +139,15 @@ def test_three_batches_track_changing_upstreams_exactly(spark, location: Locatio
             assert meta[f"{upstream}/end_version"] == rng.end
             assert meta[f"{upstream}/rows_read"] > 0
         assert meta["rows_written"] > 0
+        # The newest two batch partitions stay in Dagster; the finalizer that completed the
+        # third batch deleted the first one's.
+        partitions = location.instance.get_dynamic_partitions("watermark_batches")
+        assert partitions == [f"b{i:06d}" for i in range(max(1, round_no), round_no + 2)]
     assert [b.batch_id for b in location.store.batches()] == ["b000003", "b000002", "b000001"]
+    # Pruning shortened only Dagster's partition list: the batch, its ranges and its
+    # materializations are all still there.
+    assert location.store.get_batch("b000001").status is BatchStatus.COMPLETED
+    assert _materialization_metadata(location.instance, "orders_enriched", "b000001")["full_load"]
 
 
 def _one_cycle(location: Location) -> CycleReport:

@@ -16,6 +16,7 @@ from watermark_dagster.core.planning import (
     decide_cursor_advance,
     finalize_step,
     plan_batch,
+    prunable_batch_partitions,
 )
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import (
@@ -247,3 +248,23 @@ def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() ->
     assert cursor_has_new_data(state, "s2", now)  # the source changed
     assert not cursor_has_new_data(cursor_state("s1", None), "s1", now)
     assert cursor_has_new_data(None, "s1", now)
+
+
+@pytest.mark.parametrize(
+    ("keys", "keep", "open_ids", "expected"),
+    [
+        pytest.param(["b000001", "b000002", "b000003"], 2, set(), ["b000001"], id="oldest"),
+        pytest.param(["b000001", "b000002"], 2, set(), [], id="within-keep"),
+        pytest.param(["b000001", "b000002", "b000003"], 0, set(), [], id="keep-0-keeps-all"),
+        # An open batch (a stuck scheduled batch, a replay) keeps its partition.
+        pytest.param(["b000001", "b000002", "b000003"], 1, {"b000001"}, ["b000002"], id="open"),
+        # By sequence number, not text: b1000000 is newer than b999999.
+        pytest.param(
+            ["b1000000", "b999999", "b000005"], 1, set(), ["b000005", "b999999"], id="numeric-order"
+        ),  # fmt: skip
+        # Keys that are not batch ids (added by hand) are not ours to delete.
+        pytest.param(["manual", "b000001", "b000002"], 1, set(), ["b000001"], id="foreign"),
+    ],
+)
+def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:  # noqa: ANN001
+    assert prunable_batch_partitions(keys, keep=keep, open_batch_ids=open_ids) == expected

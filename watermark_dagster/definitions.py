@@ -53,6 +53,7 @@ def _definitions(
         min_batch_interval_seconds=settings.min_batch_interval_seconds(),
         sensor_interval_seconds=settings.sensor_interval_seconds(),
         max_attempts=settings.max_attempts(),
+        keep_batch_partitions=settings.keep_batch_partitions(),
     )
     if overrides:
         from dataclasses import replace

@@ -17,6 +17,7 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     Definitions,
+    DeleteDynamicPartitionsRequest,
     Failure,
     SensorResult,
     build_sensor_context,
@@ -149,8 +150,11 @@ class HeadlessRunner:
         for event in data.asset_events or []:
             self.instance.report_runless_asset_event(event)
         for request in data.dynamic_partitions_requests or []:
-            keys = list(getattr(request, "partition_keys", []) or [])
-            if keys:
+            keys = list(request.partition_keys or [])
+            if isinstance(request, DeleteDynamicPartitionsRequest):
+                for key in keys:
+                    self.instance.delete_dynamic_partition(request.partitions_def_name, key)
+            elif keys:
                 self.instance.add_dynamic_partitions(request.partitions_def_name, keys)
         return SensorResult(
             run_requests=data.run_requests or None,

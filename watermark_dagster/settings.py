@@ -10,6 +10,7 @@
 | ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
 | ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
 | ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
+| ``WATERMARK_KEEP_BATCH_PARTITIONS`` | ``1000`` | batch partitions kept in Dagster (0: all) |
 | ``WATERMARK_REGISTRY`` | unset | a YAML registry file to load instead of the demo registry |
 """
 
@@ -24,6 +25,7 @@ from watermark_dagster.errors import ConfigurationError
 DEFAULT_MIN_BATCH_INTERVAL_SECONDS = 0.0
 DEFAULT_SENSOR_INTERVAL_SECONDS = 30
 DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_KEEP_BATCH_PARTITIONS = 1000
 
 
 def _number(name: str, default: str, cast: type) -> float | int:
@@ -88,6 +90,11 @@ def sensor_interval_seconds() -> int:
 def max_attempts() -> int:
     """``WATERMARK_MAX_ATTEMPTS``."""
     return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS), int)))
+
+
+def keep_batch_partitions() -> int:
+    """``WATERMARK_KEEP_BATCH_PARTITIONS``."""
+    return int(_number("WATERMARK_KEEP_BATCH_PARTITIONS", str(DEFAULT_KEEP_BATCH_PARTITIONS), int))
 
 
 ENGINES = ("process", "resident")

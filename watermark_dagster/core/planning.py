@@ -4,7 +4,8 @@ The sensors turn their context into these typed inputs and act on the answers, s
 rule about ranges, gaps and what may advance lives (and is tested) here.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -447,3 +448,27 @@ def decide_resume(
             ),
         )
     return ResumeDecision(run=True)
+
+
+_BATCH_ID = re.compile(r"b(\d+)")
+
+
+def prunable_batch_partitions(
+    partition_keys: Iterable[str], *, keep: int, open_batch_ids: Collection[str]
+) -> list[str]:
+    """The batch partitions to delete from Dagster: all but the newest ``keep`` (by batch
+    sequence), never an open batch's, and never a key that is not a batch id. ``keep`` 0
+    keeps every partition.
+
+    Pruning only shortens Dagster's partition list: the batches, their ranges and their
+    history stay in the control tables, and so do the runs and materializations in Dagster.
+    """
+    if keep <= 0:
+        return []
+    batches = sorted(
+        (int(found.group(1)), key)
+        for key in partition_keys
+        if (found := _BATCH_ID.fullmatch(key)) is not None
+    )
+    older = batches[:-keep] if len(batches) > keep else []
+    return [key for _, key in older if key not in open_batch_ids]

@@ -17,6 +17,7 @@ from dagster import (
     AssetKey,
     AssetObservation,
     DefaultSensorStatus,
+    DeleteDynamicPartitionsRequest,
     DynamicPartitionsDefinition,
     RunRequest,
     SensorEvaluationContext,
@@ -26,7 +27,11 @@ from dagster import (
 )
 
 from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.core.planning import batch_is_due, decide_resume
+from watermark_dagster.core.planning import (
+    batch_is_due,
+    decide_resume,
+    prunable_batch_partitions,
+)
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
@@ -42,6 +47,7 @@ from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.delta_log import Observer
 from watermark_dagster.registry import Registry
 from watermark_dagster.settings import (
+    DEFAULT_KEEP_BATCH_PARTITIONS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
     DEFAULT_SENSOR_INTERVAL_SECONDS,
@@ -65,6 +71,12 @@ class WatermarkSettings:
         maintain_every_batches: the finalizer compacts the control tables after every N-th
             batch (0: never), keeping sensor reads small as history grows.
         default_status: whether the sensors start running when the code location loads.
+        keep_batch_partitions: the finalizer keeps the newest N batch partitions in Dagster
+            and deletes older ones of finished batches when a batch completes (0: keep all),
+            so the partitions view and its queries stay small. Their batches, ranges and
+            history stay in the control tables (`watermark batches`, `watermark batch ID`),
+            their runs and materializations in Dagster; a pruned batch is re-run with
+            `watermark replay`, not a UI backfill. ``WATERMARK_KEEP_BATCH_PARTITIONS``.
     """
 
     min_batch_interval_seconds: float = DEFAULT_MIN_BATCH_INTERVAL_SECONDS
@@ -72,6 +84,7 @@ class WatermarkSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
+    keep_batch_partitions: int = DEFAULT_KEEP_BATCH_PARTITIONS
 
 
 def resume_request(batch_id: str, keys: list[AssetKey], attempt: int) -> RunRequest:
@@ -300,6 +313,26 @@ def build_finalizer_sensor(
         if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
             removed = store.maintain()
             context.log.info(f"control tables compacted: {removed}")
-        return SensorResult(skip_reason=f"batch {batch.batch_id} completed", asset_events=events)
+        pruned = prunable_batch_partitions(
+            context.instance.get_dynamic_partitions(BATCHES_PARTITIONS_NAME)
+            if settings.keep_batch_partitions
+            else (),
+            keep=settings.keep_batch_partitions,
+            open_batch_ids={b.batch_id for b in store.open_batches()},
+        )
+        if pruned:
+            context.log.info(
+                f"pruned {len(pruned)} batch partition(s) older than the newest "
+                f"{settings.keep_batch_partitions}: {pruned[0]} .. {pruned[-1]}"
+            )
+        return SensorResult(
+            skip_reason=f"batch {batch.batch_id} completed",
+            asset_events=events,
+            dynamic_partitions_requests=(
+                [DeleteDynamicPartitionsRequest(BATCHES_PARTITIONS_NAME, pruned)]
+                if pruned
+                else None
+            ),
+        )
 
     return watermark_finalizer

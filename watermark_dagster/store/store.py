@@ -515,6 +515,10 @@ class WatermarkStore:
         rows = self._rows(dt, pc.field("status") == BatchStatus.PLANNED.value)
         return self._batches_from_rows(rows)
 
+    def open_batches(self) -> list[Batch]:
+        """Every open batch (PLANNED, not yet finalized): scheduled and replays, oldest first."""
+        return self._open_batches(self._load("batches"))
+
     def open_batch(self) -> Batch | None:
         """The open SCHEDULED batch (PLANNED, not yet finalized), if any."""
         opened = [
