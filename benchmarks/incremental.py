@@ -878,7 +878,7 @@ def plot(result: dict[str, Any], path: Path) -> str:
                 label=name,
                 color=PLOT_COLORS.get(family, "grey"),
                 alpha=1.0 if temperature == "warm" else 0.55,
-                hatch="" if temperature == "warm" else "//",
+                hatch={"warm": "", "engine": ".."}.get(temperature, "//"),
                 edgecolor="black",
                 linewidth=0.4,
             )

@@ -185,20 +185,25 @@ def _dev_with_engine(ctx: Context, argv: list[str]) -> int:
     """
     script = Path(sys.executable).with_name("watermark")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
-    # --json: the engine's ready line is one JSON object on stdout; its progress goes to stderr.
+    # --json: the engine's ready message is one JSON object on stdout (its progress goes to
+    # stderr); it is read until it parses.
     engine = subprocess.Popen(
         [*command, "engine", "--json"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
     )
     try:
         assert engine.stdout is not None
-        line = engine.stdout.readline()
-        if not line:
+        ready, text = None, ""
+        for line in engine.stdout:
+            text += line
+            with contextlib.suppress(json.JSONDecodeError):
+                ready = json.loads(text)
+                break
+        if ready is None:
             code = engine.wait()
             raise Refusal(
                 f"watermark engine exited ({code}) before it was ready (its error is above); "
                 "nothing was started. Run `watermark engine` alone to see it, or drop --engine."
             )
-        ready = json.loads(line)
         if ctx.args.json:
             ctx.console.json({"engine": ready})
         else:
