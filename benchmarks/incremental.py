@@ -111,10 +111,6 @@ EPOCH = 1_767_225_600  # 2026-01-01 UTC
 YEAR = 365 * 86_400
 
 
-class _NoRun:
-    tags: dict[str, str] = {}
-
-
 class TargetMismatch(Exception):
     """A contender's target differs from the recompute: the benchmark's figures are void."""
 
@@ -539,7 +535,8 @@ class Contenders:
         from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 
         with DagsterInstance.from_config(str(self._dagster_home("ours_engine"))) as instance:
-            tags = {i: (instance.get_run_by_id(i) or _NoRun).tags.get(ENGINE_TAG) for i in run_ids}
+            runs = {i: instance.get_run_by_id(i) for i in run_ids}
+            tags = {i: run.tags.get(ENGINE_TAG) if run else None for i, run in runs.items()}
         return [
             f"run {i} ran on {tag!r}, not the resident engine"
             for i, tag in tags.items()

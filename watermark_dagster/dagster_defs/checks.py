@@ -12,7 +12,7 @@ On each upstream's observable source asset:
   manual run); it can also be run from the asset's *Checks* tab.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -65,6 +65,21 @@ class RetentionCheckSettings:
 def _versioned(upstream: Upstream) -> bool:
     # Cursor upstreams (mode "timestamp") have no Delta versions to lose.
     return not upstream.is_cursor
+
+
+def _per_upstream_specs(
+    upstreams: Iterable[Upstream],
+    upstream_keys: Mapping[str, AssetKey],
+    check: str,
+    describe: Callable[[str], str],
+) -> tuple[dict[AssetCheckKey, Upstream], list[AssetCheckSpec]]:
+    """Check ``check`` on each of ``upstreams``: its key -> upstream, and its specs."""
+    found = {AssetCheckKey(upstream_keys[u.name], check): u for u in upstreams}
+    specs = [
+        AssetCheckSpec(check, asset=key.asset_key, description=describe(u.name))
+        for key, u in found.items()
+    ]
+    return found, specs
 
 
 def retention_metadata(status: RetentionStatus) -> dict[str, Any]:
@@ -132,23 +147,18 @@ def build_retention_checks(
         >>> Definitions(assets=[...], asset_checks=checks, resources={"watermark_store": ...})
     """
     settings = settings or RetentionCheckSettings()
-    upstreams = {
-        AssetCheckKey(upstream_keys[u.name], RETENTION_CHECK): u
-        for u in registry.consumed_upstreams()
-        if _versioned(u)
-    }
+    upstreams, specs = _per_upstream_specs(
+        [u for u in registry.consumed_upstreams() if _versioned(u)],
+        upstream_keys,
+        RETENTION_CHECK,
+        lambda name: (
+            f"Fails when the oldest version of '{name}' a batch still needs is "
+            "near the table's retention horizon (delta.deletedFileRetentionDuration, "
+            "delta.logRetentionDuration) or already gone."
+        ),
+    )
     if not upstreams:
         return []
-    specs = [
-        AssetCheckSpec(
-            RETENTION_CHECK,
-            asset=key.asset_key,
-            description=f"Fails when the oldest version of '{u.name}' a batch still needs is "
-            "near the table's retention horizon (delta.deletedFileRetentionDuration, "
-            "delta.logRetentionDuration) or already gone.",
-        )
-        for key, u in upstreams.items()
-    ]
 
     @multi_asset_check(
         specs=specs,
@@ -270,22 +280,18 @@ def build_continuity_checks(
         upstream_keys: upstream name -> its asset key (from the translator).
         observer: the code location's observer (its cache is shared with the sensors).
     """
-    upstreams = {
-        AssetCheckKey(upstream_keys[u.name], CONTINUITY_CHECK): u
-        for u in registry.consumed_upstreams()
-    }
+    upstreams, specs = _per_upstream_specs(
+        registry.consumed_upstreams(),
+        upstream_keys,
+        CONTINUITY_CHECK,
+        lambda name: (
+            f"Fails while nothing can be planned for '{name}': the table was "
+            "dropped and recreated since its committed watermark, or it is missing. The "
+            "coordinator sensor reports it at every look at the upstreams."
+        ),
+    )
     if not upstreams:
         return []
-    specs = [
-        AssetCheckSpec(
-            CONTINUITY_CHECK,
-            asset=key.asset_key,
-            description=f"Fails while nothing can be planned for '{u.name}': the table was "
-            "dropped and recreated since its committed watermark, or it is missing. The "
-            "coordinator sensor reports it at every look at the upstreams.",
-        )
-        for key, u in upstreams.items()
-    ]
 
     @multi_asset_check(
         specs=specs,

@@ -313,12 +313,14 @@ def build_finalizer_sensor(
         if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
             removed = store.maintain()
             context.log.info(f"control tables compacted: {removed}")
-        pruned = prunable_batch_partitions(
-            context.instance.get_dynamic_partitions(BATCHES_PARTITIONS_NAME)
+        pruned = (
+            prunable_batch_partitions(
+                context.instance.get_dynamic_partitions(BATCHES_PARTITIONS_NAME),
+                keep=settings.keep_batch_partitions,
+                open_batch_ids={b.batch_id for b in store.open_batches()},
+            )
             if settings.keep_batch_partitions
-            else (),
-            keep=settings.keep_batch_partitions,
-            open_batch_ids={b.batch_id for b in store.open_batches()},
+            else []
         )
         if pruned:
             context.log.info(
