@@ -53,7 +53,7 @@ def build_session(master: str, conf: Mapping[str, str], app_name: str) -> SparkS
     otherwise its module file is loaded alone, without the package (and Dagster).
     """
     if "watermark_dagster" in sys.modules:
-        from watermark_dagster.spark import build_spark_session
+        from watermark_dagster.runtime.spark import build_spark_session
     else:
         build_spark_session = _project_build_spark_session()
     return build_spark_session(master=master, app_name=app_name, conf=dict(conf))

@@ -81,11 +81,11 @@ def main() -> None:
 
     from dagster import DagsterInstance
 
+    from watermark_dagster.dagster_defs.headless import HeadlessRunner
     from watermark_dagster.definitions import build_demo_definitions
     from watermark_dagster.demo import DemoPaths, apply_round
-    from watermark_dagster.engine import EngineAddress
-    from watermark_dagster.headless import HeadlessRunner
-    from watermark_dagster.spark import build_spark_session
+    from watermark_dagster.runtime.engine import EngineAddress
+    from watermark_dagster.runtime.spark import build_spark_session
 
     spark = build_spark_session(master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"))
     spark.sparkContext.setLogLevel("ERROR")

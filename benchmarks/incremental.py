@@ -459,7 +459,7 @@ class Contenders:
         Raises:
             CycleError: the engine exited before it listened.
         """
-        from watermark_dagster.engine import EngineAddress
+        from watermark_dagster.runtime.engine import EngineAddress
 
         env = self._cli_env("ours_engine")
         address = EngineAddress.under(Path(env["WATERMARK_HOME"]))
@@ -486,7 +486,7 @@ class Contenders:
         if name not in self._runners:
             from dagster import DagsterInstance
 
-            from watermark_dagster.headless import HeadlessRunner
+            from watermark_dagster.dagster_defs.headless import HeadlessRunner
 
             instance = DagsterInstance.from_config(str(self._dagster_home(name)))
             runner = HeadlessRunner(location(self._spec(name)), instance, run_log_level="ERROR")

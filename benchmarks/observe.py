@@ -21,8 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from watermark_dagster.config.registry import Upstream
 from watermark_dagster.observe.delta_log import Observer
-from watermark_dagster.registry import Upstream
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -61,7 +61,7 @@ def main() -> None:
     if not args.no_spark:
         from delta.tables import DeltaTable as SparkDeltaTable
 
-        from watermark_dagster.spark import build_spark_session
+        from watermark_dagster.runtime.spark import build_spark_session
 
         spark = build_spark_session(master="local[1]")
         spark.sparkContext.setLogLevel("ERROR")

@@ -20,7 +20,7 @@ from pathlib import Path
 def _worker(seeds: list[int], steps: int, queue: "multiprocessing.Queue") -> None:  # type: ignore[type-arg]
     from tests.conftest import LONG_LIVED_SPARK_CONF
     from tests.model import run_case, summary
-    from watermark_dagster.spark import build_spark_session
+    from watermark_dagster.runtime.spark import build_spark_session
 
     # One core per worker needs one shuffle partition. With the full JIT of a long-lived
     # JVM, 5 cases in a row took 69 s against 93 s with the short-lived test settings.

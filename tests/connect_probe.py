@@ -17,12 +17,12 @@ import pyarrow.parquet as pq
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
+from watermark_dagster.config.registry import Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.read.inputs import UpstreamInput
-from watermark_dagster.registry import Upstream
-from watermark_dagster.spark import build_spark_session, session_settings
+from watermark_dagster.runtime.spark import build_spark_session, session_settings
 
 
 def _rows(ids: list[int]) -> pa.Table:

@@ -20,10 +20,10 @@ from dagster import DagsterInstance
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, held_spark_sessions
-from watermark_dagster.headless import HeadlessRunner
-from watermark_dagster.registry import Pipeline, Registry, Upstream
 
 CHUNK = 500_000
 

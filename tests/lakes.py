@@ -14,12 +14,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from tests.conftest import SPARK_TEST_CONF
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
-from watermark_dagster.execute import BatchContext
-from watermark_dagster.registry import Pipeline, Registry, Upstream
-from watermark_dagster.transforms import recompute
+from watermark_dagster.operations.run_pipeline import BatchContext
+from watermark_dagster.read.changes import recompute
 
 SPEC_ENV = "LAKE_SPEC"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tests.conftest import SPARK_TEST_CONF
 from tests.lakes import registry_from
-from watermark_dagster.execute import execute_pipeline
-from watermark_dagster.spark import build_spark_session
+from watermark_dagster.operations.run_pipeline import execute_pipeline
+from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore
 
 

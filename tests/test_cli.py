@@ -528,9 +528,9 @@ def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: 
 
     from tests.conftest import SPARK_TEST_CONF
     from watermark_dagster.dagster_defs.definitions import build_definitions
+    from watermark_dagster.dagster_defs.headless import HeadlessRunner
     from watermark_dagster.dagster_defs.resources import SparkSessionResource
     from watermark_dagster.demo import build_demo_registry, seed
-    from watermark_dagster.headless import HeadlessRunner
 
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)

@@ -25,11 +25,11 @@ from tests.conftest import REPO
 from tests.lakes import SPEC_ENV, write_spec
 from tests.test_blocked_upstreams import SCRIPT, Lake, _commit
 from tests.test_cli import _on_terminal
+from watermark_dagster.config.registry import Upstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.demo import DemoPaths
 from watermark_dagster.read.inputs import unreadable
-from watermark_dagster.registry import Upstream
 from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
 
 RESET = "`watermark reset -t up --force`"
@@ -360,7 +360,7 @@ def test_run_once_runs_one_batch_and_run_runs_until_idle(
     from dagster._core.instance.ref import InstanceRef
 
     from tests.lakes import defs_from
-    from watermark_dagster.headless import HeadlessRunner
+    from watermark_dagster.dagster_defs.headless import HeadlessRunner
 
     lake = _lake(tmp_path, dagster_home, spark_master="local[1]")
     lake.spec["upstreams"][0]["max_versions_per_batch"] = 1

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from watermark_dagster.spark import DELTA_CONF, cached_delta_jars
+from watermark_dagster.runtime.spark import DELTA_CONF, cached_delta_jars
 
 pytestmark = pytest.mark.spark
 

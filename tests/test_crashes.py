@@ -43,18 +43,18 @@ from pyspark.sql import SparkSession
 from tests.conftest import REPO, SPARK_TEST_CONF
 from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
 from watermark_dagster.cli.app import main as watermark_main
+from watermark_dagster.core.faults import ENV as FAULTS_ENV
+from watermark_dagster.core.faults import FAULT_POINTS
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_definitions
+from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import PLAN_ID_METADATA
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import WatermarkError
-from watermark_dagster.execute import recompute_pipeline
-from watermark_dagster.faults import ENV as FAULTS_ENV
-from watermark_dagster.faults import FAULT_POINTS
-from watermark_dagster.headless import CycleReport, HeadlessRunner
 from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.operations.run_pipeline import recompute_pipeline
 from watermark_dagster.store import (
     Batch,
     BatchStatus,

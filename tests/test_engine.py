@@ -25,7 +25,7 @@ from tests.test_no_jvm import _java_shim
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 from watermark_dagster.demo import DemoPaths, apply_round, seed
 from watermark_dagster.demo.verify import compare_with_full_recompute
-from watermark_dagster.engine import EngineAddress
+from watermark_dagster.runtime.engine import EngineAddress
 
 pytestmark = pytest.mark.spark
 

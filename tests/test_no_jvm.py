@@ -106,7 +106,7 @@ def test_the_java_shim_sees_a_spark_session_start(tmp_path: Path) -> None:
     """The probe the other tests rely on: a session started under the shim is recorded."""
     java_home, launches = _java_shim(tmp_path)
     code = (
-        "from watermark_dagster.spark import build_spark_session\n"
+        "from watermark_dagster.runtime.spark import build_spark_session\n"
         "build_spark_session(master='local[1]').stop()\n"
     )
     subprocess.run(
@@ -146,7 +146,7 @@ _BACKFILL = textwrap.dedent(
     from watermark_dagster.dagster_defs.assets import SKIPPED_TAG
     from watermark_dagster.dagster_defs.resources import held_spark_sessions, spark_was_started
     from watermark_dagster.definitions import defs
-    from watermark_dagster.headless import CycleReport, HeadlessRunner
+    from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 
     partition, pipeline = sys.argv[1], sys.argv[2]
     instance = DagsterInstance.get()
@@ -221,9 +221,9 @@ def test_headless_ticks_reuse_the_open_instance(
     from its ref (a storage connection and a schema check every tick, every batch)."""
     from dagster import DagsterInstance
 
+    from watermark_dagster.dagster_defs.headless import HeadlessRunner
     from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
     from watermark_dagster.definitions import build_demo_definitions
-    from watermark_dagster.headless import HeadlessRunner
 
     opened: list[object] = []
     from_ref = DagsterInstance.from_ref

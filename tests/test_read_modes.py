@@ -27,13 +27,13 @@ from pyspark.sql import functions as F
 
 from tests.conftest import REPO
 from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
+from watermark_dagster.config.registry import Upstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
-from watermark_dagster.execute import execute_pipeline, recompute_pipeline
-from watermark_dagster.headless import CycleReport, HeadlessRunner
+from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.operations.run_pipeline import execute_pipeline, recompute_pipeline
 from watermark_dagster.read.inputs import UpstreamInput
-from watermark_dagster.registry import Upstream
 from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
 
 pytestmark = pytest.mark.spark
@@ -727,7 +727,7 @@ def test_a_missing_upstream_is_reported_at_observation_and_nothing_is_planned(la
 
 
 def test_a_reload_that_changes_the_schema_keeps_the_clustering(lake: Lake) -> None:
-    from watermark_dagster.registry import Pipeline
+    from watermark_dagster.config.registry import Pipeline
     from watermark_dagster.write.targets import write_target
 
     target = lake.path("clustered")

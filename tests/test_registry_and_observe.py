@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream, WriteMode, pipeline
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
 from watermark_dagster.observe.delta_log import (
@@ -17,7 +18,6 @@ from watermark_dagster.observe.delta_log import (
     read_mode_of,
     starting_points,
 )
-from watermark_dagster.registry import Pipeline, Registry, Upstream, WriteMode, pipeline
 from watermark_dagster.store import WatermarkStore
 
 

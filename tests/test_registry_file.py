@@ -19,17 +19,17 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from watermark_dagster.dagster_defs.definitions import registry_of
-from watermark_dagster.definitions import build_file_definitions
-from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.observe.delta_log import Observer, observe_registry
-from watermark_dagster.registry import Pipeline, Registry, Upstream
-from watermark_dagster.registry_file import (
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.yaml_file import (
     PIPELINE_KEYS,
     UPSTREAM_KEYS,
     load_registry,
     load_registry_file,
 )
+from watermark_dagster.dagster_defs.definitions import registry_of
+from watermark_dagster.definitions import build_file_definitions
+from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.observe.delta_log import Observer, observe_registry
 from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")
@@ -38,7 +38,7 @@ Cli = Callable[..., subprocess.CompletedProcess]
 TRANSFORMS = "wm_registry_file_transforms"  # a module written by the `transforms` fixture
 
 TRANSFORMS_SOURCE = '''
-from watermark_dagster.registry import pipeline
+from watermark_dagster.config.registry import pipeline
 
 def orders_clean(batch):
     """Orders, cleaned."""

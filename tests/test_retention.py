@@ -25,6 +25,7 @@ from dagster import (
 )
 from deltalake import DeltaTable, write_deltalake
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.core.planning import PlannedInput, UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.dagster_defs.checks import RETENTION_CHECK
@@ -39,7 +40,6 @@ from watermark_dagster.observe.retention import (
     needed_version,
     parse_interval,
 )
-from watermark_dagster.registry import Pipeline, Registry, Upstream
 from watermark_dagster.store import BatchStatus, WatermarkStore
 
 

@@ -23,12 +23,12 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.core.planning import TerminalFailure, decide_resume
 from watermark_dagster.dagster_defs.definitions import build_definitions, registry_of
 from watermark_dagster.dagster_defs.runs import terminal_error_tags
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import UpstreamSchemaChangedError
-from watermark_dagster.registry import Pipeline, Registry, Upstream
 from watermark_dagster.store import BatchStatus, WatermarkStore
 
 
@@ -152,11 +152,11 @@ def test_nothing_new_plans_nothing(setup) -> None:  # noqa: ANN001
 def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> None:  # noqa: ANN001
     """A code location built without settings uses the same minimum interval as the
     environment's default (0): new commits right after a batch are planned at once."""
-    from watermark_dagster import settings
+    from watermark_dagster.config import env
 
     monkeypatch.delenv("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", raising=False)
-    assert WatermarkSettings().min_batch_interval_seconds == settings.min_batch_interval_seconds()
-    assert settings.min_batch_interval_seconds() == 0
+    assert WatermarkSettings().min_batch_interval_seconds == env.min_batch_interval_seconds()
+    assert env.min_batch_interval_seconds() == 0
     built, instance, store, ups = setup
     defs = build_definitions(registry_of(built), control_root=store.root)  # default settings
     first = _tick(defs, instance, COORDINATOR)

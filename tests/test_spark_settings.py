@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from watermark_dagster.spark import (
+from watermark_dagster.runtime.spark import (
     DELTA_CONF,
     default_driver_memory,
     local_cores,

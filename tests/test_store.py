@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.planning import AdvanceDecision, UpstreamPosition
 from watermark_dagster.core.ranges import CursorWindow, ReadMode
 from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError
-from watermark_dagster.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.store import (
     BatchStatus,
     CheckpointStatus,

@@ -17,10 +17,10 @@ from pyspark.sql import functions as F
 
 from tests.lakes import before_images_first
 from tests.test_read_modes import Lake, _meta, _source_rows, _write
+from watermark_dagster.config.registry import Pipeline, Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.read.inputs import UpstreamInput
-from watermark_dagster.registry import Pipeline, Upstream
 from watermark_dagster.write.targets import write_target
 
 pytestmark = pytest.mark.spark

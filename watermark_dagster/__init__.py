@@ -3,14 +3,14 @@
 The public API: declare upstreams and pipelines, build the code location's definitions.
 """
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream, pipeline
 from watermark_dagster.dagster_defs.assets import WatermarkTranslator
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
-from watermark_dagster.execute import BatchContext
-from watermark_dagster.registry import Pipeline, Registry, Upstream, pipeline
+from watermark_dagster.operations.run_pipeline import BatchContext
+from watermark_dagster.read.changes import recompute
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.transforms import recompute
 
 __all__ = [
     "BatchContext",

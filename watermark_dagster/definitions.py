@@ -2,7 +2,7 @@
 the YAML registry file ``WATERMARK_REGISTRY`` names.
 
 Replace ``build_demo_registry`` with your own registry to point it at your tables; every
-setting is read from the environment by :mod:`watermark_dagster.settings`.
+setting is read from the environment by :mod:`watermark_dagster.config.env`.
 """
 
 import os
@@ -10,13 +10,13 @@ from pathlib import Path
 
 from dagster import Definitions
 
-from watermark_dagster import settings
+from watermark_dagster.config import env
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.yaml_file import load_registry_file
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.demo import DemoPaths, build_demo_registry
-from watermark_dagster.registry import Registry
-from watermark_dagster.registry_file import load_registry_file
 
 
 def build_demo_definitions(home: Path | None = None, **overrides: object) -> Definitions:
@@ -24,7 +24,7 @@ def build_demo_definitions(home: Path | None = None, **overrides: object) -> Def
 
     ``overrides`` replace fields of :class:`WatermarkSettings` (tests use this).
     """
-    paths = DemoPaths(home or settings.home())
+    paths = DemoPaths(home or env.home())
     return _definitions(build_demo_registry(paths), paths.control_root, None, overrides)
 
 
@@ -32,14 +32,14 @@ def build_file_definitions(
     path: str | os.PathLike[str], home: Path | None = None, **overrides: object
 ) -> Definitions:
     """The code location a YAML registry file declares (see
-    :mod:`watermark_dagster.registry_file`); its control tables are at the file's
+    :mod:`watermark_dagster.config.yaml_file`); its control tables are at the file's
     ``control_root:``, else under ``home`` (default: ``WATERMARK_HOME``) as for the demo.
 
     Raises:
         ConfigurationError: the file or one of its entries is wrong (nothing is written).
     """
     loaded = load_registry_file(path)
-    control_root = loaded.control_root or DemoPaths(home or settings.home()).control_root
+    control_root = loaded.control_root or DemoPaths(home or env.home()).control_root
     return _definitions(loaded.registry, control_root, loaded.control_storage_options, overrides)
 
 
@@ -50,10 +50,10 @@ def _definitions(
     overrides: dict[str, object],
 ) -> Definitions:
     watermark_settings = WatermarkSettings(
-        min_batch_interval_seconds=settings.min_batch_interval_seconds(),
-        sensor_interval_seconds=settings.sensor_interval_seconds(),
-        max_attempts=settings.max_attempts(),
-        keep_batch_partitions=settings.keep_batch_partitions(),
+        min_batch_interval_seconds=env.min_batch_interval_seconds(),
+        sensor_interval_seconds=env.sensor_interval_seconds(),
+        max_attempts=env.max_attempts(),
+        keep_batch_partitions=env.keep_batch_partitions(),
     )
     if overrides:
         from dataclasses import replace
@@ -66,8 +66,8 @@ def _definitions(
         spark=SparkSessionResource(
             master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"),
             remote=os.environ.get("WATERMARK_SPARK_REMOTE") or None,
-            conf=settings.spark_conf(),
-            engine=settings.engine(),  # type: ignore[arg-type]
+            conf=env.spark_conf(),
+            engine=env.engine(),  # type: ignore[arg-type]
         ),
         settings=watermark_settings,
     )
@@ -75,7 +75,7 @@ def _definitions(
 
 def build_default_definitions() -> Definitions:
     """The registry file ``WATERMARK_REGISTRY`` names if it is set, else the demo."""
-    path = settings.registry_file()
+    path = env.registry_file()
     return build_file_definitions(path) if path else build_demo_definitions()
 
 

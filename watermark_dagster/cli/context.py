@@ -18,7 +18,7 @@ from watermark_dagster.cli.render import Console
 if TYPE_CHECKING:
     from dagster import Definitions
 
-    from watermark_dagster.registry import Registry, Upstream
+    from watermark_dagster.config.registry import Registry, Upstream
     from watermark_dagster.store import WatermarkStore
 
 DEFAULT_DEFS = "watermark_dagster.definitions:defs"

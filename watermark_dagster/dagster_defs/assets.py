@@ -22,6 +22,7 @@ from dagster import (
 )
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     PLAN_ID_METADATA,
@@ -29,17 +30,16 @@ from watermark_dagster.dagster_defs.runs import (
     terminal_error_tags,
     worker_identity,
 )
-from watermark_dagster.engine import EngineUnavailableError, run_on_engine
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError
-from watermark_dagster.execute import (
+from watermark_dagster.observe.delta_log import Observation, Observer
+from watermark_dagster.operations.run_pipeline import (
     PipelineDecision,
     PipelineOutcome,
     SkipKind,
     decide_pipeline,
     run_pipeline,
 )
-from watermark_dagster.observe.delta_log import Observation, Observer
-from watermark_dagster.registry import Pipeline, Registry, Upstream
+from watermark_dagster.runtime.engine import EngineUnavailableError, run_on_engine
 from watermark_dagster.store import WatermarkStore
 
 BATCHES_PARTITIONS_NAME = "watermark_batches"

@@ -30,6 +30,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from watermark_dagster.config.registry import Registry, Upstream
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.delta_log import Observer, RegistryObservation, recreation
@@ -40,7 +41,6 @@ from watermark_dagster.observe.retention import (
     format_duration,
     margin_for,
 )
-from watermark_dagster.registry import Registry, Upstream
 
 RETENTION_CHECK = "retention_horizon"
 CONTINUITY_CHECK = "watermark_continuity"

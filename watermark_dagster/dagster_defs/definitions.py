@@ -8,6 +8,7 @@ from dagster import (
     in_process_executor,
 )
 
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.dagster_defs.assets import (
     BATCHES_PARTITIONS_NAME,
     WatermarkTranslator,
@@ -23,7 +24,6 @@ from watermark_dagster.dagster_defs.sensors import (
 )
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.delta_log import Observer
-from watermark_dagster.registry import Registry
 
 BATCH_JOB = "watermark_batch_job"
 # Definitions metadata key naming the registry a code location was built from.

@@ -9,11 +9,11 @@ from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
-from watermark_dagster.spark import build_spark_session
+from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore
 
 if TYPE_CHECKING:
-    from watermark_dagster.engine import EngineAddress
+    from watermark_dagster.runtime.engine import EngineAddress
 
 # Sessions created by runs while a `held_spark_sessions()` scope is open; None when no scope
 # is open. A list, not a flag: the scope stops exactly the sessions that runs created in it.
@@ -80,7 +80,7 @@ class SparkSessionResource(ConfigurableResource):
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark settings, applied after the defaults of "
-        "watermark_dagster.spark.spark_defaults (local: driver memory a quarter of RAM "
+        "watermark_dagster.runtime.spark.spark_defaults (local: driver memory a quarter of RAM "
         "between 1 and 4 GiB, 2 x cores shuffle partitions, adaptive execution), e.g. "
         "spark.driver.memory, spark.sql.shuffle.partitions, spark.jars for offline Delta jars.",
     )
@@ -118,12 +118,12 @@ class SparkSessionResource(ConfigurableResource):
         """The resident engine to send work to, or None for ``engine="process"``."""
         if self.engine != "resident":
             return None
-        from watermark_dagster import settings
-        from watermark_dagster.engine import EngineAddress
+        from watermark_dagster.config import env
+        from watermark_dagster.runtime.engine import EngineAddress
 
         if self.engine_folder:
             return EngineAddress(Path(self.engine_folder))
-        return EngineAddress.under(settings.home())
+        return EngineAddress.under(env.home())
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator["SparkSessionResource"]:

@@ -26,7 +26,13 @@ from dagster import (
     sensor,
 )
 
-from watermark_dagster.coordinate import finalize_batch, look_before_planning, plan_next
+from watermark_dagster.config.env import (
+    DEFAULT_KEEP_BATCH_PARTITIONS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
+    DEFAULT_SENSOR_INTERVAL_SECONDS,
+)
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.planning import (
     batch_is_due,
     decide_resume,
@@ -45,13 +51,7 @@ from watermark_dagster.dagster_defs.runs import (
 )
 from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.delta_log import Observer
-from watermark_dagster.registry import Registry
-from watermark_dagster.settings import (
-    DEFAULT_KEEP_BATCH_PARTITIONS,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
-    DEFAULT_SENSOR_INTERVAL_SECONDS,
-)
+from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 
 COORDINATOR = "watermark_coordinator"
 FINALIZER = "watermark_finalizer"

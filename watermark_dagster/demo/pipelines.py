@@ -10,10 +10,10 @@ with the same function a full recompute uses, and hands back upserts and deletes
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream, pipeline
 from watermark_dagster.demo.data import DemoPaths
-from watermark_dagster.execute import BatchContext
-from watermark_dagster.registry import Pipeline, Registry, Upstream, pipeline
-from watermark_dagster.transforms import recompute
+from watermark_dagster.operations.run_pipeline import BatchContext
+from watermark_dagster.read.changes import recompute
 
 
 def full_orders_enriched(orders: DataFrame, customers: DataFrame) -> DataFrame:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream, UpstreamMode, WriteMode
 from watermark_dagster.core.commits import version_at
 from watermark_dagster.core.planning import Plan, UpstreamPosition, plan_batch, with_committed
 from watermark_dagster.core.ranges import ReadMode
@@ -25,7 +26,6 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
     recreated_error,
 )
-from watermark_dagster.registry import Pipeline, Registry, Upstream, UpstreamMode, WriteMode
 
 if TYPE_CHECKING:
     from watermark_dagster.store.store import Watermark

@@ -31,10 +31,10 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
+from watermark_dagster.config.registry import Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
-from watermark_dagster.registry import Upstream
 
 DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
 LOG_RETENTION = "delta.logRetentionDuration"

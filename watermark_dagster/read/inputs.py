@@ -19,20 +19,19 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from watermark_dagster.changes import CDF_COLUMNS as CDF_COLUMNS  # re-exported
-from watermark_dagster.changes import (
+from watermark_dagster.config.registry import OnDataChange, Upstream
+from watermark_dagster.core.columns import (
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,
     COMMIT_VERSION,
     INSERT,
     PREIMAGE,
-    latest_per_key,
 )
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError
 from watermark_dagster.read import log as delta_log
-from watermark_dagster.registry import OnDataChange, Upstream
+from watermark_dagster.read.changes import latest_per_key
 
 log = logging.getLogger("watermark_dagster")
 
@@ -419,7 +418,7 @@ class UpstreamInput:
         The latest is the change of the highest commit version; inside one commit the row
         describing the state after it wins over a delete of the same key (a RESTORE or a
         rewrite without change files removes and re-adds a key in one commit); for a cursor
-        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.changes`).
+        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`).
         """
         then: list[Column] = []
         if self.window is not None:

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.registry import SchemaChanges, Upstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.errors import (
     UpstreamDataChangedError,
@@ -25,7 +26,6 @@ from watermark_dagster.errors import (
     recreated_error,
     reset_command,
 )
-from watermark_dagster.registry import SchemaChanges, Upstream
 
 
 def _is_local(path: str) -> bool:

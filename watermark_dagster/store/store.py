@@ -29,6 +29,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.planning import (
     AdvanceDecision,
     PlannedInput,
@@ -48,7 +49,6 @@ from watermark_dagster.core.ranges import (
     encode_position,
 )
 from watermark_dagster.errors import BatchStateError, CommitConflictError, TerminalError
-from watermark_dagster.faults import fault_point
 from watermark_dagster.store import schema
 
 T = TypeVar("T")

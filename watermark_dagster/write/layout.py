@@ -24,7 +24,7 @@ from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from watermark_dagster.changes import quoted
+from watermark_dagster.read.changes import quoted
 
 DEFAULT_ROWS_PER_FILE = 1_000_000
 _FILL = 0.85

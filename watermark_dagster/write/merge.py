@@ -27,16 +27,16 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from watermark_dagster.changes import (
+from watermark_dagster.core.columns import (
+    BATCH_COLUMN,
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,
     COMMIT_VERSION,
+    SEQ_COLUMN,
     UPSERT,
-    is_delete,
-    latest_per_key,
-    quoted,
 )
 from watermark_dagster.errors import TerminalError
+from watermark_dagster.read.changes import is_delete, latest_per_key, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
     WriteResult,
     commits_since,
@@ -53,8 +53,6 @@ from watermark_dagster.write.summary import OutputSummary, intervals, range_keys
 
 log = logging.getLogger("watermark_dagster")
 
-SEQ_COLUMN = "_wm_seq"
-BATCH_COLUMN = "_wm_batch_id"
 # Up to this many changed keys are fetched to the driver (one small job) to build a
 # file-skipping condition finer than one min..max range, of at most this many intervals.
 # Beyond it, keys spread over the whole range leave the intervals little to skip.
@@ -63,23 +61,14 @@ MAX_INTERVALS = 32
 BROADCAST_THRESHOLD_CONF = "spark.sql.autoBroadcastJoinThreshold"
 
 __all__ = [
-    "BATCH_COLUMN",
-    "SEQ_COLUMN",
-    "WriteResult",
     "duplicate_key_error",
     "merge_into_target",
     "prepare_changes",
-    "target_version",
 ]
 
 
-def _q(name: str) -> str:
-    """Backtick-quote a validated identifier for a column reference."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _col(alias: str, name: str) -> Column:
-    return F.col(f"{alias}.{_q(name)}")
+    return F.col(f"{alias}.{quoted_identifier(name)}")
 
 
 def prepare_changes(
@@ -313,7 +302,9 @@ def _merge(
         # Target-only conditions are what Delta's MERGE prunes target files with.
         on = on & skip
     not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
-    assignments: dict[str, str | Column] = {_q(c): _col("s", c) for c in data_columns}
+    assignments: dict[str, str | Column] = {
+        quoted_identifier(c): _col("s", c) for c in data_columns
+    }
     source = prepared
     if _broadcastable(spark, prepared, summary.rows):
         # Delta materializes a MERGE's source, which hides its size from the planner: without

@@ -22,14 +22,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from watermark_dagster.changes import (
+from watermark_dagster.config.registry import Pipeline, WriteMode, validate_name
+from watermark_dagster.core.columns import (
+    BATCH_COLUMN,
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,
     COMMIT_VERSION,
-    is_delete,
+    SEQ_COLUMN,
 )
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.registry import Pipeline, WriteMode, validate_name
+from watermark_dagster.read.changes import is_delete, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
     WriteResult,
     applied_transaction,
@@ -46,9 +48,6 @@ from watermark_dagster.write.layout import (
     target_layout,
 )
 from watermark_dagster.write.merge import (
-    BATCH_COLUMN,
-    SEQ_COLUMN,
-    _q,
     duplicate_key_error,
     merge_into_target,
     prepare_changes,
@@ -69,7 +68,7 @@ def _stamped(frame: DataFrame, write_seq: int, batch_id: str) -> DataFrame:
 def _without_deletes(frame: DataFrame) -> DataFrame:
     if CHANGE_TYPE not in frame.columns:
         return frame
-    return frame.where(~is_delete(F.col(_q(CHANGE_TYPE)))).drop(CHANGE_TYPE)
+    return frame.where(~is_delete(quoted(CHANGE_TYPE))).drop(CHANGE_TYPE)
 
 
 def _append_delete_error(pipeline: Pipeline, batch_id: str) -> TerminalError:
@@ -258,7 +257,9 @@ def recluster(spark: SparkSession, target: str, cluster_by: Sequence[str]) -> No
     this, and Delta's ALTER TABLE takes no parameter markers here, so the statement is
     built only from quoted identifiers: the location with backticks escaped, and column
     names validated as plain identifiers."""
-    columns = ", ".join(_q(validate_name("cluster_by column", c)) for c in cluster_by)
+    columns = ", ".join(
+        quoted_identifier(validate_name("cluster_by column", c)) for c in cluster_by
+    )
     location = "delta.`" + target.replace("`", "``") + "`"
     spark.sql("ALTER TABLE " + location + " CLUSTER BY (" + columns + ")")
 

@@ -12,7 +12,7 @@ from watermark_dagster.cli.parser import add_command
 
 
 def cmd_engine(ctx: Context) -> int:
-    from watermark_dagster.engine import EngineAddress, listening, serve
+    from watermark_dagster.runtime.engine import EngineAddress, listening, serve
 
     resource: Any = ctx.defs.resources["spark"]  # type: ignore[index]
     address = EngineAddress.under(ctx.home)

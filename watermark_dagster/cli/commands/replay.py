@@ -27,7 +27,7 @@ def _version(flag: str, text: str) -> int:
 
 def _pipelines(ctx: Context, table: str) -> list[str]:
     """The pipelines to replay through, checked: merge pipelines reading ``table``."""
-    from watermark_dagster.registry import WriteMode
+    from watermark_dagster.config.registry import WriteMode
 
     consumers = ctx.consumers(table)
     wanted = ctx.args.pipeline or consumers
@@ -56,8 +56,8 @@ def cmd_replay(ctx: Context) -> int:
 
     from watermark_dagster.core.ranges import ReadMode, VersionRange
     from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
+    from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
     from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
-    from watermark_dagster.headless import CycleReport, HeadlessRunner
     from watermark_dagster.observe.delta_log import Observer, read_mode_of
     from watermark_dagster.store import BatchStatus, default_actor
 

@@ -26,7 +26,7 @@ def _progress(ctx: Context) -> Any:
 def cmd_run(ctx: Context) -> int:
     from dagster import DagsterInstance
 
-    from watermark_dagster.headless import HeadlessRunner
+    from watermark_dagster.dagster_defs.headless import HeadlessRunner
 
     # No Spark here: the first run with work starts it and the cycle stops it, so a cycle
     # with nothing to do (nothing new, every upstream blocked, runs that skip) starts no JVM.
@@ -78,10 +78,10 @@ def cmd_run(ctx: Context) -> int:
 def cmd_demo(ctx: Context) -> int:
     from dagster import DagsterInstance
 
+    from watermark_dagster.config.env import registry_file
+    from watermark_dagster.dagster_defs.headless import HeadlessRunner
     from watermark_dagster.demo import DemoPaths, apply_round, seed
     from watermark_dagster.demo.verify import compare_with_full_recompute
-    from watermark_dagster.headless import HeadlessRunner
-    from watermark_dagster.settings import registry_file
 
     args = ctx.args
     if args.rounds < 0:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, Context, Refusal
 from watermark_dagster.cli.parser import add_command
-from watermark_dagster.registry import RESERVED_PREFIX
+from watermark_dagster.core.columns import RESERVED_PREFIX
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -153,7 +153,7 @@ def _versions(ctx: Context, name: str) -> tuple[dict[str, int], str]:
 def cmd_verify(ctx: Context) -> int:
     from deltalake import DeltaTable
 
-    from watermark_dagster.execute import recompute_pipeline
+    from watermark_dagster.operations.run_pipeline import recompute_pipeline
 
     name = ctx.args.pipeline
     pipeline = ctx.registry.pipelines.get(name)

@@ -4,7 +4,7 @@ Delta's jars are resolved from the Maven repository by Ivy the first time
 (``configure_spark_with_delta_pip``); the resolved jar list is then remembered in
 ``~/.cache/watermark-dagster`` (or ``WATERMARK_JARS_CACHE``) and later sessions pass those
 files as ``spark.jars``, so they start without a resolver round-trip or its report.
-``python -m watermark_dagster.spark`` does the resolution once, as an install step.
+``python -m watermark_dagster.runtime.spark`` does the resolution once, as an install step.
 """
 
 import importlib.metadata

@@ -16,16 +16,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from watermark_dagster.execute import BatchContext
+    from watermark_dagster.operations.run_pipeline import BatchContext
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-# Columns the framework adds to targets or reads from transform output.
-RESERVED_PREFIX = "_wm_"
 
 
 def validate_name(kind: str, value: str) -> str:

@@ -1,4 +1,4 @@
-"""The vocabulary of change rows, and the one order that decides the latest change per key.
+"""Change rows in Spark: the one order that decides the latest change per key.
 
 Change rows carry Delta's change-data-feed columns: ``_change_type`` (``insert``,
 ``update_preimage``, ``update_postimage``, ``delete``; a transform may also return
@@ -19,26 +19,25 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-CHANGE_TYPE = "_change_type"
-COMMIT_VERSION = "_commit_version"
-COMMIT_TIMESTAMP = "_commit_timestamp"
-CDF_COLUMNS = (CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)
-
-INSERT = "insert"
-DELETE = "delete"
-PREIMAGE = "update_preimage"
-POSTIMAGE = "update_postimage"
-UPSERT = "upsert"
-
-# Change types that describe a key's state before its commit.
-BEFORE_IMAGES = (DELETE, PREIMAGE)
+from watermark_dagster.core.columns import (
+    BEFORE_IMAGES,
+    CHANGE_TYPE,
+    COMMIT_VERSION,
+    DELETE,
+    UPSERT,
+)
 
 _RANK = "_wm_rank"
 
 
+def quoted_identifier(name: str) -> str:
+    """``name`` backtick-quoted for Spark SQL text (a column reference or a clause)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def quoted(name: str) -> Column:
     """A column by its exact name (dots and other characters are not interpreted)."""
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(quoted_identifier(name))
 
 
 def is_delete(change_type: Column) -> Column:
@@ -78,3 +77,36 @@ def latest_per_key(frame: DataFrame, keys: Sequence[str], *then: Column) -> Data
         raise ValueError(f"no {COMMIT_VERSION} or {CHANGE_TYPE} column to order changes by")
     window = Window.partitionBy(*[quoted(k) for k in keys]).orderBy(*order)
     return frame.withColumn(_RANK, F.row_number().over(window)).where(F.col(_RANK) == 1).drop(_RANK)
+
+
+def recompute(touched: DataFrame, current: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """Changes that make the target hold ``current`` for every key in ``touched``.
+
+    The common pattern for joins and aggregates: find the keys a batch touched (from the
+    upstreams' ``changes``), recompute their rows from the upstreams' pinned ``snapshot``s,
+    and let this turn the result into upserts for keys that still have a row and deletes
+    for keys that no longer do.
+
+    Args:
+        touched: the keys the batch affected (other columns are ignored).
+        current: the recomputed target rows of (a superset of) those keys.
+        keys: the target's key columns.
+
+    Example:
+        >>> touched = batch["orders"].changed_keys(["order_id"])
+        >>> current = batch["orders"].snapshot.join(touched, "order_id", "left_semi")
+        >>> return recompute(touched, current, ["order_id"])
+    """
+    key_list = list(keys)
+    upserts = current.join(touched.select(*key_list).distinct(), key_list, "left_semi")
+    gone = (
+        touched.select(*key_list).distinct().join(current.select(*key_list), key_list, "left_anti")
+    )
+    deletes = gone
+    for field in current.schema.fields:
+        if field.name not in key_list:
+            deletes = deletes.withColumn(field.name, F.lit(None).cast(field.dataType))
+    deletes = deletes.select(*current.columns)
+    return upserts.withColumn(CHANGE_TYPE, F.lit(UPSERT)).unionByName(
+        deletes.withColumn(CHANGE_TYPE, F.lit(DELETE))
+    )

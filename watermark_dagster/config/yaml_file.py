@@ -14,8 +14,8 @@ Example ``registry.yaml``::
         keys: [order_id]
         transform: my_pkg.transforms:orders_clean   # module:function, imported at load
 
-Each entry takes the keyword arguments of :class:`~watermark_dagster.registry.Upstream` or
-:class:`~watermark_dagster.registry.Pipeline`. Every problem is a
+Each entry takes the keyword arguments of :class:`~watermark_dagster.config.registry.Upstream` or
+:class:`~watermark_dagster.config.registry.Pipeline`. Every problem is a
 :class:`~watermark_dagster.errors.ConfigurationError` that starts with ``file:line``, names
 the entry and the key or value at fault, and ends with the fix; nothing is written.
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
+from watermark_dagster.config.registry import Pipeline, Registry, Upstream, validate_name
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.registry import Pipeline, Registry, Upstream, validate_name
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MAP_TAG = "tag:yaml.org,2002:map"
@@ -122,7 +122,7 @@ class _Reader:
         return ConfigurationError(f"{where}: {message}", fix=fix, **attrs)
 
     def rewrap(self, line: int, error: ConfigurationError) -> ConfigurationError:
-        """The same error from :mod:`watermark_dagster.registry`, pointing into the file."""
+        """The same error from :mod:`watermark_dagster.config.registry`, pointing into the file."""
         message = str(error)
         if error.fix and message.endswith(f" Fix: {error.fix}"):
             message = message[: -len(f" Fix: {error.fix}")]
@@ -465,7 +465,7 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
 
 
 def load_registry(path: str | os.PathLike[str]) -> Registry:
-    """The :class:`~watermark_dagster.registry.Registry` a YAML file declares.
+    """The :class:`~watermark_dagster.config.registry.Registry` a YAML file declares.
 
     See :func:`load_registry_file` (which also returns the file's control root) for the
     errors raised.

@@ -13,12 +13,13 @@ from enum import StrEnum
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from watermark_dagster.config.registry import Pipeline, Registry
+from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
+from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import BatchStateError, TerminalError
-from watermark_dagster.faults import SimulatedCrash, fault_point
-from watermark_dagster.read.inputs import CDF_COLUMNS, CHANGE_TYPE, UpstreamInput
-from watermark_dagster.registry import Pipeline, Registry
+from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import (
     Batch,
     BatchKind,
@@ -26,7 +27,7 @@ from watermark_dagster.store import (
     CheckpointStatus,
     WatermarkStore,
 )
-from watermark_dagster.write.merge import WriteResult
+from watermark_dagster.write.commits import WriteResult
 from watermark_dagster.write.targets import write_target
 
 log = logging.getLogger("watermark_dagster")

@@ -27,9 +27,9 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.errors import TerminalError, WatermarkError
-from watermark_dagster.execute import PipelineOutcome, decide_pipeline, run_pipeline
-from watermark_dagster.registry import Registry
+from watermark_dagster.operations.run_pipeline import PipelineOutcome, decide_pipeline, run_pipeline
 from watermark_dagster.store import WatermarkStore
 
 log = logging.getLogger("watermark_dagster")
