@@ -34,11 +34,12 @@ from pyspark.sql import DataFrame, SparkSession
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.errors import BatchStateError
 from watermark_dagster.observe.delta_log import Observer, latest_local_version
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.run_pipeline import BatchContext, execute_pipeline
-from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 CRASH_POINTS = (
     "after_plan_commit",

@@ -39,13 +39,14 @@ from tests.conftest import REPO
 from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
 from watermark_dagster.core.planning import UpstreamPosition, plan_batch
 from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.checks import CONTINUITY_CHECK
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
 from watermark_dagster.errors import UpstreamRecreatedError, recreated_fix
 from watermark_dagster.observe.delta_log import Observer, observe_registry
 from watermark_dagster.read.log import check_identity
-from watermark_dagster.store import BatchStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")
 DAEMON = Path(sys.executable).with_name("dagster-daemon")

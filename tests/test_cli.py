@@ -20,8 +20,9 @@ from deltalake import DeltaTable, write_deltalake
 from watermark_dagster.cli import build_parser
 from watermark_dagster.cli.timespec import TimestampError, parse_when, version_at
 from watermark_dagster.core.planning import UpstreamPosition
+from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.demo import DemoPaths
-from watermark_dagster.store import BatchStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")
 PIPELINES = {

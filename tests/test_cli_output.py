@@ -28,9 +28,10 @@ from tests.test_cli import _on_terminal
 from watermark_dagster.config.registry import Upstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
+from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.demo import DemoPaths
 from watermark_dagster.read.inputs import unreadable
-from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 RESET = "`watermark reset -t up --force`"
 

@@ -46,6 +46,7 @@ from watermark_dagster.cli.app import main as watermark_main
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.faults import FAULT_POINTS
 from watermark_dagster.core.planning import UpstreamPosition
+from watermark_dagster.core.records import Batch, BatchStatus, CheckpointStatus, WatermarkHow
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
@@ -55,13 +56,7 @@ from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, Water
 from watermark_dagster.errors import WatermarkError
 from watermark_dagster.observe.delta_log import latest_local_version
 from watermark_dagster.operations.run_pipeline import recompute_pipeline
-from watermark_dagster.store import (
-    Batch,
-    BatchStatus,
-    CheckpointStatus,
-    WatermarkHow,
-    WatermarkStore,
-)
+from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")
 WAIT_SECONDS = 300  # a stuck child fails the test instead of hanging it

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
@@ -26,7 +27,7 @@ from watermark_dagster.demo import DemoPaths, apply_round, build_demo_registry, 
 from watermark_dagster.demo.data import ORDERS
 from watermark_dagster.demo.verify import compare_with_full_recompute
 from watermark_dagster.observe.delta_log import latest_local_version
-from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark
 

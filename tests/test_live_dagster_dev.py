@@ -26,6 +26,7 @@ import pytest
 import requests
 from deltalake.exceptions import DeltaError
 
+from watermark_dagster.core.records import Batch, BatchStatus
 from watermark_dagster.demo import (
     DemoPaths,
     apply_round,
@@ -34,7 +35,7 @@ from watermark_dagster.demo import (
     seed,
 )
 from watermark_dagster.observe.delta_log import latest_local_version
-from watermark_dagster.store import Batch, BatchStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]
 

@@ -21,8 +21,9 @@ from deltalake import write_deltalake
 
 from tests.conftest import REPO
 from watermark_dagster.core.planning import UpstreamPosition
+from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.demo import DemoPaths
-from watermark_dagster.store import BatchStatus, CheckpointStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")
 PIPELINES = {

@@ -28,6 +28,7 @@ from deltalake import DeltaTable, write_deltalake
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.core.planning import PlannedInput, UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.checks import RETENTION_CHECK
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.errors import ConfigurationError
@@ -40,7 +41,7 @@ from watermark_dagster.observe.retention import (
     needed_version,
     parse_interval,
 )
-from watermark_dagster.store import BatchStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 
 def _never_called(batch):  # noqa: ANN001, ANN202

@@ -25,11 +25,12 @@ from deltalake import write_deltalake
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.core.planning import TerminalFailure, decide_resume
+from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.definitions import build_definitions, registry_of
 from watermark_dagster.dagster_defs.runs import terminal_error_tags
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import UpstreamSchemaChangedError
-from watermark_dagster.store import BatchStatus, WatermarkStore
+from watermark_dagster.store import WatermarkStore
 
 
 def _never_called(batch):  # noqa: ANN001, ANN202

@@ -12,14 +12,9 @@ from deltalake import DeltaTable, write_deltalake
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.planning import AdvanceDecision, UpstreamPosition
 from watermark_dagster.core.ranges import CursorWindow, ReadMode
+from watermark_dagster.core.records import BatchStatus, CheckpointStatus, WatermarkHow
 from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError
-from watermark_dagster.store import (
-    BatchStatus,
-    CheckpointStatus,
-    WatermarkHow,
-    WatermarkStore,
-    schema,
-)
+from watermark_dagster.store import WatermarkStore, schema
 
 PIPELINES = {"pipeline_a": ["up1", "up2"], "pipeline_b": ["up2", "up3"]}
 

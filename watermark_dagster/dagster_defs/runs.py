@@ -13,8 +13,8 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunSta
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from watermark_dagster.core.planning import TerminalFailure
+from watermark_dagster.core.records import Batch
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.store import Batch
 
 # A run is in flight until it reaches one of these. QUEUED and NOT_STARTED count as in
 # flight: a run the daemon just submitted must not be submitted again.

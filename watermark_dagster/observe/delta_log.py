@@ -28,7 +28,7 @@ from watermark_dagster.errors import (
 )
 
 if TYPE_CHECKING:
-    from watermark_dagster.store.store import Watermark
+    from watermark_dagster.core.records import Watermark
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 

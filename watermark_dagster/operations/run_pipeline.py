@@ -18,15 +18,10 @@ from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
+from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.errors import BatchStateError, TerminalError
 from watermark_dagster.read.inputs import UpstreamInput
-from watermark_dagster.store import (
-    Batch,
-    BatchKind,
-    BatchStatus,
-    CheckpointStatus,
-    WatermarkStore,
-)
+from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import WriteResult
 from watermark_dagster.write.targets import write_target
 

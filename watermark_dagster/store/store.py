@@ -11,15 +11,11 @@ leaves the change without its history row (the state itself stays consistent).
 """
 
 import json
-import os
 import random
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +44,18 @@ from watermark_dagster.core.ranges import (
     decode_position,
     encode_position,
 )
+from watermark_dagster.core.records import (
+    Batch,
+    BatchKind,
+    BatchStatus,
+    Checkpoint,
+    CheckpointStatus,
+    Watermark,
+    WatermarkChange,
+    WatermarkHow,
+    batch_id_for,
+    seq_of,
+)
 from watermark_dagster.errors import BatchStateError, CommitConflictError, TerminalError
 from watermark_dagster.store import schema
 
@@ -55,167 +63,6 @@ T = TypeVar("T")
 
 # A commit decided against version v must land as v + 1, or not at all.
 _CAS = CommitProperties(max_commit_retries=0)
-
-
-class BatchKind(StrEnum):
-    """Why a batch exists."""
-
-    SCHEDULED = "SCHEDULED"
-    REPLAY = "REPLAY"
-    MANUAL = "MANUAL"
-
-
-class BatchStatus(StrEnum):
-    """Lifecycle of a batch: PLANNED until finalized, then COMPLETED (or ABANDONED by hand)."""
-
-    PLANNED = "PLANNED"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    ABANDONED = "ABANDONED"
-
-
-class CheckpointStatus(StrEnum):
-    """Outcome of one pipeline attempt on one batch."""
-
-    RUNNING = "RUNNING"
-    SUCCESS = "SUCCESS"
-    FAILED = "FAILED"
-
-
-class WatermarkHow(StrEnum):
-    """How a committed watermark got its value."""
-
-    AUTO = "AUTO"
-    MANUAL_SET = "MANUAL_SET"
-    RESET = "RESET"
-    START_FROM = "START_FROM"
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A planned batch as recorded in the ``batches`` table."""
-
-    batch_id: str
-    seq: int
-    kind: BatchKind
-    plan_id: str
-    status: BatchStatus
-    pipelines: tuple[str, ...]
-    inputs: Mapping[str, PlannedInput]
-    advanced: frozenset[str]
-    created_at: datetime
-    actor: str | None
-    full_load: tuple[str, ...] = ()
-    order_seq: int | None = None
-    table_ids: Mapping[str, str | None] = field(default_factory=dict)
-    schema_fingerprints: Mapping[str, str | None] = field(default_factory=dict)
-    source_states: Mapping[str, str | None] = field(default_factory=dict)
-    window_pending: Mapping[str, int | None] = field(default_factory=dict)
-
-    @property
-    def ranged_upstreams(self) -> tuple[str, ...]:
-        """Upstreams the batch reads something new from (not NOOP), sorted."""
-        return tuple(sorted(u for u, i in self.inputs.items() if i.reads))
-
-    @property
-    def write_seq(self) -> int:
-        """The position a pipeline's writes for this batch carry in its target.
-
-        A scheduled batch writes its own sequence number; a replay writes the number of
-        the scheduled batch it re-reads, so it can never overwrite what newer batches wrote.
-        """
-        return self.seq if self.order_seq is None else self.order_seq
-
-
-@dataclass(frozen=True)
-class Watermark:
-    """One row of ``committed_watermarks``.
-
-    A versioned upstream has ``committed_version``; a cursor upstream has
-    ``committed_cursor`` (its cursor value and tie-break keys) and ``source_state`` (what
-    its source looked like when that position was committed).
-    """
-
-    upstream: str
-    committed_version: int | None
-    batch_id: str | None
-    how: WatermarkHow
-    updated_at: datetime
-    actor: str | None
-    committed_cursor: CursorPosition | None = None
-    table_id: str | None = None
-    source_state: str | None = None
-    pending_history: str | None = None
-
-
-@dataclass(frozen=True)
-class WatermarkChange:
-    """A manual move of one upstream's committed watermark (``watermark set`` / ``reset``).
-
-    ``old`` and ``new`` are committed versions; None means nothing is committed, so the next
-    batch loads the upstream as a snapshot. ``open_batch`` is the open batch that read the
-    upstream when the change was decided; ``abandoned`` lists the batches the change
-    abandoned. ``applied`` is False for a preview.
-    """
-
-    upstream: str
-    old: int | None
-    new: int | None
-    how: WatermarkHow
-    old_cursor: str | None = None
-    open_batch: str | None = None
-    abandoned: tuple[str, ...] = ()
-    applied: bool = False
-
-    @property
-    def changed(self) -> bool:
-        """True when the change moves the watermark (False: it is already there)."""
-        return self.old != self.new or self.old_cursor is not None
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One row of ``pipeline_checkpoints``: one attempt of one pipeline on one batch."""
-
-    pipeline: str
-    batch_id: str
-    attempt: int
-    status: CheckpointStatus
-    rows_read: int | None
-    rows_written: int | None
-    run_id: str | None
-    started_at: datetime
-    finished_at: datetime | None
-    error: str | None
-
-
-def batch_id_for(seq: int) -> str:
-    """The batch id (and Dagster partition key) of sequence number ``seq``."""
-    return f"b{seq:06d}"
-
-
-def seq_of(batch_id: str) -> int:
-    """The sequence number inside a batch id (inverse of :func:`batch_id_for`)."""
-    return int(batch_id.lstrip("b"))
-
-
-def default_actor() -> str:
-    """``user@host`` of this process, recorded with manual changes.
-
-    The user is the login name of the controlling terminal, else the operating system's
-    account name of this process (cron, containers and services have no terminal and
-    often no ``$USER``), else ``uid<N>`` for an id without an account entry.
-    """
-    try:
-        user = os.getlogin()
-    except OSError:
-        try:
-            import pwd
-
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except (ImportError, KeyError):
-            user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 def _now() -> datetime:
@@ -1483,17 +1330,4 @@ class WatermarkStore:
         return sorted(rows, key=lambda r: r["at"])
 
 
-__all__ = [
-    "Batch",
-    "BatchKind",
-    "BatchStatus",
-    "Checkpoint",
-    "CheckpointStatus",
-    "Watermark",
-    "WatermarkChange",
-    "WatermarkHow",
-    "WatermarkStore",
-    "batch_id_for",
-    "default_actor",
-    "seq_of",
-]
+__all__ = ["WatermarkStore"]

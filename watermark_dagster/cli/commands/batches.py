@@ -65,7 +65,7 @@ def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any
     failed attempt's; the fix is the recorded one, else the one that error names, else
     re-executing the partition.
     """
-    from watermark_dagster.store import BatchStatus, CheckpointStatus
+    from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 
     open_ids = {b.batch_id for b in batches if b.status is BatchStatus.PLANNED}
     if not open_ids:
@@ -113,7 +113,7 @@ def _batch_summary(batch: Any, stuck: Mapping[str, Any] | None = None) -> dict[s
 
 
 def cmd_batches(ctx: Context) -> int:
-    from watermark_dagster.store import BatchStatus
+    from watermark_dagster.core.records import BatchStatus
 
     args = ctx.args
     if args.limit is not None and args.limit < 1:

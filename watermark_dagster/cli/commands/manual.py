@@ -160,7 +160,7 @@ def _change(
     extra: dict[str, Any] | None = None,
 ) -> int:
     """Preview, check, confirm and apply one manual move; print exactly what changed."""
-    from watermark_dagster.store import WatermarkHow, default_actor
+    from watermark_dagster.core.records import WatermarkHow, default_actor
 
     args = ctx.args
     store = ctx.store
@@ -271,8 +271,8 @@ def _advance_finished(ctx: Context, batch: Any, name: str, actor: str) -> None:
     all succeeded for it: their changes are applied, and re-reading them in the next batch
     would append them twice to an append target (I4)."""
     from watermark_dagster.core.planning import finalize_step
+    from watermark_dagster.core.records import BatchStatus, CheckpointStatus
     from watermark_dagster.errors import BatchStateError
-    from watermark_dagster.store import BatchStatus, CheckpointStatus
 
     batch = ctx.store.get_batch(batch.batch_id)  # as it is now, not as it was previewed
     if batch.status is not BatchStatus.PLANNED:

@@ -121,7 +121,7 @@ def _versions(ctx: Context, name: str) -> tuple[dict[str, int], str]:
     The committed watermarks, unless the pipeline already applied the open batch (its
     other consumers have not yet): then that batch's end versions.
     """
-    from watermark_dagster.store import CheckpointStatus
+    from watermark_dagster.core.records import CheckpointStatus
 
     store = ctx.store
     upstreams = ctx.registry.upstreams
