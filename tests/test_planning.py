@@ -6,24 +6,20 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from watermark_dagster.core.planning import (
-    AdvanceDecision,
     PlannedInput,
     UpstreamPosition,
     batch_is_due,
     cursor_has_new_data,
     cursor_state,
-    decide_advance,
-    decide_cursor_advance,
-    finalize_step,
     plan_batch,
     prunable_batch_partitions,
 )
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
+from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, batch_id_for
+from watermark_dagster.core.replay import check_replay_range, plan_replay
 from watermark_dagster.errors import (
     BatchStateError,
     UpstreamRecreatedError,
-    WatermarkGapError,
-    WatermarkRegressionError,
     recreated_fix,
 )
 
@@ -108,60 +104,6 @@ def test_version_range_rejects_bad_bounds() -> None:
     assert VersionRange(3, 5).size == 3
 
 
-@pytest.mark.parametrize(
-    ("committed", "rng", "expected"),
-    [
-        pytest.param(None, (0, 4), AdvanceDecision.ADVANCE, id="first advance from nothing"),
-        pytest.param(4, (5, 9), AdvanceDecision.ADVANCE, id="contiguous"),
-        pytest.param(9, (5, 9), AdvanceDecision.ALREADY_DONE, id="repeat after a crash"),
-    ],
-)
-def test_decide_advance(committed, rng, expected) -> None:
-    assert decide_advance("up1", committed, VersionRange(*rng), "b000002") is expected
-
-
-def test_advance_refuses_a_gap() -> None:
-    with pytest.raises(WatermarkGapError, match="skip versions 3..4"):
-        decide_advance("up1", 2, VersionRange(5, 9), "b000002")
-
-
-def test_advance_refuses_a_regression() -> None:
-    with pytest.raises(WatermarkRegressionError, match="backwards"):
-        decide_advance("up1", 12, VersionRange(5, 9), "b000002")
-
-
-def _inputs(**ranges: tuple[int, int] | None) -> dict[str, PlannedInput]:
-    out = {}
-    for name, rng in ranges.items():
-        if rng is None:
-            out[name] = PlannedInput(name, ReadMode.NOOP, None, 0)
-        else:
-            out[name] = PlannedInput(name, ReadMode.CDF, VersionRange(*rng), rng[1])
-    return out
-
-
-CONSUMERS = {"up1": {"pipeline_a"}, "up2": {"pipeline_a", "pipeline_b"}, "up3": {"pipeline_b"}}
-
-
-def test_fan_out_gating() -> None:
-    inputs = _inputs(up1=(0, 3), up2=(0, 4), up3=(0, 5))
-    both = ("pipeline_a", "pipeline_b")
-    step = finalize_step(inputs, [], CONSUMERS, both, succeeded={"pipeline_a"})
-    assert step.advance == ("up1",)
-    assert step.waiting == {"up2": ("pipeline_b",), "up3": ("pipeline_b",)}
-    assert not step.complete
-    step = finalize_step(inputs, ["up1"], CONSUMERS, both, succeeded={"pipeline_a", "pipeline_b"})
-    assert step.advance == ("up2", "up3")
-    assert step.complete
-
-
-def test_noop_inputs_never_advance_and_absent_pipelines_do_not_block() -> None:
-    inputs = _inputs(up1=(4, 7), up2=None, up3=None)
-    step = finalize_step(inputs, [], CONSUMERS, ["pipeline_a"], succeeded={"pipeline_a"})
-    assert step.advance == ("up1",)
-    assert step.complete
-
-
 def test_batch_is_due() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     minute = timedelta(minutes=1)
@@ -218,27 +160,6 @@ def test_cursor_upstreams_get_windows_from_their_committed_position() -> None:
     assert idle.inputs["c"].window == CursorWindow((5, 1), (5, 1))
 
 
-def test_cursor_advance_moves_only_from_start_to_end() -> None:
-    window = CursorWindow((5, 1), (9, 3))
-    assert decide_cursor_advance("c", (5, 1), window, "b1") is AdvanceDecision.ADVANCE
-    assert decide_cursor_advance("c", (9, 3), window, "b1") is AdvanceDecision.ALREADY_DONE
-    with pytest.raises(WatermarkGapError):
-        decide_cursor_advance("c", (4, 0), window, "b1")
-    with pytest.raises(BatchStateError, match="never pinned"):
-        decide_cursor_advance("c", (5, 1), CursorWindow((5, 1)), "b1")
-
-
-def test_an_empty_cursor_window_advances_in_place_to_record_the_source_state() -> None:
-    # The source changed (late row below the position, delete, OPTIMIZE) but the window
-    # read nothing: the position stays and the new source state must be recorded, or the
-    # next plan sees the same change as new again, forever.
-    empty = CursorWindow((5, 1), (5, 1))
-    assert decide_cursor_advance("c", (5, 1), empty, "b1") is AdvanceDecision.ADVANCE
-    first = CursorWindow(None, ())
-    assert decide_cursor_advance("c", None, first, "b1") is AdvanceDecision.ADVANCE
-    assert decide_cursor_advance("c", (), first, "b1") is AdvanceDecision.ALREADY_DONE
-
-
 def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     recheck = int((now + timedelta(minutes=5)).timestamp() * 1_000_000)
@@ -268,3 +189,54 @@ def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() ->
 )
 def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:  # noqa: ANN001
     assert prunable_batch_partitions(keys, keep=keep, open_batch_ids=open_ids) == expected
+
+
+def _completed(seq: int, **inputs: PlannedInput) -> Batch:
+    return Batch(
+        batch_id=batch_id_for(seq),
+        seq=seq,
+        kind=BatchKind.SCHEDULED,
+        plan_id="p",
+        status=BatchStatus.COMPLETED,
+        pipelines=("p",),
+        inputs=inputs,
+        advanced=frozenset(inputs),
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        actor="me",
+    )
+
+
+def test_only_applied_versions_can_be_replayed() -> None:
+    check_replay_range("orders", VersionRange(1, 5), 5)
+    with pytest.raises(BatchStateError, match="beyond the committed watermark 4"):
+        check_replay_range("orders", VersionRange(1, 5), 4)
+    with pytest.raises(BatchStateError, match="beyond the committed watermark None"):
+        check_replay_range("orders", VersionRange(0, 0), None)
+
+
+def test_a_replay_pins_the_other_upstreams_where_the_origin_pinned_them() -> None:
+    first = _completed(
+        1,
+        orders=PlannedInput("orders", ReadMode.CDF, VersionRange(0, 3), 3),
+        log=PlannedInput("log", ReadMode.NOOP, None, 7),
+        events=PlannedInput("events", ReadMode.TIMESTAMP, None, None, CursorWindow(None, (9,))),
+    )
+    second = _completed(2, orders=PlannedInput("orders", ReadMode.CDF, VersionRange(4, 6), 6))
+    plan = plan_replay(
+        [first, second],
+        "orders",
+        VersionRange(2, 3),
+        mode=ReadMode.CDF,
+        upstreams=["log", "events", "payments"],
+    )
+    assert plan.origin is first and plan.order_seq == 1  # ends where the origin ends
+    assert list(plan.inputs) == ["events", "log", "orders"]  # payments: not in the origin
+    assert plan.inputs["orders"] == PlannedInput("orders", ReadMode.CDF, VersionRange(2, 3), 3)
+    assert plan.inputs["log"] == PlannedInput("log", ReadMode.NOOP, None, 7)
+    assert plan.inputs["events"].window == CursorWindow((9,), (9,))
+    inside = plan_replay(
+        [first, second], "orders", VersionRange(4, 5), mode=ReadMode.CDF, upstreams=[]
+    )
+    assert inside.origin is second and inside.order_seq == 1  # just below the origin
+    with pytest.raises(BatchStateError, match="no completed batch applied version 9"):
+        plan_replay([first, second], "orders", VersionRange(7, 9), mode=ReadMode.CDF, upstreams=[])

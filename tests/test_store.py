@@ -10,7 +10,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
-from watermark_dagster.core.planning import AdvanceDecision, UpstreamPosition
+from watermark_dagster.core.finalizing import AdvanceDecision
+from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import CursorWindow, ReadMode
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus, WatermarkHow
 from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError

@@ -1,23 +1,18 @@
-"""Planning and finalizing decisions: plain Python, no Dagster, Spark or delta-rs.
+"""Planning decisions: plain Python, no Dagster, Spark or delta-rs.
 
 The sensors turn their context into these typed inputs and act on the answers, so every
-rule about ranges, gaps and what may advance lives (and is tested) here.
+rule about what a batch reads lives (and is tested) here; what may advance once it ran is
+in :mod:`watermark_dagster.core.finalizing`.
 """
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Protocol
 
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
-from watermark_dagster.errors import (
-    BatchStateError,
-    WatermarkGapError,
-    WatermarkRegressionError,
-    recreated_error,
-)
+from watermark_dagster.errors import recreated_error
 
 
 @dataclass(frozen=True)
@@ -249,140 +244,6 @@ def with_committed(
 def batch_is_due(last_planned_at: datetime | None, now: datetime, min_interval: timedelta) -> bool:
     """True when at least ``min_interval`` has passed since the previous batch was planned."""
     return last_planned_at is None or now - last_planned_at >= min_interval
-
-
-class AdvanceDecision(StrEnum):
-    """What the finalizer should do with one upstream's committed watermark."""
-
-    ADVANCE = "ADVANCE"
-    ALREADY_DONE = "ALREADY_DONE"
-
-
-def decide_advance(
-    upstream: str, committed: int | None, batch_range: VersionRange, batch_id: str
-) -> AdvanceDecision:
-    """Check that moving ``upstream`` to the end of ``batch_range`` keeps I1 and I2.
-
-    The watermark may only move from ``start - 1`` to ``end``. Finding it already at
-    ``end`` means an earlier finalizer advanced it and died before recording the batch:
-    the step is done, nothing to repeat.
-
-    Raises:
-        WatermarkGapError: the watermark is below ``start - 1``; advancing would skip versions.
-        WatermarkRegressionError: the watermark is already past the range (moved by hand).
-    """
-    current = -1 if committed is None else committed
-    if current == batch_range.end:
-        return AdvanceDecision.ALREADY_DONE
-    if current == batch_range.start - 1:
-        return AdvanceDecision.ADVANCE
-    versions = f"committed={committed}, batch range={batch_range}"
-    if current < batch_range.start - 1:
-        raise WatermarkGapError(
-            f"Upstream '{upstream}': batch {batch_id} covers {batch_range} but the committed "
-            f"watermark is {committed}; advancing would skip versions "
-            f"{current + 1}..{batch_range.start - 1}.",
-            upstream=upstream,
-            batch_id=batch_id,
-            versions=versions,
-            fix=f"abandon batch {batch_id} so the next plan starts at {current + 1}.",
-        )
-    raise WatermarkRegressionError(
-        f"Upstream '{upstream}': the committed watermark {committed} is already past batch "
-        f"{batch_id}'s range {batch_range}; advancing would move it backwards.",
-        upstream=upstream,
-        batch_id=batch_id,
-        versions=versions,
-        fix=f"abandon batch {batch_id}; the watermark was moved by hand while it was open.",
-    )
-
-
-def decide_cursor_advance(
-    upstream: str,
-    committed: CursorPosition | None,
-    window: CursorWindow,
-    batch_id: str,
-) -> AdvanceDecision:
-    """The cursor-upstream twin of :func:`decide_advance`: the committed position may only
-    move from the window's start to its end.
-
-    An empty window (its end pinned at its start: the source changed but held no row past
-    the committed position, e.g. a late row, a delete or an OPTIMIZE) still ADVANCEs: the
-    position stays, but the source state it was read at is recorded with it, so the next
-    plan does not see the same change as new again and plan empty batches forever.
-
-    Raises:
-        BatchStateError: the window's end was never pinned (no pipeline read it).
-        WatermarkGapError, WatermarkRegressionError: the committed position is neither the
-            window's start nor its end (it was moved by hand while the batch was open).
-    """
-    if window.end is None:
-        raise BatchStateError(
-            f"Upstream '{upstream}': batch {batch_id} never pinned its window's end.",
-            upstream=upstream,
-            batch_id=batch_id,
-            fix="run the batch's pipelines before finalizing it.",
-        )
-    if committed == window.start:
-        return AdvanceDecision.ADVANCE
-    if committed == window.end:
-        return AdvanceDecision.ALREADY_DONE
-    raise WatermarkGapError(
-        f"Upstream '{upstream}': batch {batch_id} covers the window {window} but the committed "
-        f"position is {committed}; advancing would skip or re-read rows.",
-        upstream=upstream,
-        batch_id=batch_id,
-        versions=f"committed={committed}, window={window}",
-        fix=f"abandon batch {batch_id} so the next plan starts at the committed position.",
-    )
-
-
-@dataclass(frozen=True)
-class FinalizeStep:
-    """The finalizer's decision for one open batch."""
-
-    advance: tuple[str, ...] = ()
-    waiting: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        """True when no upstream is still waiting for a consumer."""
-        return not self.waiting
-
-
-def finalize_step(
-    inputs: Mapping[str, PlannedInput],
-    already_advanced: Iterable[str],
-    consumers: Mapping[str, Iterable[str]],
-    batch_pipelines: Iterable[str],
-    succeeded: Iterable[str],
-) -> FinalizeStep:
-    """Decide which upstreams of an open batch can advance now.
-
-    An upstream advances once every pipeline of the batch that reads it (its consumers in
-    the asset graph) has succeeded for the batch. NOOP inputs have nothing to advance.
-
-    Args:
-        inputs: the batch's planned inputs per upstream.
-        already_advanced: upstreams whose watermark this batch already advanced.
-        consumers: upstream -> pipelines that read it, from the asset graph.
-        batch_pipelines: the pipelines the batch planned to run.
-        succeeded: pipelines that materialized the batch successfully.
-    """
-    done = set(already_advanced)
-    planned = set(batch_pipelines)
-    ok = set(succeeded)
-    advance: list[str] = []
-    waiting: dict[str, tuple[str, ...]] = {}
-    for name, planned_input in sorted(inputs.items()):
-        if planned_input.mode is ReadMode.NOOP or name in done:
-            continue
-        pending = sorted((set(consumers.get(name, ())) & planned) - ok)
-        if pending:
-            waiting[name] = tuple(pending)
-        else:
-            advance.append(name)
-    return FinalizeStep(advance=tuple(advance), waiting=waiting)
 
 
 @dataclass(frozen=True)

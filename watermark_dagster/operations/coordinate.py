@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import fault_point
-from watermark_dagster.core.planning import FinalizeStep, finalize_step
+from watermark_dagster.core.finalizing import FinalizeStep, finalize_step
 from watermark_dagster.core.ranges import CursorPosition
 from watermark_dagster.core.records import Batch, BatchStatus, Watermark, WatermarkHow
 from watermark_dagster.observe.delta_log import (

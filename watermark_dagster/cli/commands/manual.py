@@ -270,7 +270,7 @@ def _advance_finished(ctx: Context, batch: Any, name: str, actor: str) -> None:
     """Before ``--force`` abandons ``batch``, advance its other upstreams whose consumers
     all succeeded for it: their changes are applied, and re-reading them in the next batch
     would append them twice to an append target (I4)."""
-    from watermark_dagster.core.planning import finalize_step
+    from watermark_dagster.core.finalizing import finalize_step
     from watermark_dagster.core.records import BatchStatus, CheckpointStatus
     from watermark_dagster.errors import BatchStateError
 
