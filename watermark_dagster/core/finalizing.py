@@ -30,6 +30,7 @@ from watermark_dagster.core.records import (
     Watermark,
     WatermarkChange,
     WatermarkHow,
+    version_text,
 )
 from watermark_dagster.errors import (
     BatchStateError,
@@ -295,11 +296,6 @@ def require_open(batch: Batch, upstream: str) -> None:
         )
 
 
-def version_text(version: int | None) -> str | None:
-    """A committed version as ``history`` records it (None stays None)."""
-    return None if version is None else str(version)
-
-
 # ---------------------------------------------------------------- how a batch ends
 
 # Rows of a batch change status together; a mix means a write was cut short, and the
@@ -372,6 +368,31 @@ def check_manual_change(upstream: str, version: int | None, how: WatermarkHow) -
         raise ValueError(f"{upstream}: a MANUAL_SET needs a version >= 0, got {version!r}")
     if how not in (WatermarkHow.MANUAL_SET, WatermarkHow.RESET):
         raise ValueError(f"{upstream}: a manual change is MANUAL_SET or RESET, not {how}")
+
+
+def manual_change(
+    upstream: str,
+    version: int | None,
+    how: WatermarkHow,
+    current: Watermark | None,
+    *,
+    open_batch: str | None = None,
+) -> WatermarkChange:
+    """The manual move of ``upstream`` from its committed row ``current`` to ``version``.
+
+    Raises:
+        ValueError: ``how`` and ``version`` do not go together (see
+            :func:`check_manual_change`).
+    """
+    check_manual_change(upstream, version, how)
+    return WatermarkChange(
+        upstream=upstream,
+        old=current.committed_version if current is not None else None,
+        new=version,
+        how=how,
+        old_cursor=encode_position(current.committed_cursor) if current is not None else None,
+        open_batch=open_batch,
+    )
 
 
 def check_unmoved(expected: WatermarkChange | None, preview: WatermarkChange) -> None:
@@ -449,14 +470,16 @@ def manual_watermark(
     committed with it.
     """
     kept = current.table_id if current is not None else None
+    table_id = kept if change.how is WatermarkHow.MANUAL_SET else None
+    # Not a batch's: batch_id None.
     return Watermark(
-        upstream=change.upstream,
-        committed_version=change.new,
-        batch_id=None,
-        how=change.how,
-        updated_at=now,
-        actor=actor,
-        table_id=kept if change.how is WatermarkHow.MANUAL_SET else None,
+        change.upstream,
+        change.new,
+        None,
+        change.how,
+        now,
+        actor,
+        table_id=table_id,
         pending_history=pending_history,
     )
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from watermark_dagster.core.planning import PlannedInput
-from watermark_dagster.core.ranges import CursorPosition
+from watermark_dagster.core.ranges import CursorPosition, encode_position
 
 
 class BatchKind(StrEnum):
@@ -102,6 +102,37 @@ class Watermark:
     source_state: str | None = None
     pending_history: str | None = None
 
+    @property
+    def value_text(self) -> str | None:
+        """The committed value as ``history`` records it: the encoded cursor position of a
+        cursor upstream, else the version (None: nothing committed)."""
+        if self.committed_cursor is not None:
+            return encode_position(self.committed_cursor)
+        return version_text(self.committed_version)
+
+
+def start_point(
+    upstream: str,
+    version: int | None,
+    cursor: CursorPosition | None,
+    *,
+    actor: str,
+    at: datetime,
+    table_id: str | None,
+) -> Watermark:
+    """The committed row of an upstream configured with ``start_from``: it begins at
+    ``version`` (a versioned upstream) or ``cursor`` (a cursor upstream)."""
+    return Watermark(
+        upstream,
+        version,
+        None,
+        WatermarkHow.START_FROM,
+        at,
+        actor,
+        committed_cursor=cursor,
+        table_id=table_id,
+    )
+
 
 @dataclass(frozen=True)
 class WatermarkChange:
@@ -127,6 +158,11 @@ class WatermarkChange:
         """True when the change moves the watermark (False: it is already there)."""
         return self.old != self.new or self.old_cursor is not None
 
+    @property
+    def old_text(self) -> str | None:
+        """The value before, as ``history`` records it (a cursor upstream's position)."""
+        return self.old_cursor if self.old is None and self.old_cursor else version_text(self.old)
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -142,6 +178,20 @@ class Checkpoint:
     started_at: datetime
     finished_at: datetime | None
     error: str | None
+
+
+def running_checkpoint(
+    pipeline: str, batch_id: str, attempt: int, *, run_id: str | None, at: datetime
+) -> Checkpoint:
+    """A new RUNNING attempt of ``pipeline`` on ``batch_id``, started ``at``."""
+    return Checkpoint(
+        pipeline, batch_id, attempt, CheckpointStatus.RUNNING, None, None, run_id, at, None, None
+    )
+
+
+def version_text(version: int | None) -> str | None:
+    """A committed version as ``history`` records it (None stays None)."""
+    return None if version is None else str(version)
 
 
 def batch_id_for(seq: int) -> str:

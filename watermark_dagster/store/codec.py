@@ -5,33 +5,27 @@ and hands rows to :mod:`watermark_dagster.store.tables`. Lists and mappings are 
 JSON text, cursor positions as encoded positions, enums by value.
 """
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from watermark_dagster.core import records
 from watermark_dagster.core.finalizing import batch_status
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import (
+    CursorPosition,
     CursorWindow,
     ReadMode,
     VersionRange,
     decode_position,
     encode_position,
 )
-from watermark_dagster.core.records import (
-    Batch,
-    BatchKind,
-    BatchStatus,
-    Checkpoint,
-    CheckpointStatus,
-    Watermark,
-    WatermarkHow,
-    batch_id_for,
-)
 
 Row = dict[str, Any]
+R = TypeVar("R")
 
 
 def now() -> datetime:
@@ -58,12 +52,12 @@ def planned_input(row: Mapping[str, Any]) -> PlannedInput:
     return PlannedInput(row["upstream"], mode, rng, row["end_version"])
 
 
-def row_statuses(rows: Iterable[Row]) -> set[BatchStatus]:
+def row_statuses(rows: Iterable[Row]) -> set[records.BatchStatus]:
     """The statuses the rows of one batch hold."""
-    return {BatchStatus(r["status"]) for r in rows}
+    return {records.BatchStatus(r["status"]) for r in rows}
 
 
-def batches(rows: Iterable[Row]) -> list[Batch]:
+def batches(rows: Iterable[Row]) -> list[records.Batch]:
     """``batches`` rows (one per batch and upstream) as batches, oldest first."""
     grouped: dict[str, list[Row]] = {}
     for row in rows:
@@ -72,10 +66,10 @@ def batches(rows: Iterable[Row]) -> list[Batch]:
     for batch_id, group in grouped.items():
         first = group[0]
         found.append(
-            Batch(
+            records.Batch(
                 batch_id=batch_id,
                 seq=first["seq"],
-                kind=BatchKind(first["kind"]),
+                kind=records.BatchKind(first["kind"]),
                 plan_id=first["plan_id"],
                 status=batch_status(row_statuses(group)),
                 pipelines=tuple(json.loads(first["pipelines"])),
@@ -95,7 +89,7 @@ def batches(rows: Iterable[Row]) -> list[Batch]:
 
 
 def batch_rows(
-    batch: Batch,
+    batch: records.Batch,
     *,
     committed: Mapping[str, int | None],
     latest: Mapping[str, int | None],
@@ -142,20 +136,20 @@ def batch_rows(
 
 def new_batch(
     seq: int,
-    kind: BatchKind,
+    kind: records.BatchKind,
     inputs: Mapping[str, PlannedInput],
     *,
     pipelines: Iterable[str],
     actor: str,
     **fields: Any,
-) -> Batch:
+) -> records.Batch:
     """A batch about to be planned (PLANNED, nothing advanced), with a fresh plan id."""
-    return Batch(
-        batch_id=batch_id_for(seq),
+    return records.Batch(
+        batch_id=records.batch_id_for(seq),
         seq=seq,
         kind=kind,
         plan_id=uuid.uuid4().hex,
-        status=BatchStatus.PLANNED,
+        status=records.BatchStatus.PLANNED,
         pipelines=tuple(pipelines),
         inputs=inputs,
         advanced=frozenset(),
@@ -174,79 +168,57 @@ def batch_key(batch_id: str, upstream: str | None = None, **changes: Any) -> Row
     return {**key, "updated_at": now(), **changes}
 
 
+def window_end(batch_id: str, upstream: str, end: CursorPosition, *, recheck_at: int | None) -> Row:
+    """The change of one cursor row that pins its window's ``end`` (see ``pin_window``)."""
+    return batch_key(batch_id, upstream, end_cursor=encode_position(end), window_pending=recheck_at)
+
+
 # ---------------------------------------------------------------- watermarks
 
 
-def watermark(row: Mapping[str, Any]) -> Watermark:
+def _record(cls: type[R], row: Mapping[str, Any], **parsed: Any) -> R:
+    """A record from the row's columns of the same names; ``parsed`` gives the columns
+    stored in another form (enums by value, encoded positions)."""
+    fields = {f.name: row[f.name] for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType]
+    return cls(**{**fields, **parsed})
+
+
+def _row(record: Any, **stored: Any) -> Row:
+    """A record's fields as a row; ``stored`` gives the columns stored in another form."""
+    return {**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)}, **stored}
+
+
+def watermark(row: Mapping[str, Any]) -> records.Watermark:
     """One ``committed_watermarks`` row as a watermark."""
-    return Watermark(
-        upstream=row["upstream"],
-        committed_version=row["committed_version"],
-        batch_id=row["batch_id"],
-        how=WatermarkHow(row["how"]),
-        updated_at=row["updated_at"],
-        actor=row["actor"],
+    return _record(
+        records.Watermark,
+        row,
+        how=records.WatermarkHow(row["how"]),
         committed_cursor=decode_position(row["committed_cursor"]),
-        table_id=row["table_id"],
-        source_state=row["source_state"],
-        pending_history=row["pending_history"],
     )
 
 
-def watermark_or_none(rows: list[Row]) -> Watermark | None:
+def watermark_or_none(rows: list[Row]) -> records.Watermark | None:
     """The watermark of the one row an upstream filter found, or None for no row."""
     return watermark(rows[0]) if rows else None
 
 
-def watermark_row(mark: Watermark) -> Row:
+def watermark_row(mark: records.Watermark) -> Row:
     """``mark`` as a ``committed_watermarks`` row."""
-    return {
-        "upstream": mark.upstream,
-        "committed_version": mark.committed_version,
-        "batch_id": mark.batch_id,
-        "how": mark.how.value,
-        "updated_at": mark.updated_at,
-        "actor": mark.actor,
-        "committed_cursor": encode_position(mark.committed_cursor),
-        "table_id": mark.table_id,
-        "source_state": mark.source_state,
-        "pending_history": mark.pending_history,
-    }
+    return _row(mark, how=mark.how.value, committed_cursor=encode_position(mark.committed_cursor))
 
 
 # ---------------------------------------------------------------- checkpoints
 
 
-def checkpoint(row: Mapping[str, Any]) -> Checkpoint:
+def checkpoint(row: Mapping[str, Any]) -> records.Checkpoint:
     """One ``pipeline_checkpoints`` row as a checkpoint."""
-    return Checkpoint(
-        pipeline=row["pipeline"],
-        batch_id=row["batch_id"],
-        attempt=row["attempt"],
-        status=CheckpointStatus(row["status"]),
-        rows_read=row["rows_read"],
-        rows_written=row["rows_written"],
-        run_id=row["run_id"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        error=row["error"],
-    )
+    return _record(records.Checkpoint, row, status=records.CheckpointStatus(row["status"]))
 
 
-def checkpoint_row(found: Checkpoint) -> Row:
+def checkpoint_row(found: records.Checkpoint) -> Row:
     """``found`` as a ``pipeline_checkpoints`` row."""
-    return {
-        "pipeline": found.pipeline,
-        "batch_id": found.batch_id,
-        "attempt": found.attempt,
-        "status": found.status.value,
-        "rows_read": found.rows_read,
-        "rows_written": found.rows_written,
-        "run_id": found.run_id,
-        "started_at": found.started_at,
-        "finished_at": found.finished_at,
-        "error": found.error,
-    }
+    return _row(found, status=found.status.value)
 
 
 # ---------------------------------------------------------------- history

@@ -30,17 +30,16 @@ from watermark_dagster.core.finalizing import (
     AdvanceStep,
     advanced_watermark,
     batch_reading,
-    check_manual_change,
     check_unmoved,
     decide_advance_step,
     decide_status_change,
+    manual_change,
     manual_event,
     manual_watermark,
     manual_why,
     refuse_open_batch,
     require_open,
     stale_after_manual_change,
-    version_text,
 )
 from watermark_dagster.core.planning import UpstreamPosition, plan_batch, with_committed
 from watermark_dagster.core.ranges import (
@@ -48,7 +47,6 @@ from watermark_dagster.core.ranges import (
     CursorWindow,
     ReadMode,
     VersionRange,
-    encode_position,
 )
 from watermark_dagster.core.records import (
     Batch,
@@ -59,7 +57,10 @@ from watermark_dagster.core.records import (
     Watermark,
     WatermarkChange,
     WatermarkHow,
+    running_checkpoint,
     seq_of,
+    start_point,
+    version_text,
 )
 from watermark_dagster.core.replay import check_replay_range, plan_replay
 from watermark_dagster.errors import BatchStateError
@@ -446,9 +447,7 @@ class WatermarkStore(ControlTables):
                 return window
             # No row at all: the window is empty; () is the position before every row.
             final = end if end is not None else (window.start if window.start is not None else ())
-            change = codec.batch_key(
-                batch_id, upstream, end_cursor=encode_position(final), window_pending=recheck_at
-            )
+            change = codec.window_end(batch_id, upstream, final, recheck_at=recheck_at)
             self._merge(dt, _BATCHES, [change], on=("batch_id", "upstream"))
             return CursorWindow(window.start, final)
 
@@ -520,23 +519,17 @@ class WatermarkStore(ControlTables):
             marks = []
             for u in todo:
                 version, cursor, why = points[u]
-                started = str(version) if cursor is None else encode_position(cursor)
+                mark = start_point(
+                    u, version, cursor, actor=actor, at=now, table_id=table_ids.get(u)
+                )
                 pending = codec.pending_history(
-                    "WATERMARK_STARTED", actor, upstream=u, new_value=started, detail={"why": why}
+                    "WATERMARK_STARTED",
+                    actor,
+                    upstream=u,
+                    new_value=mark.value_text,
+                    detail={"why": why},
                 )
-                marks.append(
-                    Watermark(
-                        upstream=u,
-                        committed_version=version,
-                        batch_id=None,
-                        how=WatermarkHow.START_FROM,
-                        updated_at=now,
-                        actor=actor,
-                        committed_cursor=cursor,
-                        table_id=table_ids.get(u),
-                        pending_history=pending,
-                    )
-                )
+                marks.append(dataclasses.replace(mark, pending_history=pending))
             self._insert(dt, _WATERMARKS, [codec.watermark_row(m) for m in marks])
             return todo
 
@@ -562,17 +555,10 @@ class WatermarkStore(ControlTables):
         self, upstream: str, version: int | None, *, how: WatermarkHow
     ) -> WatermarkChange:
         """What :meth:`set_watermark` would change now; writes nothing."""
-        check_manual_change(upstream, version, how)
         current = self.committed().get(upstream)
         reading = self._batch_reading(upstream)
-        return WatermarkChange(
-            upstream=upstream,
-            old=current.committed_version if current else None,
-            new=version,
-            how=how,
-            old_cursor=encode_position(current.committed_cursor) if current else None,
-            open_batch=reading.batch_id if reading else None,
-        )
+        open_batch = reading.batch_id if reading else None
+        return manual_change(upstream, version, how, current, open_batch=open_batch)
 
     def set_watermark(
         self,
@@ -618,16 +604,15 @@ class WatermarkStore(ControlTables):
             fault_point("after_abandon")
         details = {"reason": reason, "how": how.value, "abandoned": abandoned, **(detail or {})}
 
-        def decide(dt: DeltaTable) -> tuple[Watermark | None, str]:
+        def decide(dt: DeltaTable) -> tuple[WatermarkChange, str]:
             current = codec.watermark_or_none(self._rows(dt, _where(upstream=upstream)))
-            old = current.committed_version if current else None
-            old_cursor = encode_position(current.committed_cursor) if current else None
+            moved = manual_change(upstream, version, how, current)
             # The history row is committed with the watermark and recorded just after.
             pending = codec.pending_history(
                 manual_event(how),
                 actor,
                 upstream=upstream,
-                old_value=old_cursor if old is None and old_cursor else version_text(old),
+                old_value=moved.old_text,
                 new_value=version_text(version),
                 detail=details,
             )
@@ -635,9 +620,9 @@ class WatermarkStore(ControlTables):
                 current, preview, actor=actor, now=codec.now(), pending_history=pending
             )
             self._put_watermark(dt, mark)
-            return current, pending
+            return moved, pending
 
-        current, pending = self._cas(_WATERMARKS, decide)
+        moved, pending = self._cas(_WATERMARKS, decide)
         fault_point("after_manual_watermark_commit")
         self._flush_one(upstream, pending)
         stale = self._batch_reading(upstream)
@@ -645,19 +630,14 @@ class WatermarkStore(ControlTables):
             error = f"planned from the watermark before the {why}"
             abandoned += self._abandon(stale, actor=actor, error=error, ended_ok=False)
         return dataclasses.replace(
-            preview,
-            old=current.committed_version if current else None,
-            old_cursor=encode_position(current.committed_cursor) if current else None,
-            abandoned=tuple(abandoned),
-            applied=True,
+            moved, open_batch=preview.open_batch, abandoned=tuple(abandoned), applied=True
         )
 
     def _abandon(
         self, batch: Batch | None, *, actor: str, error: str, ended_ok: bool = True
     ) -> list[str]:
-        """Abandon ``batch``; the ids abandoned (none when ``ended_ok`` and a finalizer
-        completed it meanwhile: the watermark check of the caller refuses if that moved
-        its upstream)."""
+        """Abandon ``batch`` and return its id in a list; an empty list when there is none,
+        or when ``ended_ok`` and it ended meanwhile (a finalizer completed it)."""
         if batch is None:
             return []
         try:
@@ -676,18 +656,7 @@ class WatermarkStore(ControlTables):
         def decide(dt: DeltaTable) -> int:
             rows = self._rows(dt, _where(pipeline=pipeline, batch_id=batch_id))
             attempt = 1 + max((r["attempt"] for r in rows), default=0)
-            running = Checkpoint(
-                pipeline=pipeline,
-                batch_id=batch_id,
-                attempt=attempt,
-                status=CheckpointStatus.RUNNING,
-                rows_read=None,
-                rows_written=None,
-                run_id=run_id,
-                started_at=codec.now(),
-                finished_at=None,
-                error=None,
-            )
+            running = running_checkpoint(pipeline, batch_id, attempt, run_id=run_id, at=codec.now())
             self._insert(dt, _CHECKPOINTS, [codec.checkpoint_row(running)])
             return attempt
 
