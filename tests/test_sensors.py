@@ -24,7 +24,7 @@ from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
-from watermark_dagster.core.planning import TerminalFailure, decide_resume
+from watermark_dagster.core.resuming import TerminalFailure, decide_resume
 from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.definitions import build_definitions, registry_of
 from watermark_dagster.dagster_defs.runs import terminal_error_tags
