@@ -33,8 +33,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
+from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import ReadMode, VersionRange
-from watermark_dagster.core.records import BatchStatus, CheckpointStatus
+from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.errors import BatchStateError
 from watermark_dagster.observe.delta_log import Observer, latest_local_version
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
@@ -312,20 +313,12 @@ class Case:
                 if "injected failure" not in str(e):
                     raise
         finalize_batch(
-            self.store,
-            self.store.get_batch(batch.batch_id),
-            consumers=self.consumers,
-            succeeded=self._succeeded(batch.batch_id),
-            actor="model",
+            self.store, self.store.get_batch(batch.batch_id), registry=self.registry, actor="model"
         )
         return True
 
-    def _succeeded(self, batch_id: str) -> set[str]:
-        return {
-            c.pipeline
-            for c in self.store.checkpoints(batch_id=batch_id)
-            if c.status is CheckpointStatus.SUCCESS
-        }
+    def _succeeded(self, batch_id: str) -> frozenset[str]:
+        return succeeded_pipelines(batch_id, self.store.checkpoints(batch_id=batch_id))
 
     def crash_cycle(self) -> None:
         point = self.rng.choice(CRASH_POINTS)

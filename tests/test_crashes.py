@@ -491,7 +491,8 @@ def _commit(path: str, ids: list[int]) -> None:
 
 def _plan_and_materialize(lake: Lake, instance: DagsterInstance, ids: list[int] | None) -> Batch:
     """A new commit of ``ids`` in every upstream; a coordinator tick plans a batch; each of
-    its pipelines reports a materialization for it (what a successful run leaves)."""
+    its pipelines records a SUCCESS checkpoint for it and reports its materialization (what
+    a successful run leaves; the checkpoint is what the finalizer counts)."""
     for upstream in lake.spec["upstreams"]:
         if ids is not None:
             _commit(upstream["path"], ids)
@@ -499,6 +500,10 @@ def _plan_and_materialize(lake: Lake, instance: DagsterInstance, ids: list[int] 
     batch = lake.store.open_batch()
     assert batch is not None
     for pipeline in batch.pipelines:
+        attempt = lake.store.begin_checkpoint(pipeline, batch.batch_id, run_id=None)
+        lake.store.finish_checkpoint(
+            pipeline, batch.batch_id, attempt, CheckpointStatus.SUCCESS, rows_read=0
+        )
         instance.report_runless_asset_event(
             AssetMaterialization(
                 asset_key=AssetKey(pipeline),

@@ -7,15 +7,20 @@ tests run them), so these tests look at what the sensors plan, request and refus
 import json
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from dagster import (
     AssetCheckEvaluation,
+    AssetKey,
+    AssetMaterialization,
     AssetObservation,
+    AssetSpec,
     DagsterInstance,
     DagsterRunStatus,
+    SensorResult,
     build_sensor_context,
 )
 from dagster._core.instance.ref import InstanceRef
@@ -24,12 +29,36 @@ from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
-from watermark_dagster.core.planning import TerminalFailure, decide_resume
-from watermark_dagster.core.records import BatchStatus
+from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
+from watermark_dagster.core.records import (
+    Batch,
+    BatchKind,
+    BatchStatus,
+    Checkpoint,
+    CheckpointStatus,
+)
+from watermark_dagster.core.resuming import (
+    BatchRunFacts,
+    ResumeAction,
+    TerminalFailure,
+    decide_resume,
+    resume_step,
+)
+from watermark_dagster.dagster_defs.assets import WatermarkTranslator
 from watermark_dagster.dagster_defs.definitions import build_definitions, registry_of
-from watermark_dagster.dagster_defs.runs import terminal_error_tags
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
-from watermark_dagster.errors import UpstreamSchemaChangedError
+from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.dagster_defs.runs import (
+    PLAN_ID_METADATA,
+    check_consumers,
+    terminal_error_tags,
+)
+from watermark_dagster.dagster_defs.sensors import (
+    COORDINATOR,
+    FINALIZER,
+    CoordinatorCursor,
+    WatermarkSettings,
+)
+from watermark_dagster.errors import ConfigurationError, UpstreamSchemaChangedError
 from watermark_dagster.store import WatermarkStore
 
 
@@ -237,6 +266,9 @@ def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> N
     stuck = _tick(defs, instance, COORDINATOR, cursor)
     assert not stuck.run_requests
     assert "is stuck: 3 failed runs" in (stuck.skip_message or "")
+    # The headless runner reads the verdict from the cursor, not from the message.
+    assert CoordinatorCursor.parse(cursor).stuck_reason is None
+    assert CoordinatorCursor.parse(stuck.cursor).stuck_reason == stuck.skip_message
     assert [h["event"] for h in store.history()].count("BATCH_STUCK") == 1
     assert store.open_batch() is not None  # still open: nothing is skipped or advanced
 
@@ -325,3 +357,243 @@ def test_resume_decisions() -> None:
     assert not decide_resume("b1", ["p"], failed_runs=3, max_attempts=3, terminal=None).run
     stop = decide_resume("b1", ["p"], failed_runs=1, max_attempts=3, terminal=terminal)
     assert not stop.run and stop.stuck and "Fix: reset." in stop.stuck
+
+
+def _succeed(store: WatermarkStore, pipeline: str, batch_id: str) -> None:
+    """The checkpoint a successful run of ``pipeline`` on ``batch_id`` records."""
+    attempt = store.begin_checkpoint(pipeline, batch_id, run_id=None)
+    store.finish_checkpoint(pipeline, batch_id, attempt, CheckpointStatus.SUCCESS, rows_read=0)
+
+
+def test_the_finalizer_counts_success_checkpoints_not_materializations(setup) -> None:  # noqa: ANN001
+    """Succeeded has one definition: a SUCCESS checkpoint for the batch. A materialization
+    of the partition carrying the plan id, without the checkpoint, advances nothing."""
+    defs, instance, store, _ = setup
+    _tick(defs, instance, COORDINATOR)
+    batch = store.open_batch()
+    assert batch is not None
+    for pipeline in batch.pipelines:
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                asset_key=AssetKey(pipeline),
+                partition=batch.batch_id,
+                metadata={PLAN_ID_METADATA: batch.plan_id},
+            )
+        )
+    waiting = _tick(defs, instance, FINALIZER)
+    assert "waits for" in (waiting.skip_message or "")
+    assert store.committed_versions() == {}
+
+    # pipeline_a reads up1 and up2, pipeline_b up2 and up3: up1 alone can advance.
+    _succeed(store, "pipeline_a", batch.batch_id)
+    partly = _tick(defs, instance, FINALIZER)
+    assert "up2 waits for ['pipeline_b']" in (partly.skip_message or "")
+    assert store.committed_versions() == {"up1": 0}
+
+    _succeed(store, "pipeline_b", batch.batch_id)
+    done = _tick(defs, instance, FINALIZER)
+    assert done.skip_message == f"batch {batch.batch_id} completed"
+    assert store.committed_versions() == {"up1": 0, "up2": 0, "up3": 0}
+    assert store.get_batch(batch.batch_id).status is BatchStatus.COMPLETED
+
+
+def test_the_coordinator_requests_only_pipelines_without_a_success_checkpoint(setup) -> None:  # noqa: ANN001
+    defs, instance, store, _ = setup
+    first = _tick(defs, instance, COORDINATOR)
+    _succeed(store, "pipeline_a", "b000001")
+    again = _tick(defs, instance, COORDINATOR, first.cursor)
+    [request] = again.run_requests
+    assert [k.to_user_string() for k in request.asset_selection] == ["pipeline_b"]
+    _succeed(store, "pipeline_b", "b000001")
+    done = _tick(defs, instance, COORDINATOR, again.cursor)
+    assert not done.run_requests
+    assert done.skip_message == "batch b000001: all pipelines succeeded; finalizer's turn"
+
+
+def _check(pipeline: str, batch_id: str, status: CheckpointStatus) -> Checkpoint:
+    return Checkpoint(
+        pipeline, batch_id, 1, status, None, None, None, datetime.now(UTC), None, None
+    )
+
+
+def test_succeeded_is_a_success_checkpoint_for_that_batch() -> None:
+    rows = [
+        _check("a", "b000002", CheckpointStatus.SUCCESS),
+        _check("b", "b000002", CheckpointStatus.FAILED),
+        _check("c", "b000002", CheckpointStatus.RUNNING),
+        _check("d", "b000001", CheckpointStatus.SUCCESS),  # another batch
+        _check("b", "b000002", CheckpointStatus.SUCCESS),  # b's second attempt
+    ]
+    assert succeeded_pipelines("b000002", rows) == {"a", "b"}
+    assert succeeded_pipelines("b000003", rows) == frozenset()
+
+
+def _batch(seq: int, kind: BatchKind = BatchKind.SCHEDULED) -> Batch:
+    return Batch(
+        batch_id=f"b{seq:06d}",
+        seq=seq,
+        kind=kind,
+        plan_id="p",
+        status=BatchStatus.COMPLETED,
+        pipelines=("a",),
+        inputs={},
+        advanced=frozenset(),
+        created_at=datetime.now(UTC),
+        actor=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "newest", "superseded"),
+    [
+        (_batch(2), None, False),  # the pipeline's first batch
+        (_batch(2), _batch(1), False),  # the next batch
+        (_batch(2), _batch(2), False),  # a retry of the batch it applied last
+        (_batch(2), _batch(3), True),  # a backfill of an older batch (I5)
+        (_batch(5, BatchKind.REPLAY), _batch(9), False),  # a replay writes at its position
+    ],
+    ids=["first", "next", "retry", "backfill", "replay"],
+)
+def test_which_batch_a_pipeline_may_apply(
+    batch: Batch, newest: Batch | None, superseded: bool
+) -> None:
+    calls: list[int] = []
+
+    def newest_applied() -> Batch | None:
+        calls.append(1)
+        return newest
+
+    found = superseded_by(batch, newest_applied)
+    assert (found is not None) is superseded
+    assert found is (newest if superseded else None)
+    # A replay is never superseded: the pipeline's history is not even read.
+    assert bool(calls) is (batch.kind is not BatchKind.REPLAY)
+
+
+TERMINAL = TerminalFailure("p", "UpstreamRecreatedError", "gone. Fix: reset.")
+
+
+@pytest.mark.parametrize(
+    ("todo", "facts", "retry", "action", "attempt"),
+    [
+        (["p"], BatchRunFacts(in_flight=("r1",), last_attempt=1), False, ResumeAction.WAIT, None),
+        ([], BatchRunFacts(failed=1, last_attempt=1), False, ResumeAction.DONE, None),
+        (["p"], BatchRunFacts(), False, ResumeAction.RUN, 1),
+        (["p"], BatchRunFacts(failed=2, last_attempt=2), False, ResumeAction.RUN, 3),
+        (["p"], BatchRunFacts(failed=3, last_attempt=3), False, ResumeAction.STUCK, None),
+        (
+            ["p"],
+            BatchRunFacts(failed=1, last_attempt=1, terminal=TERMINAL),
+            False,
+            ResumeAction.STUCK,
+            None,
+        ),
+        (
+            ["p"],
+            BatchRunFacts(failed=3, last_attempt=3, terminal=TERMINAL),
+            True,
+            ResumeAction.RUN,
+            4,
+        ),
+    ],
+    ids=[
+        "in-flight",
+        "all-succeeded",
+        "first",
+        "retry",
+        "attempts-used",
+        "terminal",
+        "operator-retry",
+    ],
+)
+def test_resume_steps(todo, facts, retry, action, attempt) -> None:  # noqa: ANN001
+    step = resume_step("b1", todo, facts, max_attempts=3, retry=retry)
+    assert (step.action, step.attempt) == (action, attempt)
+    assert step.is_stuck is (action is ResumeAction.STUCK)
+    if step.is_stuck:
+        assert step.stuck_key == f"b1:{facts.last_attempt}" and "is stuck" in (step.reason or "")
+        assert step.pipelines == tuple(todo)
+
+
+def test_the_asset_graph_agrees_with_the_registry_consumers(setup) -> None:  # noqa: ANN001
+    defs, _, _, _ = setup
+    registry = registry_of(defs)
+    upstream_keys = {u: AssetKey(u) for u in registry.upstreams}
+    specs = list(defs.resolve_all_asset_specs())
+    check_consumers(registry, specs, upstream_keys)  # built from the registry: they agree
+    assert registry.consumers("up2") == ("pipeline_a", "pipeline_b")
+    assert registry.consumers("up1") == ("pipeline_a",)
+
+    # A graph where pipeline_b no longer depends on up3 disagrees, and says so.
+    cut = [
+        s.replace_attributes(deps=[d for d in s.deps if d.asset_key != AssetKey("up3")])
+        if s.key == AssetKey("pipeline_b")
+        else s
+        for s in specs
+    ]
+    with pytest.raises(ConfigurationError, match=r"Upstream 'up3'.*\[\].*\['pipeline_b'\]"):
+        check_consumers(registry, cut, upstream_keys)
+    # Assets that are not pipelines (no watermark/pipeline metadata) are not consumers.
+    check_consumers(registry, [*specs, AssetSpec("report", deps=["up1"])], upstream_keys)
+
+
+class _Prefixed(WatermarkTranslator):
+    def get_asset_key(self, item):  # noqa: ANN001, ANN201
+        return AssetKey(["lake", item.name])
+
+    def get_group_name(self, item) -> str:  # noqa: ANN001
+        return "lake"
+
+    def get_metadata(self, item):  # noqa: ANN001, ANN201
+        return {"owner": "data"}
+
+
+def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Path) -> None:  # noqa: ANN001
+    """Keys, groups and metadata come from the translator's get_* hooks; the sensors and
+    the headless runner find pipeline assets by their watermark/pipeline metadata."""
+    built, instance, _, _ = setup
+    defs = build_definitions(
+        registry_of(built),
+        control_root=str(tmp_path / "control2"),
+        settings=WatermarkSettings(min_batch_interval_seconds=0),
+        translator=_Prefixed(),
+    )
+    specs = {s.key: s for s in defs.resolve_all_asset_specs()}
+    assert AssetKey(["lake", "up1"]) in specs and AssetKey(["lake", "pipeline_a"]) in specs
+    pipeline_a = specs[AssetKey(["lake", "pipeline_a"])]
+    assert pipeline_a.group_name == "lake"
+    assert pipeline_a.metadata["owner"] == "data" and "target" not in pipeline_a.metadata
+    assert {d.asset_key for d in pipeline_a.deps} == {
+        AssetKey(["lake", "up1"]),
+        AssetKey(["lake", "up2"]),
+    }
+    runner = HeadlessRunner(defs, instance)
+    assert runner.pipeline_key("pipeline_a") == AssetKey(["lake", "pipeline_a"])
+    with pytest.raises(KeyError, match="no pipeline asset named 'up1'"):
+        runner.pipeline_key("up1")
+    [request] = _tick(defs, instance, COORDINATOR).run_requests
+    assert sorted(k.to_user_string() for k in request.asset_selection) == [
+        "lake/pipeline_a",
+        "lake/pipeline_b",
+    ]
+
+
+def test_a_run_failing_with_our_error_reports_it_with_its_fix(setup) -> None:  # noqa: ANN001
+    """A WatermarkError reaches Dagster as a Failure carrying its class; the headless runner
+    reports its own message (not Dagster's wrapper), and a terminal one tags the run."""
+    defs, instance, store, _ = setup
+    planned = _tick(defs, instance, COORDINATOR)
+    [request] = planned.run_requests
+    instance.add_dynamic_partitions("watermark_batches", ["b000001"])
+    store.set_batch_status("b000001", BatchStatus.ABANDONED, actor="test")
+    runner = HeadlessRunner(defs, instance)
+    report = CycleReport()
+    runner.execute_requests(SensorResult(run_requests=[request]), report)  # decided: no JVM
+    [run] = report.runs
+    assert not run.success
+    assert (run.error or "").startswith(
+        "pipeline_a: BatchStateError: Batch b000001 was abandoned; pipeline 'pipeline_a' will "
+        "not run it."
+    ), run.error
+    tags = instance.get_run_by_id(run.run_id).tags
+    assert json.loads(tags["watermark/terminal_error"])["error"] == "BatchStateError"

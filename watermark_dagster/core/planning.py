@@ -246,69 +246,6 @@ def batch_is_due(last_planned_at: datetime | None, now: datetime, min_interval: 
     return last_planned_at is None or now - last_planned_at >= min_interval
 
 
-@dataclass(frozen=True)
-class TerminalFailure:
-    """A pipeline run of a batch that failed with an error retrying cannot fix.
-
-    Attributes:
-        pipeline: the pipeline that raised it (None when unknown).
-        error: the error's class name, e.g. ``UpstreamSchemaChangedError``.
-        message: the error's message, ending with its own fix.
-    """
-
-    pipeline: str | None
-    error: str
-    message: str
-
-
-@dataclass(frozen=True)
-class ResumeDecision:
-    """What the coordinator does with an open batch that still has unfinished pipelines:
-    request them again (``run``), or stop and report the batch stuck (``stuck``, the
-    reason an operator reads, naming what to do)."""
-
-    run: bool
-    stuck: str | None = None
-
-
-RESUME_HINT = "resume it with `watermark run --retry` or re-execute the batch partition from the UI"
-
-
-def decide_resume(
-    batch_id: str,
-    todo: Sequence[str],
-    *,
-    failed_runs: int,
-    max_attempts: int,
-    terminal: TerminalFailure | None,
-) -> ResumeDecision:
-    """Whether to request the unfinished pipelines ``todo`` of ``batch_id`` again.
-
-    A terminal failure (a recreated or unreadable upstream, an incompatible schema change,
-    a transform that returns the wrong thing) stops the batch at the first attempt: running
-    it again would fail the same way. Other failures are retried until ``max_attempts``
-    runs of the batch failed.
-    """
-    if terminal is not None:
-        who = f"pipeline '{terminal.pipeline}'" if terminal.pipeline else "a pipeline"
-        return ResumeDecision(
-            run=False,
-            stuck=(
-                f"batch {batch_id} is stuck: {who} failed with {terminal.error}, which "
-                f"retrying cannot fix; it was not retried. {terminal.message} "
-                f"(If the fix leaves the batch open, {RESUME_HINT}.)"
-            ),
-        )
-    if failed_runs >= max_attempts:
-        return ResumeDecision(
-            run=False,
-            stuck=(
-                f"batch {batch_id} is stuck: {failed_runs} failed runs (max_attempts="
-                f"{max_attempts}); pipelines {list(todo)} unfinished. Fix the cause shown by "
-                f"the failed runs, then {RESUME_HINT}."
-            ),
-        )
-    return ResumeDecision(run=True)
 
 
 _BATCH_ID = re.compile(r"b(\d+)")

@@ -20,17 +20,23 @@ from dagster import (
     asset,
     multi_observable_source_asset,
 )
+
+# Private, and kept: Dagster 1.13 has no public constant for the "dagster/data_version"
+# tag, and an AssetObservation reported by a sensor takes its data version only as this
+# tag (ObserveResult's data_version argument exists only inside an observation run).
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
+    PIPELINE_METADATA,
     PLAN_ID_METADATA,
     WORKER_TAG,
+    error_failure_metadata,
     terminal_error_tags,
     worker_identity,
 )
-from watermark_dagster.errors import TerminalError, UpstreamUnavailableError
+from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.delta_log import Observation, Observer
 from watermark_dagster.operations.run_pipeline import (
     PipelineDecision,
@@ -46,23 +52,69 @@ BATCHES_PARTITIONS_NAME = "watermark_batches"
 
 
 class WatermarkTranslator:
-    """Maps upstreams and pipelines to asset keys and groups; override to change them."""
+    """Maps upstreams and pipelines to Dagster assets; override a ``get_*`` hook to change
+    one aspect (in the style of dagster-dbt's translator).
 
+    Each hook takes an :class:`Upstream` or a :class:`Pipeline`. The asset of a pipeline
+    also carries ``watermark/pipeline`` metadata naming it, whatever the hooks return: the
+    headless runner finds pipeline assets by it.
+
+    Example:
+        >>> class Prefixed(WatermarkTranslator):
+        ...     def get_asset_key(self, item):
+        ...         return AssetKey(["lake", item.name])
+        >>> defs = build_definitions(registry, control_root="/lake/_wm", translator=Prefixed())
+    """
+
+    def get_asset_key(self, item: Upstream | Pipeline) -> AssetKey:
+        """Asset key (default: the name)."""
+        return AssetKey([item.name])
+
+    def get_group_name(self, item: Upstream | Pipeline) -> str:
+        """Asset group (default: ``upstreams`` or ``pipelines``)."""
+        return "pipelines" if isinstance(item, Pipeline) else "upstreams"
+
+    def get_description(self, item: Upstream | Pipeline) -> str:
+        """Asset description (default: the declared one, else where it reads or writes)."""
+        if item.description:
+            return item.description
+        if isinstance(item, Pipeline):
+            return f"Pipeline {item.name} → {item.target}"
+        if item.is_cursor:
+            return f"{item.format} source at {item.path}, read by cursor {item.cursor!r}"
+        return f"Delta table at {item.path}"
+
+    def get_metadata(self, item: Upstream | Pipeline) -> dict[str, Any]:
+        """Asset definition metadata (default: path or target, mode, keys)."""
+        if isinstance(item, Pipeline):
+            return {
+                "target": MetadataValue.path(item.target),
+                "keys": list(item.keys),
+                "write": str(item.write),
+            }
+        return {
+            "path": MetadataValue.path(item.path),
+            "mode": str(item.mode),
+            "start_from": str(item.start_from),
+            **(
+                {"max_versions_per_batch": item.max_versions_per_batch}
+                if item.max_versions_per_batch is not None
+                else {}
+            ),
+        }
+
+    def get_kinds(self, item: Upstream | Pipeline) -> set[str]:
+        """Kinds shown on the asset (default: ``delta``, plus ``spark`` for pipelines)."""
+        return {"spark", "delta"} if isinstance(item, Pipeline) else {"delta"}
+
+    # Called by build_definitions until it calls get_asset_key itself (not documented).
     def upstream_asset_key(self, upstream: Upstream) -> AssetKey:
-        """Asset key of an upstream (default: its name)."""
-        return AssetKey([upstream.name])
+        """:meth:`get_asset_key` of an upstream."""
+        return self.get_asset_key(upstream)
 
     def pipeline_asset_key(self, pipeline: Pipeline) -> AssetKey:
-        """Asset key of a pipeline (default: its name)."""
-        return AssetKey([pipeline.name])
-
-    def upstream_group(self, upstream: Upstream) -> str:
-        """Asset group of upstreams."""
-        return "upstreams"
-
-    def pipeline_group(self, pipeline: Pipeline) -> str:
-        """Asset group of pipelines."""
-        return "pipelines"
+        """:meth:`get_asset_key` of a pipeline."""
+        return self.get_asset_key(pipeline)
 
 
 def observation_metadata(obs: Observation, committed: int | None) -> dict[str, Any]:
@@ -94,28 +146,14 @@ def build_upstream_assets(
     registry: Registry, translator: WatermarkTranslator, observer: Observer
 ) -> AssetsDefinition:
     """One observable source asset per upstream (observed without a JVM)."""
-    keys = {translator.upstream_asset_key(u): u for u in registry.upstreams.values()}
+    keys = {translator.get_asset_key(u): u for u in registry.upstreams.values()}
     specs = [
         AssetSpec(
             key=key,
-            group_name=translator.upstream_group(u),
-            description=u.description
-            or (
-                f"{u.format} source at {u.path}, read by cursor {u.cursor!r}"
-                if u.is_cursor
-                else f"Delta table at {u.path}"
-            ),
-            metadata={
-                "path": MetadataValue.path(u.path),
-                "mode": str(u.mode),
-                "start_from": str(u.start_from),
-                **(
-                    {"max_versions_per_batch": u.max_versions_per_batch}
-                    if u.max_versions_per_batch is not None
-                    else {}
-                ),
-            },
-            kinds={"delta"},
+            group_name=translator.get_group_name(u),
+            description=translator.get_description(u),
+            metadata=translator.get_metadata(u),
+            kinds=translator.get_kinds(u),
         )
         for key, u in keys.items()
     ]
@@ -283,20 +321,16 @@ def build_pipeline_asset(
     partitions_def: DynamicPartitionsDefinition,
 ) -> AssetsDefinition:
     """The batch-partitioned asset that runs ``pipeline`` on one batch."""
-    deps = [translator.upstream_asset_key(registry.upstreams[u]) for u in pipeline.upstreams]
+    deps = [translator.get_asset_key(registry.upstreams[u]) for u in pipeline.upstreams]
 
     @asset(
-        key=translator.pipeline_asset_key(pipeline),
+        key=translator.get_asset_key(pipeline),
         deps=deps,
         partitions_def=partitions_def,
-        group_name=translator.pipeline_group(pipeline),
-        description=pipeline.description or f"Pipeline {pipeline.name} → {pipeline.target}",
-        metadata={
-            "target": MetadataValue.path(pipeline.target),
-            "keys": list(pipeline.keys),
-            "write": str(pipeline.write),
-        },
-        kinds={"spark", "delta"},
+        group_name=translator.get_group_name(pipeline),
+        description=translator.get_description(pipeline),
+        metadata={**translator.get_metadata(pipeline), PIPELINE_METADATA: pipeline.name},
+        kinds=translator.get_kinds(pipeline),
     )
     def _pipeline_asset(
         context: AssetExecutionContext,
@@ -318,16 +352,20 @@ def build_pipeline_asset(
                 report_skip(context, decision)
                 return MaterializeResult(metadata=outcome_metadata(decision.skipped_outcome()))
             outcome = _run(context, spark, store, registry, decision)
-        except TerminalError as e:
-            # Retrying cannot help: the coordinator reads this tag and stops the batch.
-            context.instance.add_run_tags(
-                context.run.run_id, terminal_error_tags(context.run.run_id, pipeline.name, e)
-            )
+        except WatermarkError as e:
+            # Our own error reaches Dagster as a Failure naming it (table, versions, fix),
+            # which the UI shows and the headless runner reports as is.
+            terminal = isinstance(e, TerminalError)
+            if terminal:
+                # Retrying cannot help: the coordinator reads this tag and stops the batch.
+                context.instance.add_run_tags(
+                    context.run.run_id, terminal_error_tags(context.run.run_id, pipeline.name, e)
+                )
             raise Failure(
                 description=f"{type(e).__name__}: {e}",
-                metadata={**e.metadata(), "error": type(e).__name__},
-                allow_retries=False,
-            ) from None
+                metadata=error_failure_metadata(e),
+                allow_retries=not terminal,
+            ) from (None if terminal else e)
         return MaterializeResult(metadata=outcome_metadata(outcome))
 
     return _pipeline_asset

@@ -11,6 +11,7 @@ to do, or whose runs all skip, starts no JVM.
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from dagster import (
@@ -19,33 +20,41 @@ from dagster import (
     Definitions,
     DeleteDynamicPartitionsRequest,
     Failure,
+    SensorDefinition,
     SensorResult,
     build_sensor_context,
 )
-from dagster._core.definitions.sensor_definition import SensorDefinition
 
+from watermark_dagster.core.resuming import ResumeAction
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
 from watermark_dagster.dagster_defs.resources import held_spark_sessions
-from watermark_dagster.dagster_defs.runs import TERMINAL_TAG, batch_runs, unfinished_pipelines
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, resume_request
-from watermark_dagster.errors import WatermarkError
+from watermark_dagster.dagster_defs.runs import (
+    ERROR_METADATA,
+    TERMINAL_TAG,
+    batch_runs,
+    pipeline_keys_of,
+)
+from watermark_dagster.dagster_defs.sensors import (
+    COORDINATOR,
+    FINALIZER,
+    CoordinatorCursor,
+    resume_request,
+)
+from watermark_dagster.operations.coordinate import resume_batch
 from watermark_dagster.store import WatermarkStore
 
 
-def _ours(cls: type) -> set[str]:
-    return {cls.__name__} | {n for sub in cls.__subclasses__() for n in _ours(sub)}
-
-
-def _root_message(error: object) -> str:
-    """The message of a failed step: our own error when one is in the cause chain (it
-    names the table, the versions and the fix), else the innermost cause."""
-    ours = _ours(WatermarkError)
-    chain = [error]
+def _step_failure_message(data: Any) -> str:
+    """The message of a failed step: our own error when the asset reported one (a
+    ``Failure`` carrying :data:`ERROR_METADATA`, whose description names the table, the
+    versions and the fix), else the innermost cause."""
+    user = getattr(data, "user_failure_data", None)
+    if user is not None and ERROR_METADATA in (user.metadata or {}):
+        return str(user.description).strip()
+    chain = [data.error]
     while getattr(chain[-1], "cause", None) is not None:
-        chain.append(chain[-1].cause)  # type: ignore[attr-defined]
-    named = next((e for e in chain if getattr(e, "cls_name", None) in ours), chain[-1])
-    text = str(getattr(named, "message", named)).strip()
-    # A terminal error reaches Dagster as a Failure whose description is the error itself.
+        chain.append(chain[-1].cause)
+    text = str(getattr(chain[-1], "message", chain[-1])).strip()
     return text.removeprefix(f"{Failure.__module__}.{Failure.__name__}: ")
 
 
@@ -117,16 +126,21 @@ class HeadlessRunner:
         self._instance_ref = instance.get_ref()
         self._job = defs.resolve_job_def(BATCH_JOB)
 
+    @cached_property
+    def pipeline_keys(self) -> dict[str, AssetKey]:
+        """pipeline name -> its asset key (whatever the translator made of it)."""
+        return pipeline_keys_of(self.defs.resolve_all_asset_specs())
+
     def pipeline_key(self, name: str) -> AssetKey:
         """The asset key of pipeline ``name`` (whatever the translator made of it).
 
         Raises:
             KeyError: no pipeline asset has that name.
         """
-        for spec in self.defs.resolve_all_asset_specs():
-            if spec.key.path[-1] == name and "target" in (spec.metadata or {}):
-                return spec.key
-        raise KeyError(f"no pipeline asset named {name!r}")
+        try:
+            return self.pipeline_keys[name]
+        except KeyError:
+            raise KeyError(f"no pipeline asset named {name!r}") from None
 
     def _sensor(self, name: str) -> SensorDefinition:
         return self.defs.resolve_sensor_def(name)
@@ -181,7 +195,7 @@ class HeadlessRunner:
                     if not e.is_step_failure or e.event_specific_data is None:
                         continue
                     info = e.event_specific_data.error  # type: ignore[union-attr]
-                    failures.append(f"{e.step_key}: {_root_message(info)}")
+                    failures.append(f"{e.step_key}: {_step_failure_message(e.event_specific_data)}")
                     if info is not None:
                         traces.append(info.to_string())
                 error = "; ".join(failures) or "run failed"
@@ -217,13 +231,21 @@ class HeadlessRunner:
         batch = store.open_batch()
         if batch is None:
             return None
-        keys = {name: self.pipeline_key(name) for name in batch.pipelines}
-        todo = [keys[p] for p in unfinished_pipelines(self.instance, batch, keys)]
-        if not todo:
+        step = resume_batch(
+            store,
+            batch,
+            batch_runs(self.instance, batch.batch_id).facts,
+            known=self.pipeline_keys.keys(),
+            max_attempts=0,  # not consulted: a retry runs whatever the failed runs
+            actor="watermark run --retry",
+            retry=True,
+        )
+        if step.action is not ResumeAction.RUN:
             return None
-        attempt = batch_runs(self.instance, batch.batch_id).last_attempt + 1
-        self.log(f"batch {batch.batch_id}: retrying {[k.to_user_string() for k in todo]}")
-        return SensorResult(run_requests=[resume_request(batch.batch_id, todo, attempt)])
+        request = resume_request(step, self.pipeline_keys)
+        names = [k.to_user_string() for k in request.asset_selection or []]
+        self.log(f"batch {batch.batch_id}: retrying {names}")
+        return SensorResult(run_requests=[request])
 
     def run_until_idle(
         self, *, max_ticks: int = 100, max_batches: int | None = None, retry: bool = False
@@ -262,9 +284,9 @@ class HeadlessRunner:
             if before is not None and (after is None or after.batch_id != before.batch_id):
                 report.completed.append(before.batch_id)
                 self.log(f"batch {before.batch_id} completed")
-            skip = coordinated.skip_reason.skip_message if coordinated.skip_reason else None
-            if skip and "is stuck" in skip:
-                report.stuck = skip  # the caller reports it (once)
+            stuck = CoordinatorCursor.parse(coordinated.cursor).stuck_reason
+            if stuck is not None:
+                report.stuck = stuck  # the caller reports it (once)
                 return report
             if not coordinated.run_requests and after is None:
                 return report

@@ -1,4 +1,5 @@
-"""What the sensors need to know about Dagster runs and materializations of a batch.
+"""What the sensors need to know about Dagster runs of a batch, and the tag and metadata
+keys the adapters write and read (each defined here once).
 
 Every query here is bounded by the open batch (one partition), never by history.
 """
@@ -6,15 +7,19 @@ Every query here is bounded by the open batch (one partition), never by history.
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, AssetSpec, DagsterInstance, DagsterRunStatus, RunsFilter
+
+# Private, and kept: Dagster 1.13 exports no constant for the "dagster/partition" run tag
+# and no public run filter by partition; runs launched from the UI (re-executions,
+# backfills) carry only this tag, not ours.
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
-from watermark_dagster.core.planning import TerminalFailure
-from watermark_dagster.core.records import Batch
-from watermark_dagster.errors import TerminalError
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.core.resuming import BatchRunFacts, TerminalFailure
+from watermark_dagster.errors import ConfigurationError, TerminalError, WatermarkError
 
 # A run is in flight until it reaches one of these. QUEUED and NOT_STARTED count as in
 # flight: a run the daemon just submitted must not be submitted again.
@@ -26,6 +31,10 @@ WORKER_TAG = "watermark/worker"
 ATTEMPT_TAG = "watermark/attempt"
 BATCH_TAG = "watermark/batch"
 PLAN_ID_METADATA = "watermark/plan_id"
+# Asset metadata naming the registry pipeline an asset runs (whatever its asset key).
+PIPELINE_METADATA = "watermark/pipeline"
+# Failure metadata naming the class of our own error that failed a step (a WatermarkError).
+ERROR_METADATA = "error"
 # Set on a run whose pipeline raised a TerminalError: the coordinator does not resubmit it.
 TERMINAL_TAG = "watermark/terminal_error"
 
@@ -43,6 +52,12 @@ def terminal_error_tags(run_id: str, pipeline: str, error: TerminalError) -> dic
         "message": str(error)[:2000],
     }
     return {TERMINAL_TAG: json.dumps(value)}
+
+
+def error_failure_metadata(error: WatermarkError) -> dict[str, object]:
+    """The metadata of the ``Failure`` a pipeline asset raises for one of our errors: its
+    fields (table, batch, versions, fix) and its class under :data:`ERROR_METADATA`."""
+    return {**error.metadata(), ERROR_METADATA: type(error).__name__}
 
 
 def _terminal_failure(run: object) -> TerminalFailure | None:
@@ -96,19 +111,17 @@ def worker_alive(identity: str) -> bool | None:
 
 @dataclass(frozen=True)
 class BatchRuns:
-    """The Dagster runs of one batch partition, sorted into what the coordinator needs."""
+    """The Dagster runs of one batch partition: the facts the coordinator decides from,
+    and the runs found dead (marked failed) on the way."""
 
-    in_flight: tuple[str, ...]
-    dead: tuple[str, ...]
-    failed: int
-    last_attempt: int
-    terminal: TerminalFailure | None = None
+    facts: BatchRunFacts
+    dead: tuple[str, ...] = ()
 
 
 def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
     """Classify the runs of a batch partition; runs whose worker died are marked failed.
 
-    ``terminal`` is set when the newest finished run failed with a terminal error.
+    ``facts.terminal`` is set when the newest finished run failed with a terminal error.
     """
     runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: batch_id}))  # newest first
     in_flight: list[str] = []
@@ -141,55 +154,51 @@ def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
             # A canceled run counts as a failed attempt, so an operator's cancel is not
             # undone by endless resubmission.
             failed += run.status is not DagsterRunStatus.SUCCESS
-    return BatchRuns(tuple(in_flight), tuple(dead), failed, last_attempt, terminal)
+    facts = BatchRunFacts(tuple(in_flight), failed, last_attempt, terminal)
+    return BatchRuns(facts, tuple(dead))
 
 
-def succeeded_pipelines(
-    instance: DagsterInstance, batch: Batch, keys: Mapping[str, AssetKey]
-) -> set[str]:
-    """Pipelines of ``batch`` with a materialization of its partition for *this* plan.
+def pipeline_keys_of(specs: Iterable[AssetSpec]) -> dict[str, AssetKey]:
+    """pipeline name -> asset key, from the asset specs' :data:`PIPELINE_METADATA`."""
+    found = {}
+    for spec in specs:
+        name = (spec.metadata or {}).get(PIPELINE_METADATA)
+        if name is not None:
+            found[str(getattr(name, "value", name))] = spec.key
+    return found
 
-    The plan id check keeps a materialization left over from an older control root that
-    reused the same batch id from counting.
+
+def check_consumers(
+    registry: Registry, specs: Iterable[AssetSpec], upstream_keys: Mapping[str, AssetKey]
+) -> None:
+    """Check that the asset graph agrees with :meth:`Registry.consumers`: the pipeline
+    assets depending on each upstream's asset are exactly the pipelines that read it.
+
+    The finalizer advances an upstream once its registry consumers succeeded; the graph
+    the UI shows (and backfills follow) must say the same.
+
+    Raises:
+        ConfigurationError: an upstream's dependents differ; names it and both lists.
     """
-    done = set()
-    for name in batch.pipelines:
-        key = keys.get(name)
-        if key is None:
+    specs = list(specs)
+    names = {key: name for name, key in pipeline_keys_of(specs).items()}
+    in_graph: dict[str, set[str]] = {u: set() for u in upstream_keys}
+    by_key = {key: u for u, key in upstream_keys.items()}
+    for spec in specs:
+        if spec.key not in names:
             continue
-        records = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=key, asset_partitions=[batch.batch_id]), limit=20
-        ).records
-        for record in records:
-            materialization = record.asset_materialization
-            if materialization is None:
-                continue
-            plan_id = materialization.metadata.get(PLAN_ID_METADATA)
-            if plan_id is not None and getattr(plan_id, "value", plan_id) == batch.plan_id:
-                done.add(name)
-                break
-    return done
-
-
-def unfinished_pipelines(
-    instance: DagsterInstance, batch: Batch, keys: Mapping[str, AssetKey]
-) -> list[str]:
-    """The pipelines of ``batch`` (among ``keys``) still to materialize for it: what the
-    coordinator resubmits and ``watermark run --retry`` runs again."""
-    done = succeeded_pipelines(instance, batch, keys)
-    return [p for p in batch.pipelines if p not in done and p in keys]
-
-
-def consumers_from_graph(
-    asset_graph: object,
-    upstream_keys: Mapping[str, AssetKey],
-    pipeline_names: Mapping[AssetKey, str],
-) -> dict[str, set[str]]:
-    """upstream -> pipelines that read it, from the code location's asset graph."""
-    consumers: dict[str, set[str]] = {}
-    for upstream, key in upstream_keys.items():
-        node = asset_graph.get(key)  # type: ignore[attr-defined]
-        consumers[upstream] = {
-            pipeline_names[child] for child in node.child_keys if child in pipeline_names
-        }
-    return consumers
+        for dep in spec.deps:
+            upstream = by_key.get(dep.asset_key)
+            if upstream is not None:
+                in_graph[upstream].add(names[spec.key])
+    for upstream in sorted(upstream_keys):
+        expected = registry.consumers(upstream)
+        if tuple(sorted(in_graph[upstream])) != expected:
+            raise ConfigurationError(
+                f"Upstream '{upstream}': the asset graph has pipeline assets "
+                f"{sorted(in_graph[upstream])} depending on it, but the registry's pipelines "
+                f"reading it are {list(expected)}.",
+                upstream=upstream,
+                fix="build the pipeline assets from the registry (build_definitions) and give "
+                "each upstream and pipeline its own asset key in the translator.",
+            )

@@ -1,14 +1,16 @@
-"""The coordinator and finalizer sensors: thin adapters over the store and the core rules.
+"""The coordinator and finalizer sensors: thin adapters over :mod:`operations.coordinate`.
 
 Coordinator: resume the open batch (request its unfinished pipelines when no run of them
 is in flight), or plan a new one when there is new data and the minimum interval passed.
 Finalizer: advance each upstream of the open batch whose consumers all succeeded, then
-complete the batch.
+complete the batch. The decisions are made in ``operations`` and ``core``; the sensors
+turn Dagster's context into their inputs and their typed results into run requests,
+partition requests and skip reasons.
 """
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,25 +35,21 @@ from watermark_dagster.config.env import (
     DEFAULT_SENSOR_INTERVAL_SECONDS,
 )
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.core.planning import (
-    batch_is_due,
-    decide_resume,
-    prunable_batch_partitions,
-)
+from watermark_dagster.core.planning import batch_is_due, prunable_batch_partitions
+from watermark_dagster.core.resuming import ResumeAction, ResumeStep
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
-from watermark_dagster.dagster_defs.runs import (
-    ATTEMPT_TAG,
-    BATCH_TAG,
-    batch_runs,
-    consumers_from_graph,
-    succeeded_pipelines,
-    unfinished_pipelines,
-)
+from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG, batch_runs
 from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.delta_log import Observer
-from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
+from watermark_dagster.operations.coordinate import (
+    finalize_batch,
+    look_before_planning,
+    plan_next,
+    record_dead_runs,
+    resume_batch,
+)
 
 COORDINATOR = "watermark_coordinator"
 FINALIZER = "watermark_finalizer"
@@ -87,14 +85,46 @@ class WatermarkSettings:
     keep_batch_partitions: int = DEFAULT_KEEP_BATCH_PARTITIONS
 
 
-def resume_request(batch_id: str, keys: list[AssetKey], attempt: int) -> RunRequest:
-    """The run that (re)materializes ``keys`` for batch ``batch_id``; its key carries the
-    attempt, since Dagster never launches a run key twice (failed runs included)."""
+@dataclass
+class CoordinatorCursor:
+    """The coordinator's cursor, typed: what it remembers between ticks, and the open
+    batch's state as of its last tick (which the headless runner reads).
+
+    Attributes:
+        observed: upstream -> the latest version already reported as an observation.
+        continuity: the last reported watermark_continuity results.
+        plan_recorded: the batch whose plan history row was ensured.
+        stuck: ``batch:attempt`` of the stuck state last recorded in history.
+        stuck_reason: set when the last tick found the open batch stuck: the reason.
+    """
+
+    observed: dict[str, int] = field(default_factory=dict)
+    continuity: dict[str, Any] = field(default_factory=dict)
+    plan_recorded: str | None = None
+    stuck: str | None = None
+    stuck_reason: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "CoordinatorCursor":
+        """The cursor a tick left (keys it does not know are ignored)."""
+        raw = json.loads(text) if text else {}
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+    def dump(self) -> str:
+        """The cursor as the sensor stores it."""
+        return json.dumps(asdict(self))
+
+
+def resume_request(step: ResumeStep, keys: Mapping[str, AssetKey]) -> RunRequest:
+    """The run of a RUN step: it (re)materializes the step's pipelines for its batch; its
+    run key carries the attempt, since Dagster never launches a run key twice (failed runs
+    included)."""
+    assert step.action is ResumeAction.RUN and step.attempt is not None
     return RunRequest(
-        run_key=f"{batch_id}:{attempt}",
-        partition_key=batch_id,
-        asset_selection=keys,
-        tags={ATTEMPT_TAG: str(attempt), BATCH_TAG: batch_id},
+        run_key=f"{step.batch_id}:{step.attempt}",
+        partition_key=step.batch_id,
+        asset_selection=[keys[p] for p in step.pipelines],
+        tags={ATTEMPT_TAG: str(step.attempt), BATCH_TAG: step.batch_id},
     )
 
 
@@ -109,6 +139,7 @@ def build_coordinator_sensor(
     settings: WatermarkSettings,
 ):
     """The sensor that plans batches and (re)submits their runs."""
+    actor = f"sensor:{COORDINATOR}"
 
     @sensor(
         name=COORDINATOR,
@@ -122,13 +153,13 @@ def build_coordinator_sensor(
         context: SensorEvaluationContext, watermark_store: WatermarkStoreResource
     ) -> SensorResult | SkipReason:
         store = watermark_store.get_store()
-        cursor = json.loads(context.cursor) if context.cursor else {}
-        seen: dict[str, int] = cursor.get("observed", {})
+        cursor = CoordinatorCursor.parse(context.cursor)
+        cursor.stuck_reason = None
         events: list[AssetObservation | AssetCheckEvaluation] = []
 
         batch = store.open_batch()
         if batch is None:
-            found = look_before_planning(registry, observer, store, actor=f"sensor:{COORDINATOR}")
+            found = look_before_planning(registry, observer, store, actor=actor)
             for name, (_, _, why) in found.started.items():
                 context.log.info(f"{name}: {why}")
             look = found.observation
@@ -138,16 +169,15 @@ def build_coordinator_sensor(
                 context.log.error(error)
             # The watermark_continuity check of each upstream, reported when it changes:
             # a recreated or missing upstream shows as a failing check without a click.
-            checks, cursor["continuity"] = continuity_evaluations(
-                look, upstream_keys, cursor.get("continuity", {})
+            checks, cursor.continuity = continuity_evaluations(
+                look, upstream_keys, cursor.continuity
             )
             for name, obs in observed.items():
                 if obs.is_cursor:
                     continue
-                if seen.get(name) != obs.latest_version:
+                if cursor.observed.get(name) != obs.latest_version:
                     events.append(observation_event(obs, upstream_keys[name], committed.get(name)))
-                    seen[name] = obs.latest_version
-            cursor["observed"] = seen
+                    cursor.observed[name] = obs.latest_version
             events += checks
             now = datetime.now(UTC)
             interval = timedelta(seconds=settings.min_batch_interval_seconds)
@@ -155,9 +185,9 @@ def build_coordinator_sensor(
                 return SensorResult(
                     skip_reason=f"previous batch planned less than {interval} ago",
                     asset_events=events,
-                    cursor=json.dumps(cursor),
+                    cursor=cursor.dump(),
                 )
-            batch, created = plan_next(store, found, actor=f"sensor:{COORDINATOR}")
+            batch, created = plan_next(store, found, actor=actor)
             if batch is None:
                 reason = "no upstream has new versions"
                 if look.blocked:
@@ -167,9 +197,7 @@ def build_coordinator_sensor(
                     )
                 if set(errors) - set(look.blocked):
                     reason += f"; unavailable: {sorted(set(errors) - set(look.blocked))}"
-                return SensorResult(
-                    skip_reason=reason, asset_events=events, cursor=json.dumps(cursor)
-                )
+                return SensorResult(skip_reason=reason, asset_events=events, cursor=cursor.dump())
             if created:
                 context.log.info(
                     f"planned batch {batch.batch_id}: "
@@ -178,11 +206,11 @@ def build_coordinator_sensor(
                     + (f"; full load {list(batch.full_load)}" if batch.full_load else "")
                 )
 
-        elif cursor.get("plan_recorded") != batch.batch_id:
+        elif cursor.plan_recorded != batch.batch_id:
             # Once per batch, not per tick (it reads history): the plan's history row, if
             # the process that planned it died before writing it.
-            store.ensure_plan_recorded(batch, actor=f"sensor:{COORDINATOR}")
-        cursor["plan_recorded"] = batch.batch_id
+            store.ensure_plan_recorded(batch, actor=actor)
+        cursor.plan_recorded = batch.batch_id
 
         add_partition = []
         if not context.instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, batch.batch_id):
@@ -191,60 +219,34 @@ def build_coordinator_sensor(
         runs = batch_runs(context.instance, batch.batch_id)
         if runs.dead:
             context.log.warning(f"batch {batch.batch_id}: runs {list(runs.dead)} lost their worker")
-            for run_id in runs.dead:
-                store.record(
-                    "RUN_DIED",
-                    actor=f"sensor:{COORDINATOR}",
-                    batch_id=batch.batch_id,
-                    detail={"run_id": run_id},
-                )
-
-        def result(skip: str | None, requests: list[RunRequest] | None = None) -> SensorResult:
-            return SensorResult(
-                run_requests=requests or None,
-                skip_reason=None if requests else skip,
-                dynamic_partitions_requests=add_partition or None,
-                asset_events=events,
-                cursor=json.dumps(cursor),
-            )
-
-        if runs.in_flight:
-            return result(f"batch {batch.batch_id}: run(s) {list(runs.in_flight)} in flight")
-        todo = unfinished_pipelines(context.instance, batch, pipeline_keys)
-        if not todo:
-            return result(f"batch {batch.batch_id}: all pipelines succeeded; finalizer's turn")
-        decision = decide_resume(
-            batch.batch_id,
-            todo,
-            failed_runs=runs.failed,
+            record_dead_runs(store, batch, runs.dead, actor=actor)
+        step = resume_batch(
+            store,
+            batch,
+            runs.facts,
+            known=pipeline_keys.keys(),
             max_attempts=settings.max_attempts,
-            terminal=runs.terminal,
+            actor=actor,
+            stuck_recorded=cursor.stuck,
         )
-        if not decision.run:
-            stuck_key = f"{batch.batch_id}:{runs.last_attempt}"
-            if cursor.get("stuck") != stuck_key:
-                cursor["stuck"] = stuck_key
-                detail: dict[str, Any] = {
-                    "failed_runs": runs.failed,
-                    "pipelines": todo,
-                    "reason": decision.stuck,
-                    "terminal": runs.terminal is not None,
-                }
-                if runs.terminal is not None:
-                    detail.update(error=runs.terminal.error, message=runs.terminal.message)
-                store.record(
-                    "BATCH_STUCK",
-                    actor=f"sensor:{COORDINATOR}",
-                    batch_id=batch.batch_id,
-                    detail=detail,
-                )
+        requests = None
+        if step.action is ResumeAction.STUCK:
+            if cursor.stuck != step.stuck_key:
                 # The full reason (with the fix) is this tick's skip reason.
                 context.log.warning(f"batch {batch.batch_id} is stuck: not resubmitted")
-            return result(decision.stuck)
-        attempt = runs.last_attempt + 1
-        request = resume_request(batch.batch_id, [pipeline_keys[p] for p in todo], attempt)
-        context.log.info(f"batch {batch.batch_id} attempt {attempt}: requesting {todo}")
-        return result(None, [request])
+            cursor.stuck, cursor.stuck_reason = step.stuck_key, step.reason
+        elif step.action is ResumeAction.RUN:
+            context.log.info(
+                f"batch {batch.batch_id} attempt {step.attempt}: requesting {list(step.pipelines)}"
+            )
+            requests = [resume_request(step, pipeline_keys)]
+        return SensorResult(
+            run_requests=requests,
+            skip_reason=None if requests else step.reason,
+            dynamic_partitions_requests=add_partition or None,
+            asset_events=events,
+            cursor=cursor.dump(),
+        )
 
     return watermark_coordinator
 
@@ -254,11 +256,17 @@ def build_finalizer_sensor(
     registry: Registry,
     observer: Observer,
     upstream_keys: Mapping[str, AssetKey],
-    pipeline_keys: Mapping[str, AssetKey],
     settings: WatermarkSettings,
+    pipeline_keys: Mapping[str, AssetKey] | None = None,
 ):
-    """The sensor that advances committed watermarks and completes batches."""
-    pipeline_names = {key: name for name, key in pipeline_keys.items()}
+    """The sensor that advances committed watermarks and completes batches.
+
+    Consumers come from the registry (:meth:`Registry.consumers`), which the asset graph
+    is checked against (:func:`watermark_dagster.dagster_defs.runs.check_consumers`);
+    ``pipeline_keys`` is accepted from older callers and not used.
+    """
+    del pipeline_keys
+    actor = f"sensor:{FINALIZER}"
 
     @sensor(
         name=FINALIZER,
@@ -274,13 +282,6 @@ def build_finalizer_sensor(
         batch = store.open_batch()
         if batch is None:
             return SkipReason("no open batch")
-        consumers = consumers_from_graph(
-            context.repository_def.asset_graph,  # type: ignore[union-attr]
-            upstream_keys,
-            pipeline_names,
-        )
-        done = succeeded_pipelines(context.instance, batch, pipeline_keys)
-        actor = f"sensor:{FINALIZER}"
         events = []
 
         def advanced(upstream: str) -> None:
@@ -301,9 +302,7 @@ def build_finalizer_sensor(
                 )
             )
 
-        step = finalize_batch(
-            store, batch, consumers=consumers, succeeded=done, actor=actor, on_advance=advanced
-        )
+        step = finalize_batch(store, batch, registry=registry, actor=actor, on_advance=advanced)
         if not step.complete:
             waiting = "; ".join(f"{u} waits for {list(p)}" for u, p in step.waiting.items())
             return SensorResult(

@@ -1,18 +1,27 @@
-"""The coordinator's look before it plans, shared by the sensor and `watermark plan`.
+"""The coordinator's and the finalizer's use cases: look and plan, resume, finalize.
 
-It observes every upstream, records where upstreams configured with ``start_from`` begin
-(or, for a preview, only pretends to), and returns what planning needs.
+Shared by the sensors, the headless runner and `watermark plan`. Each returns a typed
+result the adapters turn into run requests, skip reasons and log lines; the rules are in
+:mod:`watermark_dagster.core`.
 """
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.finalizing import FinalizeStep, finalize_step
+from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import CursorPosition
 from watermark_dagster.core.records import Batch, BatchStatus, Watermark, WatermarkHow
+from watermark_dagster.core.resuming import (
+    BatchRunFacts,
+    ResumeStep,
+    resume_step,
+    unfinished_pipelines,
+)
 from watermark_dagster.observe.delta_log import (
     Observer,
     RegistryObservation,
@@ -99,24 +108,85 @@ def plan_next(store: WatermarkStore, look: Look, *, actor: str) -> tuple[Batch |
     )
 
 
+def succeeded(store: WatermarkStore, batch: Batch) -> frozenset[str]:
+    """The pipelines that succeeded for ``batch``: its SUCCESS checkpoints
+    (:func:`watermark_dagster.core.outcomes.succeeded_pipelines`). Reads one batch's rows."""
+    return succeeded_pipelines(batch.batch_id, store.checkpoints(batch_id=batch.batch_id))
+
+
+def unfinished(store: WatermarkStore, batch: Batch, known: Collection[str]) -> list[str]:
+    """The pipelines of ``batch`` still to run (among the declared ``known`` ones)."""
+    return unfinished_pipelines(batch.pipelines, succeeded(store, batch), known)
+
+
+def record_dead_runs(
+    store: WatermarkStore, batch: Batch, run_ids: Sequence[str], *, actor: str
+) -> None:
+    """Record in history that runs of ``batch`` lost their worker (they were marked failed)."""
+    for run_id in run_ids:
+        store.record("RUN_DIED", actor=actor, batch_id=batch.batch_id, detail={"run_id": run_id})
+
+
+def resume_batch(
+    store: WatermarkStore,
+    batch: Batch,
+    runs: BatchRunFacts,
+    *,
+    known: Collection[str],
+    max_attempts: int,
+    actor: str,
+    stuck_recorded: str | None = None,
+    retry: bool = False,
+) -> ResumeStep:
+    """Decide what to do with the open ``batch`` (the coordinator's tick once a batch is
+    open): wait for a run in flight, leave it to the finalizer, request its unfinished
+    pipelines again, or stop it as stuck.
+
+    A stuck batch is recorded in history (``BATCH_STUCK``) once per stuck state: not when
+    ``stuck_recorded`` (the caller's memory of the last one recorded) equals the step's
+    ``stuck_key``.
+
+    Args:
+        runs: the batch partition's runs.
+        known: the pipelines the code location declares.
+        retry: request the unfinished pipelines whatever the failed runs.
+    """
+    todo = [] if runs.in_flight and not retry else unfinished(store, batch, known)
+    step = resume_step(batch.batch_id, todo, runs, max_attempts=max_attempts, retry=retry)
+    if step.is_stuck and step.stuck_key != stuck_recorded:
+        detail: dict[str, Any] = {
+            "failed_runs": runs.failed,
+            "pipelines": list(step.pipelines),
+            "reason": step.reason,
+            "terminal": runs.terminal is not None,
+        }
+        if runs.terminal is not None:
+            detail.update(error=runs.terminal.error, message=runs.terminal.message)
+        store.record("BATCH_STUCK", actor=actor, batch_id=batch.batch_id, detail=detail)
+    return step
+
+
 def finalize_batch(
     store: WatermarkStore,
     batch: Batch,
     *,
-    consumers: Mapping[str, Iterable[str]],
-    succeeded: Iterable[str],
+    registry: Registry,
     actor: str,
     on_advance: Callable[[str], None] = lambda _upstream: None,
 ) -> FinalizeStep:
     """Advance every upstream of ``batch`` whose consumers all succeeded, then complete
     the batch when none is left waiting (the finalizer sensor's work; safe to repeat).
 
+    Consumers are :meth:`Registry.consumers` (the asset graph is built from, and checked
+    against, the same registry); succeeded is :func:`succeeded`.
+
     Args:
-        consumers: upstream -> pipelines that read it (from the asset graph).
-        succeeded: pipelines that materialized the batch successfully.
         on_advance: called after each upstream advanced.
     """
-    step = finalize_step(batch.inputs, batch.advanced, consumers, batch.pipelines, succeeded)
+    consumers = {u: registry.consumers(u) for u in batch.inputs}
+    step = finalize_step(
+        batch.inputs, batch.advanced, consumers, batch.pipelines, succeeded(store, batch)
+    )
     for upstream in step.advance:
         store.advance(batch, upstream, actor=actor)
         on_advance(upstream)

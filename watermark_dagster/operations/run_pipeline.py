@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from watermark_dagster.config.registry import Pipeline, Registry
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
+from watermark_dagster.core.outcomes import superseded_by
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
@@ -153,13 +154,11 @@ def decide_pipeline(
         reason = f"no upstream of '{pipeline_name}' changed in batch {batch_id}"
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineDecision(pipeline, batch, SkipKind.NOT_IN_BATCH, reason)
-    newest = None if batch.kind is BatchKind.REPLAY else store.newest_applied(pipeline_name)
-    if newest is not None and newest.seq > batch.seq:
-        # I5: a backfill of an older batch must not overwrite what newer batches wrote (nor
-        # bring back rows they deleted). The target already holds this batch's effects.
+    newer = superseded_by(batch, lambda: store.newest_applied(pipeline_name))
+    if newer is not None:
         reason = (
             f"batch {batch_id} is superseded: '{pipeline_name}' already applied the newer "
-            f"batch {newest.batch_id}; its target is left as it is"
+            f"batch {newer.batch_id}; its target is left as it is"
         )
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineDecision(pipeline, batch, SkipKind.SUPERSEDED, reason)

@@ -14,7 +14,7 @@ from typing import Any
 from watermark_dagster.cli.context import EXIT_OK, Context, Refusal
 from watermark_dagster.cli.parser import add_command
 from watermark_dagster.cli.render import STATUS_STYLES, Styled
-from watermark_dagster.core.planning import RESUME_HINT
+from watermark_dagster.core.resuming import RESUME_HINT
 
 STUCK = "STUCK"
 # The coordinator's own advice when a stuck batch's history row carries no fix.
