@@ -474,6 +474,12 @@ class Registry:
         """pipeline -> the upstreams it reads."""
         return {name: p.upstreams for name, p in self.pipelines.items()}
 
+    def consumers(self, upstream: str) -> tuple[str, ...]:
+        """The pipelines that read ``upstream``, sorted: the one definition of its consumers
+        (the finalizer advances an upstream once they all applied a batch; a manual change
+        and a replay name them)."""
+        return tuple(sorted(n for n, p in self.pipelines.items() if upstream in p.upstreams))
+
     def consumed_upstreams(self) -> list[Upstream]:
         """Upstreams read by at least one pipeline."""
         used = {u for p in self.pipelines.values() for u in p.upstreams}
