@@ -245,7 +245,8 @@ def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> N
     before = _versions(home)
     refused = watermark(home, "set", "-t", "orders", "--version", "3", "--yes")
     assert refused.returncode == 2
-    assert f"batch {batch_id} is open and reads orders" in refused.stderr
+    # The store's refusal (the one definition of the rule), raised before any prompt.
+    assert f"Batch {batch_id} is open and reads upstream 'orders'" in refused.stderr
     assert "--force" in refused.stderr
     assert _versions(home) == before
     # An upstream the open batch does not read (NOOP) can move freely.
@@ -471,6 +472,54 @@ def test_every_command_has_help_with_an_example_and_json(
         assert "--json" in text, command
         if command == "set":
             assert "no zone means UTC" in text.replace("\n", " ")
+
+
+def test_defs_takes_a_location_or_its_definitions(home: Path) -> None:
+    """`--defs` loads the location object, or the plain Definitions built from it (the
+    registry travels in the Definitions, not in a process-wide table); anything else is
+    refused with the fix."""
+    via_defs = watermark(home, "list", "--json")
+    via_location = watermark(
+        home, "list", "--json", "--defs", "watermark_dagster.definitions:location"
+    )
+    assert via_defs.returncode == via_location.returncode == 0, via_location.stderr
+    assert json.loads(via_location.stdout) == json.loads(via_defs.stdout)
+    foreign = watermark(home, "list", "--defs", "watermark_dagster.definitions:build_demo_location")
+    assert foreign.returncode == 2
+    assert "not built by watermark_dagster's build_location" in foreign.stderr
+    assert "build_location(...)" in foreign.stderr
+
+
+def test_a_location_is_recovered_from_its_definitions_and_their_merges(tmp_path: Path) -> None:
+    from dagster import Definitions
+
+    from watermark_dagster.dagster_defs.definitions import location_of
+    from watermark_dagster.definitions import build_demo_location
+    from watermark_dagster.errors import ConfigurationError
+
+    location = build_demo_location(tmp_path)
+    for defs in (location.definitions, Definitions.merge(location.definitions, Definitions())):
+        found = location_of(defs)
+        assert found.registry is location.registry
+        assert found.control_root == location.control_root == DemoPaths(tmp_path).control_root
+    # Two locations built from equal inputs stay apart: nothing is looked up by identity.
+    other = build_demo_location(tmp_path / "other")
+    assert location_of(other.definitions).registry is other.registry is not location.registry
+    with pytest.raises(ConfigurationError, match="build_definitions"):
+        location_of(Definitions())
+
+
+def test_consumers_are_the_sorted_pipelines_reading_an_upstream(tmp_path: Path) -> None:
+    from watermark_dagster.demo import build_demo_registry
+
+    registry = build_demo_registry(DemoPaths(tmp_path))
+    expected = {
+        u: tuple(sorted(p for p, ups in registry.pipeline_inputs().items() if u in ups))
+        for u in registry.upstreams
+    }
+    assert {u: registry.consumers(u) for u in registry.upstreams} == expected
+    assert registry.consumers("customers") == ("customer_payments", "orders_enriched")
+    assert registry.consumers("no_such_upstream") == ()
 
 
 NOW = datetime(2026, 8, 9, 12, 0, tzinfo=UTC)

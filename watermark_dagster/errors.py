@@ -7,6 +7,9 @@ Two families, because operators react to them differently:
 * :class:`RetryableError` — a concurrent writer won the commit, or storage blinked. The
   caller retries; the store does so itself a bounded number of times.
 
+:class:`UsageError`, a terminal error, is a command-line input or request the ``watermark``
+command refuses (a bad flag value, an unconfirmed change); nothing was written.
+
 Every error carries the table, batch and range it concerns as attributes, so the Dagster
 boundary can turn it into a ``Failure`` whose metadata the UI shows.
 """
@@ -58,6 +61,13 @@ class TerminalError(WatermarkError):
 
 class RetryableError(WatermarkError):
     """A transient condition; the same call may succeed later."""
+
+
+class UsageError(TerminalError):
+    """A ``watermark`` command refused its input or a write; nothing was written (exit 2).
+
+    The message names the value at fault and ends with the fix.
+    """
 
 
 class ConfigurationError(TerminalError):

@@ -1,4 +1,4 @@
-"""Running one ``watermark`` command: parse, dispatch, turn refusals into exit codes."""
+"""Running one ``watermark`` command: parse, dispatch, turn errors into exit codes."""
 
 import contextlib
 import logging
@@ -6,21 +6,22 @@ import os
 import sys
 from collections.abc import Sequence
 
-from watermark_dagster.cli.context import EXIT_FAILED, EXIT_REFUSED, Context, Refusal
+from watermark_dagster.cli.context import EXIT_FAILED, EXIT_REFUSED, Context
 from watermark_dagster.cli.parser import build_parser
 from watermark_dagster.cli.render import Console
 from watermark_dagster.errors import RetryableError, WatermarkError
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run one command and return its exit code (argparse exits itself on bad syntax)."""
+    """Run one command and return its exit code (argparse exits itself on bad syntax).
+
+    A retryable error (control tables contended) exits 1; every other error of ours,
+    usage errors included, exits 2: nothing was written.
+    """
     args = build_parser().parse_args(argv)
     console = Console()
     try:
         return int(args.func(Context(args, console)) or 0)
-    except Refusal as e:
-        console.problem(str(e))
-        return EXIT_REFUSED
     except RetryableError as e:
         console.problem(str(e))
         return EXIT_FAILED

@@ -1,8 +1,8 @@
 """What every command needs: where things live, the code location, its store and registry.
 
-Nothing here writes to the control tables. Loading a code location only builds its
-definitions; ``store`` creates missing control tables on first use, as the sensors do,
-while ``read_store`` (for commands that only look) creates and writes nothing.
+Nothing here writes to the control tables. Loading a code location only builds it;
+``store`` creates missing control tables on first use, as the sensors do, while
+``read_store`` (for commands that only look) creates and writes nothing.
 """
 
 import argparse
@@ -11,14 +11,17 @@ import os
 import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from watermark_dagster.cli.render import Console
+from watermark_dagster.errors import UsageError
 
 if TYPE_CHECKING:
     from dagster import Definitions
+    from pyspark.sql import SparkSession
 
     from watermark_dagster.config.registry import Registry, Upstream
+    from watermark_dagster.dagster_defs.definitions import WatermarkLocation
     from watermark_dagster.store import WatermarkStore
 
 DEFAULT_DEFS = "watermark_dagster.definitions:defs"
@@ -27,13 +30,6 @@ DEFAULT_DEFS = "watermark_dagster.definitions:defs"
 EXIT_OK = 0
 EXIT_FAILED = 1  # a pipeline failed, a batch is stuck, a target differs from its recompute
 EXIT_REFUSED = 2  # bad input or configuration, or a refused write: nothing was written
-
-
-class Refusal(Exception):
-    """A command refused its input or a write; nothing was written (exit 2).
-
-    The message names the value at fault and ends with the fix.
-    """
 
 
 def watermark_home(args: argparse.Namespace) -> Path:
@@ -60,27 +56,32 @@ def dagster_home(home: Path) -> Path:
     return path
 
 
-def load_defs(spec: str) -> "Definitions":
-    """The ``Definitions`` at ``module:attribute``.
+def load_location(spec: str) -> "WatermarkLocation":
+    """The code location at ``module:attribute``: a location built by ``build_location``,
+    or the ``Definitions`` built by ``build_definitions``.
 
     Raises:
-        Refusal: the module cannot be imported or has no such attribute.
+        UsageError: the module cannot be imported or has no such attribute.
+        ConfigurationError: the attribute is not a watermark code location.
     """
+    from watermark_dagster.dagster_defs.definitions import location_of
+
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise Refusal(
+        raise UsageError(
             f"cannot import code location module {module_name!r} ({e}); give --defs as "
             "module:attribute, e.g. my_project.definitions:defs."
         ) from e
     try:
-        return getattr(module, attr or "defs")
+        found = getattr(module, attr or "defs")
     except AttributeError:
-        raise Refusal(
+        raise UsageError(
             f"module {module_name!r} has no attribute {attr or 'defs'!r}; give --defs as "
             "module:attribute."
         ) from None
+    return location_of(found)
 
 
 class Context:
@@ -93,49 +94,45 @@ class Context:
         dagster_home(self.home)
 
     @cached_property
-    def defs(self) -> "Definitions":
+    def location(self) -> "WatermarkLocation":
         """The code location (``--defs``)."""
-        return load_defs(getattr(self.args, "defs", None) or DEFAULT_DEFS)
+        return load_location(getattr(self.args, "defs", None) or DEFAULT_DEFS)
 
-    @cached_property
+    @property
+    def defs(self) -> "Definitions":
+        """Its Dagster definitions."""
+        return self.location.definitions
+
+    @property
     def registry(self) -> "Registry":
         """Its upstreams and pipelines."""
-        from watermark_dagster.dagster_defs.definitions import registry_of
-
-        return registry_of(self.defs)
+        return self.location.registry
 
     @cached_property
     def store(self) -> "WatermarkStore":
         """Its control tables."""
-        return self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
+        return self.location.store()
 
     @cached_property
     def read_store(self) -> "WatermarkStore":
         """The same control tables opened read-only: nothing is created (a missing control
         table reads as empty) and nothing can be written. For commands that only look."""
-        from watermark_dagster.store import ReadOnlyWatermarkStore
+        return self.location.read_only_store()
 
-        store = self.store
-        return ReadOnlyWatermarkStore(store.root, storage_options=store.storage_options)
-
-    def spark(self) -> Any:
+    def spark(self) -> "SparkSession":
         """The code location's Spark session, started once for the whole command."""
-        return self.defs.resources["spark"].get_session()  # type: ignore[union-attr]
+        return self.location.spark_session()
 
     def upstream(self, name: str) -> "Upstream":
         """An upstream by name.
 
         Raises:
-            Refusal: no upstream has that name; the message lists the known ones.
+            UsageError: no upstream has that name; the message lists the known ones.
         """
         found = self.registry.upstreams.get(name)
         if found is None:
             known = sorted(self.registry.upstreams)
-            raise Refusal(
+            raise UsageError(
                 f"unknown upstream {name!r}; the code location has {known}. Use `watermark list`."
             )
         return found
-
-    def consumers(self, upstream: str) -> list[str]:
-        """Pipelines that read ``upstream``, sorted."""
-        return sorted(n for n, p in self.registry.pipelines.items() if upstream in p.upstreams)

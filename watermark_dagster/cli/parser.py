@@ -1,9 +1,11 @@
-"""The argument parser: one sub-command per operation, each with an example in its help."""
+"""The argument parser, built from the table of commands (:data:`.commands.COMMANDS`):
+one sub-command per operation, each with an example in its help."""
 
 import argparse
 import textwrap
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from watermark_dagster.cli.context import DEFAULT_DEFS
 
@@ -34,41 +36,67 @@ $WATERMARK_HOME/dagster), NO_COLOR (plain output even on a terminal).
 """
 
 
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a command: ``flags`` and the keyword arguments of
+    :meth:`argparse.ArgumentParser.add_argument`."""
+
+    flags: tuple[str, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def arg(*flags: str, **options: Any) -> Arg:
+    """An :class:`Arg`, written as :meth:`~argparse.ArgumentParser.add_argument` is called."""
+    return Arg(flags, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One row of the table of commands: its name, handler, arguments and help.
+
+    Every command also takes --home, --json and (with ``defs``) --defs.
+    """
+
+    name: str
+    handler: Callable[["Context"], int]
+    help: str
+    example: str
+    arguments: Sequence[Arg] = ()
+    description: str | None = None
+    defs: bool = True
+    json_help: str = "JSON instead of text, for scripts"
+
+
 def add_command(
-    sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
-    name: str,
-    func: Callable[["Context"], int],
-    *,
-    help: str,
-    example: str,
-    description: str | None = None,
-    defs: bool = True,
-    json_help: str = "JSON instead of text, for scripts",
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]", command: Command
 ) -> argparse.ArgumentParser:
     """A sub-command with the shared options (--home, --defs, --json) and an example."""
-    examples = textwrap.indent(example.strip(), "  ")
+    example = command.example.strip()
+    examples = textwrap.indent(example, "  ")
     parser = sub.add_parser(
-        name,
-        help=help,
-        description=description or help[0].upper() + help[1:] + ".",
-        epilog=f"example{'s' if chr(10) in example.strip() else ''}:\n{examples}",
+        command.name,
+        help=command.help,
+        description=command.description or command.help[0].upper() + command.help[1:] + ".",
+        epilog=f"example{'s' if chr(10) in example else ''}:\n{examples}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--home", help="WATERMARK_HOME (default: $WATERMARK_HOME or ./.watermark)")
-    if defs:
+    if command.defs:
         parser.add_argument(
             "--defs",
             default=DEFAULT_DEFS,
             help=f"code location as module:attribute (default: {DEFAULT_DEFS})",
         )
-    parser.add_argument("--json", action="store_true", help=json_help)
-    parser.set_defaults(func=func)
+    parser.add_argument("--json", action="store_true", help=command.json_help)
+    for argument in command.arguments:
+        parser.add_argument(*argument.flags, **argument.options)
+    parser.set_defaults(func=command.handler)
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``watermark`` argument parser, with every command registered."""
-    from watermark_dagster.cli.commands import MODULES
+    from watermark_dagster.cli.commands import COMMANDS
 
     parser = argparse.ArgumentParser(
         prog="watermark",
@@ -77,6 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in MODULES:
-        module.register(sub)
+    for command in COMMANDS:
+        add_command(sub, command)
     return parser

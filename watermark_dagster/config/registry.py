@@ -476,7 +476,8 @@ class Registry:
 
     def consumers(self, upstream: str) -> tuple[str, ...]:
         """The pipelines that read ``upstream``, sorted: the one definition of its consumers
-        (the finalizer advances it once all of them succeeded for a batch)."""
+        (the finalizer advances an upstream once they all applied a batch; a manual change
+        and a replay name them)."""
         return tuple(sorted(n for n, p in self.pipelines.items() if upstream in p.upstreams))
 
     def consumed_upstreams(self) -> list[Upstream]:

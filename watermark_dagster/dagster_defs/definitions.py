@@ -1,4 +1,16 @@
-"""Building a code location's ``Definitions`` from a registry."""
+"""Building a code location from a registry: its ``Definitions`` and the location object
+that carries them with the registry and the store settings.
+
+The ``watermark`` command line needs the registry behind a code location, which a
+``Definitions`` cannot hold as an attribute. :func:`build_location` returns a
+:class:`WatermarkLocation` holding both; the ``Definitions`` carry the registry as a
+resource as well, so :func:`location_of` recovers the whole location from a plain
+``Definitions`` built here (a module that exposes only ``defs``), with no process-wide
+lookup.
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Required, TypedDict, Unpack
 
 from dagster import (
     AssetSelection,
@@ -25,15 +37,60 @@ from watermark_dagster.dagster_defs.sensors import (
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.delta_log import Observer
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from watermark_dagster.store import WatermarkStore
+
 BATCH_JOB = "watermark_batch_job"
-# Definitions metadata key naming the registry a code location was built from.
-REGISTRY_METADATA_KEY = "watermark/registry"
-# token -> registry; Definitions are immutable records that hold no extra attributes, so
-# the registry is found through a token stored in their metadata (which survives merges).
-_REGISTRIES: dict[str, Registry] = {}
+# Resource keys of a code location built here. The registry is a resource so that it
+# travels with the Definitions (merges keep resources); no asset requires it.
+SPARK_RESOURCE_KEY = "spark"
+STORE_RESOURCE_KEY = "watermark_store"
+REGISTRY_RESOURCE_KEY = "watermark_registry"
 
 
-def build_definitions(
+@dataclass(frozen=True)
+class WatermarkLocation:
+    """A watermark code location: its registry, control tables, Spark resource and the
+    ``Definitions`` Dagster loads.
+
+    Built by :func:`build_location`, or recovered from its ``Definitions`` by
+    :func:`location_of`. The ``watermark`` command line works on one of these.
+    """
+
+    registry: Registry
+    store_resource: WatermarkStoreResource
+    spark_resource: SparkSessionResource
+    definitions: Definitions
+
+    @property
+    def control_root(self) -> str:
+        """Where the control tables live."""
+        return self.store_resource.control_root
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """delta-rs storage options for the control root."""
+        return self.store_resource.storage_options
+
+    def store(self) -> "WatermarkStore":
+        """The control tables (created on first use, as the sensors do)."""
+        return self.store_resource.get_store()
+
+    def read_only_store(self) -> "WatermarkStore":
+        """The same control tables opened read-only: nothing is created (a missing table
+        reads as empty) and nothing can be written."""
+        from watermark_dagster.store import ReadOnlyWatermarkStore
+
+        return ReadOnlyWatermarkStore(self.control_root, storage_options=self.storage_options)
+
+    def spark_session(self) -> "SparkSession":
+        """The location's Spark session (started on first call)."""
+        return self.spark_resource.get_session()
+
+
+def build_location(
     registry: Registry,
     *,
     control_root: str,
@@ -41,7 +98,7 @@ def build_definitions(
     settings: WatermarkSettings | None = None,
     translator: WatermarkTranslator | None = None,
     storage_options: dict[str, str] | None = None,
-) -> Definitions:
+) -> WatermarkLocation:
     """Everything a watermark code location needs, from its registry.
 
     Upstreams become observable source assets, pipelines batch-partitioned assets selected
@@ -56,8 +113,12 @@ def build_definitions(
         translator: asset keys and groups.
         storage_options: delta-rs storage options for the control root.
 
+    Returns:
+        the location; Dagster loads its ``definitions``.
+
     Example:
-        >>> defs = build_definitions(registry, control_root="/lake/_watermark")
+        >>> location = build_location(registry, control_root="/lake/_watermark")
+        >>> defs = location.definitions
     """
     if not registry.pipelines:
         raise ConfigurationError(
@@ -79,7 +140,7 @@ def build_definitions(
         selection=AssetSelection.assets(*pipeline_keys.values()),
         description="Runs the pipelines of one batch partition (one process, one JVM).",
     )
-    return Definitions(
+    defs = Definitions(
         assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
         asset_checks=[
             *build_retention_checks(registry, upstream_keys),
@@ -105,34 +166,70 @@ def build_definitions(
             ),
         ],
         resources={
-            "spark": spark or SparkSessionResource(),
-            "watermark_store": WatermarkStoreResource(
+            SPARK_RESOURCE_KEY: spark or SparkSessionResource(),
+            STORE_RESOURCE_KEY: WatermarkStoreResource(
                 control_root=control_root, storage_options=storage_options
             ),
+            REGISTRY_RESOURCE_KEY: registry,
         },
         executor=in_process_executor,
-        metadata={REGISTRY_METADATA_KEY: _remember(registry)},
     )
+    return location_of(defs)
 
 
-def _remember(registry: Registry) -> str:
-    token = f"registry-{id(registry):x}"
-    _REGISTRIES[token] = registry
-    return token
+class LocationOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`build_location` after the registry."""
+
+    control_root: Required[str]
+    spark: SparkSessionResource | None
+    settings: WatermarkSettings | None
+    translator: WatermarkTranslator | None
+    storage_options: dict[str, str] | None
+
+
+def build_definitions(registry: Registry, **options: Unpack[LocationOptions]) -> Definitions:
+    """The ``Definitions`` of :func:`build_location`'s code location (same arguments).
+
+    Example:
+        >>> defs = build_definitions(registry, control_root="/lake/_watermark")
+    """
+    return build_location(registry, **options).definitions
+
+
+def location_of(defs: Any) -> WatermarkLocation:
+    """The location behind ``defs``: a :class:`WatermarkLocation` as it is, or the
+    ``Definitions`` of one (built by :func:`build_definitions` or :func:`build_location`,
+    merges included).
+
+    Raises:
+        ConfigurationError: ``defs`` is neither, so it carries no registry.
+    """
+    if isinstance(defs, WatermarkLocation):
+        return defs
+    resources = defs.resources if isinstance(defs, Definitions) else None
+    registry = (resources or {}).get(REGISTRY_RESOURCE_KEY)
+    store = (resources or {}).get(STORE_RESOURCE_KEY)
+    spark = (resources or {}).get(SPARK_RESOURCE_KEY)
+    if not (
+        isinstance(registry, Registry)
+        and isinstance(store, WatermarkStoreResource)
+        and isinstance(spark, SparkSessionResource)
+    ):
+        raise ConfigurationError(
+            f"{type(defs).__name__} was not built by watermark_dagster's build_location or "
+            "build_definitions, so it carries no registry of upstreams and pipelines.",
+            fix="point --defs at a module:attribute holding build_location(...) or "
+            "build_definitions(...).",
+        )
+    return WatermarkLocation(
+        registry=registry, store_resource=store, spark_resource=spark, definitions=defs
+    )
 
 
 def registry_of(defs: Definitions) -> Registry:
     """The registry a code location built by :func:`build_definitions` was made from.
 
     Raises:
-        ConfigurationError: ``defs`` was not built by :func:`build_definitions` in this process.
+        ConfigurationError: ``defs`` was not built by :func:`build_definitions`.
     """
-    token = defs.metadata.get(REGISTRY_METADATA_KEY)
-    registry = _REGISTRIES.get(str(getattr(token, "value", token)))
-    if registry is None:
-        raise ConfigurationError(
-            "These Definitions were not built by watermark_dagster's build_definitions, so "
-            "they carry no registry of upstreams and pipelines.",
-            fix="point --defs at a module:attribute built with build_definitions(...).",
-        )
-    return registry
+    return location_of(defs).registry

@@ -166,6 +166,17 @@ def resume_batch(
     return step
 
 
+def finalize_step_now(store: WatermarkStore, registry: Registry, batch: Batch) -> FinalizeStep:
+    """Which upstreams of ``batch`` may advance now, and which still wait: consumers are
+    :meth:`Registry.consumers`, succeeded is :func:`succeeded`. The finalizer and a forced
+    manual change (which advances what is applied before it abandons the batch) both
+    decide with this."""
+    consumers = {u: registry.consumers(u) for u in batch.inputs}
+    return finalize_step(
+        batch.inputs, batch.advanced, consumers, batch.pipelines, succeeded(store, batch)
+    )
+
+
 def finalize_batch(
     store: WatermarkStore,
     batch: Batch,
@@ -183,10 +194,7 @@ def finalize_batch(
     Args:
         on_advance: called after each upstream advanced.
     """
-    consumers = {u: registry.consumers(u) for u in batch.inputs}
-    step = finalize_step(
-        batch.inputs, batch.advanced, consumers, batch.pipelines, succeeded(store, batch)
-    )
+    step = finalize_step_now(store, registry, batch)
     for upstream in step.advance:
         store.advance(batch, upstream, actor=actor)
         on_advance(upstream)

@@ -4,17 +4,16 @@ These commands only look: they open the control tables read-only (nothing is cre
 fresh home, nothing is written).
 """
 
-import argparse
 import json
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from watermark_dagster.cli.context import EXIT_OK, Context, Refusal
-from watermark_dagster.cli.parser import add_command
+from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import STATUS_STYLES, Styled
 from watermark_dagster.core.resuming import RESUME_HINT
+from watermark_dagster.errors import UsageError
 
 STUCK = "STUCK"
 # The coordinator's own advice when a stuck batch's history row carries no fix.
@@ -117,7 +116,7 @@ def cmd_batches(ctx: Context) -> int:
 
     args = ctx.args
     if args.limit is not None and args.limit < 1:
-        raise Refusal(f"--limit must be 1 or more, got {args.limit}.")
+        raise UsageError(f"--limit must be 1 or more, got {args.limit}.")
     status = None
     if args.status:
         wanted = args.status.upper()
@@ -126,7 +125,7 @@ def cmd_batches(ctx: Context) -> int:
                 status = BatchStatus(wanted)
             except ValueError:
                 valid = [s.value for s in BatchStatus] + [STUCK]
-                raise Refusal(f"unknown --status {args.status!r}; use one of {valid}.") from None
+                raise UsageError(f"unknown --status {args.status!r}; use one of {valid}.") from None
     store = ctx.read_store
     every = store.batches()
     stuck = stuck_batches(store, every)
@@ -206,12 +205,12 @@ def cmd_batch(ctx: Context) -> int:
 
     batch_id = ctx.args.batch_id
     if not re.fullmatch(r"b\d{6,}", batch_id):
-        raise Refusal(f"{batch_id!r} is not a batch id (they look like b000042).")
+        raise UsageError(f"{batch_id!r} is not a batch id (they look like b000042).")
     store = ctx.read_store
     try:
         batch = store.get_batch(batch_id)
     except BatchStateError as e:
-        raise Refusal(str(e)) from None
+        raise UsageError(str(e)) from None
     stuck = stuck_batches(store, [batch]).get(batch_id)
     readers = snapshot_readers(batch.inputs, batch.full_load, ctx.registry.pipeline_inputs())
     detail = {
@@ -332,7 +331,7 @@ def cmd_plan(ctx: Context) -> int:
     from watermark_dagster.operations.coordinate import look_before_planning
 
     if not ctx.args.dry_run:
-        raise Refusal(
+        raise UsageError(
             "`watermark plan` only previews; add --dry-run (the coordinator sensor or "
             "`watermark run` plans for real)."
         )
@@ -454,34 +453,3 @@ def cmd_plan(ctx: Context) -> int:
         for line in notes:
             console.print(line)
     return EXIT_OK
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``batches``, ``batch`` and ``plan``."""
-    batches = add_command(
-        sub,
-        "batches",
-        cmd_batches,
-        help="batches with their ranges, newest first",
-        example="watermark batches --status PLANNED --limit 5\nwatermark batches --status stuck",
-    )
-    batches.add_argument("--status", help="PLANNED, COMPLETED, FAILED, ABANDONED or STUCK")
-    batches.add_argument("--limit", type=int, help="only the newest N")
-
-    batch = add_command(
-        sub,
-        "batch",
-        cmd_batch,
-        help="one batch: ranges, advances, pipeline attempts and errors",
-        example="watermark batch b000042",
-    )
-    batch.add_argument("batch_id", help="e.g. b000042")
-
-    plan = add_command(
-        sub,
-        "plan",
-        cmd_plan,
-        help="what the coordinator would plan now (writes nothing)",
-        example="watermark plan --dry-run\nwatermark plan --dry-run --json",
-    )
-    plan.add_argument("--dry-run", action="store_true", help="required: preview only")

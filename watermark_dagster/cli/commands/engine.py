@@ -1,22 +1,20 @@
 """``watermark engine``: the resident engine runs use with ``WATERMARK_ENGINE=resident``."""
 
-import argparse
 import contextlib
 import os
 import signal
 import sys
 from typing import Any
 
-from watermark_dagster.cli.context import EXIT_OK, Context, Refusal
-from watermark_dagster.cli.parser import add_command
+from watermark_dagster.cli.context import EXIT_OK, Context
+from watermark_dagster.errors import UsageError
 
 
 def cmd_engine(ctx: Context) -> int:
     from watermark_dagster.runtime.engine import EngineAddress, listening, serve
 
-    resource: Any = ctx.defs.resources["spark"]  # type: ignore[index]
     address = EngineAddress.under(ctx.home)
-    spark = resource.get_session()
+    spark = ctx.spark()
     spark.sparkContext.setLogLevel("ERROR")
     spark.range(1).count()  # load Spark's classes before the first request
     stream = sys.stderr if ctx.args.json else sys.stdout
@@ -50,7 +48,7 @@ def cmd_engine(ctx: Context) -> int:
                 on_request=progress,
             )
     except RuntimeError as e:
-        raise Refusal(f"{e}; stop it first, or use it.") from None
+        raise UsageError(f"{e}; stop it first, or use it.") from None
     except KeyboardInterrupt:
         pass
     finally:
@@ -58,24 +56,3 @@ def cmd_engine(ctx: Context) -> int:
         with contextlib.suppress(Exception):
             spark.stop()
     return EXIT_OK
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``engine``."""
-    add_command(
-        sub,
-        "engine",
-        cmd_engine,
-        help="run the resident engine: one warm Spark session for every run",
-        description=(
-            "Run the resident engine in the foreground: one long-lived Spark session that\n"
-            "runs the pipelines of every run of this code location, so runs pay no JVM\n"
-            "start. Runs use it with WATERMARK_ENGINE=resident (SparkSessionResource(\n"
-            'engine="resident")); without an engine they run Spark themselves. Stop it with\n'
-            "Ctrl-C or SIGTERM."
-        ),
-        example=(
-            "export WATERMARK_ENGINE=resident\nwatermark engine &\nwatermark run   # no JVM start"
-        ),
-        json_help="print the socket and pid as JSON when ready (progress goes to stderr)",
-    )

@@ -1,6 +1,5 @@
 """``watermark run``, ``demo`` and ``dev``: driving a code location."""
 
-import argparse
 import contextlib
 import json
 import os
@@ -13,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from watermark_dagster.cli.commands.status import print_status, status_rows
-from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, Context, Refusal
-from watermark_dagster.cli.parser import add_command
+from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, Context
+from watermark_dagster.errors import UsageError
 
 
 def _progress(ctx: Context) -> Any:
@@ -50,7 +49,7 @@ def cmd_run(ctx: Context) -> int:
                     r["upstream"]: {
                         "reason": r["blocked"] or r["unavailable"],
                         "fix": r["fix"],
-                        "pipelines": ctx.consumers(r["upstream"]),
+                        "pipelines": list(ctx.registry.consumers(r["upstream"])),
                     }
                     for r in blocked
                 },
@@ -70,7 +69,7 @@ def cmd_run(ctx: Context) -> int:
         what = "was dropped and recreated" if r["blocked"] else "is unavailable"
         ctx.console.problem(
             f"BLOCKED: upstream {r['upstream']} {what}; nothing is planned for "
-            f"{ctx.consumers(r['upstream'])}. Fix: {r['fix']}"
+            f"{list(ctx.registry.consumers(r['upstream']))}. Fix: {r['fix']}"
         )
     return EXIT_FAILED if report.stuck or failed or blocked else EXIT_OK
 
@@ -85,10 +84,10 @@ def cmd_demo(ctx: Context) -> int:
 
     args = ctx.args
     if args.rounds < 0:
-        raise Refusal(f"--rounds must be 0 or more, got {args.rounds}.")
+        raise UsageError(f"--rounds must be 0 or more, got {args.rounds}.")
     # The demo writes demo data and checks demo targets: it runs the demo registry only.
     if registry_file() is not None:
-        raise Refusal(
+        raise UsageError(
             f"WATERMARK_REGISTRY is set ({registry_file()}): `watermark demo` runs the demo "
             "registry only. Unset it for the demo (WATERMARK_REGISTRY= watermark demo), or "
             "use `watermark run` for your registry."
@@ -181,7 +180,7 @@ def _dev_with_engine(ctx: Context, argv: list[str]) -> int:
     the engine when ``dagster dev`` ends, however it ends.
 
     Raises:
-        Refusal: the engine exited before it was ready (its own error is printed above).
+        UsageError: the engine exited before it was ready (its own error is printed above).
     """
     script = Path(sys.executable).with_name("watermark")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
@@ -200,7 +199,7 @@ def _dev_with_engine(ctx: Context, argv: list[str]) -> int:
                 break
         if ready is None:
             code = engine.wait()
-            raise Refusal(
+            raise UsageError(
                 f"watermark engine exited ({code}) before it was ready (its error is above); "
                 "nothing was started. Run `watermark engine` alone to see it, or drop --engine."
             )
@@ -232,74 +231,3 @@ def _dev_with_engine(ctx: Context, argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 engine.kill()
                 engine.wait()
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``demo``, ``run`` and ``dev``."""
-    demo = add_command(
-        sub,
-        "demo",
-        cmd_demo,
-        help="create demo upstreams, run batches headless, print the watermarks",
-        example="watermark demo --rounds 2\nwatermark demo --fresh",
-        defs=False,
-        json_help="print the summary as JSON (progress goes to stderr)",
-    )
-    demo.add_argument(
-        "--rounds",
-        type=int,
-        default=2,
-        help="rounds of upstream changes after the first batch (default 2)",
-    )
-    demo.add_argument("--fresh", action="store_true", help="delete WATERMARK_HOME first")
-    demo.add_argument("--quiet", action="store_true", help="no per-run progress lines")
-
-    run = add_command(
-        sub,
-        "run",
-        cmd_run,
-        help="run batches headless until nothing is left (--once: one batch)",
-        description=(
-            "Drive the code location without the Dagster daemon (for cron): resume the open\n"
-            "batch or plan one, materialize its pipelines, finalize it, and repeat until no\n"
-            "upstream has anything new, so commits that arrive meanwhile are run too. With\n"
-            "--once, stop after one batch. Exit 1 names the pipeline that failed, the stuck\n"
-            "batch, or an upstream nothing can be planned for (recreated or missing) and its\n"
-            "fix."
-        ),
-        example=(
-            "*/10 * * * * cd /srv/lake && watermark run --json >> watermark-run.log\n"
-            "watermark run --once"
-        ),
-        json_help="print the outcome as JSON (progress goes to stderr)",
-    )
-    run.add_argument(
-        "--once",
-        action="store_true",
-        help="plan or resume at most one batch, run it, finalize it, stop",
-    )
-    run.add_argument(
-        "--retry",
-        action="store_true",
-        help="run the open batch's unfinished pipelines once more, even if it is stuck "
-        "(after you fixed what a terminal error named)",
-    )
-
-    dev = add_command(
-        sub,
-        "dev",
-        cmd_dev,
-        help="open the code location in `dagster dev` (sensors on)",
-        example="watermark dev --port 3000",
-        defs=False,
-        json_help="print the command and environment as JSON before starting",
-    )
-    dev.add_argument("--workspace", default="workspace.yaml", help="default: workspace.yaml")
-    dev.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
-    dev.add_argument("--port", type=int, default=3000, help="default: 3000")
-    dev.add_argument(
-        "--engine",
-        action="store_true",
-        help="also start the resident engine (`watermark engine`) and have runs use it "
-        "(WATERMARK_ENGINE=resident): no JVM start per run; stopped with dagster dev",
-    )

@@ -1,11 +1,9 @@
 """``watermark list`` and ``watermark get``: where every upstream stands."""
 
-import argparse
 import json
 from typing import Any
 
 from watermark_dagster.cli.context import EXIT_OK, Context
-from watermark_dagster.cli.parser import add_command
 from watermark_dagster.cli.render import Styled
 from watermark_dagster.errors import WatermarkError
 
@@ -144,7 +142,7 @@ def _consumer_status(ctx: Context, name: str) -> list[dict[str, Any]]:
     batch = ctx.read_store.open_batch()
     checkpoints = ctx.read_store.checkpoints(batch_id=batch.batch_id) if batch else []
     out = []
-    for pipeline in ctx.consumers(name):
+    for pipeline in ctx.registry.consumers(name):
         if batch is None:
             state = None
         elif pipeline not in batch.pipelines:
@@ -224,28 +222,3 @@ def cmd_get(ctx: Context) -> int:
         ["at", "event", "batch", "old", "new", "actor", "reason"], _history_rows(history)
     )
     return EXIT_OK
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``list`` and ``get``."""
-    lst = add_command(
-        sub,
-        "list",
-        cmd_list,
-        help="every upstream: committed, latest, lag, open batch, last change",
-        example="watermark list\nwatermark list --json | jq '.[] | select(.lag > 0)'",
-    )
-    del lst
-    get = add_command(
-        sub,
-        "get",
-        cmd_get,
-        help="one upstream: watermark, lag, open batch, consumers, history",
-        example="watermark get -t orders\nwatermark get -t orders --history --json",
-    )
-    get.add_argument("-t", "--table", required=True, help="upstream name")
-    get.add_argument(
-        "--history",
-        action="store_true",
-        help=f"every change to it (default: last {RECENT_HISTORY})",
-    )

@@ -1,0 +1,48 @@
+"""The headless Dagster runner as the executor of one batch, for ``watermark replay``.
+
+The batch runs as a Dagster run of the batch job in this process (its materializations
+show in the UI like any other), then the command's Spark session is stopped.
+"""
+
+from collections.abc import Sequence
+
+from watermark_dagster.cli.context import Context
+from watermark_dagster.operations.replay import BatchExecutor
+
+
+def headless_executor(ctx: Context) -> BatchExecutor:
+    """A :class:`~watermark_dagster.operations.replay.BatchExecutor` running the batch's
+    pipelines through :class:`~watermark_dagster.dagster_defs.headless.HeadlessRunner` on
+    the current Dagster instance."""
+
+    def execute(batch_id: str, pipelines: Sequence[str]) -> list[str | None]:
+        from dagster import DagsterInstance, RunRequest, SensorResult
+
+        from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
+        from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+        from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
+
+        instance = DagsterInstance.get()
+        instance.add_dynamic_partitions(BATCHES_PARTITIONS_NAME, [batch_id])
+        runner = HeadlessRunner(ctx.defs, instance)
+        report = CycleReport()
+        keys = [runner.pipeline_key(p) for p in pipelines]
+        spark = ctx.spark()
+        try:
+            runner.execute_requests(
+                SensorResult(
+                    run_requests=[
+                        RunRequest(
+                            partition_key=batch_id,
+                            asset_selection=keys,
+                            tags={ATTEMPT_TAG: "1", BATCH_TAG: batch_id},
+                        )
+                    ]
+                ),
+                report,
+            )
+        finally:
+            spark.stop()
+        return [r.error for r in report.failed_runs]
+
+    return execute

@@ -1,0 +1,312 @@
+"""Moving a committed watermark by hand: the use cases behind ``watermark set`` and ``reset``.
+
+A change is previewed first (:func:`preview_change`, which writes nothing), then applied
+(:func:`apply_change`) with the preview as the compare-and-swap expectation, so a change
+confirmed on an outdated view is refused. The store decides whether an open batch blocks
+the change (it refuses unless ``force``); before a forced change abandons that batch,
+:func:`advance_finished` commits the upstreams it already applied everywhere (I4).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+from watermark_dagster.core.commits import version_at
+from watermark_dagster.core.records import WatermarkChange, WatermarkHow, default_actor
+from watermark_dagster.errors import BatchStateError, UsageError
+
+if TYPE_CHECKING:
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.store import WatermarkStore
+
+LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class TimestampResolution:
+    """How a ``--timestamp`` value became a version: the text given, the time it means and
+    when the chosen version was committed (ISO 8601, UTC)."""
+
+    timestamp: str
+    resolved_time: str
+    version_committed_at: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The resolution as recorded in history and printed by ``--json``."""
+        return {
+            "timestamp": self.timestamp,
+            "resolved_time": self.resolved_time,
+            "version_committed_at": self.version_committed_at,
+        }
+
+
+@dataclass(frozen=True)
+class ChangePreview:
+    """What a manual change would do now; nothing was written.
+
+    ``expected`` is the store's preview, handed back to :func:`apply_change` so that a
+    change whose upstream moved since is refused.
+    """
+
+    upstream: str
+    how: WatermarkHow
+    new: int | None
+    actor: str
+    expected: WatermarkChange
+    open_batch_reads: str | None
+    consumers: tuple[str, ...]
+    effect: str
+    resolved: TimestampResolution | None = None
+
+    @property
+    def old(self) -> int | None:
+        """The committed version now."""
+        return self.expected.old
+
+    @property
+    def changed(self) -> bool:
+        """False when the watermark is already at the new value (nothing to do)."""
+        return self.expected.changed
+
+    @property
+    def open_batch(self) -> str | None:
+        """The open batch that reads the upstream, if any (a forced change abandons it)."""
+        return self.expected.open_batch
+
+
+@dataclass(frozen=True)
+class ChangeResult:
+    """A manual change as applied: the store's record of it and its effect, recomputed
+    from the value it actually replaced."""
+
+    preview: ChangePreview
+    change: WatermarkChange
+    effect: str
+    advanced: tuple[str, ...] = ()
+
+
+def _versions(first: int, last: int) -> str:
+    return f"version {first}" if first == last else f"versions {first}..{last}"
+
+
+def describe_effect(
+    upstream: str, old: int | None, new: int | None, consumers: Sequence[str]
+) -> str:
+    """What the consumers of ``upstream`` will see at the next batch, in one sentence."""
+    readers = ", ".join(consumers) or "no pipeline"
+    if new is None:
+        return (
+            f"nothing committed: the next batch loads {upstream} as a snapshot of its latest "
+            f"version, and {readers} reload it in full"
+        )
+    if old is None:
+        return f"the next batch reads {upstream} from version {new + 1} ({readers})"
+    if new < old:
+        return (
+            f"the next batch reads {upstream} from version {new + 1}: {readers} re-read "
+            f"{_versions(new + 1, old)}, already applied once"
+        )
+    return (
+        f"the next batch reads {upstream} from version {new + 1}: {readers} never read "
+        f"{_versions(old + 1, new)}"
+    )
+
+
+def _ms_iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def refuse_cursor(registry: "Registry", upstream: str) -> None:
+    """Refuse to set a version on an upstream read through a cursor column.
+
+    Raises:
+        UsageError: ``upstream`` has no versions to set.
+    """
+    if registry.upstreams[upstream].is_cursor:
+        raise UsageError(
+            f"upstream {upstream!r} is read through a cursor column (mode='timestamp') and has "
+            f"no versions to set; `watermark reset -t {upstream}` reads it from the start again."
+        )
+
+
+def requested_version(
+    registry: "Registry", upstream: str, requested: int | Literal["latest"]
+) -> int:
+    """The version ``requested`` (a version, or ``latest``) means for ``upstream`` now.
+
+    Raises:
+        UsageError: the version is beyond the table's latest.
+        WatermarkError: the table cannot be observed.
+    """
+    from watermark_dagster.observe.delta_log import Observer
+
+    latest = Observer().observe(registry.upstreams[upstream]).latest_version
+    if requested == LATEST:
+        return latest
+    assert isinstance(requested, int)
+    if requested > latest:
+        raise UsageError(
+            f"--version {requested} is beyond the latest version of upstream {upstream!r} "
+            f"({latest}); give a version from 0 to {latest}, or `latest`."
+        )
+    return requested
+
+
+def version_at_time(
+    registry: "Registry", upstream: str, when: datetime, *, text: str, now: datetime
+) -> tuple[int, TimestampResolution]:
+    """The newest version of ``upstream`` committed at or before ``when``, and how it was
+    found (``text`` is what the operator typed, for messages and history).
+
+    Raises:
+        UsageError: ``when`` is in the future or before the oldest commit in the log.
+    """
+    from deltalake import DeltaTable
+
+    if when > now:
+        raise UsageError(
+            f"--timestamp {text!r} ({when.isoformat()}) is in the future (a time without a "
+            "zone is UTC); give a past time, or `--version latest` to skip everything "
+            "committed so far."
+        )
+    table = registry.upstreams[upstream]
+    storage = dict(table.storage_options or {}) or None
+    history = DeltaTable(table.path, storage_options=storage).history()
+    commits = [(int(h["version"]), int(h["timestamp"])) for h in history]
+    version = version_at(commits, when)
+    if version is None:
+        oldest, oldest_ms = min(commits)
+        if oldest == 0:
+            raise UsageError(
+                f"--timestamp {text!r} ({when.isoformat()}) is before the first commit of "
+                f"upstream {upstream!r} (version 0 at {_ms_iso(oldest_ms)}): there is no "
+                "version to keep. To read the whole table again, use "
+                f"`watermark reset -t {upstream}`."
+            )
+        raise UsageError(
+            f"--timestamp {text!r} ({when.isoformat()}) is before the oldest commit left in "
+            f"the log of upstream {upstream!r} (version {oldest} at {_ms_iso(oldest_ms)}; "
+            f"older entries were cleaned up). Give a later time, or "
+            f"`watermark reset -t {upstream}`."
+        )
+    return version, TimestampResolution(
+        timestamp=text,
+        resolved_time=when.isoformat(),
+        version_committed_at=_ms_iso(dict(commits)[version]),
+    )
+
+
+def preview_change(
+    store: "WatermarkStore",
+    registry: "Registry",
+    upstream: str,
+    version: int | None,
+    *,
+    force: bool,
+    actor: str | None = None,
+    resolved: TimestampResolution | None = None,
+) -> ChangePreview:
+    """What moving ``upstream``'s committed watermark to ``version`` (None: reset) would do.
+
+    Writes nothing. When an open batch reads the upstream and ``force`` is False, the
+    store's refusal is raised here, before anyone is asked to confirm.
+
+    Raises:
+        BatchStateError: an open batch reads the upstream and ``force`` is False.
+        TerminalError: the version is not allowed for this kind of change.
+    """
+    how = WatermarkHow.RESET if version is None else WatermarkHow.MANUAL_SET
+    who = actor or default_actor()
+    expected = store.preview_watermark(upstream, version, how=how)
+    if expected.changed and expected.open_batch is not None and not force:
+        # The store owns the rule: with ``expected`` naming this open batch it refuses
+        # (BatchStateError), or, if the batch ended meanwhile, refuses as moved.
+        # Either way nothing is written.
+        store.set_watermark(upstream, version, how=how, actor=who, expected=expected)
+    reads = (
+        store.get_batch(expected.open_batch).inputs[upstream].describe()
+        if expected.open_batch is not None
+        else None
+    )
+    consumers = registry.consumers(upstream)
+    return ChangePreview(
+        upstream=upstream,
+        how=how,
+        new=version,
+        actor=who,
+        expected=expected,
+        open_batch_reads=reads,
+        consumers=consumers,
+        effect=describe_effect(upstream, expected.old, version, consumers),
+        resolved=resolved,
+    )
+
+
+def apply_change(
+    store: "WatermarkStore",
+    registry: "Registry",
+    preview: ChangePreview,
+    *,
+    reason: str | None,
+    force: bool,
+) -> ChangeResult:
+    """Apply a previewed (and confirmed) change, recorded in ``history``.
+
+    With an open batch that reads the upstream (``force``), its other upstreams whose
+    consumers all applied it are advanced first (:func:`advance_finished`), then the store
+    abandons it and moves the watermark.
+
+    Raises:
+        BatchStateError: an open batch reads the upstream and ``force`` is False.
+        TerminalError: the upstream moved since ``preview``.
+    """
+    advanced: tuple[str, ...] = ()
+    if preview.open_batch is not None and preview.changed:
+        advanced = advance_finished(
+            store, registry, preview.open_batch, skip=preview.upstream, actor=preview.actor
+        )
+    change = store.set_watermark(
+        preview.upstream,
+        preview.new,
+        how=preview.how,
+        actor=preview.actor,
+        reason=reason,
+        force=force,
+        expected=preview.expected,
+        detail={"resolved": preview.resolved.as_dict()} if preview.resolved else None,
+    )
+    return ChangeResult(
+        preview=preview,
+        change=change,
+        effect=describe_effect(preview.upstream, change.old, preview.new, preview.consumers),
+        advanced=advanced,
+    )
+
+
+def advance_finished(
+    store: "WatermarkStore", registry: "Registry", batch_id: str, *, skip: str, actor: str
+) -> tuple[str, ...]:
+    """Before a forced change abandons ``batch_id``, advance its upstreams (but ``skip``)
+    whose consumers all succeeded for it: their changes are applied, and re-reading them
+    in the next batch would append them twice to an append target (I4).
+
+    Returns the upstreams advanced; none when the batch ended meanwhile.
+    """
+    from watermark_dagster.core.records import BatchStatus
+    from watermark_dagster.operations.coordinate import finalize_step_now
+
+    batch = store.get_batch(batch_id)  # as it is now, not as it was previewed
+    if batch.status is not BatchStatus.PLANNED:
+        return ()  # a finalizer ended it meanwhile; set_watermark sees the change
+    step = finalize_step_now(store, registry, batch)
+    advanced: list[str] = []
+    for upstream in step.advance:
+        if upstream == skip:
+            continue
+        try:
+            store.advance(batch, upstream, actor=actor)
+        except BatchStateError:
+            break  # the batch ended meanwhile (a finalizer completed it)
+        advanced.append(upstream)
+    return tuple(advanced)

@@ -1,0 +1,173 @@
+"""Running an applied version range of one upstream through its pipelines again.
+
+:func:`plan_replay` checks a request and says what a replay would do (nothing written);
+:func:`run_replay` records the REPLAY batch, has it executed and ends it. The store pins
+the range, pins the other upstreams where the scheduled batch that applied the range's
+end pinned them, and gives the batch that batch's position, so newer rows in the targets
+are left alone (I5); no committed watermark moves.
+
+Executing a batch is the caller's: a :class:`BatchExecutor` (the command line hands in the
+headless Dagster runner, so the replay's materializations show in the UI).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.core.records import (
+    Batch,
+    BatchStatus,
+    Checkpoint,
+    CheckpointStatus,
+    default_actor,
+)
+from watermark_dagster.errors import UsageError
+
+if TYPE_CHECKING:
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.store import WatermarkStore
+
+
+class BatchExecutor(Protocol):
+    """Runs ``pipelines`` on the batch ``batch_id``; returns the error of each failed run
+    (``None`` when a run failed without one), empty when every run succeeded."""
+
+    def __call__(self, batch_id: str, pipelines: Sequence[str]) -> Sequence[str | None]:
+        """Run the pipelines; the errors of the runs that failed."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """A checked replay request: ``range`` of ``upstream``, read in ``mode``, through
+    ``pipelines`` (merge pipelines that read it); ``committed`` is the upstream's
+    committed watermark, which the replay leaves as it is."""
+
+    upstream: str
+    range: VersionRange
+    mode: ReadMode
+    pipelines: tuple[str, ...]
+    committed: int
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """A replay as run: its batch, how it ended and each pipeline's finished attempts."""
+
+    plan: ReplayPlan
+    batch: Batch
+    status: BatchStatus
+    error: str | None
+    checkpoints: tuple[Checkpoint, ...]
+    actor: str
+
+    @property
+    def failed(self) -> bool:
+        """True when a run of the replay failed."""
+        return self.status is BatchStatus.FAILED
+
+
+def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None) -> list[str]:
+    """The pipelines to replay through, checked: merge pipelines reading ``upstream``."""
+    from watermark_dagster.config.registry import WriteMode
+
+    consumers = list(registry.consumers(upstream))
+    chosen = list(wanted or consumers)
+    unknown = [p for p in chosen if p not in consumers]
+    if unknown:
+        raise UsageError(
+            f"pipeline(s) {unknown} do not read {upstream!r}; pipelines reading it: {consumers}."
+        )
+    refused = {
+        p: WriteMode(registry.pipelines[p].write).value
+        for p in chosen
+        if registry.pipelines[p].write is not WriteMode.MERGE
+    }
+    if refused:
+        raise UsageError(
+            f"pipeline(s) {sorted(refused)} write with {sorted(set(refused.values()))}: a replay "
+            "can only re-apply changes to a merge target (an append target has the rows "
+            "already and Delta would skip them; an overwrite target would go back in time). "
+            f"Leave them out with -p, or rebuild with `watermark reset -t {upstream}`."
+        )
+    return sorted(chosen)
+
+
+def plan_replay(
+    store: "WatermarkStore",
+    registry: "Registry",
+    upstream: str,
+    rng: VersionRange,
+    *,
+    pipelines: Sequence[str] | None = None,
+) -> ReplayPlan:
+    """Check a replay of ``rng`` of ``upstream`` through ``pipelines`` (default: every
+    merge pipeline reading it) and say what it would do. Writes nothing.
+
+    Raises:
+        UsageError: a cursor or snapshot-only upstream, a pipeline that does not read it or
+            does not merge, or a range the pipelines have not applied yet.
+        WatermarkError: the upstream cannot be observed.
+    """
+    from watermark_dagster.observe.delta_log import Observer, read_mode_of
+
+    table = registry.upstreams[upstream]
+    if table.is_cursor:
+        raise UsageError(f"upstream {upstream!r} is read by a cursor column and has no versions.")
+    chosen = _pipelines(registry, upstream, pipelines)
+    committed = store.committed_versions().get(upstream)
+    # Checked before anyone is asked to confirm; the store checks it again when it
+    # records the batch (a scheduled batch cannot un-apply versions meanwhile).
+    if committed is None or rng.end > committed:
+        raise UsageError(
+            f"--to-version {rng.end} is beyond the committed watermark of {upstream!r} "
+            f"({committed}); only versions the pipelines applied can be replayed. Give a "
+            f"range up to {committed}, or let the scheduled batches apply the newer versions."
+        )
+    mode = read_mode_of(table, Observer().observe(table))
+    if mode is ReadMode.SNAPSHOT:
+        raise UsageError(f"upstream {upstream!r} is snapshot-only: there are no changes to replay.")
+    return ReplayPlan(
+        upstream=upstream, range=rng, mode=mode, pipelines=tuple(chosen), committed=committed
+    )
+
+
+def run_replay(
+    store: "WatermarkStore",
+    registry: "Registry",
+    plan: ReplayPlan,
+    *,
+    execute: BatchExecutor,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> ReplayResult:
+    """Record the REPLAY batch of ``plan``, run it with ``execute`` and end it: COMPLETED
+    when every run succeeded, else FAILED with the runs' errors.
+
+    Raises:
+        BatchStateError: the store refused the batch (the range is not applied, or no
+            completed batch applied its end).
+    """
+    who = actor or default_actor()
+    batch = store.create_replay_batch(
+        plan.upstream,
+        plan.range,
+        mode=plan.mode,
+        pipelines=list(plan.pipelines),
+        all_upstreams=sorted({u for p in plan.pipelines for u in registry.pipelines[p].upstreams}),
+        actor=who,
+        reason=reason,
+    )
+    errors = list(execute(batch.batch_id, plan.pipelines))
+    error = "; ".join(e or "run failed" for e in errors) or None
+    status = BatchStatus.FAILED if errors else BatchStatus.COMPLETED
+    store.set_batch_status(batch.batch_id, status, actor=who, error=error)
+    finished = tuple(
+        c
+        for c in store.checkpoints(batch_id=batch.batch_id)
+        if c.status is not CheckpointStatus.RUNNING
+    )
+    return ReplayResult(
+        plan=plan, batch=batch, status=status, error=error, checkpoints=finished, actor=who
+    )
