@@ -23,7 +23,7 @@ from watermark_dagster.dagster_defs.sensors import (
     build_finalizer_sensor,
 )
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.observe.delta_log import Observer
+from watermark_dagster.observe.observer import Observer
 
 BATCH_JOB = "watermark_batch_job"
 # Definitions metadata key naming the registry a code location was built from.

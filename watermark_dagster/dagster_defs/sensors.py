@@ -50,7 +50,7 @@ from watermark_dagster.dagster_defs.runs import (
     unfinished_pipelines,
 )
 from watermark_dagster.errors import UpstreamUnavailableError
-from watermark_dagster.observe.delta_log import Observer
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 
 COORDINATOR = "watermark_coordinator"

@@ -328,7 +328,7 @@ def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
 
 
 def cmd_plan(ctx: Context) -> int:
-    from watermark_dagster.observe.delta_log import Observer
+    from watermark_dagster.observe.observer import Observer
     from watermark_dagster.operations.coordinate import look_before_planning
 
     if not ctx.args.dry_run:

@@ -52,7 +52,7 @@ def _ms_iso(ms: int) -> str:
 
 
 def _latest(ctx: Context, name: str) -> int:
-    from watermark_dagster.observe.delta_log import Observer
+    from watermark_dagster.observe.observer import Observer
 
     return Observer().observe(ctx.registry.upstreams[name]).latest_version
 

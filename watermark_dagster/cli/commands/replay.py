@@ -54,12 +54,13 @@ def _pipelines(ctx: Context, table: str) -> list[str]:
 def cmd_replay(ctx: Context) -> int:
     from dagster import DagsterInstance, RunRequest, SensorResult
 
+    from watermark_dagster.core.observations import read_mode_of
     from watermark_dagster.core.ranges import ReadMode, VersionRange
     from watermark_dagster.core.records import BatchStatus, default_actor
     from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
     from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
     from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
-    from watermark_dagster.observe.delta_log import Observer, read_mode_of
+    from watermark_dagster.observe.observer import Observer
 
     args = ctx.args
     start = _version("--from-version", args.from_version)
