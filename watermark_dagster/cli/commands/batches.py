@@ -301,7 +301,8 @@ def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
     """Planned ranges whose commits are already gone from the Delta log (no JVM): the batch
     would fail as soon as it runs."""
     from watermark_dagster.core.ranges import ReadMode
-    from watermark_dagster.read.log import missing_commits, missing_commits_error
+    from watermark_dagster.read.preflight import missing_commits
+    from watermark_dagster.read.tables import missing_commits_error
 
     found = []
     full = set(plan.full_load)
