@@ -127,8 +127,10 @@ class RegistryObservation:
     runnable: Mapping[str, tuple[str, ...]]
     bootstrap: tuple[str, ...] = ()
     overwrite: tuple[str, ...] = ()
-    marks: Mapping[str, Watermark] = field(default_factory=dict)
-    blocked: Mapping[str, UpstreamRecreatedError] = field(default_factory=dict)
+    marks: Mapping[str, Watermark] = field(default_factory=dict[str, Watermark])
+    blocked: Mapping[str, UpstreamRecreatedError] = field(
+        default_factory=dict[str, UpstreamRecreatedError]
+    )
 
     @property
     def table_ids(self) -> dict[str, str | None]:
