@@ -22,7 +22,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from watermark_dagster.config.registry import Upstream
-from watermark_dagster.observe.delta_log import Observer
+from watermark_dagster.observe.observer import Observer
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

@@ -37,7 +37,8 @@ from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.errors import BatchStateError
-from watermark_dagster.observe.delta_log import Observer, latest_local_version
+from watermark_dagster.observe.log import latest_local_version
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.run_pipeline import BatchContext, execute_pipeline
 from watermark_dagster.store import WatermarkStore

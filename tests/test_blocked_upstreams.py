@@ -44,8 +44,8 @@ from watermark_dagster.dagster_defs.checks import CONTINUITY_CHECK
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
 from watermark_dagster.errors import UpstreamRecreatedError, recreated_fix
-from watermark_dagster.observe.delta_log import Observer, observe_registry
-from watermark_dagster.read.log import check_identity
+from watermark_dagster.observe.observer import Observer, observe_registry
+from watermark_dagster.read.preflight import check_identity
 from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")

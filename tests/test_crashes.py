@@ -54,7 +54,7 @@ from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import PLAN_ID_METADATA
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import WatermarkError
-from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.operations.run_pipeline import recompute_pipeline
 from watermark_dagster.store import WatermarkStore
 

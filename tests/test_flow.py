@@ -26,7 +26,7 @@ from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, Water
 from watermark_dagster.demo import DemoPaths, apply_round, build_demo_registry, seed
 from watermark_dagster.demo.data import ORDERS
 from watermark_dagster.demo.verify import compare_with_full_recompute
-from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark

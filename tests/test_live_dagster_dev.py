@@ -34,7 +34,7 @@ from watermark_dagster.demo import (
     full_orders_enriched,
     seed,
 )
-from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]

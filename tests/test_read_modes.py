@@ -32,7 +32,7 @@ from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, c
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
-from watermark_dagster.observe.delta_log import latest_local_version
+from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.operations.run_pipeline import execute_pipeline, recompute_pipeline
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore

@@ -1,5 +1,6 @@
 """Registry validation (clear errors when definitions load) and JVM-free observation."""
 
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,15 +10,22 @@ import pytest
 from deltalake import write_deltalake
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream, WriteMode, pipeline
-from watermark_dagster.core.ranges import ReadMode
-from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
-from watermark_dagster.observe.delta_log import (
-    Observer,
-    latest_local_version,
-    observe_registry,
+from watermark_dagster.core.observations import (
+    Observation,
+    TargetState,
+    needs_first_load,
     read_mode_of,
-    starting_points,
+    recreation,
+    starting_point,
+    version_committed_by,
 )
+from watermark_dagster.core.planning import recreation_found
+from watermark_dagster.core.ranges import ReadMode
+from watermark_dagster.core.records import Watermark, WatermarkHow
+from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError, recreated_fix
+from watermark_dagster.observe import observer as observer_module
+from watermark_dagster.observe.log import DeltaLog, commit_file, latest_local_version
+from watermark_dagster.observe.observer import Observer, observe_registry, starting_points
 from watermark_dagster.store import WatermarkStore
 
 
@@ -200,3 +208,140 @@ def test_target_state_sees_missing_empty_and_filled_targets(tmp_path: Path) -> N
     assert observer.target_state(p) == "empty"
     _table(target, 1, cdf=False)
     assert observer.target_state(p) == "filled"
+
+
+# ------------------------------------------------------------------ the Delta log reader
+
+
+@pytest.mark.parametrize("route", ["local", "storage-layer"])
+def test_the_delta_log_reader_lists_reads_and_finds_missing_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """One reader for local paths and object stores; the object-store route (delta-rs'
+    storage layer) is exercised on the same real table by declaring it not local."""
+    path = tmp_path / "orders"
+    _table(path, 3, cdf=False)
+    if route == "storage-layer":
+        monkeypatch.setattr(DeltaLog, "local", property(lambda self: False))
+    log = DeltaLog(str(path))
+    assert log.local is (route == "local")
+    assert log.versions() == {0, 1, 2} and log.latest_version() == 2
+    actions = log.actions(1)
+    assert actions is not None and any("add" in a for a in actions)
+    assert any("commitInfo" in a for a in actions)
+    assert log.read(7) is None and log.actions(7) is None and log.modified(7) is None
+    assert log.modified(1) is not None
+    assert [v for v, _ in log.history()] == [2, 1, 0]
+    (path / commit_file(0)).unlink()  # what log cleanup does
+    assert log.missing(range(0, 3)) == [0]
+    assert log.versions() == {1, 2}
+
+
+def test_a_warm_observation_with_nothing_new_lists_the_log_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path: no table load, one listing of ``_delta_log``."""
+    path = tmp_path / "orders"
+    _table(path, 2, cdf=True)
+    observer, upstream = Observer(), Upstream("orders", path=str(path))
+    observer.observe(upstream)
+    loads: list[str] = []
+    listings: list[str] = []
+
+    class CountingTable(observer_module.DeltaTable):
+        def __init__(self, table_uri: str, *args: object, **kwargs: object) -> None:
+            loads.append(table_uri)
+            super().__init__(table_uri, *args, **kwargs)
+
+    real_scandir = os.scandir
+
+    def counting_scandir(folder: str) -> object:
+        listings.append(folder)
+        return real_scandir(folder)
+
+    monkeypatch.setattr(observer_module, "DeltaTable", CountingTable)
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    observer.observe(upstream)
+    assert (loads, len(listings)) == ([], 1)
+    _table(path, 1, cdf=True)
+    assert observer.observe(upstream).latest_version == 2
+    assert loads == [str(path)]
+
+
+# ------------------------------------------------------------------ observation rules (core)
+
+
+def test_recreation_is_one_rule_the_table_id_first() -> None:
+    ref = "its committed watermark 5"
+    assert recreation_found(7, "a", floor=5, reference=ref, expected_table_id="a") is None
+    assert recreation_found(5, None, floor=5, reference=ref) is None
+    assert recreation_found(4, "", floor=5, reference=ref, expected_table_id="a") == (
+        "it is at version 4, below its committed watermark 5"
+    )
+    # A new table with fewer versions and another id: the id is named.
+    assert recreation_found(2, "b", floor=5, reference=ref, expected_table_id="a") == (
+        "its table id is b, not a as when its committed watermark 5 was recorded"
+    )
+    obs = Observation("u", "/p", 9, True, "new", "fp")
+
+    def mark_on(table_id: str) -> Watermark:
+        return Watermark(
+            "u", 5, None, WatermarkHow.AUTO, datetime.now(UTC), None, table_id=table_id
+        )
+
+    mark = mark_on("old")
+    error = recreation(obs, mark)
+    assert error is not None and error.fix == recreated_fix("u")
+    assert "`watermark reset -t u --force`" in str(error)
+    assert recreation(obs, None) is None
+    assert recreation(obs, mark_on("new")) is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "cdf", "expected"),
+    [
+        ("auto", True, ReadMode.CDF),
+        ("auto", False, ReadMode.APPEND_ONLY),
+        ("cdf", False, ReadMode.CDF),
+        ("append_only", True, ReadMode.APPEND_ONLY),
+        ("snapshot", True, ReadMode.SNAPSHOT),
+    ],
+)
+def test_read_mode_follows_the_configured_mode_and_the_cdf_flag(
+    mode: str, cdf: bool, expected: ReadMode
+) -> None:
+    upstream = Upstream("u", path="/tmp/u", mode=mode)
+    assert read_mode_of(upstream, Observation("u", "/tmp/u", 3, cdf, "id", "fp")) is expected
+
+
+def test_first_loads_missing_always_empty_only_before_a_success() -> None:
+    assert needs_first_load(TargetState.MISSING, ever_succeeded=True)
+    assert needs_first_load(TargetState.EMPTY, ever_succeeded=False)
+    assert not needs_first_load(TargetState.EMPTY, ever_succeeded=True)
+    assert not needs_first_load(TargetState.FILLED, ever_succeeded=False)
+
+
+def test_starting_point_rules() -> None:
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    table = Observation("u", "/p", 4, True, "id", "fp")
+    cursor = Observation("c", "/c", -1, False, "", "", "state")
+    asked: list[datetime] = []
+
+    def version_by(when: datetime) -> int:
+        asked.append(when)
+        return version_committed_by([(0, 0), (1, 10), (2, 20)], when)
+
+    assert starting_point("beginning", table, now, version_by) is None
+    assert starting_point("latest", table, now, version_by) == (
+        4,
+        None,
+        "start_from=latest: after v4",
+    )
+    assert starting_point(9, table, now, version_by)[0] == 4  # past the end: from the next
+    assert starting_point(2, table, now, version_by)[0] == 1
+    assert asked == []  # the history is read only for a timestamp start
+    at = datetime.fromtimestamp(0.015, tz=UTC)
+    assert starting_point(at, table, now, version_by)[0] == 1 and asked == [at]
+    assert version_committed_by([(0, 10)], datetime.fromtimestamp(0, tz=UTC)) == -1
+    micros = int(now.timestamp() * 1_000_000)
+    assert starting_point("latest", cursor, now, version_by)[:2] == (None, (micros,))

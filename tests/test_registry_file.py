@@ -29,7 +29,7 @@ from watermark_dagster.config.yaml_file import (
 from watermark_dagster.dagster_defs.definitions import registry_of
 from watermark_dagster.definitions import build_file_definitions
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.observe.delta_log import Observer, observe_registry
+from watermark_dagster.observe.observer import Observer, observe_registry
 from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")

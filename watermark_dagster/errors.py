@@ -111,11 +111,12 @@ class UpstreamSchemaChangedError(TerminalError):
     """An upstream's schema changed incompatibly inside a batch's range."""
 
 
-def reset_command(upstream: str) -> str:
+def reset_command(upstream: str, *, force: bool = True) -> str:
     """The command that recovers an upstream whose committed watermark no longer applies
     (the table was recreated, or the range it needs was cleaned up): forget the watermark,
-    abandon the open batch that reads the table, reload it from a snapshot."""
-    return f"watermark reset -t {upstream} --force"
+    abandon the open batch that reads the table (``--force``; without it the command
+    refuses while a batch is open), reload it from a snapshot."""
+    return f"watermark reset -t {upstream}{' --force' if force else ''}"
 
 
 def recreated_fix(upstream: str) -> str:

@@ -168,10 +168,20 @@ def _plan_input(pos: UpstreamPosition, consumed: bool) -> PlannedInput:
             return PlannedInput(name, ReadMode.TIMESTAMP, None, None, CursorWindow(start))
         return PlannedInput(name, ReadMode.NOOP, None, None, CursorWindow(start, start))
     committed = pos.committed_version
-    if committed is not None and pos.latest_version < committed:
+    found = (
+        None
+        if committed is None
+        else recreation_found(
+            pos.latest_version,
+            None,
+            floor=committed,
+            reference=f"its committed watermark {committed}",
+        )
+    )
+    if found is not None:
         raise recreated_error(
             name,
-            f"it is at version {pos.latest_version}, below its committed watermark {committed}",
+            found,
             "Nothing can be planned for it.",
             versions=f"latest={pos.latest_version}, committed={committed}",
         )
@@ -270,3 +280,39 @@ def prunable_batch_partitions(
     )
     older = batches[:-keep] if len(batches) > keep else []
     return [key for _, key in older if key not in open_batch_ids]
+
+
+def recreation_found(
+    latest_version: int,
+    table_id: str | None,
+    *,
+    floor: int,
+    reference: str,
+    expected_table_id: str | None = None,
+) -> str | None:
+    """What shows that a table was dropped and recreated at its path, or None.
+
+    The one rule, for planning, observation and the read path alike: a table still
+    continues from ``reference`` (a committed watermark, a planned range) when its table id
+    is the one recorded then (unknown ids pass) and it has at least ``floor`` as a version.
+    A new table at the path may have fewer, as many or more versions, so the id decides
+    first; the version count catches tables whose id was never recorded.
+
+    Args:
+        latest_version: the table's newest version now.
+        table_id: its table id now (None or empty: unknown).
+        floor: the version it must have reached.
+        reference: names what it must continue from, e.g. ``"its committed watermark 5"``.
+        expected_table_id: the id recorded with ``reference`` (None or empty: unknown).
+
+    Returns:
+        The finding, phrased to follow "was dropped and recreated: " in
+        :func:`~watermark_dagster.errors.recreated_error`.
+    """
+    if expected_table_id and table_id and table_id != expected_table_id:
+        return (
+            f"its table id is {table_id}, not {expected_table_id} as when {reference} was recorded"
+        )
+    if latest_version < floor:
+        return f"it is at version {latest_version}, below {reference}"
+    return None

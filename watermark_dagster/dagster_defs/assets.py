@@ -27,6 +27,7 @@ from dagster import (
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.core.observations import Observation
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     PIPELINE_METADATA,
@@ -37,7 +38,7 @@ from watermark_dagster.dagster_defs.runs import (
     worker_identity,
 )
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
-from watermark_dagster.observe.delta_log import Observation, Observer
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.run_pipeline import (
     PipelineDecision,
     PipelineOutcome,

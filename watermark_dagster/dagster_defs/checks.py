@@ -31,9 +31,10 @@ from dagster import (
 )
 
 from watermark_dagster.config.registry import Registry, Upstream
+from watermark_dagster.core.observations import RegistryObservation, recreation
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
-from watermark_dagster.observe.delta_log import Observer, RegistryObservation, recreation
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.observe.retention import (
     DEFAULT_MARGIN,
     RetentionStatus,

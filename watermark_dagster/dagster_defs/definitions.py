@@ -35,7 +35,7 @@ from watermark_dagster.dagster_defs.sensors import (
     build_finalizer_sensor,
 )
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.observe.delta_log import Observer
+from watermark_dagster.observe.observer import Observer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -42,7 +42,7 @@ from watermark_dagster.dagster_defs.checks import continuity_evaluations
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG, batch_runs
 from watermark_dagster.errors import UpstreamUnavailableError
-from watermark_dagster.observe.delta_log import Observer
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import (
     finalize_batch,
     look_before_planning,

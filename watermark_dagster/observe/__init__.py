@@ -1,1 +1,2 @@
-"""Observing upstreams: version, CDF flag, table id and schema, without a JVM."""
+"""Observing upstreams without a JVM: the Delta log reader (:mod:`.log`), the observer
+(:mod:`.observer`) and the retention horizon (:mod:`.retention`)."""

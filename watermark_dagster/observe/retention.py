@@ -18,7 +18,6 @@ No Dagster here, and no JVM: the table configuration comes from delta-rs, the co
 from the needed version's commit file (``_delta_log/<version>.json``).
 """
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -26,15 +25,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
-import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
-from deltalake.fs import DeltaStorageHandler
 
 from watermark_dagster.config.registry import Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode
-from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
+from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError, reset_command
+from watermark_dagster.observe.log import DeltaLog
 
 DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
 LOG_RETENTION = "delta.logRetentionDuration"
@@ -391,7 +389,8 @@ def evaluate_retention(
     )
     force = " --force" if needed.batch_id else ""
     skip = (
-        f"`watermark reset -t {upstream}{force}` (reload it from a snapshot), or `watermark set "
+        f"`{reset_command(upstream, force=bool(needed.batch_id))}` (reload it from a snapshot), "
+        f"or `watermark set "
         f"-t {upstream} --version {latest_version}{force}` (skip {skipped} knowingly)"
         + (f"; --force because batch {needed.batch_id} is open" if needed.batch_id else "")
     )
@@ -441,37 +440,26 @@ def evaluate_retention(
     )
 
 
-def _storage(upstream: Upstream) -> pafs.PyFileSystem:
-    options = dict(upstream.storage_options or {}) or None
-    return pafs.PyFileSystem(DeltaStorageHandler(upstream.path, options))
-
-
 def commit_time(upstream: Upstream, version: int) -> datetime | None:
     """When ``version`` of an upstream was committed; None when its commit file is gone.
 
-    Reads ``_delta_log/<version>.json`` (local paths and object stores alike, through
-    delta-rs' storage layer): the commit's ``inCommitTimestamp`` when the table records one,
-    else its ``timestamp``; a commit without commitInfo falls back to the file's
-    modification time, which is what log cleanup itself goes by.
+    Reads ``_delta_log/<version>.json`` (local paths and object stores alike): the commit's
+    ``inCommitTimestamp`` when the table records one, else its ``timestamp``; a commit
+    without commitInfo falls back to the file's modification time, which is what log
+    cleanup itself goes by.
     """
-    fs = _storage(upstream)
-    name = f"_delta_log/{version:020d}.json"
-    try:
-        with fs.open_input_stream(name) as stream:
-            raw = stream.read()
-    except FileNotFoundError:
+    log = DeltaLog(upstream.path, upstream.storage_options)
+    actions = log.actions(version)
+    if actions is None:
         return None
-    for line in raw.splitlines():
-        if not line.lstrip().startswith(b'{"commitInfo"'):
+    for action in actions:
+        if "commitInfo" not in action:
             continue
-        info = json.loads(line).get("commitInfo") or {}
+        info = action["commitInfo"] or {}
         millis = info.get("inCommitTimestamp", info.get("timestamp"))
         if isinstance(millis, int):
             return datetime.fromtimestamp(millis / 1000, tz=UTC)
-    mtime = fs.get_file_info(name).mtime
-    if mtime is None:
-        return None
-    return mtime if mtime.tzinfo else mtime.replace(tzinfo=UTC)
+    return log.modified(version)
 
 
 def check_retention(

@@ -13,6 +13,7 @@ from typing import Any
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.finalizing import FinalizeStep, finalize_step
+from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import CursorPosition
 from watermark_dagster.core.records import Batch, BatchStatus, Watermark, WatermarkHow
@@ -22,12 +23,7 @@ from watermark_dagster.core.resuming import (
     resume_step,
     unfinished_pipelines,
 )
-from watermark_dagster.observe.delta_log import (
-    Observer,
-    RegistryObservation,
-    observe_registry,
-    starting_points,
-)
+from watermark_dagster.observe.observer import Observer, observe_registry, starting_points
 from watermark_dagster.store import WatermarkStore
 
 StartingPoints = Mapping[str, tuple[int | None, CursorPosition | None, str]]

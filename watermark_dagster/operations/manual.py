@@ -139,7 +139,7 @@ def requested_version(
         UsageError: the version is beyond the table's latest.
         WatermarkError: the table cannot be observed.
     """
-    from watermark_dagster.observe.delta_log import Observer
+    from watermark_dagster.observe.observer import Observer
 
     latest = Observer().observe(registry.upstreams[upstream]).latest_version
     if requested == LATEST:

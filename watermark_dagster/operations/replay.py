@@ -110,7 +110,8 @@ def plan_replay(
             does not merge, or a range the pipelines have not applied yet.
         WatermarkError: the upstream cannot be observed.
     """
-    from watermark_dagster.observe.delta_log import Observer, read_mode_of
+    from watermark_dagster.core.observations import read_mode_of
+    from watermark_dagster.observe.observer import Observer
 
     table = registry.upstreams[upstream]
     if table.is_cursor:

@@ -300,7 +300,8 @@ def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
     """Planned ranges whose commits are already gone from the Delta log (no JVM): the batch
     would fail as soon as it runs."""
     from watermark_dagster.core.ranges import ReadMode
-    from watermark_dagster.read.log import missing_commits, missing_commits_error
+    from watermark_dagster.read.preflight import missing_commits
+    from watermark_dagster.read.tables import missing_commits_error
 
     found = []
     full = set(plan.full_load)
@@ -327,7 +328,7 @@ def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
 
 
 def cmd_plan(ctx: Context) -> int:
-    from watermark_dagster.observe.delta_log import Observer
+    from watermark_dagster.observe.observer import Observer
     from watermark_dagster.operations.coordinate import look_before_planning
 
     if not ctx.args.dry_run:

@@ -14,7 +14,8 @@ def _look(ctx: Context, name: str, mark: Any) -> dict[str, Any]:
     """``latest``, ``mode`` and what blocks the upstream: ``unavailable`` (the path holds
     no readable table) or ``blocked`` (dropped and recreated since its watermark), with
     the ``fix``. Cursor upstreams have no version but are still checked for availability."""
-    from watermark_dagster.observe.delta_log import Observer, read_mode_of, recreation
+    from watermark_dagster.core.observations import read_mode_of, recreation
+    from watermark_dagster.observe.observer import Observer
 
     upstream = ctx.registry.upstreams[name]
     found: dict[str, Any] = {"latest": None, "mode": str(upstream.mode), "unavailable": None}

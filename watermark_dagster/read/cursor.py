@@ -1,0 +1,159 @@
+"""The cursor-window reader: rows of a source whose (cursor, *tie_break) position lies in
+a window, and how a new window's end is pinned."""
+
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from watermark_dagster.config.registry import Upstream
+from watermark_dagster.core.ranges import CursorPosition, CursorWindow
+from watermark_dagster.read.frames import spark_reader
+
+log = logging.getLogger("watermark_dagster")
+
+
+def read_source(spark: SparkSession, upstream: Upstream) -> DataFrame:
+    """A cursor upstream's current data (any Spark-readable source)."""
+    return spark_reader(spark, upstream, upstream.format).load(upstream.path)
+
+
+def cursor_value(source: DataFrame, upstream: Upstream) -> Column:
+    """The effective cursor as a comparable value: microseconds since the epoch for
+    timestamps (time-zone free), days for dates, the value itself otherwise."""
+    assert upstream.cursor is not None
+    names = [upstream.cursor] + ([upstream.cursor_fallback] if upstream.cursor_fallback else [])
+    values = []
+    for name in names:
+        dtype = source.schema[name].dataType
+        col = F.col(f"`{name}`")
+        if isinstance(dtype, T.TimestampType | T.TimestampNTZType):
+            values.append(F.unix_micros(col.cast(T.TimestampType())))
+        elif isinstance(dtype, T.DateType):
+            values.append(F.unix_date(col))
+        else:
+            values.append(col)
+    return values[0] if len(values) == 1 else F.coalesce(*values)
+
+
+def is_time_cursor(source: DataFrame, upstream: Upstream) -> bool:
+    """True when the cursor is a timestamp (so the lag applies)."""
+    assert upstream.cursor is not None
+    dtype = source.schema[upstream.cursor].dataType
+    return isinstance(dtype, T.TimestampType | T.TimestampNTZType)
+
+
+def position_columns(source: DataFrame, upstream: Upstream) -> list[Column]:
+    """The columns of a row's position: the effective cursor, then the tie-break keys."""
+    return [cursor_value(source, upstream)] + [F.col(f"`{k}`") for k in upstream.tie_break]
+
+
+def _compare(
+    cols: Sequence[Column], position: CursorPosition, strict: bool, greater: bool
+) -> Column:
+    """Lexicographic ``cols > position`` (or ``>=``, ``<``, ``<=``)."""
+    op = operator.gt if greater else operator.lt
+    result = F.lit(not strict)
+    for col, value in reversed(list(zip(cols, position, strict=False))):
+        result = op(col, F.lit(value)) | ((col == F.lit(value)) & result)
+    return result
+
+
+def in_window(source: DataFrame, upstream: Upstream, window: CursorWindow) -> Column:
+    """``start < position <= end`` on (cursor, *tie_break)."""
+    cols = position_columns(source, upstream)
+    cond = cols[0].isNotNull()
+    if window.start:
+        cond = cond & _compare(cols, window.start, strict=True, greater=True)
+    if window.end is not None:
+        if len(window.end) == 0:
+            return F.lit(False)
+        cond = cond & _compare(cols, window.end, strict=False, greater=False)
+    return cond
+
+
+@dataclass(frozen=True)
+class PinnedEnd:
+    """What the data said when a window's end was pinned.
+
+    Attributes:
+        end: the greatest position at or below the ceiling (None: no such row).
+        held_back: rows after the start whose cursor is above the ceiling (the lag).
+        recheck_at: when the earliest held-back row passes the lag (µs since the epoch).
+        no_cursor: rows whose cursor (and fallback) is NULL: never read.
+    """
+
+    end: CursorPosition | None
+    held_back: int
+    recheck_at: int | None
+    no_cursor: int
+
+
+def pin_end(
+    source: DataFrame, upstream: Upstream, window: CursorWindow, now: datetime
+) -> PinnedEnd:
+    """The end a new window should have: the greatest position among rows after the
+    start whose cursor is at or below the ceiling (``now`` minus the lag, for timestamp
+    cursors)."""
+    cols = position_columns(source, upstream)
+    after = in_window(source, upstream, CursorWindow(window.start, None))
+    below = F.lit(True)
+    if is_time_cursor(source, upstream):
+        ceiling = now - timedelta(seconds=upstream.lag_seconds)
+        micros = int(ceiling.timestamp() * 1_000_000)
+        below = cols[0] <= F.lit(micros)
+    lag_micros = int(upstream.lag_seconds * 1_000_000)
+    struct = F.struct(*[c.alias(f"p{i}") for i, c in enumerate(cols)])
+    row = source.select(
+        F.max(F.when(after & below, struct)).alias("end"),
+        F.sum(F.when(after & ~below, 1).otherwise(0)).alias("held_back"),
+        F.min(F.when(after & ~below, cols[0])).alias("first_held"),
+        F.sum(F.when(cols[0].isNull(), 1).otherwise(0)).alias("no_cursor"),
+    ).first()
+    assert row is not None
+    first_held = row["first_held"]
+    return PinnedEnd(
+        end=None if row["end"] is None else tuple(row["end"]),
+        held_back=int(row["held_back"] or 0),
+        recheck_at=None if first_held is None else int(first_held) + lag_micros,
+        no_cursor=int(row["no_cursor"] or 0),
+    )
+
+
+# Pins a cursor window's end: (end position or None, when the rows held back by the lag
+# pass it, in microseconds since the epoch, or None) -> the pinned window.
+PinWindow = Callable[[CursorPosition | None, int | None], CursorWindow]
+
+
+def pin_window(
+    spark: SparkSession,
+    upstream: Upstream,
+    window: CursorWindow,
+    pin: PinWindow | None,
+    now: datetime,
+) -> tuple[CursorWindow, int]:
+    """The window with its end pinned (unchanged when already pinned: the first read fixes
+    it), and how many rows have no cursor value (never read).
+
+    Raises:
+        ValueError: the window is not pinned and no ``pin`` callback was given.
+    """
+    if window.pinned:
+        return window, 0
+    if pin is None:
+        raise ValueError(f"{upstream.name}: an unpinned window needs a pin callback")
+    found = pin_end(read_source(spark, upstream), upstream, window, now)
+    if found.held_back or found.no_cursor:
+        log.warning(
+            "upstream=%s: %d row(s) held back by the lag (read by a later batch), "
+            "%d row(s) with no cursor value (never read)",
+            upstream.name,
+            found.held_back,
+            found.no_cursor,
+        )
+    return pin(found.end, found.recheck_at), found.no_cursor

@@ -1,0 +1,168 @@
+"""Checks a pinned range passes before anything is read (I6), without a JVM.
+
+Still the same table (:func:`check_identity`), its commits still in the log
+(:func:`require_commits`), its schema still compatible (:func:`check_schema`), and for an
+append-only read, no commit that changes rows (:func:`preflight`): a range that cannot be
+read as planned fails loudly here, before Spark reads it and before anything is written.
+"""
+
+import json
+import logging
+from collections.abc import Mapping
+
+from deltalake import DeltaTable
+
+from watermark_dagster.config.registry import OnDataChange, SchemaChanges, Upstream
+from watermark_dagster.core.planning import PlannedInput, recreation_found
+from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.errors import (
+    UpstreamSchemaChangedError,
+    recreated_error,
+    reset_command,
+)
+from watermark_dagster.observe.log import DeltaLog, is_local
+from watermark_dagster.read.appended import AppendScan, data_changed_error, scan_appends
+from watermark_dagster.read.tables import latest_table, missing_commits_error, table_at
+
+log = logging.getLogger("watermark_dagster")
+
+
+def missing_commits(upstream: Upstream, rng: VersionRange) -> list[int]:
+    """The versions of ``rng`` whose commit file is no longer in the Delta log (log cleanup
+    removed them), oldest first. One listing of ``_delta_log`` for a local table; one
+    lookup per version of the range on an object store."""
+    commits = DeltaLog(upstream.path, upstream.storage_options)
+    return commits.missing(range(rng.start, rng.end + 1))
+
+
+def require_commits(upstream: Upstream, rng: VersionRange) -> None:
+    """Fail loudly when a commit file of the range is gone (cheap: one listing locally;
+    on an object store the read itself finds out)."""
+    if not is_local(upstream.path):
+        return
+    missing = missing_commits(upstream, rng)
+    if missing:
+        raise missing_commits_error(upstream, rng, missing)
+
+
+def check_identity(upstream: Upstream, rng: VersionRange, planned_table_id: str | None) -> None:
+    """Fail when the table was dropped and recreated since the batch was planned (see
+    :func:`~watermark_dagster.core.planning.recreation_found`).
+
+    Raises:
+        UpstreamRecreatedError: its id changed, or it has fewer versions than the range.
+    """
+    latest = latest_table(upstream)
+    version = latest.version()
+    found = recreation_found(
+        version,
+        str(latest.metadata().id),
+        floor=rng.end,
+        reference=f"the end of the batch's range {rng}",
+        expected_table_id=planned_table_id,
+    )
+    if found is not None:
+        raise recreated_error(
+            upstream.name,
+            found,
+            f"The batch cannot read the range {rng} it pinned; nothing was written.",
+            versions=f"range={rng}, latest={version}",
+        )
+
+
+def _fields(dt: DeltaTable) -> dict[str, tuple[str, bool]]:
+    schema = json.loads(dt.schema().to_json())
+    return {
+        f["name"]: (json.dumps(f["type"], sort_keys=True), bool(f.get("nullable", True)))
+        for f in schema["fields"]
+    }
+
+
+def schema_problems(
+    before: Mapping[str, tuple[str, bool]],
+    after: Mapping[str, tuple[str, bool]],
+    policy: SchemaChanges,
+) -> list[str]:
+    """What makes ``after`` incompatible with ``before`` (empty: compatible).
+
+    Additive nullable columns pass under ``additive``; anything else is listed.
+    """
+    problems: list[str] = []
+    for name, (dtype, _) in before.items():
+        if name not in after:
+            problems.append(f"column {name!r} was dropped or renamed")
+        elif after[name][0] != dtype:
+            problems.append(f"column {name!r} changed type from {dtype} to {after[name][0]}")
+    for name, (_, nullable) in after.items():
+        if name in before:
+            continue
+        if policy is SchemaChanges.STRICT:
+            problems.append(f"column {name!r} was added")
+        elif not nullable:
+            problems.append(f"column {name!r} was added as NOT NULL")
+    return problems
+
+
+def check_schema(upstream: Upstream, rng: VersionRange) -> None:
+    """Fail when the schema changed incompatibly between the version before the range and
+    its end (see :func:`schema_problems`).
+
+    Raises:
+        UpstreamSchemaChangedError: a column was dropped, renamed or retyped.
+    """
+    if rng.start == 0:
+        return
+    before = _fields(table_at(upstream, rng.start - 1))
+    after = _fields(table_at(upstream, rng.end))
+    problems = schema_problems(before, after, SchemaChanges(upstream.schema_changes))
+    if problems:
+        raise UpstreamSchemaChangedError(
+            f"Upstream '{upstream.name}': the schema changed incompatibly inside the batch's "
+            f"range {rng}: {'; '.join(problems)}.",
+            upstream=upstream.name,
+            versions=f"range={rng}",
+            fix=(
+                "adapt the pipelines reading it to the new schema, then run "
+                f"`{reset_command(upstream.name)}` to reload from a snapshot."
+            ),
+        )
+
+
+def preflight(
+    upstream: Upstream, planned: PlannedInput, *, full_load: bool, table_id: str | None
+) -> tuple[ReadMode, AppendScan | None]:
+    """Check that a versioned input can be read as planned; return the mode it is read in
+    and, for an APPEND_ONLY read, the scan of its commits.
+
+    A full load reads a SNAPSHOT; an append-only range whose commits change rows is read as
+    a SNAPSHOT too when the upstream says ``on_data_change="snapshot"``.
+
+    Raises:
+        UpstreamRecreatedError, UpstreamUnreadableError, UpstreamSchemaChangedError,
+        UpstreamDataChangedError: the range cannot be read as planned (I6).
+    """
+    mode, rng = planned.mode, planned.range
+    if rng is not None:
+        check_identity(upstream, rng, table_id)
+    if full_load:
+        return ReadMode.SNAPSHOT, None
+    if mode not in (ReadMode.CDF, ReadMode.APPEND_ONLY):
+        return mode, None
+    assert rng is not None
+    require_commits(upstream, rng)
+    check_schema(upstream, rng)
+    if mode is ReadMode.CDF:
+        return mode, None
+    scan = scan_appends(upstream, rng)
+    if not scan.data_changes:
+        return mode, scan
+    if upstream.on_data_change is not OnDataChange.SNAPSHOT:
+        raise data_changed_error(upstream, rng, scan)
+    log.warning(
+        "upstream=%s range=%s: commits %s change rows; reading a snapshot "
+        "(on_data_change='snapshot')",
+        upstream.name,
+        rng,
+        [v for v, _ in scan.data_changes],
+    )
+    return ReadMode.SNAPSHOT, None
