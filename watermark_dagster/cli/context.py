@@ -18,7 +18,8 @@ from watermark_dagster.cli.render import Console
 if TYPE_CHECKING:
     from dagster import Definitions
 
-    from watermark_dagster.config.registry import Registry, Upstream
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.config.upstream import Upstream
     from watermark_dagster.store import WatermarkStore
 
 DEFAULT_DEFS = "watermark_dagster.definitions:defs"

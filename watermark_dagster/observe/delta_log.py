@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream, UpstreamMode, WriteMode
+from watermark_dagster.config.pipeline import Pipeline, WriteMode
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import Upstream, UpstreamMode
 from watermark_dagster.core.commits import version_at
 from watermark_dagster.core.planning import Plan, UpstreamPosition, plan_batch, with_committed
 from watermark_dagster.core.ranges import ReadMode

@@ -19,7 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from watermark_dagster.config.registry import OnDataChange, Upstream
+from watermark_dagster.config.upstream import OnDataChange, Upstream
 from watermark_dagster.core.columns import (
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from watermark_dagster.config.registry import SchemaChanges, Upstream
+from watermark_dagster.config.upstream import SchemaChanges, Upstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.errors import (
     UpstreamDataChangedError,

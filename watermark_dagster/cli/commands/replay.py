@@ -27,7 +27,7 @@ def _version(flag: str, text: str) -> int:
 
 def _pipelines(ctx: Context, table: str) -> list[str]:
     """The pipelines to replay through, checked: merge pipelines reading ``table``."""
-    from watermark_dagster.config.registry import WriteMode
+    from watermark_dagster.config.pipeline import WriteMode
 
     consumers = ctx.consumers(table)
     wanted = ctx.args.pipeline or consumers
