@@ -127,15 +127,15 @@ def location(spec: dict[str, Any]) -> Any:
     """The benchmark's code location: upstream ``events``, pipeline ``events_projected``
     (a per-row projection of ``net_changes(["id"])``) merged into ``spec["target"]``."""
     from watermark_dagster import (
+        DeltaUpstream,
         Registry,
         SparkSessionResource,
-        Upstream,
         WatermarkSettings,
         build_definitions,
         pipeline,
     )
 
-    events = Upstream(UPSTREAM, path=spec["upstream"])
+    events = DeltaUpstream(name=UPSTREAM, path=spec["upstream"])
 
     @pipeline(upstreams=[UPSTREAM], target=spec["target"], keys=["id"], name=PIPELINE)
     def events_projected(batch):  # noqa: ANN001, ANN202 - BatchContext -> DataFrame

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.observe.observer import Observer
 
 
@@ -49,7 +49,7 @@ def main() -> None:
             mode="append",
             configuration={"delta.enableChangeDataFeed": "true"},
         )
-    upstream = Upstream("bench", path=path)
+    upstream = DeltaUpstream(name="bench", path=path)
     observer = Observer()
     observer.observe(upstream)  # first look loads the metadata once
 

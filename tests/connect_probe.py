@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import ConfigurationError
@@ -61,22 +61,21 @@ def main(root: Path, remote: str) -> None:
     spark = builder.getOrCreate()
     cases = {
         "CDF": (
-            Upstream("cdf", path=cdf),
+            DeltaUpstream(name="cdf", path=cdf),
             PlannedInput("cdf", ReadMode.CDF, VersionRange(1, 2), 2),
         ),
         "APPEND_ONLY": (
-            Upstream("appended", path=appended),
+            DeltaUpstream(name="appended", path=appended),
             PlannedInput("appended", ReadMode.APPEND_ONLY, VersionRange(1, 2), 2),
         ),
         "SNAPSHOT": (
-            Upstream("cdf", path=cdf),
+            DeltaUpstream(name="cdf", path=cdf),
             PlannedInput("cdf", ReadMode.SNAPSHOT, VersionRange(0, 1), 1),
         ),
         "TIMESTAMP": (
-            Upstream(
-                "cursor",
+            CursorUpstream(
+                name="cursor",
                 path=str(cursor),
-                mode="timestamp",
                 cursor="ts",
                 format="parquet",
                 tie_break=("id",),

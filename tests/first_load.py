@@ -20,7 +20,9 @@ from dagster import DagsterInstance
 from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, held_spark_sessions
@@ -80,8 +82,16 @@ def main(root: str, rows: int, conf: dict[str, str] | None = None) -> None:
     target = str(base / "events_projected")
     write_upstream(upstream, rows)
     registry = Registry(
-        upstreams=[Upstream("events", path=upstream)],
-        pipelines=[Pipeline("events_projected", ("events",), target, ("id",), project)],
+        upstreams=[DeltaUpstream(name="events", path=upstream)],
+        pipelines=[
+            Pipeline(
+                name="events_projected",
+                upstreams=("events",),
+                target=target,
+                keys=("id",),
+                transform=project,
+            )
+        ],
     )
     # The code location's defaults: the resource as build_definitions would make it.
     defs = build_definitions(

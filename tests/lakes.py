@@ -14,11 +14,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from tests.conftest import SPARK_TEST_CONF
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import declare_upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
-from watermark_dagster.operations.run_pipeline import BatchContext
 from watermark_dagster.read.changes import recompute
 
 SPEC_ENV = "LAKE_SPEC"
@@ -92,7 +93,7 @@ TRANSFORMS = {
 
 def registry_from(spec: dict[str, Any]) -> Registry:
     """The registry a spec describes."""
-    upstreams = [Upstream(**u) for u in spec["upstreams"]]
+    upstreams = [declare_upstream(**u) for u in spec["upstreams"]]
     pipelines = []
     for p in spec["pipelines"]:
         p = dict(p)

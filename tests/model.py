@@ -31,7 +31,9 @@ from deltalake import DeltaTable as RsTable
 from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import ReadMode, VersionRange
@@ -40,7 +42,7 @@ from watermark_dagster.errors import BatchStateError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.operations.run_pipeline import BatchContext, execute_pipeline
+from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.store import WatermarkStore
 
 CRASH_POINTS = (
@@ -121,42 +123,49 @@ class Case:
         self.next_id = 0
         self.src, self.log = str(root / "src"), str(root / "log")
         self.clicks = str(root / "clicks")
-        clicks = Upstream(
-            "clicks",
+        clicks = CursorUpstream(
+            name="clicks",
             path=self.clicks,
-            mode="timestamp",
             format="delta",
             cursor="ts",
             tie_break=("id",),
         )
         self.registry = Registry(
-            upstreams=[Upstream("src", path=self.src), Upstream("log", path=self.log), clicks],
+            upstreams=[
+                DeltaUpstream(name="src", path=self.src),
+                DeltaUpstream(name="log", path=self.log),
+                clicks,
+            ],
             pipelines=[
                 Pipeline(
-                    "copy", ("src",), str(root / "copy"), ("id",), self.failures.wrap("copy", _copy)
+                    name="copy",
+                    upstreams=("src",),
+                    target=str(root / "copy"),
+                    keys=("id",),
+                    transform=self.failures.wrap("copy", _copy),
                 ),
                 Pipeline(
-                    "events",
-                    ("log",),
-                    str(root / "events"),
-                    (),
-                    self.failures.wrap("events", _events),
+                    name="events",
+                    upstreams=("log",),
+                    target=str(root / "events"),
+                    keys=(),
+                    transform=self.failures.wrap("events", _events),
                     write="append",
                 ),
                 Pipeline(
-                    "clicks_log",
-                    ("clicks",),
-                    str(root / "clicks_log"),
-                    (),
-                    self.failures.wrap("clicks_log", _clicks_log),
+                    name="clicks_log",
+                    upstreams=("clicks",),
+                    target=str(root / "clicks_log"),
+                    keys=(),
+                    transform=self.failures.wrap("clicks_log", _clicks_log),
                     write="append",
                 ),
                 Pipeline(
-                    "clicks_copy",
-                    ("clicks",),
-                    str(root / "clicks_copy"),
-                    ("id",),
-                    self.failures.wrap("clicks_copy", _clicks_copy),
+                    name="clicks_copy",
+                    upstreams=("clicks",),
+                    target=str(root / "clicks_copy"),
+                    keys=("id",),
+                    transform=self.failures.wrap("clicks_copy", _clicks_copy),
                 ),
             ],
         )

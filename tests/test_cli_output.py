@@ -25,7 +25,7 @@ from tests.conftest import REPO
 from tests.lakes import SPEC_ENV, write_spec
 from tests.test_blocked_upstreams import SCRIPT, Lake, _commit
 from tests.test_cli import _on_terminal
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
@@ -314,7 +314,9 @@ def test_an_unreadable_range_error_names_the_missing_file_without_py4j_noise() -
         "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.fileNotExistError("
         "QueryExecutionErrors.scala:902)\n"
     )
-    error = unreadable(Upstream("up", path="/lake/up"), "CDF [1, 1]", RuntimeError(spark_text))
+    error = unreadable(
+        DeltaUpstream(name="up", path="/lake/up"), "CDF [1, 1]", RuntimeError(spark_text)
+    )
     text = str(error)
     assert "An error occurred while calling" not in text and "org.apache" not in text
     assert "missing file: file:/lake/up/_change_data/cdc-00000-d9.c000.snappy.parquet." in text

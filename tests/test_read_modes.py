@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from tests.conftest import REPO
 from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import CursorUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
@@ -412,10 +412,9 @@ def test_timestamp_lag_holds_back_recent_rows_until_they_pass_it(lake: Lake) -> 
     now = datetime.now(UTC).replace(microsecond=0)
     old, recent = now - timedelta(hours=2), now - timedelta(minutes=30)
     _clicks(folder, "part-1.parquet", [(1, old, old), (2, recent, recent)])
-    upstream = Upstream(
-        "clicks",
+    upstream = CursorUpstream(
+        name="clicks",
         path=str(folder),
-        mode="timestamp",
         format="parquet",
         cursor="ts",
         tie_break=("id",),
@@ -728,11 +727,18 @@ def test_a_missing_upstream_is_reported_at_observation_and_nothing_is_planned(la
 
 
 def test_a_reload_that_changes_the_schema_keeps_the_clustering(lake: Lake) -> None:
-    from watermark_dagster.config.registry import Pipeline
+    from watermark_dagster.config.pipeline import Pipeline
     from watermark_dagster.write.targets import write_target
 
     target = lake.path("clustered")
-    pipe = Pipeline("p", ("u",), target, ("id",), lambda b: b, cluster_by=("id",))  # type: ignore[arg-type]
+    pipe = Pipeline(
+        name="p",
+        upstreams=("u",),
+        target=target,
+        keys=("id",),
+        transform=lambda b: b,
+        cluster_by=("id",),
+    )  # type: ignore[arg-type]
     first = lake.spark.createDataFrame([(1, 10)], "id long, value long")
     write_target(lake.spark, first, pipe, batch_id="b000001", write_seq=1, full_load=True)
     retyped = lake.spark.createDataFrame([(2, "twenty")], "id long, value string")

@@ -9,7 +9,15 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream, WriteMode, pipeline
+from watermark_dagster.config.pipeline import Pipeline, WriteMode, pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import (
+    CursorUpstream,
+    DeltaUpstream,
+    Upstream,
+    UpstreamMode,
+    declare_upstream,
+)
 from watermark_dagster.core.observations import (
     Observation,
     TargetState,
@@ -40,45 +48,64 @@ def _t(batch):  # noqa: ANN001, ANN202
 )
 def test_upstream_names_are_plain_identifiers(bad: str) -> None:
     with pytest.raises(ConfigurationError, match="Invalid upstream name"):
-        Upstream(bad, path="/tmp/x")
+        DeltaUpstream(name=bad, path="/tmp/x")
 
 
 def test_bad_window_cap_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="max_versions_per_batch must be a positive"):
-        Upstream("orders", path="/tmp/x", max_versions_per_batch=0)
+        DeltaUpstream(name="orders", path="/tmp/x", max_versions_per_batch=0)
 
 
 def test_pipeline_must_name_known_upstreams() -> None:
     with pytest.raises(ConfigurationError, match=r"reads unknown upstream\(s\) \['ordrs'\]"):
         Registry(
-            upstreams=[Upstream("orders", path="/tmp/o")],
-            pipelines=[Pipeline("p", ("ordrs",), "/tmp/t", ("id",), _t)],
+            upstreams=[DeltaUpstream(name="orders", path="/tmp/o")],
+            pipelines=[
+                Pipeline(
+                    name="p", upstreams=("ordrs",), target="/tmp/t", keys=("id",), transform=_t
+                )
+            ],
         )
 
 
 def test_duplicate_names_and_targets_are_refused() -> None:
-    ups = [Upstream("orders", path="/tmp/o")]
+    ups = [DeltaUpstream(name="orders", path="/tmp/o")]
     with pytest.raises(ConfigurationError, match="declared twice"):
         Registry(upstreams=ups * 2, pipelines=[])
     with pytest.raises(ConfigurationError, match="write the same target"):
         Registry(
             upstreams=ups,
             pipelines=[
-                Pipeline("p1", ("orders",), "/tmp/t", ("id",), _t),
-                Pipeline("p2", ("orders",), "/tmp/t", ("id",), _t),
+                Pipeline(
+                    name="p1", upstreams=("orders",), target="/tmp/t", keys=("id",), transform=_t
+                ),
+                Pipeline(
+                    name="p2", upstreams=("orders",), target="/tmp/t", keys=("id",), transform=_t
+                ),
             ],
         )
     with pytest.raises(ConfigurationError, match="used twice"):
-        Registry(upstreams=ups, pipelines=[Pipeline("orders", ("orders",), "/tmp/t", ("id",), _t)])
+        Registry(
+            upstreams=ups,
+            pipelines=[
+                Pipeline(
+                    name="orders",
+                    upstreams=("orders",),
+                    target="/tmp/t",
+                    keys=("id",),
+                    transform=_t,
+                )
+            ],
+        )
 
 
 def test_keys_are_required_and_validated() -> None:
     with pytest.raises(ConfigurationError, match="no key columns"):
-        Pipeline("p", ("orders",), "/tmp/t", (), _t)
+        Pipeline(name="p", upstreams=("orders",), target="/tmp/t", keys=(), transform=_t)
     with pytest.raises(ConfigurationError, match="Invalid key column"):
-        Pipeline("p", ("orders",), "/tmp/t", ("id`; --",), _t)
+        Pipeline(name="p", upstreams=("orders",), target="/tmp/t", keys=("id`; --",), transform=_t)
     with pytest.raises(ConfigurationError, match="reserved prefix"):
-        Pipeline("p", ("orders",), "/tmp/t", ("_wm_seq",), _t)
+        Pipeline(name="p", upstreams=("orders",), target="/tmp/t", keys=("_wm_seq",), transform=_t)
 
 
 def test_decorator_takes_name_and_docstring() -> None:
@@ -96,13 +123,13 @@ def test_observation_reads_version_cdf_and_identity(tmp_path: Path) -> None:
     write_deltalake(str(path), data, configuration={"delta.enableChangeDataFeed": "true"})
     write_deltalake(str(path), data, mode="append")
     observer = Observer()
-    obs = observer.observe(Upstream("orders", path=str(path)))
+    obs = observer.observe(DeltaUpstream(name="orders", path=str(path)))
     assert (obs.latest_version, obs.cdf_enabled) == (1, True)
     assert latest_local_version(str(path)) == 1
     # Cached per version: a second look with no new commit returns the same record.
-    assert observer.observe(Upstream("orders", path=str(path))) is obs
+    assert observer.observe(DeltaUpstream(name="orders", path=str(path))) is obs
     write_deltalake(str(path), data, mode="append")
-    again = observer.observe(Upstream("orders", path=str(path)))
+    again = observer.observe(DeltaUpstream(name="orders", path=str(path)))
     assert again.latest_version == 2 and again.table_id == obs.table_id
 
 
@@ -115,7 +142,7 @@ def test_unavailable_upstream_is_reported_by_name(tmp_path: Path, kind: str) -> 
     with pytest.raises(
         UpstreamUnavailableError, match=r"Upstream 'ghost' at .*nope.* not a readable Delta"
     ):
-        Observer().observe(Upstream("ghost", path=str(path)))
+        Observer().observe(DeltaUpstream(name="ghost", path=str(path)))
 
 
 # ------------------------------------------------------------------ read modes and starts
@@ -136,17 +163,62 @@ def test_unavailable_upstream_is_reported_by_name(tmp_path: Path, kind: str) -> 
 )
 def test_upstream_options_are_checked(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=re.escape(message)):
-        Upstream("orders", path="/tmp/x", **kwargs)
+        declare_upstream(name="orders", path="/tmp/x", **kwargs)
+
+
+def test_delta_and_cursor_upstreams_are_distinct_keyword_only_types() -> None:
+    delta = DeltaUpstream(name="orders", path="/tmp/o", mode="CDF", max_versions_per_batch=5)
+    assert (delta.mode, delta.is_cursor, delta.max_versions_per_batch) == ("cdf", False, 5)
+    assert delta.mode is UpstreamMode.CDF  # stored as the enum member, equal to the text
+    clicks = CursorUpstream(name="clicks", path="/tmp/c", cursor="ts", tie_break=["id"])
+    assert (clicks.mode, clicks.is_cursor, clicks.max_versions_per_batch) == (
+        UpstreamMode.TIMESTAMP,
+        True,
+        None,
+    )
+    assert clicks.tie_break == ("id",)
+    assert (
+        declare_upstream(
+            name="clicks", path="/tmp/c", mode="TIMESTAMP", cursor="ts", tie_break=["id"]
+        )
+        == clicks
+    )
+    assert isinstance(declare_upstream(name="orders", path="/tmp/o"), DeltaUpstream)
+    with pytest.raises(TypeError, match="declare DeltaUpstream"):
+        Upstream(name="orders", path="/tmp/o")
+    with pytest.raises(TypeError, match="positional"):
+        DeltaUpstream("orders", path="/tmp/o")  # type: ignore[misc]
+    with pytest.raises(ConfigurationError, match=r"declare it as CursorUpstream"):
+        DeltaUpstream(name="orders", path="/tmp/o", mode="timestamp")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="has no versions"):
+        CursorUpstream(name="clicks", path="/tmp/c", cursor="ts", start_from=3)
+    with pytest.raises(ConfigurationError, match="only apply to Delta upstreams"):
+        declare_upstream(name="c", path="/tmp/c", mode="timestamp", cursor="ts", on_data_change="x")
 
 
 def test_write_modes_and_layout_are_checked() -> None:
     with pytest.raises(ConfigurationError, match="merges into its target but has no key"):
-        Pipeline("p", ("u",), "/tmp/t", (), _t)
-    assert Pipeline("p", ("u",), "/tmp/t", (), _t, write="append").write is WriteMode.APPEND
+        Pipeline(name="p", upstreams=("u",), target="/tmp/t", keys=(), transform=_t)
+    assert (
+        Pipeline(
+            name="p", upstreams=("u",), target="/tmp/t", keys=(), transform=_t, write="append"
+        ).write
+        is WriteMode.APPEND
+    )
     with pytest.raises(ConfigurationError, match="partitioned or clustered, not both"):
-        Pipeline("p", ("u",), "/tmp/t", ("id",), _t, partition_by=("d",), cluster_by=("id",))
+        Pipeline(
+            name="p",
+            upstreams=("u",),
+            target="/tmp/t",
+            keys=("id",),
+            transform=_t,
+            partition_by=("d",),
+            cluster_by=("id",),
+        )
     with pytest.raises(ConfigurationError, match="write 'upsert' is not one of"):
-        Pipeline("p", ("u",), "/tmp/t", ("id",), _t, write="upsert")
+        Pipeline(
+            name="p", upstreams=("u",), target="/tmp/t", keys=("id",), transform=_t, write="upsert"
+        )
 
 
 def _table(path: Path, commits: int, *, cdf: bool) -> None:
@@ -164,16 +236,23 @@ def test_start_from_gives_each_upstream_its_first_position(tmp_path: Path) -> No
         _table(tmp_path / name, 4, cdf=name != "d")
     when = datetime.now(UTC)
     ups = [
-        Upstream("a", path=str(tmp_path / "a")),
-        Upstream("b", path=str(tmp_path / "b"), start_from="latest"),
-        Upstream("c", path=str(tmp_path / "c"), start_from=2),
-        Upstream("d", path=str(tmp_path / "d"), start_from=when.isoformat()),
+        DeltaUpstream(name="a", path=str(tmp_path / "a")),
+        DeltaUpstream(name="b", path=str(tmp_path / "b"), start_from="latest"),
+        DeltaUpstream(name="c", path=str(tmp_path / "c"), start_from=2),
+        DeltaUpstream(name="d", path=str(tmp_path / "d"), start_from=when.isoformat()),
     ]
     _table(tmp_path / "d", 1, cdf=False)  # version 4 is after `when`
     registry = Registry(
         upstreams=ups,
         pipelines=[
-            Pipeline(f"p_{u.name}", (u.name,), f"/tmp/t_{u.name}", ("id",), _t) for u in ups
+            Pipeline(
+                name=f"p_{u.name}",
+                upstreams=(u.name,),
+                target=f"/tmp/t_{u.name}",
+                keys=("id",),
+                transform=_t,
+            )
+            for u in ups
         ],
     )
     look = observe_registry(registry, Observer(), {})
@@ -188,8 +267,10 @@ def test_start_from_gives_each_upstream_its_first_position(tmp_path: Path) -> No
 def test_an_upstream_recreated_since_its_watermark_is_not_planned(tmp_path: Path) -> None:
     _table(tmp_path / "u", 3, cdf=True)
     registry = Registry(
-        upstreams=[Upstream("u", path=str(tmp_path / "u"))],
-        pipelines=[Pipeline("p", ("u",), "/tmp/t", ("id",), _t)],
+        upstreams=[DeltaUpstream(name="u", path=str(tmp_path / "u"))],
+        pipelines=[
+            Pipeline(name="p", upstreams=("u",), target="/tmp/t", keys=("id",), transform=_t)
+        ],
     )
     store = WatermarkStore(tmp_path / "control")
     store.initialize_watermarks({"u": (2, None, "test")}, actor="t", table_ids={"u": "old-id"})
@@ -202,7 +283,7 @@ def test_an_upstream_recreated_since_its_watermark_is_not_planned(tmp_path: Path
 def test_target_state_sees_missing_empty_and_filled_targets(tmp_path: Path) -> None:
     observer = Observer()
     target = tmp_path / "t"
-    p = Pipeline("p", ("u",), str(target), ("id",), _t)
+    p = Pipeline(name="p", upstreams=("u",), target=str(target), keys=("id",), transform=_t)
     assert observer.target_state(p) == "missing"
     write_deltalake(str(target), pa.table({"id": pa.array([], pa.int64())}), mode="append")
     assert observer.target_state(p) == "empty"
@@ -243,7 +324,7 @@ def test_a_warm_observation_with_nothing_new_lists_the_log_once(
     """The fast path: no table load, one listing of ``_delta_log``."""
     path = tmp_path / "orders"
     _table(path, 2, cdf=True)
-    observer, upstream = Observer(), Upstream("orders", path=str(path))
+    observer, upstream = Observer(), DeltaUpstream(name="orders", path=str(path))
     observer.observe(upstream)
     loads: list[str] = []
     listings: list[str] = []
@@ -310,7 +391,7 @@ def test_recreation_is_one_rule_the_table_id_first() -> None:
 def test_read_mode_follows_the_configured_mode_and_the_cdf_flag(
     mode: str, cdf: bool, expected: ReadMode
 ) -> None:
-    upstream = Upstream("u", path="/tmp/u", mode=mode)
+    upstream = DeltaUpstream(name="u", path="/tmp/u", mode=mode)
     assert read_mode_of(upstream, Observation("u", "/tmp/u", 3, cdf, "id", "fp")) is expected
 
 

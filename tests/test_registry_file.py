@@ -19,7 +19,9 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.config.yaml_file import (
     PIPELINE_KEYS,
     UPSTREAM_KEYS,
@@ -38,7 +40,7 @@ Cli = Callable[..., subprocess.CompletedProcess]
 TRANSFORMS = "wm_registry_file_transforms"  # a module written by the `transforms` fixture
 
 TRANSFORMS_SOURCE = '''
-from watermark_dagster.config.registry import pipeline
+from watermark_dagster.config.pipeline import pipeline
 
 def orders_clean(batch):
     """Orders, cleaned."""
@@ -149,7 +151,10 @@ def test_a_good_file_loads(tmp_path: Path, transforms: Path) -> None:
 
 def test_every_declaration_option_has_a_yaml_key() -> None:
     """The file takes exactly the keyword arguments of Upstream and Pipeline."""
-    assert set(UPSTREAM_KEYS) == {f.name for f in dataclasses.fields(Upstream)} - {"name"}
+    upstream_fields = {
+        f.name for kind in (DeltaUpstream, CursorUpstream) for f in dataclasses.fields(kind)
+    }
+    assert set(UPSTREAM_KEYS) == upstream_fields - {"name"}
     assert set(PIPELINE_KEYS) == {f.name for f in dataclasses.fields(Pipeline)} - {"name"}
 
 
@@ -468,7 +473,7 @@ def _t(batch: Any) -> Any:
 
 
 def _p(name: str, upstreams: tuple[str, ...], target: str) -> Pipeline:
-    return Pipeline(name, upstreams, target, ("id",), _t)
+    return Pipeline(name=name, upstreams=upstreams, target=target, keys=("id",), transform=_t)
 
 
 @pytest.mark.parametrize(
@@ -478,11 +483,13 @@ def _p(name: str, upstreams: tuple[str, ...], target: str) -> Pipeline:
 )
 def test_a_pipeline_reading_its_own_target_is_a_cycle(target: str) -> None:
     with pytest.raises(ConfigurationError, match=r"Pipeline 'p' reads its own output"):
-        Registry(upstreams=[Upstream("a", path="/lake/a")], pipelines=[_p("p", ("a",), target)])
+        Registry(
+            upstreams=[DeltaUpstream(name="a", path="/lake/a")], pipelines=[_p("p", ("a",), target)]
+        )
 
 
 def test_a_cycle_through_other_pipelines_is_refused_and_a_chain_is_not() -> None:
-    ups = [Upstream(n, path=f"s3://lake/{n}") for n in ("a", "b", "c")]
+    ups = [DeltaUpstream(name=n, path=f"s3://lake/{n}") for n in ("a", "b", "c")]
     chain = [_p("p", ("a",), "s3://lake/b"), _p("q", ("b",), "s3://lake/c/")]
     Registry(upstreams=ups, pipelines=chain)  # a -> p -> b -> q -> c: fine
     with pytest.raises(ConfigurationError) as caught:

@@ -25,7 +25,9 @@ from dagster import (
 )
 from deltalake import DeltaTable, write_deltalake
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import DeltaUpstream, Upstream
 from watermark_dagster.core.planning import PlannedInput, UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus
@@ -62,7 +64,7 @@ def _write_versions(path: Path, count: int, configuration: dict[str, str] | None
 def _upstream(tmp_path: Path, name: str, versions: int, **props: str) -> Upstream:
     path = tmp_path / name
     _write_versions(path, versions, dict(props) or None)
-    return Upstream(name, path=str(path))
+    return DeltaUpstream(name=name, path=str(path))
 
 
 # ------------------------------------------------------------------------- pure parts
@@ -274,7 +276,15 @@ def test_retention_checks_run_in_dagster_on_the_upstream_source_assets(
     pipelines = {"enriched": tuple(ups)}
     registry = Registry(
         upstreams=list(ups.values()),
-        pipelines=[Pipeline("enriched", tuple(ups), str(tmp_path / "t"), ("id",), _never_called)],
+        pipelines=[
+            Pipeline(
+                name="enriched",
+                upstreams=tuple(ups),
+                target=str(tmp_path / "t"),
+                keys=("id",),
+                transform=_never_called,
+            )
+        ],
     )
     store = WatermarkStore(tmp_path / "control")
     first, _ = store.create_batch(

@@ -28,7 +28,9 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
 from watermark_dagster.core.records import (
     Batch,
@@ -82,10 +84,22 @@ def setup(tmp_path: Path, dagster_home: Path) -> Iterator[tuple]:
     for target in ("a", "b"):
         _commit(tmp_path / target, [0])
     registry = Registry(
-        upstreams=[Upstream(n, path=str(p)) for n, p in ups.items()],
+        upstreams=[DeltaUpstream(name=n, path=str(p)) for n, p in ups.items()],
         pipelines=[
-            Pipeline("pipeline_a", ("up1", "up2"), str(tmp_path / "a"), ("id",), _never_called),
-            Pipeline("pipeline_b", ("up2", "up3"), str(tmp_path / "b"), ("id",), _never_called),
+            Pipeline(
+                name="pipeline_a",
+                upstreams=("up1", "up2"),
+                target=str(tmp_path / "a"),
+                keys=("id",),
+                transform=_never_called,
+            ),
+            Pipeline(
+                name="pipeline_b",
+                upstreams=("up2", "up3"),
+                target=str(tmp_path / "b"),
+                keys=("id",),
+                transform=_never_called,
+            ),
         ],
     )
     defs = build_definitions(
@@ -280,8 +294,16 @@ def test_start_from_latest_skips_history_and_reads_only_later_commits(
     for i in range(3):
         _commit(source, [i])  # versions 0..2: history to skip
     registry = Registry(
-        upstreams=[Upstream("audit", path=str(source), start_from="latest")],
-        pipelines=[Pipeline("audit_copy", ("audit",), str(tmp_path / "t"), ("id",), _never_called)],
+        upstreams=[DeltaUpstream(name="audit", path=str(source), start_from="latest")],
+        pipelines=[
+            Pipeline(
+                name="audit_copy",
+                upstreams=("audit",),
+                target=str(tmp_path / "t"),
+                keys=("id",),
+                transform=_never_called,
+            )
+        ],
     )
     defs = build_definitions(
         registry,

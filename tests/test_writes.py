@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 
 from tests.lakes import before_images_first
 from tests.test_read_modes import Lake, _meta, _source_rows, _write
-from watermark_dagster.config.registry import Pipeline, Upstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.read.inputs import UpstreamInput
@@ -136,9 +137,11 @@ def test_a_key_removed_and_re_added_in_one_commit_resolves_to_the_state_after_it
     # net_changes itself, with the rows served in the order that trips a tie-break on
     # Spark's row order (every delete ahead of the insert of its commit).
     pinned = UpstreamInput.pinned(
-        spark, Upstream("src", path=src), PlannedInput("src", ReadMode.CDF, VersionRange(1, 2), 2)
+        spark,
+        DeltaUpstream(name="src", path=src),
+        PlannedInput("src", ReadMode.CDF, VersionRange(1, 2), 2),
     )
-    pinned.__dict__["changes"] = before_images_first(pinned.changes)
+    pinned._changes = before_images_first(pinned.changes)  # served in adversarial order
     net = {r["id"]: (r["_change_type"], r["value"]) for r in pinned.net_changes(["id"]).collect()}
     assert 3 in net
     for key, (change, value) in net.items():
@@ -209,7 +212,14 @@ def test_a_batch_with_nothing_to_write_commits_nothing_and_reports_zeros(lake: L
 
 
 def _pipeline(lake: Lake, name: str, write: str, keys: tuple[str, ...] = ()) -> Pipeline:
-    return Pipeline(name, ("src",), lake.path(name), keys, lambda batch: batch, write=write)
+    return Pipeline(
+        name=name,
+        upstreams=("src",),
+        target=lake.path(name),
+        keys=keys,
+        transform=lambda batch: batch,
+        write=write,
+    )
 
 
 def _rows(spark: SparkSession, ids: range) -> DataFrame:

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from dagster import Definitions
     from pyspark.sql import SparkSession
 
-    from watermark_dagster.config.registry import Registry, Upstream
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.config.upstream import Upstream
     from watermark_dagster.dagster_defs.definitions import WatermarkLocation
     from watermark_dagster.store import WatermarkStore
 

@@ -32,7 +32,10 @@ from typing import Any
 
 import yaml
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream, validate_name
+from watermark_dagster.config.names import validate_name
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import declare_upstream
 from watermark_dagster.errors import ConfigurationError
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -413,7 +416,7 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
             body = _mapping_at(line, {"path": body})
         kwargs = _entry(reader, "upstream", name, body, line, UPSTREAM_KEYS)
         try:
-            upstreams.append(Upstream(name, **kwargs))
+            upstreams.append(declare_upstream(name=name, **kwargs))
         except ConfigurationError as e:
             raise reader.rewrap(line, e) from None
 

@@ -256,8 +256,6 @@ def batch_is_due(last_planned_at: datetime | None, now: datetime, min_interval: 
     return last_planned_at is None or now - last_planned_at >= min_interval
 
 
-
-
 _BATCH_ID = re.compile(r"b(\d+)")
 
 

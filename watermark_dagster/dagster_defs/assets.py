@@ -26,7 +26,9 @@ from dagster import (
 # tag (ObserveResult's data_version argument exists only inside an observation run).
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
@@ -81,7 +83,7 @@ class WatermarkTranslator:
             return item.description
         if isinstance(item, Pipeline):
             return f"Pipeline {item.name} → {item.target}"
-        if item.is_cursor:
+        if isinstance(item, CursorUpstream):
             return f"{item.format} source at {item.path}, read by cursor {item.cursor!r}"
         return f"Delta table at {item.path}"
 

@@ -30,7 +30,8 @@ from dagster import (
     multi_asset_check,
 )
 
-from watermark_dagster.config.registry import Registry, Upstream
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import RegistryObservation, recreation
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError

@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dagster import AssetKey, AssetSpec, DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -54,7 +55,7 @@ def terminal_error_tags(run_id: str, pipeline: str, error: TerminalError) -> dic
     return {TERMINAL_TAG: json.dumps(value)}
 
 
-def error_failure_metadata(error: WatermarkError) -> dict[str, object]:
+def error_failure_metadata(error: WatermarkError) -> dict[str, Any]:
     """The metadata of the ``Failure`` a pipeline asset raises for one of our errors: its
     fields (table, batch, versions, fix) and its class under :data:`ERROR_METADATA`."""
     return {**error.metadata(), ERROR_METADATA: type(error).__name__}

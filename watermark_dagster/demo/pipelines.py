@@ -10,9 +10,10 @@ with the same function a full recompute uses, and hands back upserts and deletes
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream, pipeline
+from watermark_dagster.config.pipeline import BatchContext, Pipeline, pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.demo.data import DemoPaths
-from watermark_dagster.operations.run_pipeline import BatchContext
 from watermark_dagster.read.changes import recompute
 
 
@@ -41,9 +42,13 @@ def full_customer_payments(customers: DataFrame, payments: DataFrame) -> DataFra
 def build_demo_registry(paths: DemoPaths) -> Registry:
     """The demo's upstreams and pipelines, rooted at ``paths``."""
     upstreams = [
-        Upstream("customers", path=paths.upstream("customers"), description="Demo customers"),
-        Upstream("orders", path=paths.upstream("orders"), description="Demo orders"),
-        Upstream("payments", path=paths.upstream("payments"), description="Demo payments"),
+        DeltaUpstream(
+            name="customers", path=paths.upstream("customers"), description="Demo customers"
+        ),
+        DeltaUpstream(name="orders", path=paths.upstream("orders"), description="Demo orders"),
+        DeltaUpstream(
+            name="payments", path=paths.upstream("payments"), description="Demo payments"
+        ),
     ]
 
     @pipeline(

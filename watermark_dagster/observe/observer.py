@@ -16,7 +16,9 @@ from datetime import datetime
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from watermark_dagster.config.registry import Pipeline, Registry, Upstream, WriteMode
+from watermark_dagster.config.pipeline import Pipeline, WriteMode
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.observations import (
     Observation,
     RegistryObservation,
@@ -64,7 +66,7 @@ class Observer:
             self._targets[(path, dt.version())] = empty
         return TargetState.EMPTY if empty else TargetState.FILLED
 
-    def _observe_cursor(self, upstream: Upstream) -> Observation:
+    def _observe_cursor(self, upstream: CursorUpstream) -> Observation:
         """A cursor upstream: its state is its Delta version and id, or for a folder of
         files a fingerprint of their names, sizes and modification times."""
         path = upstream.path
@@ -101,7 +103,7 @@ class Observer:
         Raises:
             UpstreamUnavailableError: the path does not exist or holds no Delta table.
         """
-        if upstream.is_cursor:
+        if isinstance(upstream, CursorUpstream):
             return self._observe_cursor(upstream)
         path = upstream.path
         if is_local(path):

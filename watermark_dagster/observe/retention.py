@@ -28,7 +28,7 @@ from enum import StrEnum
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError, reset_command

@@ -70,7 +70,7 @@ class ReplayResult:
 
 def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None) -> list[str]:
     """The pipelines to replay through, checked: merge pipelines reading ``upstream``."""
-    from watermark_dagster.config.registry import WriteMode
+    from watermark_dagster.config.pipeline import WriteMode
 
     consumers = list(registry.consumers(upstream))
     chosen = list(wanted or consumers)

@@ -13,7 +13,8 @@ from enum import StrEnum
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.registry import Pipeline, Registry
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.outcomes import superseded_by
@@ -30,12 +31,9 @@ log = logging.getLogger("watermark_dagster")
 
 
 @dataclass
-class BatchContext:
-    """What a transform receives: the batch, and each upstream as the batch pinned it.
-
-    ``batch["orders"].changes`` is the change feed in the pinned range;
-    ``batch["orders"].snapshot`` is the table as of the range's end.
-    """
+class PinnedBatch:
+    """The :class:`~watermark_dagster.config.pipeline.BatchContext` a transform receives:
+    the batch, and each upstream's :class:`UpstreamInput` as the batch pinned it."""
 
     batch_id: str
     seq: int
@@ -252,7 +250,7 @@ def run_pipeline(
                 r.rows_read,
                 f" files_read={r.files_read}" if r.files_read is not None else "",
             )
-        context = BatchContext(batch_id, batch.seq, pipeline_name, inputs, spark, full_load)
+        context = PinnedBatch(batch_id, batch.seq, pipeline_name, inputs, spark, full_load)
         output = pipeline.transform(context)
         if not isinstance(output, DataFrame):
             raise TerminalError(
@@ -385,7 +383,7 @@ def recompute_pipeline(
         version = versions[u]
         planned = PlannedInput(u, ReadMode.SNAPSHOT, VersionRange(0, version), version)
         inputs[u] = UpstreamInput.pinned(spark, upstream, planned, full_load=True)
-    context = BatchContext("recompute", 0, pipeline_name, inputs, spark, full_load=True)
+    context = PinnedBatch("recompute", 0, pipeline_name, inputs, spark, full_load=True)
     output = pipeline.transform(context)
     if CHANGE_TYPE in output.columns:
         output = output.where(F.lower(F.col(CHANGE_TYPE)) != "delete")

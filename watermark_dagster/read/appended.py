@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.columns import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, INSERT
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.errors import (

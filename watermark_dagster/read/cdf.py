@@ -2,7 +2,7 @@
 
 from pyspark.sql import DataFrame, SparkSession
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.read.frames import spark_reader
 

@@ -11,19 +11,19 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import CursorUpstream
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow
 from watermark_dagster.read.frames import spark_reader
 
 log = logging.getLogger("watermark_dagster")
 
 
-def read_source(spark: SparkSession, upstream: Upstream) -> DataFrame:
+def read_source(spark: SparkSession, upstream: CursorUpstream) -> DataFrame:
     """A cursor upstream's current data (any Spark-readable source)."""
     return spark_reader(spark, upstream, upstream.format).load(upstream.path)
 
 
-def cursor_value(source: DataFrame, upstream: Upstream) -> Column:
+def cursor_value(source: DataFrame, upstream: CursorUpstream) -> Column:
     """The effective cursor as a comparable value: microseconds since the epoch for
     timestamps (time-zone free), days for dates, the value itself otherwise."""
     assert upstream.cursor is not None
@@ -41,14 +41,14 @@ def cursor_value(source: DataFrame, upstream: Upstream) -> Column:
     return values[0] if len(values) == 1 else F.coalesce(*values)
 
 
-def is_time_cursor(source: DataFrame, upstream: Upstream) -> bool:
+def is_time_cursor(source: DataFrame, upstream: CursorUpstream) -> bool:
     """True when the cursor is a timestamp (so the lag applies)."""
     assert upstream.cursor is not None
     dtype = source.schema[upstream.cursor].dataType
     return isinstance(dtype, T.TimestampType | T.TimestampNTZType)
 
 
-def position_columns(source: DataFrame, upstream: Upstream) -> list[Column]:
+def position_columns(source: DataFrame, upstream: CursorUpstream) -> list[Column]:
     """The columns of a row's position: the effective cursor, then the tie-break keys."""
     return [cursor_value(source, upstream)] + [F.col(f"`{k}`") for k in upstream.tie_break]
 
@@ -64,7 +64,7 @@ def _compare(
     return result
 
 
-def in_window(source: DataFrame, upstream: Upstream, window: CursorWindow) -> Column:
+def in_window(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> Column:
     """``start < position <= end`` on (cursor, *tie_break)."""
     cols = position_columns(source, upstream)
     cond = cols[0].isNotNull()
@@ -95,7 +95,7 @@ class PinnedEnd:
 
 
 def pin_end(
-    source: DataFrame, upstream: Upstream, window: CursorWindow, now: datetime
+    source: DataFrame, upstream: CursorUpstream, window: CursorWindow, now: datetime
 ) -> PinnedEnd:
     """The end a new window should have: the greatest position among rows after the
     start whose cursor is at or below the ceiling (``now`` minus the lag, for timestamp
@@ -132,7 +132,7 @@ PinWindow = Callable[[CursorPosition | None, int | None], CursorWindow]
 
 def pin_window(
     spark: SparkSession,
-    upstream: Upstream,
+    upstream: CursorUpstream,
     window: CursorWindow,
     pin: PinWindow | None,
     now: datetime,

@@ -14,13 +14,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property, reduce
+from functools import reduce
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.columns import CHANGE_TYPE, PREIMAGE
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
@@ -38,6 +38,13 @@ from watermark_dagster.read.cursor import (
 from watermark_dagster.read.frames import as_changes
 from watermark_dagster.read.preflight import preflight
 from watermark_dagster.read.snapshot import read_snapshot
+
+
+def _cursor_upstream(upstream: Upstream) -> CursorUpstream:
+    """``upstream`` as the cursor upstream a window belongs to."""
+    if not isinstance(upstream, CursorUpstream):
+        raise TypeError(f"upstream {upstream.name!r} has a cursor window but is not read by cursor")
+    return upstream
 
 
 @dataclass
@@ -65,6 +72,9 @@ class UpstreamInput:
     files_read: int | None = None
     rows_without_cursor: int = 0
     _scan: AppendScan | None = field(default=None, repr=False)
+    # Each read once, on first use: the transform and the rows-read count share them.
+    _snapshot: DataFrame | None = field(default=None, init=False, repr=False)
+    _changes: DataFrame | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def pinned(
@@ -90,7 +100,7 @@ class UpstreamInput:
         if planned.is_cursor:
             assert window is not None
             window, rows_without_cursor = pin_window(
-                spark, upstream, window, pin, now or datetime.now(UTC)
+                spark, _cursor_upstream(upstream), window, pin, now or datetime.now(UTC)
             )
             mode = ReadMode.SNAPSHOT if full_load else planned.mode
         else:
@@ -114,30 +124,42 @@ class UpstreamInput:
         """True when this input is read as a whole snapshot (a full load)."""
         return self.mode is ReadMode.SNAPSHOT
 
-    @cached_property
+    @property
     def snapshot(self) -> DataFrame:
         """The table as of the range's end (the committed version for NOOP); for a cursor
         upstream, every row up to the window's end."""
+        if self._snapshot is None:
+            self._snapshot = self._read_snapshot()
+        return self._snapshot
+
+    def _read_snapshot(self) -> DataFrame:
         if self.window is not None:
-            source = read_source(self._spark, self._upstream)
+            source = read_source(self._spark, _cursor_upstream(self._upstream))
             upto = CursorWindow(None, self.window.end if self.window.end is not None else ())
-            return source.where(in_window(source, self._upstream, upto))
+            return source.where(in_window(source, _cursor_upstream(self._upstream), upto))
         assert self.snapshot_version is not None
         return read_snapshot(self._spark, self._upstream, self.snapshot_version)
 
-    @cached_property
+    @property
     def changes(self) -> DataFrame:
         """Every change row the batch pins, with ``_change_type``, ``_commit_version`` and
         ``_commit_timestamp``: the change feed (update pre-images included), the appended
         rows, the window's rows, or the whole snapshot as inserts. Empty for NOOP."""
+        if self._changes is None:
+            self._changes = self._read_changes()
+        return self._changes
+
+    def _read_changes(self) -> DataFrame:
         if self.mode is ReadMode.NOOP:
             return as_changes(self.snapshot, None).limit(0)
         if self.mode is ReadMode.SNAPSHOT:
             frame = as_changes(self.snapshot, self.snapshot_version)
         elif self.mode is ReadMode.TIMESTAMP:
             assert self.window is not None
-            source = read_source(self._spark, self._upstream)
-            frame = as_changes(source.where(in_window(source, self._upstream, self.window)), None)
+            source = read_source(self._spark, _cursor_upstream(self._upstream))
+            frame = as_changes(
+                source.where(in_window(source, _cursor_upstream(self._upstream), self.window)), None
+            )
         elif self.mode is ReadMode.APPEND_ONLY:
             assert self.range is not None and self._scan is not None
             frame = read_appended(self._spark, self._upstream, self.range, self._scan)
@@ -163,8 +185,9 @@ class UpstreamInput:
 
     def release(self) -> None:
         """Drop the cached change rows (called when the pipeline's batch is done)."""
-        if "changes" in self.__dict__:
-            self.__dict__.pop("changes").unpersist()
+        if self._changes is not None:
+            self._changes.unpersist()
+            self._changes = None
 
     def describe(self) -> str:
         """``CDF [3, 5]``, ``SNAPSHOT @5``, ``TIMESTAMP (a .. b]``, ``NOOP``."""
@@ -187,7 +210,10 @@ class UpstreamInput:
         """
         then: list[Column] = []
         if self.window is not None:
-            then = [c.desc_nulls_last() for c in position_columns(self.changes, self._upstream)]
+            then = [
+                c.desc_nulls_last()
+                for c in position_columns(self.changes, _cursor_upstream(self._upstream))
+            ]
         changes = self.changes.where(F.col(CHANGE_TYPE) != PREIMAGE)
         return latest_per_key(changes, keys, *then)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from deltalake import DeltaTable
 
-from watermark_dagster.config.registry import OnDataChange, SchemaChanges, Upstream
+from watermark_dagster.config.upstream import DeltaUpstream, OnDataChange, SchemaChanges, Upstream
 from watermark_dagster.core.planning import PlannedInput, recreation_found
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.errors import (
@@ -103,7 +103,7 @@ def schema_problems(
     return problems
 
 
-def check_schema(upstream: Upstream, rng: VersionRange) -> None:
+def check_schema(upstream: DeltaUpstream, rng: VersionRange) -> None:
     """Fail when the schema changed incompatibly between the version before the range and
     its end (see :func:`schema_problems`).
 
@@ -141,6 +141,8 @@ def preflight(
         UpstreamRecreatedError, UpstreamUnreadableError, UpstreamSchemaChangedError,
         UpstreamDataChangedError: the range cannot be read as planned (I6).
     """
+    if not isinstance(upstream, DeltaUpstream):
+        raise TypeError(f"preflight() checks version ranges; {upstream.name!r} is read by cursor")
     mode, rng = planned.mode, planned.range
     if rng is not None:
         check_identity(upstream, rng, table_id)

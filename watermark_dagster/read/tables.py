@@ -7,7 +7,7 @@ from functools import cache
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from watermark_dagster.config.registry import Upstream
+from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnreadableError, reset_command
 

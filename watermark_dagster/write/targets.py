@@ -22,7 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from watermark_dagster.config.registry import Pipeline, WriteMode, validate_name
+from watermark_dagster.config.names import validate_name
+from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.core.columns import (
     BATCH_COLUMN,
     CHANGE_TYPE,

@@ -1,0 +1,246 @@
+"""Pipelines: a transform from pinned upstream inputs into one target table, run once per
+batch, and what the transform receives.
+
+Example:
+    >>> @pipeline(upstreams=["orders"], target="/lake/orders_clean", keys=["order_id"])
+    ... def orders_clean(batch: BatchContext) -> DataFrame:
+    ...     return batch["orders"].net_changes(["order_id"])
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from watermark_dagster.config.names import enum_value, validate_name
+from watermark_dagster.core.columns import RESERVED_PREFIX
+from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
+from watermark_dagster.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class PinnedInput(Protocol):
+    """One upstream as a batch pinned it: ``batch["orders"]`` in a transform."""
+
+    @property
+    def mode(self) -> ReadMode:
+        """How the range is read (``cdf``, ``append_only``, ``snapshot``, ``timestamp``)."""
+        ...
+
+    @property
+    def range(self) -> VersionRange | None:
+        """The pinned version range (None for a cursor upstream)."""
+        ...
+
+    @property
+    def window(self) -> CursorWindow | None:
+        """The pinned cursor window (None for a Delta upstream)."""
+        ...
+
+    @property
+    def snapshot_version(self) -> int | None:
+        """The version ``snapshot`` is read at: the range's end."""
+        ...
+
+    @property
+    def changes(self) -> "DataFrame":
+        """The change rows in the pinned range, with ``_change_type``,
+        ``_commit_version`` and ``_commit_timestamp``."""
+        ...
+
+    @property
+    def snapshot(self) -> "DataFrame":
+        """The table as of the range's end."""
+        ...
+
+    def net_changes(self, keys: Sequence[str]) -> "DataFrame":
+        """The latest change per key in the range (deletes included)."""
+        ...
+
+    def changed_keys(self, columns: Sequence[str]) -> "DataFrame":
+        """The distinct values of ``columns`` among the changed rows, both sides of an
+        update included."""
+        ...
+
+
+class BatchContext(Protocol):
+    """What a transform receives: the batch, and each upstream as the batch pinned it.
+
+    ``batch["orders"].changes`` is the change feed in the pinned range;
+    ``batch["orders"].snapshot`` is the table as of the range's end.
+    """
+
+    @property
+    def batch_id(self) -> str:
+        """The batch's id (its Dagster partition key)."""
+        ...
+
+    @property
+    def seq(self) -> int:
+        """The batch's sequence number."""
+        ...
+
+    @property
+    def pipeline(self) -> str:
+        """The pipeline being run."""
+        ...
+
+    @property
+    def spark(self) -> "SparkSession":
+        """The Spark session the inputs are read with."""
+        ...
+
+    @property
+    def full_load(self) -> bool:
+        """True when the pipeline reloads: every input's ``changes`` is its snapshot."""
+        ...
+
+    def __getitem__(self, upstream: str) -> PinnedInput:
+        """The pinned input of ``upstream`` (one of the pipeline's upstreams)."""
+        ...
+
+
+WriteModeValue = Literal["merge", "append", "overwrite"]
+
+
+class WriteMode(StrEnum):
+    """How a pipeline writes its target.
+
+    * ``merge``: upsert and delete by key; only newer changes are taken.
+    * ``append``: append rows; a retried batch is not appended twice (Delta transaction ids).
+    * ``overwrite``: replace the target with the transform's output of a full reload.
+    """
+
+    MERGE = "merge"
+    APPEND = "append"
+    OVERWRITE = "overwrite"
+
+
+Transform = Callable[[BatchContext], "DataFrame"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """A transform from one or more upstreams into one target table, run once per batch.
+
+    The transform returns the changes to apply to the target: target columns plus an
+    optional ``_change_type`` (``"delete"`` deletes the key; anything else upserts) and an
+    optional ``_commit_version`` that orders several changes of one key (the latest wins).
+
+    Args:
+        name: registry name; also the Dagster asset key.
+        upstreams: names of the upstreams the transform reads.
+        target: location of the target Delta table.
+        keys: key columns the target is merged on (required for ``write="merge"``).
+        transform: the function, ``transform(batch) -> DataFrame``.
+        description: shown in the Dagster UI (defaults to the function's docstring).
+        write: ``merge`` (default), ``append`` or ``overwrite`` (:class:`WriteMode`).
+        partition_by: partition columns the target is created with.
+        cluster_by: liquid clustering columns the target is created with.
+        storage_options: storage options for the target on an object store.
+    """
+
+    name: str
+    upstreams: Sequence[str]
+    target: str
+    keys: Sequence[str] = ()
+    transform: Transform = field(compare=False)
+    description: str | None = None
+    write: WriteModeValue = "merge"
+    partition_by: tuple[str, ...] = ()
+    cluster_by: tuple[str, ...] = ()
+    storage_options: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        validate_name("pipeline name", self.name)
+        if not self.upstreams:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' reads no upstream.",
+                pipeline=self.name,
+                fix="name at least one upstream in upstreams=[...].",
+            )
+        for u in self.upstreams:
+            validate_name("upstream name", u)
+        if len(set(self.upstreams)) != len(self.upstreams):
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' lists an upstream twice: {list(self.upstreams)}.",
+                pipeline=self.name,
+            )
+        owner = f"Pipeline '{self.name}'"
+        object.__setattr__(self, "write", enum_value(WriteMode, self.write, "write", owner))
+        object.__setattr__(self, "upstreams", tuple(self.upstreams))
+        object.__setattr__(self, "keys", tuple(self.keys))
+        object.__setattr__(self, "partition_by", tuple(self.partition_by))
+        object.__setattr__(self, "cluster_by", tuple(self.cluster_by))
+        if not self.keys and self.write is WriteMode.MERGE:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' merges into its target but has no key columns.",
+                pipeline=self.name,
+                fix="give the target's key columns as keys=[...], or write='append'.",
+            )
+        if self.partition_by and self.cluster_by:
+            raise ConfigurationError(
+                f"{owner}: a Delta table is either partitioned or clustered, not both.",
+                pipeline=self.name,
+                fix="keep partition_by or cluster_by.",
+            )
+        for k in (*self.partition_by, *self.cluster_by):
+            validate_name("target column", k)
+        for k in self.keys:
+            validate_name("key column", k)
+            if k.startswith(RESERVED_PREFIX):
+                raise ConfigurationError(
+                    f"Pipeline '{self.name}': key column {k!r} uses the reserved prefix "
+                    f"{RESERVED_PREFIX!r}.",
+                    pipeline=self.name,
+                )
+        if not isinstance(self.target, str) or not self.target.strip():
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' has no target.",
+                pipeline=self.name,
+                fix="give the target Delta table's location as target=...",
+            )
+        if not callable(self.transform):
+            raise ConfigurationError(
+                f"Pipeline '{self.name}': transform is not callable.", pipeline=self.name
+            )
+
+
+def pipeline(
+    *,
+    upstreams: Sequence[str],
+    target: str,
+    keys: Sequence[str] = (),
+    name: str | None = None,
+    description: str | None = None,
+    write: WriteModeValue = "merge",
+    partition_by: Sequence[str] = (),
+    cluster_by: Sequence[str] = (),
+    storage_options: Mapping[str, str] | None = None,
+) -> Callable[[Transform], Pipeline]:
+    """Declare a pipeline with a decorated transform function.
+
+    Example:
+        >>> @pipeline(upstreams=["orders", "customers"], target="/lake/enriched",
+        ...           keys=["order_id"])
+        ... def orders_enriched(batch):
+        ...     ...
+    """
+
+    def wrap(fn: Transform) -> Pipeline:
+        return Pipeline(
+            name=name or fn.__name__,
+            upstreams=tuple(upstreams),
+            target=target,
+            keys=tuple(keys),
+            transform=fn,
+            description=description or (fn.__doc__ or "").strip() or None,
+            write=write,
+            partition_by=tuple(partition_by),
+            cluster_by=tuple(cluster_by),
+            storage_options=storage_options,
+        )
+
+    return wrap

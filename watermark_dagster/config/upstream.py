@@ -1,0 +1,339 @@
+"""Upstreams: the tables pipelines read, by Delta version or by a cursor column.
+
+Two kinds, two types, each with only the settings that apply to it:
+
+* :class:`DeltaUpstream`: a Delta table read by version range (change data feed, appended
+  files or snapshot).
+* :class:`CursorUpstream`: a table or folder without usable versions, read in windows of a
+  cursor column (a timestamp or an increasing number).
+
+Both are :class:`Upstream`, which holds what they share. Every argument is a keyword.
+
+Example:
+    >>> orders = DeltaUpstream(name="orders", path="/lake/orders")
+    >>> clicks = CursorUpstream(name="clicks", path="/landing/clicks", cursor="event_time",
+    ...                         format="parquet")
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import ClassVar, Literal
+
+from watermark_dagster.config.names import enum_value, validate_name
+from watermark_dagster.errors import ConfigurationError
+
+
+class UpstreamMode(StrEnum):
+    """How an upstream is read incrementally.
+
+    * ``auto``: the change data feed when the table has it on, else only appended files.
+    * ``cdf``: always the change data feed (a range without it fails loudly).
+    * ``append_only``: only the files each commit added; a commit that updates or deletes
+      fails the batch, or is read as a snapshot when ``on_data_change="snapshot"``.
+    * ``snapshot``: the whole table each time it changes (its pipelines reload fully).
+    * ``timestamp``: no versions; rows are read by a cursor column in windows (every
+      :class:`CursorUpstream`).
+    """
+
+    AUTO = "auto"
+    CDF = "cdf"
+    APPEND_ONLY = "append_only"
+    SNAPSHOT = "snapshot"
+    TIMESTAMP = "timestamp"
+
+
+class OnDataChange(StrEnum):
+    """What an APPEND_ONLY read does with a commit that updates or deletes rows."""
+
+    FAIL = "fail"
+    SNAPSHOT = "snapshot"
+
+
+class SchemaChanges(StrEnum):
+    """Which schema changes inside a batch's range pass.
+
+    * ``additive``: new nullable columns pass; dropped, renamed or retyped columns fail.
+    * ``strict``: any change fails.
+    """
+
+    ADDITIVE = "additive"
+    STRICT = "strict"
+
+
+# The values a declaration may give; each is stored as the matching member of the enum
+# above, which is a `str` equal to it.
+DeltaMode = Literal["auto", "cdf", "append_only", "snapshot"]
+OnDataChangeValue = Literal["fail", "snapshot"]
+SchemaChangesValue = Literal["additive", "strict"]
+StartFrom = Literal["beginning", "latest"] | int | datetime | str
+
+
+def _parse_start(value: object, owner: str) -> str | int | datetime:
+    """``start_from``: "beginning", "latest", a version (int) or a timestamp."""
+    if isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigurationError(
+                f"{owner}: start_from version {value} is negative.",
+                fix="give a version >= 0, 'beginning', 'latest' or a timestamp.",
+            )
+        return value
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("beginning", "latest"):
+            return text
+        if text.isdigit():
+            return int(text)
+        try:
+            parsed = datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
+        else:
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    raise ConfigurationError(
+        f"{owner}: start_from {value!r} is not 'beginning', 'latest', a version or an ISO 8601 "
+        "timestamp.",
+        fix="e.g. start_from='latest', start_from=42 or start_from='2026-01-31T00:00:00Z'.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Upstream:
+    """What every upstream has. Declare a :class:`DeltaUpstream` or a
+    :class:`CursorUpstream`; code that handles either takes an ``Upstream``.
+
+    Args:
+        name: registry name; also the Dagster asset key.
+        path: location of the table or folder (local path or object-store URI).
+        storage_options: delta-rs / Spark storage options for object stores.
+        description: shown in the Dagster UI.
+        start_from: where the first batch starts: ``beginning`` (default: each
+            pipeline's first batch loads a snapshot of the latest version), ``latest``
+            (skip history: only what arrives after the first plan), a version (Delta
+            upstreams: read from it), or a timestamp (read the commits after it; for cursor
+            upstreams, rows after it).
+    """
+
+    is_cursor: ClassVar[bool]
+    """True when the upstream has no versions and is read through a cursor column."""
+
+    name: str
+    path: str
+    storage_options: Mapping[str, str] | None = None
+    description: str | None = None
+    start_from: StartFrom = "beginning"
+
+    def __post_init__(self) -> None:
+        if type(self) is Upstream:
+            raise TypeError(
+                "Upstream is the common base: declare DeltaUpstream(name=..., path=...) or "
+                "CursorUpstream(name=..., path=..., cursor=...)."
+            )
+        validate_name("upstream name", self.name)
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise ConfigurationError(
+                f"{self.owner} has no path.",
+                upstream=self.name,
+                fix="give the table's location as path=...",
+            )
+        object.__setattr__(self, "start_from", _parse_start(self.start_from, self.owner))
+
+    @property
+    def owner(self) -> str:
+        """How errors name this upstream."""
+        return f"Upstream '{self.name}'"
+
+    @property
+    def mode(self) -> UpstreamMode:
+        """How the upstream is read (:class:`UpstreamMode`)."""
+        raise NotImplementedError
+
+    @property
+    def max_versions_per_batch(self) -> int | None:
+        """The cap on the versions one batch reads (None: no cap; cursor upstreams have no
+        versions)."""
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaUpstream(Upstream):
+    """A Delta table read by version range.
+
+    Args:
+        mode: ``auto`` (default: the change data feed when the table has it on, else
+            appended files), ``cdf``, ``append_only`` or ``snapshot`` (:class:`UpstreamMode`).
+        on_data_change: for ``append_only`` reads, what a commit that updates or deletes
+            does: ``fail`` the batch (default) or read the range as a ``snapshot``.
+        schema_changes: which schema changes inside a range pass: ``additive`` (default)
+            or ``strict``.
+        max_versions_per_batch: cap on how many versions one batch reads (None: no cap).
+
+    The shared arguments (``name``, ``path``, ...) are those of :class:`Upstream`. The
+    enumerated settings are stored as members of their enums (each a ``str`` equal to the
+    value given).
+    """
+
+    is_cursor: ClassVar[bool] = False
+
+    # Dataclass fields implementing the base's read-only properties.
+    mode: DeltaMode = "auto"  # pyright: ignore[reportIncompatibleMethodOverride]
+    on_data_change: OnDataChangeValue = "fail"
+    schema_changes: SchemaChangesValue = "additive"
+    max_versions_per_batch: int | None = None  # pyright: ignore[reportIncompatibleMethodOverride]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = self.owner
+        mode = enum_value(UpstreamMode, self.mode, "mode", owner)
+        if mode is UpstreamMode.TIMESTAMP:
+            raise ConfigurationError(
+                f"{owner}: mode 'timestamp' reads by a cursor column, not by version.",
+                upstream=self.name,
+                fix="declare it as CursorUpstream(name=..., path=..., cursor='updated_at'), "
+                "or choose mode 'auto', 'cdf', 'append_only' or 'snapshot'.",
+            )
+        cap = self.max_versions_per_batch
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ConfigurationError(
+                f"{owner}: max_versions_per_batch must be a positive integer, got {cap!r}.",
+                upstream=self.name,
+                fix="set it to 1 or more, or leave it unset for no cap.",
+            )
+        set_ = object.__setattr__
+        set_(self, "mode", mode)
+        set_(
+            self,
+            "on_data_change",
+            enum_value(OnDataChange, self.on_data_change, "on_data_change", owner),
+        )
+        set_(
+            self,
+            "schema_changes",
+            enum_value(SchemaChanges, self.schema_changes, "schema_changes", owner),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CursorUpstream(Upstream):
+    """A table or folder without usable versions, read in windows of a cursor column.
+
+    Args:
+        cursor: the cursor column: a timestamp or an increasing number.
+        cursor_fallback: a column used where ``cursor`` is NULL.
+        tie_break: key columns that order rows sharing a cursor value.
+        lag_seconds: for timestamp cursors, how far behind "now" a window ends, so rows
+            committed late by slow writers are not skipped.
+        format: Spark source format (``delta``, ``parquet``, ...; default ``delta``).
+        read_options: Spark reader options.
+
+    The shared arguments (``name``, ``path``, ...) are those of :class:`Upstream`; a version
+    is not a valid ``start_from`` (there are none).
+    """
+
+    is_cursor: ClassVar[bool] = True
+
+    cursor: str
+    cursor_fallback: str | None = None
+    tie_break: Sequence[str] = ()
+    lag_seconds: float = 0.0
+    format: str = "delta"
+    read_options: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = self.owner
+        if isinstance(self.start_from, int) and self.start_from != 0:
+            raise ConfigurationError(
+                f"{owner} has no versions (it is read by cursor); start_from="
+                f"{self.start_from!r} cannot apply.",
+                upstream=self.name,
+                fix="use 'beginning', 'latest' or a timestamp.",
+            )
+        if not self.cursor:
+            raise ConfigurationError(
+                f"{owner} is read by cursor but names no cursor column.",
+                upstream=self.name,
+                fix="give cursor='updated_at' (a timestamp or increasing id column).",
+            )
+        object.__setattr__(self, "tie_break", tuple(self.tie_break))
+        for column in (self.cursor, self.cursor_fallback, *self.tie_break):
+            if column is not None:
+                validate_name("cursor column", column)
+        if (
+            isinstance(self.lag_seconds, bool)
+            or not isinstance(self.lag_seconds, int | float)
+            or self.lag_seconds < 0
+        ):
+            raise ConfigurationError(
+                f"{owner}: lag_seconds must be a number >= 0, got {self.lag_seconds!r}.",
+                upstream=self.name,
+            )
+        validate_name("format", self.format)
+
+    @property
+    def mode(self) -> UpstreamMode:
+        """Always ``timestamp``: rows are read in windows of the cursor column."""
+        return UpstreamMode.TIMESTAMP
+
+
+# Either kind, for code that reads the settings of one kind after checking which it is.
+AnyUpstream = DeltaUpstream | CursorUpstream
+
+
+def declare_upstream(**settings: object) -> AnyUpstream:
+    """The upstream a mapping of settings declares (a YAML entry, a test spec): a
+    :class:`CursorUpstream` when it says ``mode: timestamp``, else a :class:`DeltaUpstream`.
+
+    Raises:
+        ConfigurationError: a setting that does not apply to that kind, or a bad value.
+    """
+    name = str(settings.get("name", "?"))
+    mode = settings.get("mode")
+    cursor_kind = isinstance(mode, str) and mode.strip().lower() == UpstreamMode.TIMESTAMP
+    allowed = _CURSOR_SETTINGS if cursor_kind else _DELTA_SETTINGS
+    wrong = ", ".join(sorted(set(settings) - allowed - {"mode"}))
+    if wrong and cursor_kind:
+        raise ConfigurationError(
+            f"Upstream '{name}' is read by cursor (mode='timestamp'); {wrong} only apply to "
+            "Delta upstreams read by version.",
+            upstream=name,
+            fix="remove them, or choose another mode to read it by version.",
+        )
+    if wrong:
+        raise ConfigurationError(
+            f"Upstream '{name}': {wrong} only apply to mode='timestamp'.",
+            upstream=name,
+            fix="set mode='timestamp' or drop the cursor settings.",
+        )
+    if cursor_kind:
+        if not settings.get("cursor"):
+            raise ConfigurationError(
+                f"Upstream '{name}' is read by timestamp but names no cursor column.",
+                upstream=name,
+                fix="give cursor='updated_at' (a timestamp or increasing id column).",
+            )
+        kwargs = {k: v for k, v in settings.items() if k != "mode"}
+        return CursorUpstream(**kwargs)  # type: ignore[arg-type]
+    return DeltaUpstream(**settings)  # type: ignore[arg-type]
+
+
+_SHARED_SETTINGS = frozenset({"name", "path", "storage_options", "description", "start_from"})
+_DELTA_SETTINGS = _SHARED_SETTINGS | {
+    "mode",
+    "on_data_change",
+    "schema_changes",
+    "max_versions_per_batch",
+}
+_CURSOR_SETTINGS = _SHARED_SETTINGS | {
+    "cursor",
+    "cursor_fallback",
+    "tie_break",
+    "lag_seconds",
+    "format",
+    "read_options",
+}
