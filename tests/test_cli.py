@@ -246,7 +246,7 @@ def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> N
     refused = watermark(home, "set", "-t", "orders", "--version", "3", "--yes")
     assert refused.returncode == 2
     # The store's refusal (the one definition of the rule), raised before any prompt.
-    assert f"Batch {batch_id} is open and reads upstream 'orders'" in refused.stderr
+    assert f"Upstream 'orders': batch {batch_id} is open and reads orders" in refused.stderr
     assert "--force" in refused.stderr
     assert _versions(home) == before
     # An upstream the open batch does not read (NOOP) can move freely.

@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, build_sensor_context
+from dagster import DagsterInstance, build_sensor_context
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable as RsDeltaTable
 from deltalake import QueryBuilder, write_deltalake
@@ -51,7 +51,6 @@ from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
-from watermark_dagster.dagster_defs.runs import PLAN_ID_METADATA
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import WatermarkError
 from watermark_dagster.observe.log import latest_local_version
@@ -475,7 +474,7 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
 
 def _small_lake(root: Path) -> Lake:
     """A lake with delta-rs upstreams and no Spark: pipelines never run in the race tests;
-    their materializations are reported to the instance as a run would."""
+    their checkpoints are recorded through the store as a run would."""
     lake = _new_lake(root)
     for upstream in lake.spec["upstreams"]:
         for ids in ([0, 1], [2], [3]):  # versions 0..2
@@ -489,10 +488,10 @@ def _commit(path: str, ids: list[int]) -> None:
     write_deltalake(path, _rows(ids), mode="append")
 
 
-def _plan_and_materialize(lake: Lake, instance: DagsterInstance, ids: list[int] | None) -> Batch:
+def _plan_and_succeed(lake: Lake, instance: DagsterInstance, ids: list[int] | None) -> Batch:
     """A new commit of ``ids`` in every upstream; a coordinator tick plans a batch; each of
-    its pipelines records a SUCCESS checkpoint for it and reports its materialization (what
-    a successful run leaves; the checkpoint is what the finalizer counts)."""
+    its pipelines records a SUCCESS checkpoint for it through the store, as its run does
+    after the target commit (the checkpoint is what the finalizer counts; no Spark here)."""
     for upstream in lake.spec["upstreams"]:
         if ids is not None:
             _commit(upstream["path"], ids)
@@ -503,13 +502,6 @@ def _plan_and_materialize(lake: Lake, instance: DagsterInstance, ids: list[int] 
         attempt = lake.store.begin_checkpoint(pipeline, batch.batch_id, run_id=None)
         lake.store.finish_checkpoint(
             pipeline, batch.batch_id, attempt, CheckpointStatus.SUCCESS, rows_read=0
-        )
-        instance.report_runless_asset_event(
-            AssetMaterialization(
-                asset_key=AssetKey(pipeline),
-                partition=batch.batch_id,
-                metadata={PLAN_ID_METADATA: batch.plan_id},
-            )
         )
     return batch
 
@@ -561,7 +553,7 @@ def test_two_finalizer_ticks_at_once_advance_each_watermark_once(tmp_path: Path)
     store = lake.store
     try:
         for round_ in range(3):
-            batch = _plan_and_materialize(lake, instance, [10 + round_] if round_ else None)
+            batch = _plan_and_succeed(lake, instance, [10 + round_] if round_ else None)
             errors = _ticks_at_once(defs, instance, FINALIZER, 2)
             assert not errors, errors
             assert store.get_batch(batch.batch_id).status is BatchStatus.COMPLETED
@@ -664,7 +656,7 @@ def test_a_finalizer_racing_watermark_set_and_reset(tmp_path: Path) -> None:
     sync.mkdir()
     instance = lake.instance()
     rounds = len(MANUAL_ROUNDS)
-    first = _plan_and_materialize(lake, instance, None)  # batch 1: versions 0..2
+    first = _plan_and_succeed(lake, instance, None)  # batch 1: versions 0..2
     HeadlessRunner(defs_from(lake.spec), instance).tick(FINALIZER)
     assert lake.store.get_batch(first.batch_id).status is BatchStatus.COMPLETED
     args = [
@@ -695,7 +687,7 @@ def _race_rounds(lake: Lake, instance: DagsterInstance, sync: Path) -> list[str]
     both: list[str] = []
     raced: set[str] = set()  # batches of the known race: their end rows are reported there
     for round_, command in enumerate(MANUAL_ROUNDS):
-        batch = _plan_and_materialize(lake, instance, [100 + round_])
+        batch = _plan_and_succeed(lake, instance, [100 + round_])
         upstream = command[2]
         finalizer, cli = _release(sync, round_, ["finalizer", "cli"])
         # The finalizer finished, or refused loudly because the watermark moved under it.

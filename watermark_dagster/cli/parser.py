@@ -3,14 +3,10 @@ one sub-command per operation, each with an example in its help."""
 
 import argparse
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
+from watermark_dagster.cli.command import Command
+from watermark_dagster.cli.commands import COMMANDS
 from watermark_dagster.cli.context import DEFAULT_DEFS
-
-if TYPE_CHECKING:
-    from watermark_dagster.cli.context import Context
 
 DESCRIPTION = """\
 Exactly-once incremental processing over Delta Lake, on Dagster: see and steer every
@@ -34,37 +30,6 @@ Every command takes --json for scripts and --help for its options and an example
 Environment: WATERMARK_HOME (default ./.watermark), DAGSTER_HOME (default
 $WATERMARK_HOME/dagster), NO_COLOR (plain output even on a terminal).
 """
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument of a command: ``flags`` and the keyword arguments of
-    :meth:`argparse.ArgumentParser.add_argument`."""
-
-    flags: tuple[str, ...]
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-def arg(*flags: str, **options: Any) -> Arg:
-    """An :class:`Arg`, written as :meth:`~argparse.ArgumentParser.add_argument` is called."""
-    return Arg(flags, options)
-
-
-@dataclass(frozen=True)
-class Command:
-    """One row of the table of commands: its name, handler, arguments and help.
-
-    Every command also takes --home, --json and (with ``defs``) --defs.
-    """
-
-    name: str
-    handler: Callable[["Context"], int]
-    help: str
-    example: str
-    arguments: Sequence[Arg] = ()
-    description: str | None = None
-    defs: bool = True
-    json_help: str = "JSON instead of text, for scripts"
 
 
 def add_command(
@@ -96,8 +61,6 @@ def add_command(
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``watermark`` argument parser, with every command registered."""
-    from watermark_dagster.cli.commands import COMMANDS
-
     parser = argparse.ArgumentParser(
         prog="watermark",
         description=DESCRIPTION,

@@ -8,6 +8,7 @@ in the table's order.
 
 import textwrap
 
+from watermark_dagster.cli.command import Arg, Command, arg
 from watermark_dagster.cli.commands import (
     batches,
     engine,
@@ -17,7 +18,6 @@ from watermark_dagster.cli.commands import (
     status,
     verify,
 )
-from watermark_dagster.cli.parser import Arg, Command, arg
 from watermark_dagster.cli.timespec import ACCEPTED_FORMS
 
 TABLE = arg("-t", "--table", required=True, help="upstream name")
