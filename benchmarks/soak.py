@@ -4,7 +4,7 @@
 
 Each worker process runs cases with its own local Spark session; a failing case prints
 its seed and error and the worker goes on with the next seed, so one run lists every
-failing seed (replay one with ``run_case(spark, root, SEED)`` from ``tests/model.py``).
+failing seed (replay one with ``run_case(spark, root, SEED)`` from ``tests/model/harness.py``).
 Progress lines go to stdout; the final line sums what the cases did (commits, cycles,
 crashes, injected pipeline failures, replays, backfills, batches) and counts failed cases.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 def _worker(seeds: list[int], steps: int, queue: "multiprocessing.Queue") -> None:  # type: ignore[type-arg]
     from tests.conftest import LONG_LIVED_SPARK_CONF
-    from tests.model import run_case, summary
+    from tests.model.harness import run_case, summary
     from watermark_dagster.runtime.spark import build_spark_session
 
     # One core per worker needs one shuffle partition. With the full JIT of a long-lived

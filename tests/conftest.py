@@ -59,23 +59,34 @@ def watermark_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+# Markers of the tests that start a JVM (or may: slow and soak runs are Spark end to end).
+JVM_MARKERS = ("spark", "live", "slow", "soak")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    """Spark's Python workers use this interpreter."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if "not spark" in (config.option.markexpr or ""):
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A run of no-JVM tests only (the tiers tests/unit, tests/store and tests/dagster, or
+    any selection without a JVM marker) refuses to start a JVM."""
+    if items and not any(item.get_closest_marker(m) for item in items for m in JVM_MARKERS):
         _refuse_jvm_starts()
 
 
 def _refuse_jvm_starts() -> None:
-    """The fast tier (``-m 'not spark ...'``) promises no JVM: point ``JAVA_HOME`` (which
-    Spark's launcher uses before ``PATH``) at a ``java`` that fails, naming the tier, so a
-    test that starts Spark without the ``spark`` marker fails instead of slowing the tier."""
+    """The fast tiers promise no JVM: point ``JAVA_HOME`` (which Spark's launcher uses
+    before ``PATH``) at a ``java`` that fails, naming the tier, so a test that starts Spark
+    without the ``spark`` marker (or outside tests/spark) fails instead of slowing them."""
     home = Path(tempfile.mkdtemp(prefix="watermark-no-jvm-"))
     java = home / "bin" / "java"
     java.parent.mkdir()
     java.write_text(
         "#!/bin/sh\n"
-        'echo "this test started a JVM in the no-JVM tier (-m \\"not spark\\"): mark it '
-        '@pytest.mark.spark" >&2\n'
+        'echo "this test started a JVM in a no-JVM run: mark it @pytest.mark.spark and '
+        'move it to tests/spark" >&2\n'
         "exit 97\n"
     )
     java.chmod(0o755)

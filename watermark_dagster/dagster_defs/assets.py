@@ -111,14 +111,6 @@ class WatermarkTranslator:
         return {"spark", "delta"} if isinstance(item, Pipeline) else {"delta"}
 
     # Called by build_definitions until it calls get_asset_key itself (not documented).
-    def upstream_asset_key(self, upstream: Upstream) -> AssetKey:
-        """:meth:`get_asset_key` of an upstream."""
-        return self.get_asset_key(upstream)
-
-    def pipeline_asset_key(self, pipeline: Pipeline) -> AssetKey:
-        """:meth:`get_asset_key` of a pipeline."""
-        return self.get_asset_key(pipeline)
-
 
 def observation_metadata(obs: Observation, committed: int | None) -> dict[str, Any]:
     """What an upstream observation shows: versions, lag, CDF flag, identity."""

@@ -29,6 +29,7 @@ from watermark_dagster.dagster_defs.assets import (
 )
 from watermark_dagster.dagster_defs.checks import build_continuity_checks, build_retention_checks
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
+from watermark_dagster.dagster_defs.runs import check_consumers
 from watermark_dagster.dagster_defs.sensors import (
     WatermarkSettings,
     build_coordinator_sensor,
@@ -129,8 +130,8 @@ def build_location(
     translator = translator or WatermarkTranslator()
     observer = Observer()
     partitions_def = DynamicPartitionsDefinition(name=BATCHES_PARTITIONS_NAME)
-    upstream_keys = {n: translator.upstream_asset_key(u) for n, u in registry.upstreams.items()}
-    pipeline_keys = {n: translator.pipeline_asset_key(p) for n, p in registry.pipelines.items()}
+    upstream_keys = {n: translator.get_asset_key(u) for n, u in registry.upstreams.items()}
+    pipeline_keys = {n: translator.get_asset_key(p) for n, p in registry.pipelines.items()}
     pipeline_assets = [
         build_pipeline_asset(p, registry, translator, partitions_def)
         for p in registry.pipelines.values()
@@ -161,7 +162,6 @@ def build_location(
                 registry=registry,
                 observer=observer,
                 upstream_keys=upstream_keys,
-                pipeline_keys=pipeline_keys,
                 settings=settings,
             ),
         ],
@@ -174,6 +174,9 @@ def build_location(
         },
         executor=in_process_executor,
     )
+    # The finalizer's consumers are the registry's; the graph the UI shows and backfills
+    # follow must say the same (a translator or a merge could make them differ).
+    check_consumers(registry, defs.resolve_all_asset_specs(), upstream_keys)
     return location_of(defs)
 
 

@@ -257,15 +257,12 @@ def build_finalizer_sensor(
     observer: Observer,
     upstream_keys: Mapping[str, AssetKey],
     settings: WatermarkSettings,
-    pipeline_keys: Mapping[str, AssetKey] | None = None,
 ):
     """The sensor that advances committed watermarks and completes batches.
 
     Consumers come from the registry (:meth:`Registry.consumers`), which the asset graph
-    is checked against (:func:`watermark_dagster.dagster_defs.runs.check_consumers`);
-    ``pipeline_keys`` is accepted from older callers and not used.
+    is checked against (:func:`watermark_dagster.dagster_defs.runs.check_consumers`).
     """
-    del pipeline_keys
     actor = f"sensor:{FINALIZER}"
 
     @sensor(

@@ -111,6 +111,7 @@ def plan_replay(
         WatermarkError: the upstream cannot be observed.
     """
     from watermark_dagster.core.observations import read_mode_of
+    from watermark_dagster.core.replay import check_replay_range
     from watermark_dagster.observe.observer import Observer
 
     table = registry.upstreams[upstream]
@@ -118,14 +119,9 @@ def plan_replay(
         raise UsageError(f"upstream {upstream!r} is read by a cursor column and has no versions.")
     chosen = _pipelines(registry, upstream, pipelines)
     committed = store.committed_versions().get(upstream)
-    # Checked before anyone is asked to confirm; the store checks it again when it
-    # records the batch (a scheduled batch cannot un-apply versions meanwhile).
-    if committed is None or rng.end > committed:
-        raise UsageError(
-            f"--to-version {rng.end} is beyond the committed watermark of {upstream!r} "
-            f"({committed}); only versions the pipelines applied can be replayed. Give a "
-            f"range up to {committed}, or let the scheduled batches apply the newer versions."
-        )
+    # The one rule, checked here before anyone is asked to confirm, and again by the store
+    # when it records the batch (a scheduled batch cannot un-apply versions meanwhile).
+    check_replay_range(upstream, rng, committed)
     mode = read_mode_of(table, Observer().observe(table))
     if mode is ReadMode.SNAPSHOT:
         raise UsageError(f"upstream {upstream!r} is snapshot-only: there are no changes to replay.")

@@ -102,25 +102,6 @@ def _env(home: Path, java_home: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.spark  # starts a JVM on purpose: the shim must see it
-def test_the_java_shim_sees_a_spark_session_start(tmp_path: Path) -> None:
-    """The probe the other tests rely on: a session started under the shim is recorded."""
-    java_home, launches = _java_shim(tmp_path)
-    code = (
-        "from watermark_dagster.runtime.spark import build_spark_session\n"
-        "build_spark_session(master='local[1]').stop()\n"
-    )
-    subprocess.run(
-        [sys.executable, "-c", code],
-        env=_env(tmp_path, java_home),
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    assert launches.exists() and "SparkSubmit" in launches.read_text()
-
-
 def test_watermark_run_with_nothing_to_do_starts_no_jvm(home: Path, tmp_path: Path) -> None:
     java_home, launches = _java_shim(tmp_path)
     proc = subprocess.run(

@@ -39,7 +39,7 @@ from watermark_dagster.store import WatermarkStore
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DAGSTER = Path(sys.executable).with_name("dagster")
 if not DAGSTER.exists():  # run by another interpreter: fall back to the repository's venv
     DAGSTER = REPO / ".venv" / "bin" / "dagster"

@@ -18,13 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from deltalake import DeltaTable
 
 from tests.conftest import REPO
+from tests.dagster.test_blocked_upstreams import SCRIPT, Lake, _commit
+from tests.dagster.test_cli import _on_terminal
 from tests.lakes import SPEC_ENV, write_spec
-from tests.test_blocked_upstreams import SCRIPT, Lake, _commit
-from tests.test_cli import _on_terminal
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
@@ -353,34 +352,3 @@ def test_set_records_the_os_account_when_user_is_unset(tmp_path: Path, dagster_h
 
 
 # ------------------------------------------------------------------ run --once
-
-
-@pytest.mark.spark
-def test_run_once_runs_one_batch_and_run_runs_until_idle(
-    spark, tmp_path: Path, dagster_home: Path
-) -> None:  # noqa: ANN001
-    from dagster import DagsterInstance
-    from dagster._core.instance.ref import InstanceRef
-
-    from tests.lakes import defs_from
-    from watermark_dagster.dagster_defs.headless import HeadlessRunner
-
-    lake = _lake(tmp_path, dagster_home, spark_master="local[1]")
-    lake.spec["upstreams"][0]["max_versions_per_batch"] = 1
-    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
-    try:  # the first load, in this process
-        assert len(HeadlessRunner(defs_from(lake.spec), instance).run_until_idle().completed) == 1
-    finally:
-        instance.dispose()
-    for i in (3, 4, 5):
-        _commit(tmp_path / "up", [i])  # versions 3, 4, 5: three batches of one version
-
-    once = lake.cli("run", "--once", "--json")
-    assert once.returncode == 0, once.stdout + once.stderr
-    assert len(json.loads(once.stdout)["completed"]) == 1
-    assert lake.store.committed_versions()["up"] == 3
-
-    rest = lake.cli("run", "--json")
-    assert rest.returncode == 0, rest.stdout + rest.stderr
-    assert len(json.loads(rest.stdout)["completed"]) == 2
-    assert lake.store.committed_versions()["up"] == 5

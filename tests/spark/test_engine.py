@@ -21,7 +21,7 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.test_no_jvm import _java_shim
+from tests.dagster.test_no_jvm import _java_shim
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 from watermark_dagster.demo import DemoPaths, apply_round, seed
 from watermark_dagster.demo.verify import compare_with_full_recompute

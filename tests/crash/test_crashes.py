@@ -12,7 +12,7 @@ Children only start a JVM when a pipeline runs in them: for points in the finali
 the command line, the pipelines ran in this process first (the session's ``spark``).
 Lakes are built once per module and copied per case.
 
-This file is also the children's entry point: ``python -m tests.test_crashes ACTION ...``.
+This file is also the children's entry point: ``python -m tests.crash.test_crashes ACTION ...``.
 """
 
 import ast
@@ -393,7 +393,7 @@ RESET = ["reset", "-t", "orders", "--force", "--yes", "--reason", "crash test"]
 def _run_child(lake: Lake, point: str | None, child: str) -> subprocess.CompletedProcess:
     env = lake.env(**({FAULTS_ENV: point} if point else {}))
     if child == "cycle":
-        argv = [sys.executable, "-m", "tests.test_crashes", "cycle", str(lake.spec_file)]
+        argv = [sys.executable, "-m", "tests.crash.test_crashes", "cycle", str(lake.spec_file)]
     else:
         argv = [str(SCRIPT), *RESET, "--defs", "tests.lakes:defs"]
     return subprocess.run(
@@ -574,7 +574,7 @@ def test_two_finalizer_ticks_at_once_advance_each_watermark_once(tmp_path: Path)
 
 @contextlib.contextmanager
 def _children(argvs: Sequence[Sequence[str]], env: dict[str, str], logs: Path) -> Iterator[None]:
-    """Run ``python -m tests.test_crashes ARGV`` children for the block: killed if the block
+    """Run ``python -m tests.crash.test_crashes ARGV`` children for the block: killed if the block
     fails (they would wait for rounds that never come), else awaited and checked."""
     logs.mkdir(exist_ok=True)
     procs = []
@@ -582,7 +582,7 @@ def _children(argvs: Sequence[Sequence[str]], env: dict[str, str], logs: Path) -
         with open(logs / f"child-{n}.log", "w") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tests.test_crashes", *argv],
+                    [sys.executable, "-m", "tests.crash.test_crashes", *argv],
                     cwd=REPO,
                     env=env,
                     stdout=log,

@@ -13,10 +13,8 @@ asset check fails in a real Dagster instance, reported by the coordinator sensor
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +100,11 @@ class Lake:
 
 @pytest.fixture
 def lake(tmp_path: Path, dagster_home: Path) -> Lake:
+    """The lake of :func:`blocked_lake`."""
+    return blocked_lake(tmp_path, dagster_home)
+
+
+def blocked_lake(tmp_path: Path, dagster_home: Path) -> Lake:
     """Two upstreams (``up`` at version 2, ``other`` at 0), each read by one pipeline whose
     target exists; a first batch advanced both watermarks to the latest versions, on the
     tables' ids, as the finalizer does."""
@@ -306,82 +309,3 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
         assert not evaluation.passed and evaluation.description == failed.description
     finally:
         instance.dispose()
-
-
-@pytest.mark.live
-def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
-    """A real ``dagster-daemon`` ticks the coordinator on its own; the recreated upstream's
-    check turns failing in the instance with nobody launching anything."""
-    lake.spec["sensor_interval_seconds"] = 1
-    spec_file = write_spec(lake.root / "spec.json", lake.spec)
-    workspace = lake.root / "workspace.yaml"
-    workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: tests.lakes\n"
-        f"      attribute: defs\n      working_directory: {REPO}\n"
-    )
-    env = {
-        **os.environ,
-        SPEC_ENV: str(spec_file),
-        "PYTHONPATH": str(REPO),
-        "DAGSTER_HOME": str(lake.dagster_home),
-    }
-    # Create the instance's SQLite storages before the daemon and its code server start:
-    # two processes creating them at once can stamp two alembic heads (seen on a fresh
-    # clone: "Version table 'alembic_version' has more than one head present").
-    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))
-    instance.get_runs(limit=1)
-    log = (lake.root / "daemon.log").open("w")
-    daemon = subprocess.Popen(
-        [str(DAEMON), "run", "-w", str(workspace)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-    def wait_for(predicate: Any, what: str, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            assert daemon.poll() is None, (lake.root / "daemon.log").read_text()[-3000:]
-            time.sleep(1)
-        raise AssertionError(f"{what}: {(lake.root / 'daemon.log').read_text()[-3000:]}")
-
-    try:
-        wait_for(lambda: _check_history(instance, "up"), "no continuity check reported")
-        assert [e.passed for e in _check_history(instance, "up")] == [True]
-        _recreate(lake, 5)
-        wait_for(
-            lambda: not _check_history(instance, "up")[-1].passed,
-            "the recreated upstream's check never failed",
-        )
-        failed = _check_history(instance, "up")[-1]
-        assert RESET in failed.description
-        assert len(lake.store.batches()) == 1  # nothing planned for it
-    finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-            daemon.wait()
-        log.close()
-        instance.dispose()
-
-
-@pytest.mark.spark
-def test_create_or_replace_table_is_blocked(spark, lake: Lake) -> None:  # noqa: ANN001
-    """Spark's CREATE OR REPLACE keeps the path and the version numbers going (the new
-    table's first version is 3) but gives the table a new id and drops its change feed."""
-    spark.sql(
-        f"CREATE OR REPLACE TABLE delta.`{lake.up}` USING delta AS "
-        "SELECT id, id * 2 AS value FROM range(3)"
-    )
-    assert DeltaTable(str(lake.up)).version() == 3
-    rows = {r["upstream"]: r for r in lake.json("list")}
-    assert "its table id is" in rows["up"]["blocked"] and rows["up"]["fix"] == recreated_fix("up")
-    plan = lake.json("plan", "--dry-run")
-    assert "up" in plan["blocked"] and plan["pipelines"] == []
-    run = lake.cli("run")
-    assert run.returncode == 1 and RESET in run.stderr, run.stdout + run.stderr

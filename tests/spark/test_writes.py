@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.lakes import before_images_first
-from tests.test_read_modes import Lake, _meta, _source_rows, _write
+from tests.spark.test_read_modes import Lake, _meta, _source_rows, _write
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput

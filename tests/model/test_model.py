@@ -1,4 +1,4 @@
-"""Exactly-once under random histories: the model test (see tests/model.py).
+"""Exactly-once under random histories: the model test (see tests/model/harness.py).
 
 The default suite runs a fixed set of seeds; `pytest -m soak` (or `benchmarks/soak.py`)
 runs many more. A failing case prints its seed: `run_case(spark, tmp_path, SEED)` replays it.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.model import Stats, run_case, summary
+from tests.model.harness import Stats, run_case, summary
 
 pytestmark = pytest.mark.spark
 

@@ -24,7 +24,7 @@ from benchmarks.incremental import (
 from tests.conftest import REPO
 
 # A smoke run of a benchmark (minutes on 2 cores): kept out of the default suite, run
-# with `pytest -m slow tests/test_benchmark_incremental.py`.
+# with `pytest -m slow tests/bench/test_benchmark_incremental.py`.
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 

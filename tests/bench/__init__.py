@@ -1,0 +1,1 @@
+"""Tests: the bench tier."""

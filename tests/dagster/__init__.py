@@ -1,0 +1,1 @@
+"""Tests: the dagster tier."""

@@ -1,0 +1,214 @@
+"""The package's shape, checked from its source: layers depend downwards only, the pure core
+imports no engine, no module reaches into another's private names, no import cycles, and
+Dagster's private modules only where no public API covers them.
+
+The layers, lowest first (README, "Architecture"):
+
+    errors < core < config < observe, store < read, write < operations < runtime
+    < dagster_defs, demo < cli < definitions, the package itself
+"""
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "watermark_dagster"
+ROOT = "watermark_dagster"
+
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "core": 1,
+    "config": 2,
+    "observe": 3,
+    "store": 3,
+    "read": 4,
+    "write": 4,
+    "operations": 5,
+    "runtime": 6,
+    "dagster_defs": 7,
+    "demo": 7,
+    "cli": 8,
+    "definitions": 9,
+    "__init__": 9,
+}
+
+# Libraries each layer may not import at all (TYPE_CHECKING imports included): the pure
+# core runs without any engine, configuration and use cases without Dagster.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "core": ("dagster", "pyspark", "delta", "deltalake", "pyarrow"),
+    "config": ("dagster", "deltalake", "pyarrow"),
+    "operations": ("dagster",),
+}
+# pyspark may appear in config only for annotations.
+TYPE_ONLY: dict[str, tuple[str, ...]] = {"config": ("pyspark",)}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, as seen from ``source``."""
+
+    source: str  # dotted module importing
+    target: str  # dotted module imported
+    names: tuple[str, ...]  # names taken from it (empty for `import x`)
+    type_only: bool  # inside `if TYPE_CHECKING:`
+    line: int
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path) -> Iterator[Import]:
+    source = _module_name(path)
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    type_only_lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                for sub in ast.walk(child):
+                    if hasattr(sub, "lineno"):
+                        type_only_lines.add(sub.lineno)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(source, alias.name, (), node.lineno in type_only_lines, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = source.split(".") if is_package else source.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield Import(
+                source,
+                target,
+                tuple(a.name for a in node.names),
+                node.lineno in type_only_lines,
+                node.lineno,
+            )
+
+
+def _all_imports() -> list[Import]:
+    return [imp for path in sorted(PACKAGE.rglob("*.py")) for imp in _imports(path)]
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _ours(imp: Import) -> bool:
+    return imp.target == ROOT or imp.target.startswith(ROOT + ".")
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    unplaced = sorted(m for m in modules if m != ROOT and _layer(m) not in LAYERS)
+    assert not unplaced, (
+        f"modules outside the layers (add them to LAYERS and the README): {unplaced}"
+    )
+
+
+def test_layers_depend_downwards_only() -> None:
+    upward = []
+    for imp in _all_imports():
+        if not _ours(imp) or imp.source == ROOT:
+            continue
+        targets = [imp.target] if imp.names == () else [imp.target]
+        if imp.target == ROOT:  # `from watermark_dagster import x`: x is a module or the API
+            targets = [f"{ROOT}.{n}" for n in imp.names]
+        for target in targets:
+            src, dst = _layer(imp.source), _layer(target)
+            if LAYERS.get(dst, 0) > LAYERS[src]:
+                upward.append(f"{imp.source}:{imp.line} imports {target} ({src} -> {dst})")
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_lower_layers_import_no_engine(layer: str) -> None:
+    found = []
+    for imp in _all_imports():
+        if _layer(imp.source) != layer or _ours(imp):
+            continue
+        top = imp.target.split(".")[0]
+        if top in FORBIDDEN[layer]:
+            found.append(f"{imp.source}:{imp.line} imports {imp.target}")
+        if top in TYPE_ONLY.get(layer, ()) and not imp.type_only:
+            found.append(f"{imp.source}:{imp.line} imports {imp.target} outside TYPE_CHECKING")
+    assert not found, f"{layer}/ must stay free of these imports:\n" + "\n".join(found)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    private = [
+        f"{imp.source}:{imp.line} imports {name} from {imp.target}"
+        for imp in _all_imports()
+        if _ours(imp)
+        for name in imp.names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert not private, "private names used across modules:\n" + "\n".join(private)
+
+
+def test_no_import_cycles() -> None:
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in _all_imports():
+        if not _ours(imp):
+            continue
+        candidates = [imp.target, *(f"{imp.target}.{n}" for n in imp.names)]
+        for target in candidates:
+            if target in modules and target != imp.source:
+                graph[imp.source].add(target)
+    # A package's __init__ re-exporting its submodules is not a cycle with them.
+    for m in modules:
+        graph[m] = {t for t in graph[m] if not (m.startswith(t + ".") and t in modules)}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*trail[trail.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# Dagster's private modules still imported, each with the reason no public API covers it.
+PRIVATE_DAGSTER_ALLOWED: dict[str, str] = {
+    "watermark_dagster.dagster_defs.assets: dagster._core.definitions.data_version": (
+        "DATA_VERSION_TAG: an AssetObservation reported by a sensor takes its data version "
+        "only as this tag"
+    ),
+    "watermark_dagster.dagster_defs.runs: dagster._core.storage.tags": (
+        "PARTITION_NAME_TAG: no public constant or run filter by partition; runs launched "
+        "from the UI carry only this tag"
+    ),
+}
+
+
+def test_dagster_private_modules_only_where_no_public_api_covers_them() -> None:
+    found = {
+        f"{imp.source}: {imp.target}"
+        for imp in _all_imports()
+        if imp.target.startswith("dagster._")
+    }
+    unexplained = sorted(f for f in found if f not in PRIVATE_DAGSTER_ALLOWED)
+    assert not unexplained, "Dagster private imports:\n" + "\n".join(unexplained)
