@@ -28,7 +28,7 @@ LONG_LIVED_SPARK_CONF = {**SPARK_TEST_CONF, "spark.driver.extraJavaOptions": "-X
 
 
 @pytest.fixture(scope="session")
-def spark():  # noqa: ANN201 - pyspark SparkSession
+def spark():  # yields a pyspark SparkSession
     """The one Spark session of this test process (local[2], Delta configured)."""
     from watermark_dagster.runtime.spark import build_spark_session
 

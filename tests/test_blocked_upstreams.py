@@ -371,7 +371,7 @@ def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
 
 
 @pytest.mark.spark
-def test_create_or_replace_table_is_blocked(spark, lake: Lake) -> None:  # noqa: ANN001
+def test_create_or_replace_table_is_blocked(spark, lake: Lake) -> None:
     """Spark's CREATE OR REPLACE keeps the path and the version numbers going (the new
     table's first version is 3) but gives the table a new id and drops its change feed."""
     spark.sql(

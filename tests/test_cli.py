@@ -572,7 +572,7 @@ def test_version_at_is_the_newest_commit_at_or_before(offset_ms: int, expected: 
 
 
 @pytest.mark.spark
-def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: Path) -> None:  # noqa: ANN001
+def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: Path) -> None:
     from dagster import DagsterInstance
     from dagster._core.instance.ref import InstanceRef
 

@@ -358,7 +358,7 @@ def test_set_records_the_os_account_when_user_is_unset(tmp_path: Path, dagster_h
 @pytest.mark.spark
 def test_run_once_runs_one_batch_and_run_runs_until_idle(
     spark, tmp_path: Path, dagster_home: Path
-) -> None:  # noqa: ANN001
+) -> None:
     from dagster import DagsterInstance
     from dagster._core.instance.ref import InstanceRef
 

@@ -54,13 +54,13 @@ def _engine_tags(dagster_home: Path) -> list[str | None]:
         instance.dispose()
 
 
-def _assert_exact(spark, paths: DemoPaths) -> None:  # noqa: ANN001
+def _assert_exact(spark, paths: DemoPaths) -> None:
     for check in compare_with_full_recompute(spark, paths):
         assert check.ok, (check.target, check.missing, check.unexpected)
 
 
 def test_runs_use_the_resident_engine_then_fall_back_without_it(
-    spark,  # noqa: ANN001
+    spark,
     tmp_path: Path,
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")

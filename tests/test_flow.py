@@ -53,7 +53,7 @@ def _with_failure_switch(registry: Registry, pipeline: str, flag: Path) -> Regis
     """
     original = registry.pipelines[pipeline]
 
-    def transform(batch):  # noqa: ANN001, ANN202
+    def transform(batch):
         if flag.exists():
             raise RuntimeError(f"injected failure in {pipeline}")
         return original.transform(batch)
@@ -66,7 +66,7 @@ def _with_failure_switch(registry: Registry, pipeline: str, flag: Path) -> Regis
 
 
 @pytest.fixture
-def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:  # noqa: ANN001
+def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
     flag = tmp_path / "fail_customer_payments"
@@ -93,7 +93,7 @@ def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:  
         instance.dispose()
 
 
-def _assert_targets_exact(spark, paths: DemoPaths) -> None:  # noqa: ANN001
+def _assert_targets_exact(spark, paths: DemoPaths) -> None:
     for check in compare_with_full_recompute(spark, paths):
         assert check.ok, (check.target, check.missing, check.unexpected)
 
@@ -107,7 +107,7 @@ def _materialization_metadata(instance: DagsterInstance, asset: str, partition: 
     return {k: getattr(v, "value", v) for k, v in meta.items()}
 
 
-def test_three_batches_track_changing_upstreams_exactly(spark, location: Location) -> None:  # noqa: ANN001
+def test_three_batches_track_changing_upstreams_exactly(spark, location: Location) -> None:
     previous_end: dict[str, int] = {}
     for round_no in range(3):
         if round_no:
@@ -158,7 +158,7 @@ def _one_cycle(location: Location) -> CycleReport:
     return report
 
 
-def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> None:  # noqa: ANN001
+def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> None:
     location.fail_flag.touch()
     report = _one_cycle(location)
     assert len(report.runs) == 1 and not report.runs[0].success
@@ -185,7 +185,7 @@ def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> 
     _assert_targets_exact(spark, location.paths)
 
 
-def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  # noqa: ANN001
+def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:
     location.runner.run_until_idle()
     before = location.store.committed_versions()
     spark.createDataFrame([(999, 1, 4200, "new")], ORDERS).write.format("delta").mode(
@@ -216,7 +216,7 @@ def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  
 
 def test_open_batch_is_resumed_after_its_run_is_killed(
     spark, location: Location, dagster_home: Path
-) -> None:  # noqa: ANN001, E501
+) -> None:
     # The first batch (a snapshot load) runs normally; the second merges changes.
     assert len(location.runner.run_until_idle().completed) == 1
     apply_round(spark, location.paths, 1)
@@ -274,7 +274,7 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     _assert_targets_exact(spark, location.paths)
 
 
-def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location: Location) -> None:  # noqa: ANN001, E501
+def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location: Location) -> None:
     location.runner.run_until_idle()
     apply_round(spark, location.paths, 1)  # deletes an order and a payment, among others
     location.runner.run_until_idle()

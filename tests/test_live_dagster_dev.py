@@ -128,7 +128,7 @@ def _is_spark_driver(cmdline: str) -> bool:
 
 
 def _descendants(root: int) -> dict[int, tuple[str, int]]:
-    """pid -> (start time, ppid) of every live descendant of ``root``."""
+    """PID -> (start time, ppid) of every live descendant of ``root``."""
     children: dict[int, list[int]] = {}
     stats: dict[int, tuple[str, int]] = {}
     for entry in os.listdir("/proc"):
@@ -457,7 +457,7 @@ query Logs($runId: ID!, $cursor: String) {
 
 
 def _sensors(dev: DagsterDev, *, loading: bool = False) -> dict[str, dict[str, Any]] | None:
-    """name -> status and interval; with ``loading``, None until the location is loaded."""
+    """Name -> status and interval; with ``loading``, None until the location is loaded."""
     variables = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}}
     if loading:
         data = dev.try_graphql(SENSORS_QUERY, variables)

@@ -187,7 +187,7 @@ def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() ->
         pytest.param(["manual", "b000001", "b000002"], 1, set(), ["b000001"], id="foreign"),
     ],
 )
-def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:  # noqa: ANN001
+def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:
     assert prunable_batch_partitions(keys, keep=keep, open_batch_ids=open_ids) == expected
 
 

@@ -69,7 +69,7 @@ class Lake:
         return self.spark.read.format("delta").load(self.path(name))
 
     def rows(self, name: str) -> dict[int, Any]:
-        """id -> value of a table, failing on a duplicated id."""
+        """ID -> value of a table, failing on a duplicated id."""
         found = [(r["id"], r["value"]) for r in self.table(name).select("id", "value").collect()]
         ids = [i for i, _ in found]
         assert len(ids) == len(set(ids)), f"duplicated ids in {name}"
@@ -423,7 +423,7 @@ def test_timestamp_lag_holds_back_recent_rows_until_they_pass_it(lake: Lake) -> 
     pins: list[tuple] = []
 
     def read(window: CursorWindow, at: datetime) -> list[int]:
-        def pin(end, recheck_at):  # noqa: ANN001, ANN202
+        def pin(end, recheck_at):
             pins.append((end, recheck_at))
             return CursorWindow(window.start, end if end is not None else window.start)
 

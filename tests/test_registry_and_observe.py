@@ -37,7 +37,7 @@ from watermark_dagster.observe.observer import Observer, observe_registry, start
 from watermark_dagster.store import WatermarkStore
 
 
-def _t(batch):  # noqa: ANN001, ANN202
+def _t(batch):
     return None
 
 
@@ -110,7 +110,7 @@ def test_keys_are_required_and_validated() -> None:
 
 def test_decorator_takes_name_and_docstring() -> None:
     @pipeline(upstreams=["orders"], target="/tmp/t", keys=["id"])
-    def clean_orders(batch):  # noqa: ANN001, ANN202
+    def clean_orders(batch):
         """Orders without test rows."""
 
     assert clean_orders.name == "clean_orders"

@@ -46,7 +46,7 @@ from watermark_dagster.observe.retention import (
 from watermark_dagster.store import WatermarkStore
 
 
-def _never_called(batch):  # noqa: ANN001, ANN202
+def _never_called(batch):
     raise AssertionError("no pipeline runs in these tests")
 
 
@@ -152,7 +152,7 @@ def test_short_retention_fails_as_the_needed_version_nears_and_passes_the_horizo
     assert committed_at == datetime.fromtimestamp(history[1] / 1000, tz=UTC)
 
     # Horizon 2 s (the log keeps 30 days), default margin a quarter of it: fails from 1.5 s.
-    def at(seconds: float):  # noqa: ANN202
+    def at(seconds: float):
         return check_retention(orders, committed=0, now=committed_at + timedelta(seconds=seconds))
 
     fresh = at(1.0)

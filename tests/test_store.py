@@ -226,7 +226,7 @@ def test_maintenance_compacts_without_changing_anything(tmp_path: Path) -> None:
     assert created and nxt is not None and nxt.batch_id == "b000004"
 
 
-def _pin(root: str, end: int, barrier) -> tuple:  # noqa: ANN001
+def _pin(root: str, end: int, barrier) -> tuple:
     store = WatermarkStore(root)
     barrier.wait()
     return store.pin_window("b000001", "clicks", (end, end), recheck_at=None).end

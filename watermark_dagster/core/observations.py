@@ -134,17 +134,17 @@ class RegistryObservation:
 
     @property
     def table_ids(self) -> dict[str, str | None]:
-        """upstream -> table id (None for cursor upstreams)."""
+        """Upstream -> table id (None for cursor upstreams)."""
         return {n: o.table_id or None for n, o in self.observed.items()}
 
     @property
     def schema_fingerprints(self) -> dict[str, str | None]:
-        """upstream -> schema fingerprint."""
+        """Upstream -> schema fingerprint."""
         return {n: o.schema_fingerprint or None for n, o in self.observed.items()}
 
     @property
     def source_states(self) -> dict[str, str | None]:
-        """upstream -> source state of cursor upstreams."""
+        """Upstream -> source state of cursor upstreams."""
         return {n: o.state for n, o in self.observed.items() if o.is_cursor}
 
     def plan(self) -> Plan:

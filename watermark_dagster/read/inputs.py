@@ -180,7 +180,7 @@ class UpstreamInput:
             return 0
         try:
             return self.changes.count()
-        except Exception as e:  # noqa: BLE001 - Spark's errors are matched by their text
+        except Exception as e:  # Spark's errors are matched by their text
             raise unreadable(self._upstream, self.describe(), e) from e
 
     def release(self) -> None:

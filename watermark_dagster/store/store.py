@@ -544,7 +544,7 @@ class WatermarkStore(ControlTables):
         return {m.upstream: m for m in marks}
 
     def committed_versions(self) -> dict[str, int | None]:
-        """upstream -> committed version (None: reset, nothing committed)."""
+        """Upstream -> committed version (None: reset, nothing committed)."""
         return {u: w.committed_version for u, w in self.committed().items()}
 
     def _batch_reading(self, upstream: str) -> Batch | None:

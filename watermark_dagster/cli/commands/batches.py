@@ -34,7 +34,7 @@ def snapshot_readers(
     full_load: Sequence[str],
     pipeline_inputs: Mapping[str, Sequence[str]],
 ) -> dict[str, list[str]]:
-    """upstream -> the pipelines of ``full_load`` that read it: they load it as a snapshot
+    """Upstream -> the pipelines of ``full_load`` that read it: they load it as a snapshot
     whatever its own read mode (a pipeline added later, an overwrite pipeline)."""
     return {
         u: sorted(p for p in full_load if u in pipeline_inputs.get(p, ()))
@@ -56,7 +56,7 @@ def snapshot_text(planned: Any, pipelines: Sequence[str]) -> str | None:
 
 
 def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
+    """Batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
 
     A batch is stuck when the coordinator recorded ``BATCH_STUCK`` for it (its failed runs
     reached the maximum, or a pipeline failed with an error retrying cannot fix) and no
