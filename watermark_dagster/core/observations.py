@@ -63,7 +63,9 @@ class ModeConfig(Protocol):
     """What the read-mode rule needs of an upstream's configuration."""
 
     @property
-    def mode(self) -> str: ...
+    def mode(self) -> str:
+        """The configured read mode's name, such as ``auto``, ``cdf`` or ``snapshot``."""
+        ...
 
 
 def read_mode_of(upstream: ModeConfig, obs: Observation) -> ReadMode:
