@@ -4,7 +4,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,13 +40,13 @@ def spark():  # yields a pyspark SparkSession
 
 
 @pytest.fixture
-def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A temporary DAGSTER_HOME holding the repository's dagster.yaml."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    yield home
+    return home
 
 
 @pytest.fixture

@@ -461,7 +461,10 @@ class Case:
             assert got == expected_clicks, f"seed {self.seed}: {target} lost or doubled rows"
         position = self.store.committed()["clicks"].committed_cursor
         newest = max((p for p, _ in self.clicks_expected.values()), default=())
-        assert position is not None and tuple(position) >= newest, (
+        assert position is not None, (
+            f"seed {self.seed}: clicks committed at {position}, rows up to {newest} were due"
+        )
+        assert tuple(position) >= newest, (
             f"seed {self.seed}: clicks committed at {position}, rows up to {newest} were due"
         )
         source = dict(_pairs(self.src))

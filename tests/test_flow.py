@@ -161,10 +161,12 @@ def _one_cycle(location: Location) -> CycleReport:
 def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> None:
     location.fail_flag.touch()
     report = _one_cycle(location)
-    assert len(report.runs) == 1 and not report.runs[0].success
+    assert len(report.runs) == 1
+    assert not report.runs[0].success
     assert "injected failure in customer_payments" in (report.runs[0].error or "")
     batch = location.store.open_batch()
-    assert batch is not None and batch.batch_id == "b000001"
+    assert batch is not None
+    assert batch.batch_id == "b000001"
     # orders is read only by orders_enriched (succeeded): advanced. customers is shared with
     # the failed customer_payments, payments read only by it: both held back.
     committed = location.store.committed_versions()
@@ -253,7 +255,8 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     assert report.completed == ["b000002"]
     assert len(location.store.batches()) == 2  # resumed, not re-planned
     resumed = location.store.get_batch("b000002")
-    assert resumed.plan_id == planned.plan_id and resumed.inputs == planned.inputs
+    assert resumed.plan_id == planned.plan_id
+    assert resumed.inputs == planned.inputs
     assert location.instance.get_run_by_id(dead_run.run_id).status is DagsterRunStatus.FAILURE  # type: ignore[union-attr]
     assert [r.success for r in report.runs] == [True]
     for pipeline, ups in (

@@ -599,7 +599,8 @@ def _check_one_process(dev: DagsterDev, instance: Any, run: dict[str, Any]) -> i
     started = {e["stepKey"] for e in events if e.get("eventType") == "STEP_START"}
     succeeded = {e["stepKey"] for e in events if e.get("eventType") == "STEP_SUCCESS"}
     requested = set(PIPELINES)  # at most both pipelines; each run's steps must all succeed
-    assert started and started <= requested, started
+    assert started, started
+    assert started <= requested, started
     assert succeeded == started, (started, succeeded)
     captured = {e["pid"] for e in events if e["__typename"] == "LogsCapturedEvent"}
     assert captured <= {pid}, (captured, pid)
@@ -892,5 +893,6 @@ def test_watermark_dev_engine_runs_every_pipeline_on_one_warm_jvm(
     )
     # The engine's JVM is the only Spark driver: no run process started one.
     jvms, chains = dev.jvms_by_run(set(run_pids.values()))
-    assert set(jvms) == {None} and len(jvms[None]) == 1, f"{jvms}:\n{chains}"
+    assert set(jvms) == {None}, f"{jvms}:\n{chains}"
+    assert len(jvms[None]) == 1, f"{jvms}:\n{chains}"
     assert f"<- {engine_pid} " in chains, chains

@@ -205,7 +205,8 @@ def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> Non
     defs = build_definitions(registry_of(built), control_root=store.root)  # default settings
     first = _tick(defs, instance, COORDINATOR)
     planned = store.open_batch()
-    assert first.run_requests and planned is not None
+    assert first.run_requests
+    assert planned is not None
     for upstream in planned.ranged_upstreams:
         store.advance(planned, upstream, actor="test")
     store.set_batch_status(planned.batch_id, BatchStatus.COMPLETED, actor="test")
@@ -362,14 +363,18 @@ def test_a_terminal_failure_stops_the_batch_at_the_first_attempt(setup) -> None:
     stuck = _tick(defs, instance, COORDINATOR, retried.cursor)
     assert not stuck.run_requests  # 2 failed runs of 3 allowed, but retrying cannot help
     reason = stuck.skip_message or ""
-    assert "is stuck" in reason and "UpstreamSchemaChangedError" in reason
-    assert "watermark reset -t up1 --force" in reason and "not retried" in reason
+    assert "is stuck" in reason
+    assert "UpstreamSchemaChangedError" in reason
+    assert "watermark reset -t up1 --force" in reason
+    assert "not retried" in reason
     [row] = [h for h in store.history() if h["event"] == "BATCH_STUCK"]
     detail = json.loads(row["detail"])
-    assert detail["terminal"] is True and detail["error"] == "UpstreamSchemaChangedError"
+    assert detail["terminal"] is True
+    assert detail["error"] == "UpstreamSchemaChangedError"
     # Later ticks stay stuck, and record it once.
     later = _tick(defs, instance, COORDINATOR, stuck.cursor)
-    assert not later.run_requests and "is stuck" in (later.skip_message or "")
+    assert not later.run_requests
+    assert "is stuck" in (later.skip_message or "")
     assert [h["event"] for h in store.history()].count("BATCH_STUCK") == 1
 
 
@@ -378,7 +383,9 @@ def test_resume_decisions() -> None:
     assert decide_resume("b1", ["p"], failed_runs=0, max_attempts=3, terminal=None).run
     assert not decide_resume("b1", ["p"], failed_runs=3, max_attempts=3, terminal=None).run
     stop = decide_resume("b1", ["p"], failed_runs=1, max_attempts=3, terminal=terminal)
-    assert not stop.run and stop.stuck and "Fix: reset." in stop.stuck
+    assert not stop.run
+    assert stop.stuck
+    assert "Fix: reset." in stop.stuck
 
 
 def _succeed(store: WatermarkStore, pipeline: str, batch_id: str) -> None:
@@ -533,7 +540,8 @@ def test_resume_steps(todo, facts, retry, action, attempt) -> None:
     assert (step.action, step.attempt) == (action, attempt)
     assert step.is_stuck is (action is ResumeAction.STUCK)
     if step.is_stuck:
-        assert step.stuck_key == f"b1:{facts.last_attempt}" and "is stuck" in (step.reason or "")
+        assert step.stuck_key == f"b1:{facts.last_attempt}"
+        assert "is stuck" in (step.reason or "")
         assert step.pipelines == tuple(todo)
 
 
@@ -581,10 +589,12 @@ def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Pa
         translator=_Prefixed(),
     )
     specs = {s.key: s for s in defs.resolve_all_asset_specs()}
-    assert AssetKey(["lake", "up1"]) in specs and AssetKey(["lake", "pipeline_a"]) in specs
+    assert AssetKey(["lake", "up1"]) in specs
+    assert AssetKey(["lake", "pipeline_a"]) in specs
     pipeline_a = specs[AssetKey(["lake", "pipeline_a"])]
     assert pipeline_a.group_name == "lake"
-    assert pipeline_a.metadata["owner"] == "data" and "target" not in pipeline_a.metadata
+    assert pipeline_a.metadata["owner"] == "data"
+    assert "target" not in pipeline_a.metadata
     assert {d.asset_key for d in pipeline_a.deps} == {
         AssetKey(["lake", "up1"]),
         AssetKey(["lake", "up2"]),

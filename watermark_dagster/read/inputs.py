@@ -161,7 +161,8 @@ class UpstreamInput:
                 source.where(in_window(source, _cursor_upstream(self._upstream), self.window)), None
             )
         elif self.mode is ReadMode.APPEND_ONLY:
-            assert self.range is not None and self._scan is not None
+            assert self.range is not None
+            assert self._scan is not None
             frame = read_appended(self._spark, self._upstream, self.range, self._scan)
         else:
             assert self.range is not None
