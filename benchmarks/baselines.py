@@ -65,7 +65,8 @@ def _project_build_spark_session() -> Callable[..., SparkSession]:
         raise RuntimeError("watermark_dagster is not installed in this environment")
     path = Path(package.origin).parent / "spark.py"
     spec = importlib.util.spec_from_file_location("_watermark_spark", path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_spark_session

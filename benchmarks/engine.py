@@ -137,7 +137,8 @@ def main() -> None:
         began = time.perf_counter()
         report = runner.run_until_idle()
         warm.append(time.perf_counter() - began)
-        assert len(report.completed) == 1 and not report.failed_runs, report
+        assert len(report.completed) == 1, report
+        assert not report.failed_runs, report
     spark.stop()
 
     figures = {

@@ -138,7 +138,7 @@ def location(spec: dict[str, Any]) -> Any:
     events = DeltaUpstream(name=UPSTREAM, path=spec["upstream"])
 
     @pipeline(upstreams=[UPSTREAM], target=spec["target"], keys=["id"], name=PIPELINE)
-    def events_projected(batch):  # noqa: ANN001, ANN202 - BatchContext -> DataFrame
+    def events_projected(batch):  # BatchContext -> DataFrame
         """The latest change per id, projected."""
         return project(batch[UPSTREAM].net_changes(["id"]))
 
@@ -1077,7 +1077,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_size(spark, size_root, rows, args, settings, deadline, out, size)
             except TargetMismatch:
                 raise
-            except Exception as e:  # noqa: BLE001 - reported as where and why the run stopped
+            except Exception as e:  # reported as where and why the run stopped
                 result["stopped"] = {"rows": rows, "reason": f"{type(e).__name__}: {e}"}
                 code = 1
                 break

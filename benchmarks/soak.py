@@ -36,7 +36,7 @@ def _worker(seeds: list[int], steps: int, queue: "multiprocessing.Queue") -> Non
         started = time.monotonic()
         try:
             stats = run_case(spark, root, seed, steps=steps)
-        except Exception as e:  # noqa: BLE001 - reported to the parent with the seed
+        except Exception as e:  # reported to the parent with the seed
             queue.put(("failed", seed, f"{type(e).__name__}: {e}"))
             continue
         queue.put(("ok", seed, summary(stats), time.monotonic() - started))

@@ -4,7 +4,6 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ LONG_LIVED_SPARK_CONF = {**SPARK_TEST_CONF, "spark.driver.extraJavaOptions": "-X
 
 
 @pytest.fixture(scope="session")
-def spark():  # noqa: ANN201 - pyspark SparkSession
+def spark():  # yields a pyspark SparkSession
     """The one Spark session of this test process (local[2], Delta configured)."""
     from watermark_dagster.runtime.spark import build_spark_session
 
@@ -41,13 +40,13 @@ def spark():  # noqa: ANN201 - pyspark SparkSession
 
 
 @pytest.fixture
-def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A temporary DAGSTER_HOME holding the repository's dagster.yaml."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    yield home
+    return home
 
 
 @pytest.fixture

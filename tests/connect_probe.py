@@ -95,7 +95,7 @@ def main(root: Path, remote: str) -> None:
                 "files_read": bound.files_read,
             }
             bound.release()
-        except Exception as e:  # noqa: BLE001 - reported to the test, which names the mode
+        except Exception as e:  # reported to the test, which names the mode
             out[name] = "".join(traceback.format_exception_only(type(e), e)).strip()[:800]
     spark.stop()
     print(json.dumps(out))

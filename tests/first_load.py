@@ -60,7 +60,7 @@ def write_upstream(path: str, rows: int) -> None:
         )
 
 
-def project(batch):  # noqa: ANN001, ANN201 - BatchContext -> DataFrame
+def project(batch):  # BatchContext -> DataFrame
     """A per-row projection of the latest change per id."""
     from pyspark.sql import functions as F
 

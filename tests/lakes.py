@@ -25,7 +25,7 @@ from watermark_dagster.read.changes import recompute
 SPEC_ENV = "LAKE_SPEC"
 
 
-def copy_rows(upstream: str):  # noqa: ANN201
+def copy_rows(upstream: str):
     """A transform keeping the latest change per ``id`` of one upstream."""
 
     def transform(batch: BatchContext) -> DataFrame:
@@ -34,7 +34,7 @@ def copy_rows(upstream: str):  # noqa: ANN201
     return transform
 
 
-def doubled(upstream: str):  # noqa: ANN201
+def doubled(upstream: str):
     """Like :func:`copy_rows`, with ``value`` doubled (a different pipeline, same input)."""
 
     def transform(batch: BatchContext) -> DataFrame:
@@ -44,7 +44,7 @@ def doubled(upstream: str):  # noqa: ANN201
     return transform
 
 
-def appended(upstream: str):  # noqa: ANN201
+def appended(upstream: str):
     """Every new row of one upstream, for an append target."""
 
     def transform(batch: BatchContext) -> DataFrame:
@@ -61,7 +61,7 @@ def before_images_first(frame: DataFrame) -> DataFrame:
     return frame.repartition(1).sortWithinPartitions(after)
 
 
-def raw_changes(upstream: str):  # noqa: ANN201
+def raw_changes(upstream: str):
     """Every change row of one upstream, pre-images included, for the merge to resolve
     (the latest per key by ``_commit_version`` and change type), in adversarial order."""
 
@@ -71,7 +71,7 @@ def raw_changes(upstream: str):  # noqa: ANN201
     return transform
 
 
-def recomputed(upstream: str):  # noqa: ANN201
+def recomputed(upstream: str):
     """The touched ids recomputed from the pinned snapshot (``transforms.recompute``)."""
 
     def transform(batch: BatchContext) -> DataFrame:
@@ -111,7 +111,7 @@ def registry_from(spec: dict[str, Any]) -> Registry:
     return Registry(upstreams=upstreams, pipelines=pipelines)
 
 
-def defs_from(spec: dict[str, Any]):  # noqa: ANN201
+def defs_from(spec: dict[str, Any]):
     """The code location a spec describes (local[2] Spark, no minimum batch interval).
 
     Optional spec keys: ``max_attempts``, ``spark_master`` (a master that cannot start
@@ -137,7 +137,7 @@ def write_spec(path: Path, spec: dict[str, Any]) -> Path:
     return path
 
 
-def __getattr__(name: str):  # noqa: ANN202 - module attribute for `--defs tests.lakes:defs`
+def __getattr__(name: str):  # module attribute for `--defs tests.lakes:defs`
     if name == "defs":
         return defs_from(json.loads(Path(os.environ[SPEC_ENV]).read_text()))
     raise AttributeError(name)

@@ -191,7 +191,8 @@ def templates(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
     instance = lake.instance()
     try:
         first = _cycle(lake, instance)
-        assert first.completed == ["b000001"] and not first.failed_runs, first
+        assert first.completed == ["b000001"], first
+        assert not first.failed_runs, first
     finally:
         instance.dispose()
     _change(lake)
@@ -330,7 +331,8 @@ class Scenario:
 
 def _planned_without_partition(lake: Lake, instance: DagsterInstance) -> None:
     batch = lake.store.open_batch()
-    assert batch is not None and batch.batch_id == "b000002"
+    assert batch is not None
+    assert batch.batch_id == "b000002"
     assert not instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, "b000002")
 
 
@@ -347,13 +349,15 @@ def _one_advanced_unrecorded(lake: Lake, instance: DagsterInstance) -> None:
     # The finalizer advances upstreams in name order: log moved, its batch row unmarked.
     assert lake.store.committed_versions() == {"orders": 0, "log": 2}
     batch = lake.store.open_batch()
-    assert batch is not None and batch.advanced == frozenset()
+    assert batch is not None
+    assert batch.advanced == frozenset()
 
 
 def _all_advanced_still_open(lake: Lake, instance: DagsterInstance) -> None:
     assert lake.store.committed_versions() == lake.latest()
     batch = lake.store.open_batch()
-    assert batch is not None and batch.advanced == {"orders", "log"}
+    assert batch is not None
+    assert batch.advanced == {"orders", "log"}
 
 
 def _abandoned_not_reset(lake: Lake, instance: DagsterInstance) -> None:
@@ -437,7 +441,8 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
             assert again.returncode == 0, again.stdout + again.stderr
             assert lake.store.committed_versions()["orders"] is None
         report = _cycle(lake, instance)
-        assert not report.failed_runs and not report.stuck, report
+        assert not report.failed_runs, report
+        assert not report.stuck, report
 
         batches = sorted(lake.store.batches(), key=lambda b: b.seq)
         assert lake.store.open_batch() is None
@@ -567,7 +572,8 @@ def test_two_finalizer_ticks_at_once_advance_each_watermark_once(tmp_path: Path)
             moves = [(old, new) for u, old, new in _auto_moves(store) if u == upstream]
             assert moves == [(None, 2), (2, 3), (3, 4)]
         missing, extra = _history_gaps(lake, pipelines_ran=False)
-        assert not missing and not extra, (missing, extra)
+        assert not missing, (missing, extra)
+        assert not extra, (missing, extra)
     finally:
         instance.dispose()
 
@@ -723,15 +729,18 @@ def _race_rounds(lake: Lake, instance: DagsterInstance, sync: Path) -> list[str]
         if done.status is BatchStatus.COMPLETED:
             assert advanced == set(batch.ranged_upstreams), (done, events)
         else:
-            assert done.status is BatchStatus.ABANDONED and applied, (done, cli)
+            assert done.status is BatchStatus.ABANDONED, (done, cli)
+            assert applied, (done, cli)
         if applied:  # the audited move stands: nothing advanced the upstream past it
             assert standing == json.loads(cli["output"])["new"]
     # No regression but the audited manual moves: every automatic move goes forward.
     for _, old, new in _auto_moves(store):
-        assert new is not None and (old is None or new > old)
+        assert new is not None
+        assert old is None or new > old
     missing, extra = _history_gaps(lake, pipelines_ran=False)
     extra = Counter({k: n for k, n in extra.items() if k[1] not in raced})
-    assert not missing and not extra, (missing, extra)
+    assert not missing, (missing, extra)
+    assert not extra, (missing, extra)
     return both
 
 
@@ -742,7 +751,8 @@ def _second_batch(store: WatermarkStore) -> Batch:
     for latest in (2, 4):
         at = [UpstreamPosition("orders", latest, None), UpstreamPosition("log", latest, None)]
         batch, created = store.create_batch(at, pipelines, actor="coordinator")
-        assert created and batch is not None
+        assert created
+        assert batch is not None
         if latest == 2:
             for upstream in batch.ranged_upstreams:
                 store.advance(batch, upstream, actor="finalizer")
@@ -799,7 +809,8 @@ def test_force_abandoning_a_batch_that_ran_applies_each_change_once(
         reset = _run_child(lake, None, "reset")
         assert reset.returncode == 0, reset.stdout + reset.stderr
         report = _cycle(lake, instance)
-        assert report.completed == ["b000003"] and not report.failed_runs, report
+        assert report.completed == ["b000003"], report
+        assert not report.failed_runs, report
         _assert_targets_exact(spark, lake)  # log_copy holds log's rows 5..7 twice
     finally:
         instance.dispose()
@@ -828,7 +839,8 @@ def test_pipelines_of_one_batch_checkpointing_at_once_from_processes(tmp_path: P
     assert sorted(r["attempt"] for r in results) == [1, 1, 2, 2]
     assert all(c.status is CheckpointStatus.SUCCESS and c.rows_written == 1 for c in rows)
     recorded = [(h["pipeline"], h["detail"]) for h in store.history()]
-    assert len(recorded) == 4 and {p for p, _ in recorded} == {"p0", "p1"}
+    assert len(recorded) == 4
+    assert {p for p, _ in recorded} == {"p0", "p1"}
 
 
 # ------------------------------------------------------------------ children

@@ -178,9 +178,12 @@ def test_a_recreated_upstream_is_blocked_on_every_surface(lake: Lake, case: str)
     rows = {r["upstream"]: r for r in lake.json("list")}
     up = rows["up"]
     assert "was dropped and recreated" in up["blocked"], up
-    assert up["fix"] == recreated_fix("up") and RESET in up["fix"]
-    assert up["lag"] is None and up["committed"] == 2
-    assert rows["other"]["blocked"] is None and rows["other"]["fix"] is None
+    assert up["fix"] == recreated_fix("up")
+    assert RESET in up["fix"]
+    assert up["lag"] is None
+    assert up["committed"] == 2
+    assert rows["other"]["blocked"] is None
+    assert rows["other"]["fix"] is None
 
     got = lake.json("get", "-t", "up")
     assert (got["blocked"], got["fix"]) == (up["blocked"], up["fix"])
@@ -191,14 +194,16 @@ def test_a_recreated_upstream_is_blocked_on_every_surface(lake: Lake, case: str)
     assert "up" not in plan["unavailable"]
     by_name = {u["upstream"]: u for u in plan["upstreams"]}
     assert (by_name["up"]["mode"], by_name["up"]["state"]) == ("BLOCKED", "blocked")
-    assert not plan["would_plan"] and plan["pipelines"] == []
+    assert not plan["would_plan"]
+    assert plan["pipelines"] == []
 
     # A cron job sees a failure naming the upstream and the fix; nothing is planned or run
     # (and no JVM started: the location's Spark master cannot start).
     run = lake.cli("run")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "BLOCKED: upstream up was dropped and recreated" in run.stderr
-    assert "['up_copy']" in run.stderr and RESET in run.stderr
+    assert "['up_copy']" in run.stderr
+    assert RESET in run.stderr
     assert len(lake.store.batches()) == batches_before
     out = lake.cli("run", "--json")
     assert out.returncode == 1
@@ -209,7 +214,8 @@ def test_a_recreated_upstream_is_blocked_on_every_surface(lake: Lake, case: str)
     assert reset.returncode == 0, reset.stderr
     assert lake.json("list")[1]["blocked"] is None  # sorted: other, up
     plan = lake.json("plan", "--dry-run")
-    assert plan["blocked"] == {} and plan["pipelines"] == ["up_copy"]
+    assert plan["blocked"] == {}
+    assert plan["pipelines"] == ["up_copy"]
     assert {u["upstream"]: u["mode"] for u in plan["upstreams"]}["up"] == "SNAPSHOT"
 
 
@@ -283,7 +289,8 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
 
         _recreate(lake, 1)
         result = runner.tick(COORDINATOR)
-        assert not result.run_requests and result.skip_reason is not None
+        assert not result.run_requests
+        assert result.skip_reason is not None
         assert "blocked, dropped and recreated: ['up']" in (result.skip_reason.skip_message or "")
         history = _check_history(instance, "up")
         assert [e.passed for e in history] == [True, False]
@@ -306,6 +313,7 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
             instance=instance,
         )
         [evaluation] = done.get_asset_check_evaluations()
-        assert not evaluation.passed and evaluation.description == failed.description
+        assert not evaluation.passed
+        assert evaluation.description == failed.description
     finally:
         instance.dispose()

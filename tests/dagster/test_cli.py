@@ -136,7 +136,8 @@ def test_plan_dry_run_writes_nothing(home: Path) -> None:
     ranges = {u["upstream"]: u["range"] for u in plan["upstreams"]}
     assert ranges == {"orders": "[3, 3]", "customers": "NOOP", "payments": "NOOP"}
     # The fixture never wrote the targets, so the coordinator would also plan their first loads.
-    assert "orders_enriched" in plan["pipelines"] and plan["would_plan"]
+    assert "orders_enriched" in plan["pipelines"]
+    assert plan["would_plan"]
     assert _versions(home) == before
 
 
@@ -163,7 +164,9 @@ def _open_batch(home: Path) -> str:
         PIPELINES,
         actor="test",
     )
-    assert created and batch is not None and batch.inputs["orders"].range is not None
+    assert created
+    assert batch is not None
+    assert batch.inputs["orders"].range is not None
     return batch.batch_id
 
 
@@ -211,11 +214,13 @@ def test_reset_makes_the_next_batch_load_a_snapshot(home: Path) -> None:
     assert (planned["committed"], planned["mode"], planned["range"]) == (None, "SNAPSHOT", "[0, 3]")
     last = _history(home, "orders")[-1]
     assert (last["event"], last["old_value"], last["new_value"]) == ("WATERMARK_RESET", "2", None)
-    assert last["actor"] and json.loads(last["detail"])["reason"] == "table recreated"
+    assert last["actor"]
+    assert json.loads(last["detail"])["reason"] == "table recreated"
     # Resetting again changes nothing and writes nothing.
     before = _versions(home)
     again = watermark(home, "reset", "-t", "orders", "--yes")
-    assert again.returncode == 0 and "already none; nothing changed" in again.stdout
+    assert again.returncode == 0
+    assert "already none; nothing changed" in again.stdout
     assert _versions(home) == before
 
 
@@ -233,7 +238,8 @@ def test_dry_run_writes_nothing(home: Path, args: list[str]) -> None:
     out = watermark(home, *args, "--dry-run")
     assert _versions(home) == before
     if "--timestamp" in args:  # before the first commit: refused the same way as for real
-        assert out.returncode == 2 and "watermark reset -t orders" in out.stderr
+        assert out.returncode == 2
+        assert "watermark reset -t orders" in out.stderr
         return
     assert out.returncode == 0, out.stderr
     assert "dry run: nothing written" in out.stdout
@@ -253,7 +259,8 @@ def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> N
     assert watermark(home, "set", "-t", "payments", "--version", "0", "--yes").returncode == 0
 
     preview = watermark(home, "set", "-t", "orders", "--version", "3", "--force", "--dry-run")
-    assert preview.returncode == 0 and f"open batch {batch_id}" in preview.stdout
+    assert preview.returncode == 0
+    assert f"open batch {batch_id}" in preview.stdout
     assert WatermarkStore(DemoPaths(home).control_root).open_batch() is not None
 
     forced = watermark(home, "set", "-t", "orders", "--version", "3", "--yes", "--force")
@@ -270,7 +277,8 @@ def test_confirmation_is_refused_off_a_terminal_without_yes(home: Path) -> None:
     before = _versions(home)
     out = watermark(home, "set", "-t", "orders", "--version", "1")
     assert out.returncode == 2
-    assert "stdin is not a terminal" in out.stderr and "--yes" in out.stderr
+    assert "stdin is not a terminal" in out.stderr
+    assert "--yes" in out.stderr
     assert _versions(home) == before
 
 
@@ -311,8 +319,10 @@ def _on_terminal(
 def test_confirmation_on_a_terminal(home: Path) -> None:
     before = _versions(home)
     rc, _, err = _on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"n\n")
-    assert rc == 2 and "not confirmed; nothing was changed" in err
-    assert "orders: committed watermark 2 -> 1" in err and "Proceed? [y/N]" in err
+    assert rc == 2
+    assert "not confirmed; nothing was changed" in err
+    assert "orders: committed watermark 2 -> 1" in err
+    assert "Proceed? [y/N]" in err
     assert _versions(home) == before
 
     rc, out, err = _on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"y\n")
@@ -324,9 +334,12 @@ def test_confirmation_on_a_terminal(home: Path) -> None:
 def test_colours_only_on_a_terminal_and_never_with_no_color(home: Path) -> None:
     assert "\x1b[" not in watermark(home, "list").stdout
     rc, screen, _ = _on_terminal(home, "list", stdout_tty=True)
-    assert rc == 0 and "\x1b[" in screen
+    assert rc == 0
+    assert "\x1b[" in screen
     rc, screen, _ = _on_terminal(home, "list", stdout_tty=True, NO_COLOR="1")
-    assert rc == 0 and "\x1b[" not in screen and "upstream" in screen
+    assert rc == 0
+    assert "\x1b[" not in screen
+    assert "upstream" in screen
 
 
 def test_set_timestamp_resolves_to_the_version_committed_by_then(home: Path) -> None:
@@ -433,7 +446,8 @@ def test_the_demo_refuses_to_run_on_another_registry(home: Path) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert out.returncode == 2, (out.stdout, out.stderr)
-    assert "WATERMARK_REGISTRY is set" in out.stderr and "watermark run" in out.stderr
+    assert "WATERMARK_REGISTRY is set" in out.stderr
+    assert "watermark run" in out.stderr
     assert _versions(home) == before
     assert {p.name: p.stat().st_mtime_ns for p in (home / "demo").rglob("*")} == upstreams
 
@@ -468,7 +482,8 @@ def test_every_command_has_help_with_an_example_and_json(
             build_parser().parse_args([command, "--help"])
         assert done.value.code == 0
         text = capsys.readouterr().out
-        assert "example" in text and f"watermark {command}" in text, command
+        assert "example" in text, command
+        assert f"watermark {command}" in text, command
         assert "--json" in text, command
         if command == "set":
             assert "no zone means UTC" in text.replace("\n", " ")
@@ -545,7 +560,8 @@ NOW = datetime(2026, 8, 9, 12, 0, tzinfo=UTC)
 )
 def test_parse_when(text: str, expected: datetime) -> None:
     got = parse_when(text, now=NOW)
-    assert got == expected and got.tzinfo is UTC
+    assert got == expected
+    assert got.tzinfo is UTC
 
 
 @pytest.mark.parametrize("text", ["", "soon", "7", "d7", "1 month", "2y", "-3d", "2026-13-01"])

@@ -98,12 +98,13 @@ def test_batches_and_plan_show_a_cursor_upstreams_window_and_position(
     listed = {r["upstream"]: r for r in lake.json("list")}
     [planned] = lake.json("plan", "--dry-run")["upstreams"]
     assert planned["committed"] == listed["clicks"]["committed"] == list(end)
-    assert planned["latest"] is None and planned["range"].startswith(
-        "(2026-01-01T00:05:00+00:00, 2000 .. "
-    )
+    assert planned["latest"] is None
+    assert planned["range"].startswith("(2026-01-01T00:05:00+00:00, 2000 .. ")
     plan = lake.cli("plan", "--dry-run")
     [line] = [x for x in plan.stdout.splitlines() if x.startswith("clicks")]
-    assert "2026-01-01T00:05:00+00:00, 2000" in line and "none" not in line and "-1" not in line
+    assert "2026-01-01T00:05:00+00:00, 2000" in line
+    assert "none" not in line
+    assert "-1" not in line
 
 
 # ------------------------------------------------------------------ plan --dry-run
@@ -156,9 +157,8 @@ def test_plan_warns_when_a_planned_ranges_commits_are_gone(
         (tmp_path / "up" / "_delta_log" / f"{version:020d}.json").unlink()
 
     got = lake.json("plan", "--dry-run")
-    assert got["would_plan"] and {u["upstream"]: u["range"] for u in got["upstreams"]} == {
-        "up": "[2, 5]"
-    }
+    assert got["would_plan"]
+    assert {u["upstream"]: u["range"] for u in got["upstreams"]} == {"up": "[2, 5]"}
     [warning] = got["warnings"]
     assert (warning["upstream"], warning["range"], warning["missing"]) == ("up", "[2, 5]", [2, 3])
     assert RESET in warning["fix"]
@@ -202,7 +202,8 @@ def test_a_pipeline_added_later_reads_its_upstreams_as_a_snapshot(
         actor="t",
         bootstrap=["up_new"],
     )
-    assert planned is not None and planned.full_load == ("up_new",)
+    assert planned is not None
+    assert planned.full_load == ("up_new",)
     detail = lake.json("batch", planned.batch_id)
     assert [(u["mode"], u["snapshot_for"]) for u in detail["upstreams"]] == [("NOOP", ["up_new"])]
     assert "SNAPSHOT @2 for up_new" in lake.cli("batch", planned.batch_id).stdout
@@ -249,13 +250,15 @@ def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
     got = lake.json("batch", batch.batch_id)
     assert got["status"] == "STUCK"
     assert got["stuck"]["fix"] == LONG_ERROR.split(" Fix: ")[1]
-    assert "changed type" in got["stuck"]["reason"] and got["stuck"]["terminal"] is True
+    assert "changed type" in got["stuck"]["reason"]
+    assert got["stuck"]["terminal"] is True
     assert [b["batch_id"] for b in lake.json("batches", "--status", "stuck")] == [batch.batch_id]
 
     # Off a terminal nothing is cut: the fix command at the end of the error is there.
     text = lake.cli("batch", batch.batch_id)
     first = text.stdout.splitlines()[0]
-    assert "STUCK" in first and "PLANNED" not in first
+    assert "STUCK" in first
+    assert "PLANNED" not in first
     assert f"fix: adapt the pipelines reading it to the new schema, then run {RESET}" in (
         text.stdout
     )
@@ -317,9 +320,11 @@ def test_an_unreadable_range_error_names_the_missing_file_without_py4j_noise() -
         DeltaUpstream(name="up", path="/lake/up"), "CDF [1, 1]", RuntimeError(spark_text)
     )
     text = str(error)
-    assert "An error occurred while calling" not in text and "org.apache" not in text
+    assert "An error occurred while calling" not in text
+    assert "org.apache" not in text
     assert "missing file: file:/lake/up/_change_data/cdc-00000-d9.c000.snappy.parquet." in text
-    assert "Spark: [FAILED_READ_FILE.FILE_NOT_EXIST]" in text and RESET in text
+    assert "Spark: [FAILED_READ_FILE.FILE_NOT_EXIST]" in text
+    assert RESET in text
 
 
 # ------------------------------------------------------------------ the actor

@@ -54,7 +54,8 @@ def _complete(store: WatermarkStore, versions: dict[str, int], ran: list[str]) -
     batch, created = store.create_batch(
         [UpstreamPosition(u, v, None) for u, v in versions.items()], PIPELINES, actor="test"
     )
-    assert batch is not None and created
+    assert batch is not None
+    assert created
     for pipeline in ran:
         attempt = store.begin_checkpoint(pipeline, batch.batch_id, run_id="test")
         store.finish_checkpoint(
@@ -115,7 +116,8 @@ def test_watermark_run_with_nothing_to_do_starts_no_jvm(home: Path, tmp_path: Pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert out["runs"] == [] and out["completed"] == []
+    assert out["runs"] == []
+    assert out["completed"] == []
     assert not launches.exists(), launches.read_text()
 
 
@@ -191,8 +193,10 @@ def test_a_run_that_skips_starts_no_jvm_and_says_why(
     # The headless progress line, the run's own log and its tags all say it skipped.
     assert words in out["skipped"][pipeline]
     [line] = out["lines"]
-    assert f"{pipeline} SKIPPED" in line and words in line
-    assert len(out["run_log"]) == 2 and all(words in m for m in out["run_log"])
+    assert f"{pipeline} SKIPPED" in line
+    assert words in line
+    assert len(out["run_log"]) == 2
+    assert all(words in m for m in out["run_log"])
     assert out["tags"] == [f"{pipeline}={kind}"] * 2
 
 

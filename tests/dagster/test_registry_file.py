@@ -610,7 +610,8 @@ def test_a_bad_or_missing_file_creates_no_control_root(tmp_path: Path, cli: Cli)
         tmp_path, "control_root: control\nupstreams: {orders: {pth: /l/o}}\npipelines: {}\n"
     )
     out = cli(tmp_path, bad, "plan", "--dry-run")
-    assert out.returncode == 2 and "unknown key 'pth' (did you mean 'path'?)" in out.stderr
+    assert out.returncode == 2
+    assert "unknown key 'pth' (did you mean 'path'?)" in out.stderr
     missing = cli(tmp_path, tmp_path / "nope.yaml", "list")
     assert missing.returncode == 2
     assert f"{tmp_path / 'nope.yaml'}: registry file does not exist" in missing.stderr
@@ -670,7 +671,8 @@ def test_missing_and_non_delta_upstreams_are_reported_and_nothing_is_planned_for
     look = observe_registry(load_registry(registry), Observer(), {"orders": 1})
     assert set(look.errors) == {"ghost", "csvs"}
     assert str(lake / "lake" / "ghost") in look.errors["ghost"]
-    assert str(csvs) in look.errors["csvs"] and "not a readable Delta" in look.errors["csvs"]
+    assert str(csvs) in look.errors["csvs"]
+    assert "not a readable Delta" in look.errors["csvs"]
     assert list(look.runnable) == ["orders_copy"]
 
     before = _versions(lake / "control")

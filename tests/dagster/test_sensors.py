@@ -64,7 +64,7 @@ from watermark_dagster.errors import ConfigurationError, UpstreamSchemaChangedEr
 from watermark_dagster.store import WatermarkStore
 
 
-def _never_called(batch):  # noqa: ANN001, ANN202
+def _never_called(batch):
     raise AssertionError("no pipeline runs in these tests")
 
 
@@ -114,7 +114,7 @@ def setup(tmp_path: Path, dagster_home: Path) -> Iterator[tuple]:
         instance.dispose()
 
 
-def _tick(defs, instance, name: str, cursor: str | None = None):  # noqa: ANN001, ANN202
+def _tick(defs, instance, name: str, cursor: str | None = None):
     with build_sensor_context(
         instance_ref=instance.get_ref(),
         definitions=defs,
@@ -125,7 +125,7 @@ def _tick(defs, instance, name: str, cursor: str | None = None):  # noqa: ANN001
         return defs.resolve_sensor_def(name).evaluate_tick(context)
 
 
-def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:  # noqa: ANN001
+def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:
     defs, instance, store, _ = setup
     result = _tick(defs, instance, COORDINATOR)
     [request] = result.run_requests
@@ -157,7 +157,7 @@ def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:  
     }
 
 
-def test_open_batch_is_resumed_not_replanned(setup) -> None:  # noqa: ANN001
+def test_open_batch_is_resumed_not_replanned(setup) -> None:
     defs, instance, store, ups = setup
     first = _tick(defs, instance, COORDINATOR)
     instance.add_dynamic_partitions("watermark_batches", ["b000001"])
@@ -169,7 +169,7 @@ def test_open_batch_is_resumed_not_replanned(setup) -> None:  # noqa: ANN001
     assert not again.dynamic_partitions_requests
 
 
-def test_finalizer_waits_for_the_pipelines(setup) -> None:  # noqa: ANN001
+def test_finalizer_waits_for_the_pipelines(setup) -> None:
     defs, instance, store, _ = setup
     _tick(defs, instance, COORDINATOR)
     result = _tick(defs, instance, FINALIZER)
@@ -177,7 +177,7 @@ def test_finalizer_waits_for_the_pipelines(setup) -> None:  # noqa: ANN001
     assert store.committed_versions() == {}
 
 
-def test_nothing_new_plans_nothing(setup) -> None:  # noqa: ANN001
+def test_nothing_new_plans_nothing(setup) -> None:
     defs, instance, store, _ = setup
     result = _tick(defs, instance, COORDINATOR)
     assert result.run_requests
@@ -193,7 +193,7 @@ def test_nothing_new_plans_nothing(setup) -> None:  # noqa: ANN001
     assert len(store.batches()) == 1
 
 
-def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> None:  # noqa: ANN001
+def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> None:
     """A code location built without settings uses the same minimum interval as the
     environment's default (0): new commits right after a batch are planned at once."""
     from watermark_dagster.config import env
@@ -205,7 +205,8 @@ def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> Non
     defs = build_definitions(registry_of(built), control_root=store.root)  # default settings
     first = _tick(defs, instance, COORDINATOR)
     planned = store.open_batch()
-    assert first.run_requests and planned is not None
+    assert first.run_requests
+    assert planned is not None
     for upstream in planned.ranged_upstreams:
         store.advance(planned, upstream, actor="test")
     store.set_batch_status(planned.batch_id, BatchStatus.COMPLETED, actor="test")
@@ -215,7 +216,7 @@ def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> Non
     assert sorted(b.batch_id for b in store.batches()) == ["b000001", "b000002"]
 
 
-def test_two_coordinator_ticks_at_once_create_one_batch(setup) -> None:  # noqa: ANN001
+def test_two_coordinator_ticks_at_once_create_one_batch(setup) -> None:
     defs, instance, store, _ = setup
     barrier = threading.Barrier(2)
     results: list = []
@@ -244,7 +245,7 @@ def test_two_coordinator_ticks_at_once_create_one_batch(setup) -> None:  # noqa:
     [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED],
     ids=lambda s: s.value,
 )
-def test_a_submitted_run_is_in_flight_until_it_finishes(setup, status) -> None:  # noqa: ANN001
+def test_a_submitted_run_is_in_flight_until_it_finishes(setup, status) -> None:
     """Regression: a run the daemon had submitted but not started was resubmitted (attempt 2)
     and the two runs raced on the same targets. Every unfinished status counts as in flight
     (QUEUED too; creating a queued run here would need a code location origin)."""
@@ -262,7 +263,7 @@ def test_a_submitted_run_is_in_flight_until_it_finishes(setup, status) -> None: 
     assert "in flight" in (again.skip_message or "")
 
 
-def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> None:  # noqa: ANN001
+def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> None:
     defs, instance, store, _ = setup
     cursor = None
     outcomes = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE]
@@ -330,7 +331,7 @@ def test_start_from_latest_skips_history_and_reads_only_later_commits(
         instance.dispose()
 
 
-def test_a_terminal_failure_stops_the_batch_at_the_first_attempt(setup) -> None:  # noqa: ANN001
+def test_a_terminal_failure_stops_the_batch_at_the_first_attempt(setup) -> None:
     defs, instance, store, _ = setup
     first = _tick(defs, instance, COORDINATOR)
     [request] = first.run_requests
@@ -362,14 +363,18 @@ def test_a_terminal_failure_stops_the_batch_at_the_first_attempt(setup) -> None:
     stuck = _tick(defs, instance, COORDINATOR, retried.cursor)
     assert not stuck.run_requests  # 2 failed runs of 3 allowed, but retrying cannot help
     reason = stuck.skip_message or ""
-    assert "is stuck" in reason and "UpstreamSchemaChangedError" in reason
-    assert "watermark reset -t up1 --force" in reason and "not retried" in reason
+    assert "is stuck" in reason
+    assert "UpstreamSchemaChangedError" in reason
+    assert "watermark reset -t up1 --force" in reason
+    assert "not retried" in reason
     [row] = [h for h in store.history() if h["event"] == "BATCH_STUCK"]
     detail = json.loads(row["detail"])
-    assert detail["terminal"] is True and detail["error"] == "UpstreamSchemaChangedError"
+    assert detail["terminal"] is True
+    assert detail["error"] == "UpstreamSchemaChangedError"
     # Later ticks stay stuck, and record it once.
     later = _tick(defs, instance, COORDINATOR, stuck.cursor)
-    assert not later.run_requests and "is stuck" in (later.skip_message or "")
+    assert not later.run_requests
+    assert "is stuck" in (later.skip_message or "")
     assert [h["event"] for h in store.history()].count("BATCH_STUCK") == 1
 
 
@@ -378,7 +383,9 @@ def test_resume_decisions() -> None:
     assert decide_resume("b1", ["p"], failed_runs=0, max_attempts=3, terminal=None).run
     assert not decide_resume("b1", ["p"], failed_runs=3, max_attempts=3, terminal=None).run
     stop = decide_resume("b1", ["p"], failed_runs=1, max_attempts=3, terminal=terminal)
-    assert not stop.run and stop.stuck and "Fix: reset." in stop.stuck
+    assert not stop.run
+    assert stop.stuck
+    assert "Fix: reset." in stop.stuck
 
 
 def _succeed(store: WatermarkStore, pipeline: str, batch_id: str) -> None:
@@ -387,7 +394,7 @@ def _succeed(store: WatermarkStore, pipeline: str, batch_id: str) -> None:
     store.finish_checkpoint(pipeline, batch_id, attempt, CheckpointStatus.SUCCESS, rows_read=0)
 
 
-def test_the_finalizer_counts_success_checkpoints_not_materializations(setup) -> None:  # noqa: ANN001
+def test_the_finalizer_counts_success_checkpoints_not_materializations(setup) -> None:
     """Succeeded has one definition: a SUCCESS checkpoint for the batch. A materialization
     of the partition carrying the plan id, without the checkpoint, advances nothing."""
     defs, instance, store, _ = setup
@@ -419,7 +426,7 @@ def test_the_finalizer_counts_success_checkpoints_not_materializations(setup) ->
     assert store.get_batch(batch.batch_id).status is BatchStatus.COMPLETED
 
 
-def test_the_coordinator_requests_only_pipelines_without_a_success_checkpoint(setup) -> None:  # noqa: ANN001
+def test_the_coordinator_requests_only_pipelines_without_a_success_checkpoint(setup) -> None:
     defs, instance, store, _ = setup
     first = _tick(defs, instance, COORDINATOR)
     _succeed(store, "pipeline_a", "b000001")
@@ -528,16 +535,17 @@ TERMINAL = TerminalFailure("p", "UpstreamRecreatedError", "gone. Fix: reset.")
         "operator-retry",
     ],
 )
-def test_resume_steps(todo, facts, retry, action, attempt) -> None:  # noqa: ANN001
+def test_resume_steps(todo, facts, retry, action, attempt) -> None:
     step = resume_step("b1", todo, facts, max_attempts=3, retry=retry)
     assert (step.action, step.attempt) == (action, attempt)
     assert step.is_stuck is (action is ResumeAction.STUCK)
     if step.is_stuck:
-        assert step.stuck_key == f"b1:{facts.last_attempt}" and "is stuck" in (step.reason or "")
+        assert step.stuck_key == f"b1:{facts.last_attempt}"
+        assert "is stuck" in (step.reason or "")
         assert step.pipelines == tuple(todo)
 
 
-def test_the_asset_graph_agrees_with_the_registry_consumers(setup) -> None:  # noqa: ANN001
+def test_the_asset_graph_agrees_with_the_registry_consumers(setup) -> None:
     defs, _, _, _ = setup
     registry = registry_of(defs)
     upstream_keys = {u: AssetKey(u) for u in registry.upstreams}
@@ -560,17 +568,17 @@ def test_the_asset_graph_agrees_with_the_registry_consumers(setup) -> None:  # n
 
 
 class _Prefixed(WatermarkTranslator):
-    def get_asset_key(self, item):  # noqa: ANN001, ANN201
+    def get_asset_key(self, item):
         return AssetKey(["lake", item.name])
 
-    def get_group_name(self, item) -> str:  # noqa: ANN001
+    def get_group_name(self, item) -> str:
         return "lake"
 
-    def get_metadata(self, item):  # noqa: ANN001, ANN201
+    def get_metadata(self, item):
         return {"owner": "data"}
 
 
-def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Path) -> None:
     """Keys, groups and metadata come from the translator's get_* hooks; the sensors and
     the headless runner find pipeline assets by their watermark/pipeline metadata."""
     built, instance, _, _ = setup
@@ -581,10 +589,12 @@ def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Pa
         translator=_Prefixed(),
     )
     specs = {s.key: s for s in defs.resolve_all_asset_specs()}
-    assert AssetKey(["lake", "up1"]) in specs and AssetKey(["lake", "pipeline_a"]) in specs
+    assert AssetKey(["lake", "up1"]) in specs
+    assert AssetKey(["lake", "pipeline_a"]) in specs
     pipeline_a = specs[AssetKey(["lake", "pipeline_a"])]
     assert pipeline_a.group_name == "lake"
-    assert pipeline_a.metadata["owner"] == "data" and "target" not in pipeline_a.metadata
+    assert pipeline_a.metadata["owner"] == "data"
+    assert "target" not in pipeline_a.metadata
     assert {d.asset_key for d in pipeline_a.deps} == {
         AssetKey(["lake", "up1"]),
         AssetKey(["lake", "up2"]),
@@ -600,7 +610,7 @@ def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Pa
     ]
 
 
-def test_a_run_failing_with_our_error_reports_it_with_its_fix(setup) -> None:  # noqa: ANN001
+def test_a_run_failing_with_our_error_reports_it_with_its_fix(setup) -> None:
     """A WatermarkError reaches Dagster as a Failure carrying its class; the headless runner
     reports its own message (not Dagster's wrapper), and a terminal one tags the run."""
     defs, instance, store, _ = setup

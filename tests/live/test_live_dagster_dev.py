@@ -128,7 +128,7 @@ def _is_spark_driver(cmdline: str) -> bool:
 
 
 def _descendants(root: int) -> dict[int, tuple[str, int]]:
-    """pid -> (start time, ppid) of every live descendant of ``root``."""
+    """PID -> (start time, ppid) of every live descendant of ``root``."""
     children: dict[int, list[int]] = {}
     stats: dict[int, tuple[str, int]] = {}
     for entry in os.listdir("/proc"):
@@ -457,7 +457,7 @@ query Logs($runId: ID!, $cursor: String) {
 
 
 def _sensors(dev: DagsterDev, *, loading: bool = False) -> dict[str, dict[str, Any]] | None:
-    """name -> status and interval; with ``loading``, None until the location is loaded."""
+    """Name -> status and interval; with ``loading``, None until the location is loaded."""
     variables = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}}
     if loading:
         data = dev.try_graphql(SENSORS_QUERY, variables)
@@ -599,7 +599,8 @@ def _check_one_process(dev: DagsterDev, instance: Any, run: dict[str, Any]) -> i
     started = {e["stepKey"] for e in events if e.get("eventType") == "STEP_START"}
     succeeded = {e["stepKey"] for e in events if e.get("eventType") == "STEP_SUCCESS"}
     requested = set(PIPELINES)  # at most both pipelines; each run's steps must all succeed
-    assert started and started <= requested, started
+    assert started, started
+    assert started <= requested, started
     assert succeeded == started, (started, succeeded)
     captured = {e["pid"] for e in events if e["__typename"] == "LogsCapturedEvent"}
     assert captured <= {pid}, (captured, pid)
@@ -892,5 +893,6 @@ def test_watermark_dev_engine_runs_every_pipeline_on_one_warm_jvm(
     )
     # The engine's JVM is the only Spark driver: no run process started one.
     jvms, chains = dev.jvms_by_run(set(run_pids.values()))
-    assert set(jvms) == {None} and len(jvms[None]) == 1, f"{jvms}:\n{chains}"
+    assert set(jvms) == {None}, f"{jvms}:\n{chains}"
+    assert len(jvms[None]) == 1, f"{jvms}:\n{chains}"
     assert f"<- {engine_pid} " in chains, chains

@@ -60,7 +60,7 @@ class Failures:
 
     failing: set[str] = field(default_factory=set)
 
-    def wrap(self, name: str, transform: Callable[[BatchContext], DataFrame]):  # noqa: ANN201
+    def wrap(self, name: str, transform: Callable[[BatchContext], DataFrame]):
         def run(batch: BatchContext) -> DataFrame:
             if name in self.failing:
                 raise RuntimeError(f"injected failure in {name}")
@@ -380,7 +380,7 @@ class Case:
                     batch_id=batch.batch_id,
                     run_id="model-replay",
                 )
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if "DataChanged" not in type(e).__name__ and "injected" not in str(e):
                     raise
         self.store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="model")
@@ -461,7 +461,10 @@ class Case:
             assert got == expected_clicks, f"seed {self.seed}: {target} lost or doubled rows"
         position = self.store.committed()["clicks"].committed_cursor
         newest = max((p for p, _ in self.clicks_expected.values()), default=())
-        assert position is not None and tuple(position) >= newest, (
+        assert position is not None, (
+            f"seed {self.seed}: clicks committed at {position}, rows up to {newest} were due"
+        )
+        assert tuple(position) >= newest, (
             f"seed {self.seed}: clicks committed at {position}, rows up to {newest} were due"
         )
         source = dict(_pairs(self.src))

@@ -28,12 +28,12 @@ def totals() -> Stats:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_histories_leave_every_target_exact(
     spark, tmp_path: Path, seed: int, totals: Stats
-) -> None:  # noqa: ANN001
+) -> None:
     totals.add(run_case(spark, tmp_path, seed))
 
 
 @pytest.mark.soak
-def test_soak(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_soak(spark, tmp_path: Path) -> None:
     cases = int(os.environ.get("WATERMARK_SOAK_CASES", "500"))
     first = int(os.environ.get("WATERMARK_SOAK_FIRST_SEED", "1000"))
     stats = Stats()

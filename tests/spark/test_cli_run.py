@@ -11,7 +11,7 @@ from tests.dagster.test_cli_output import _commit, _lake
 @pytest.mark.spark
 def test_run_once_runs_one_batch_and_run_runs_until_idle(
     spark, tmp_path: Path, dagster_home: Path
-) -> None:  # noqa: ANN001
+) -> None:
     from dagster import DagsterInstance
     from dagster._core.instance.ref import InstanceRef
 

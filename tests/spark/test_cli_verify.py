@@ -12,7 +12,7 @@ from watermark_dagster.demo import DemoPaths
 
 
 @pytest.mark.spark
-def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: Path) -> None:  # noqa: ANN001
+def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: Path) -> None:
     from dagster import DagsterInstance
     from dagster._core.instance.ref import InstanceRef
 
@@ -55,7 +55,8 @@ def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: 
 
     before = _versions(paths.home)
     rc, report = verify()
-    assert rc == 0 and report["equal"], report
+    assert rc == 0, report
+    assert report["equal"], report
     assert report["versions"] == {"orders": 0, "customers": 0}
     assert report["target_rows"] == report["recompute_rows"] > 2
     assert report["target_checksum"] == report["recompute_checksum"]
@@ -70,7 +71,8 @@ def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: 
     target.update(f"order_id = {first}", {"customer_name": "'tampered'"})
     target.delete(f"order_id = {second}")
     rc, report = verify()
-    assert rc == 1 and not report["equal"]
+    assert rc == 1
+    assert not report["equal"]
     assert (report["target_rows"], report["recompute_rows"]) == (
         report["recompute_rows"] - 1,
         report["recompute_rows"],

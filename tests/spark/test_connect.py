@@ -125,4 +125,5 @@ def test_a_server_without_delta_connect_is_refused_before_any_work(probe: dict) 
     assert message.startswith("refused: "), message
     assert "no Delta Connect plugin" in message
     assert "io.delta:delta-connect-server" in message
-    assert "DeltaRelationPlugin" in message and "WATERMARK_SPARK_REMOTE" in message
+    assert "DeltaRelationPlugin" in message
+    assert "WATERMARK_SPARK_REMOTE" in message

@@ -54,13 +54,13 @@ def _engine_tags(dagster_home: Path) -> list[str | None]:
         instance.dispose()
 
 
-def _assert_exact(spark, paths: DemoPaths) -> None:  # noqa: ANN001
+def _assert_exact(spark, paths: DemoPaths) -> None:
     for check in compare_with_full_recompute(spark, paths):
         assert check.ok, (check.target, check.missing, check.unexpected)
 
 
 def test_runs_use_the_resident_engine_then_fall_back_without_it(
-    spark,  # noqa: ANN001
+    spark,
     tmp_path: Path,
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
@@ -102,10 +102,12 @@ def test_runs_use_the_resident_engine_then_fall_back_without_it(
         first = _run(run_env)  # the first loads
         apply_round(spark, paths, 1)
         second = _run(run_env)  # an incremental batch
-        assert len(first["completed"]) == 1 and len(second["completed"]) == 1
+        assert len(first["completed"]) == 1
+        assert len(second["completed"]) == 1
         assert not launches.exists(), launches.read_text()  # no JVM in any run process
         tags = _engine_tags(dagster_home)
-        assert tags and set(tags) == {f"resident:{engine.pid}"}, tags
+        assert tags, tags
+        assert set(tags) == {f"resident:{engine.pid}"}, tags
         _assert_exact(spark, paths)
         assert "on batch b000002: done" in log.read_text()
     finally:
@@ -122,6 +124,7 @@ def test_runs_use_the_resident_engine_then_fall_back_without_it(
     apply_round(spark, paths, 2)
     third = _run(run_env)
     assert len(third["completed"]) == 1
-    assert launches.exists() and "SparkSubmit" in launches.read_text()
+    assert launches.exists()
+    assert "SparkSubmit" in launches.read_text()
     assert _engine_tags(dagster_home)[-1] == "process"
     _assert_exact(spark, paths)

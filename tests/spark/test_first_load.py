@@ -28,7 +28,8 @@ def test_a_2m_row_first_load_succeeds_at_the_default_settings(tmp_path: Path) ->
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["errors"] == [] and out["completed"] == ["b000001"], out
+    assert out["errors"] == [], out
+    assert out["completed"] == ["b000001"], out
     assert out["target_rows"] == 2_000_000
     # The JVM really got the default heap (maxMemory is the heap less one survivor space).
     configured = _bytes(default_driver_memory())

@@ -53,7 +53,7 @@ def _with_failure_switch(registry: Registry, pipeline: str, flag: Path) -> Regis
     """
     original = registry.pipelines[pipeline]
 
-    def transform(batch):  # noqa: ANN001, ANN202
+    def transform(batch):
         if flag.exists():
             raise RuntimeError(f"injected failure in {pipeline}")
         return original.transform(batch)
@@ -66,7 +66,7 @@ def _with_failure_switch(registry: Registry, pipeline: str, flag: Path) -> Regis
 
 
 @pytest.fixture
-def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:  # noqa: ANN001
+def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
     flag = tmp_path / "fail_customer_payments"
@@ -93,7 +93,7 @@ def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:  
         instance.dispose()
 
 
-def _assert_targets_exact(spark, paths: DemoPaths) -> None:  # noqa: ANN001
+def _assert_targets_exact(spark, paths: DemoPaths) -> None:
     for check in compare_with_full_recompute(spark, paths):
         assert check.ok, (check.target, check.missing, check.unexpected)
 
@@ -107,7 +107,7 @@ def _materialization_metadata(instance: DagsterInstance, asset: str, partition: 
     return {k: getattr(v, "value", v) for k, v in meta.items()}
 
 
-def test_three_batches_track_changing_upstreams_exactly(spark, location: Location) -> None:  # noqa: ANN001
+def test_three_batches_track_changing_upstreams_exactly(spark, location: Location) -> None:
     previous_end: dict[str, int] = {}
     for round_no in range(3):
         if round_no:
@@ -158,13 +158,15 @@ def _one_cycle(location: Location) -> CycleReport:
     return report
 
 
-def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> None:  # noqa: ANN001
+def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> None:
     location.fail_flag.touch()
     report = _one_cycle(location)
-    assert len(report.runs) == 1 and not report.runs[0].success
+    assert len(report.runs) == 1
+    assert not report.runs[0].success
     assert "injected failure in customer_payments" in (report.runs[0].error or "")
     batch = location.store.open_batch()
-    assert batch is not None and batch.batch_id == "b000001"
+    assert batch is not None
+    assert batch.batch_id == "b000001"
     # orders is read only by orders_enriched (succeeded): advanced. customers is shared with
     # the failed customer_payments, payments read only by it: both held back.
     committed = location.store.committed_versions()
@@ -185,7 +187,7 @@ def test_fan_out_gating_holds_the_shared_upstream(spark, location: Location) -> 
     _assert_targets_exact(spark, location.paths)
 
 
-def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  # noqa: ANN001
+def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:
     location.runner.run_until_idle()
     before = location.store.committed_versions()
     spark.createDataFrame([(999, 1, 4200, "new")], ORDERS).write.format("delta").mode(
@@ -216,7 +218,7 @@ def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:  
 
 def test_open_batch_is_resumed_after_its_run_is_killed(
     spark, location: Location, dagster_home: Path
-) -> None:  # noqa: ANN001, E501
+) -> None:
     # The first batch (a snapshot load) runs normally; the second merges changes.
     assert len(location.runner.run_until_idle().completed) == 1
     apply_round(spark, location.paths, 1)
@@ -253,7 +255,8 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     assert report.completed == ["b000002"]
     assert len(location.store.batches()) == 2  # resumed, not re-planned
     resumed = location.store.get_batch("b000002")
-    assert resumed.plan_id == planned.plan_id and resumed.inputs == planned.inputs
+    assert resumed.plan_id == planned.plan_id
+    assert resumed.inputs == planned.inputs
     assert location.instance.get_run_by_id(dead_run.run_id).status is DagsterRunStatus.FAILURE  # type: ignore[union-attr]
     assert [r.success for r in report.runs] == [True]
     for pipeline, ups in (
@@ -274,7 +277,7 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     _assert_targets_exact(spark, location.paths)
 
 
-def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location: Location) -> None:  # noqa: ANN001, E501
+def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location: Location) -> None:
     location.runner.run_until_idle()
     apply_round(spark, location.paths, 1)  # deletes an order and a payment, among others
     location.runner.run_until_idle()

@@ -26,4 +26,5 @@ def test_the_java_shim_sees_a_spark_session_start(tmp_path: Path) -> None:
         capture_output=True,
         timeout=300,
     )
-    assert launches.exists() and "SparkSubmit" in launches.read_text()
+    assert launches.exists()
+    assert "SparkSubmit" in launches.read_text()

@@ -69,7 +69,7 @@ class Lake:
         return self.spark.read.format("delta").load(self.path(name))
 
     def rows(self, name: str) -> dict[int, Any]:
-        """id -> value of a table, failing on a duplicated id."""
+        """ID -> value of a table, failing on a duplicated id."""
         found = [(r["id"], r["value"]) for r in self.table(name).select("id", "value").collect()]
         ids = [i for i, _ in found]
         assert len(ids) == len(set(ids)), f"duplicated ids in {name}"
@@ -141,7 +141,8 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     ]
     spec = lake.spec([{"name": "events", "path": src}], pipes)
     first = lake.run(spec)
-    assert len(first.completed) == 1 and not first.failed_runs, first
+    assert len(first.completed) == 1, first
+    assert not first.failed_runs, first
     assert lake.store.get_batch(first.completed[0]).full_load == ("events_copy",)
 
     _write(spark, src, range(50, 55), cdf=False)  # v1
@@ -149,7 +150,8 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     DeltaTable.forPath(spark, src).optimize().executeCompaction()  # v3: no data change
     _write(spark, src, range(60, 65), cdf=False)  # v4
     second = lake.run(spec)
-    assert len(second.completed) == 1 and not second.failed_runs, second
+    assert len(second.completed) == 1, second
+    assert not second.failed_runs, second
     batch = lake.store.get_batch(second.completed[0])
     assert batch.inputs["events"].mode is ReadMode.APPEND_ONLY
     assert batch.inputs["events"].range == VersionRange(1, 4)
@@ -167,11 +169,14 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     failed = lake.cli(spec, "run", "--json")
     assert failed.returncode == 1, failed.stderr
     outcome = json.loads(failed.stdout)
-    assert len(outcome["runs"]) == 1 and not outcome["runs"][0]["success"], outcome["runs"]
+    assert len(outcome["runs"]) == 1, outcome["runs"]
+    assert not outcome["runs"][0]["success"], outcome["runs"]
     assert "UpstreamDataChangedError" in outcome["runs"][0]["error"]
     stuck = outcome["stuck"]
-    assert "UpstreamDataChangedError" in stuck and "not retried" in stuck
-    assert "on_data_change='snapshot'" in stuck and "watermark run --retry" in stuck
+    assert "UpstreamDataChangedError" in stuck
+    assert "not retried" in stuck
+    assert "on_data_change='snapshot'" in stuck
+    assert "watermark run --retry" in stuck
     assert "re-execute the batch partition from the UI." not in stuck.split("Fix:")[0]
     assert failed.stderr.count("on_data_change='snapshot'") == 1, failed.stderr
     assert latest_local_version(lake.path("copy")) == target_version
@@ -186,14 +191,18 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     assert json.loads(stuck_row["detail"])["terminal"] is True
     # The sensors do not resubmit it on later ticks either.
     again = lake.run(spec)
-    assert not again.runs and again.stuck and "UpstreamDataChangedError" in again.stuck
+    assert not again.runs
+    assert again.stuck
+    assert "UpstreamDataChangedError" in again.stuck
 
     # The documented fix: read such ranges as a snapshot, then resume the same open batch.
     spec["upstreams"][0]["on_data_change"] = "snapshot"
     resumed = HeadlessRunner(defs_from(spec), lake.instance).run_until_idle(retry=True)
-    assert len(resumed.completed) == 1 and not resumed.failed_runs, resumed
+    assert len(resumed.completed) == 1, resumed
+    assert not resumed.failed_runs, resumed
     meta = _meta(lake, "events_copy", resumed.completed[0])
-    assert meta["events/read_mode"] == "SNAPSHOT" and meta["full_load"] is True
+    assert meta["events/read_mode"] == "SNAPSHOT"
+    assert meta["full_load"] is True
     assert lake.rows("copy") == _source_rows(lake, "events")
     assert lake.rows("copy")[3] == 333
     assert lake.store.committed_versions()["events"] == 5
@@ -241,7 +250,8 @@ def test_a_new_pipeline_bootstraps_from_a_snapshot_then_follows(lake: Lake) -> N
     batch = lake.store.get_batch(batch_id)
     assert batch.full_load == ("orders_doubled", "orders_full")
     detail = DeltaTable.forPath(spark, lake.path("doubled")).detail().first()
-    assert detail is not None and list(detail["clusteringColumns"]) == ["id"]
+    assert detail is not None
+    assert list(detail["clusteringColumns"]) == ["id"]
     assert batch.inputs["orders"].mode is ReadMode.CDF
     assert _meta(lake, "orders_copy", batch_id)["orders/read_mode"] == "CDF"
     assert _meta(lake, "orders_doubled", batch_id)["orders/read_mode"] == "SNAPSHOT"
@@ -320,7 +330,8 @@ def test_timestamp_windows_read_tied_rows_exactly_once(lake: Lake) -> None:
         (5, b2),
     ]
     window = lake.store.get_batch(b2).inputs["clicks"].window
-    assert window is not None and window.start == (tie_micros, 2)
+    assert window is not None
+    assert window.start == (tie_micros, 2)
     # Nothing new: no further batch.
     assert lake.run(spec).completed == []
 
@@ -388,12 +399,14 @@ def test_delta_cursor_upstream_goes_idle_after_commits_that_add_nothing_past_it(
         assert report.completed == [], f"nothing changed yet, but {report.completed} ran"
         commit_that_adds_nothing(what)
         report = lake.run(spec)
-        assert report.ticks < 10 and not report.failed_runs, (what, report)
+        assert report.ticks < 10, (what, report)
+        assert not report.failed_runs, (what, report)
         assert len(report.completed) <= 1, f"{what}: batches {report.completed}"
         for batch_id in report.completed:
             for pipeline in ("clicks_copy", "clicks_log"):
                 meta = _meta(lake, pipeline, batch_id)
-                assert meta["rows_read"] == 0 and meta["rows_written"] == 0, (what, meta)
+                assert meta["rows_read"] == 0, (what, meta)
+                assert meta["rows_written"] == 0, (what, meta)
         assert lake.run(spec).completed == [], f"{what}: not idle"
         assert versions() == before, f"{what}: a target got an empty commit"
         assert lake.store.committed()["clicks"].committed_cursor == position
@@ -423,7 +436,7 @@ def test_timestamp_lag_holds_back_recent_rows_until_they_pass_it(lake: Lake) -> 
     pins: list[tuple] = []
 
     def read(window: CursorWindow, at: datetime) -> list[int]:
-        def pin(end, recheck_at):  # noqa: ANN001, ANN202
+        def pin(end, recheck_at):
             pins.append((end, recheck_at))
             return CursorWindow(window.start, end if end is not None else window.start)
 
@@ -486,12 +499,14 @@ def test_an_append_target_retried_after_a_crash_holds_each_row_once(lake: Lake) 
     assert lake.table("copy").count() == 15  # the append landed
 
     report = runner.run_until_idle()
-    assert report.completed == [batch.batch_id] and not report.failed_runs
+    assert report.completed == [batch.batch_id]
+    assert not report.failed_runs
     assert _meta(lake, "log_copy", batch.batch_id)["already_applied"] is True
     ids = [r["id"] for r in lake.table("copy").collect()]
     assert sorted(ids) == list(range(15))
     detail = DeltaTable.forPath(lake.spark, lake.path("copy")).detail().first()
-    assert detail is not None and list(detail["partitionColumns"]) == ["bucket"]
+    assert detail is not None
+    assert list(detail["partitionColumns"]) == ["bucket"]
 
 
 def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: Lake) -> None:
@@ -551,7 +566,8 @@ def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: La
         (("--from-version", "1", "--to-version", "1"), "stdin is not a terminal"),
     ):
         out = lake.cli(spec, "replay", "-t", "prices", *args)
-        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        assert out.returncode == 2, (args, out.stderr)
+        assert message in out.stderr, (args, out.stderr)
     assert {t: lake.store.table_version(t) for t in tables} == versions
 
     out = lake.cli(
@@ -570,7 +586,8 @@ def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: La
     )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout)
-    assert result["status"] == "COMPLETED" and result["written_at_position_of"] == replay.order_seq
+    assert result["status"] == "COMPLETED"
+    assert result["written_at_position_of"] == replay.order_seq
     assert lake.rows("copy") == before
     assert lake.store.committed_versions()["prices"] == 2
     assert lake.store.get_batch(result["batch_id"]).kind.value == "REPLAY"
@@ -665,10 +682,13 @@ def test_an_unreadable_range_fails_loudly_and_reset_recovers(lake: Lake, case: s
     assert not report.completed
     assert report.failed_runs, report
     error = report.failed_runs[0].error or ""
-    assert error_name in error and phrase in error and "watermark reset -t up" in error, error
+    assert error_name in error, error
+    assert phrase in error, error
+    assert "watermark reset -t up" in error, error
     assert "An error occurred while calling" not in error, error  # no py4j noise
     if case == "vacuumed_change_files":
-        assert "missing file: file:" in error and "_change_data/cdc-" in error, error
+        assert "missing file: file:" in error, error
+        assert "_change_data/cdc-" in error, error
     assert latest_local_version(lake.path("copy")) == target_version
     assert lake.store.committed_versions() == committed
 
@@ -677,7 +697,8 @@ def test_an_unreadable_range_fails_loudly_and_reset_recovers(lake: Lake, case: s
     done = lake.cli(spec, "reset", "-t", "up", "--force", "--yes", "--reason", "range lost")
     assert done.returncode == 0, done.stdout + done.stderr
     recovered = lake.run(spec)
-    assert len(recovered.completed) == 1 and not recovered.failed_runs, recovered
+    assert len(recovered.completed) == 1, recovered
+    assert not recovered.failed_runs, recovered
     assert lake.store.get_batch(recovered.completed[0]).full_load == ("up_copy",)
     expected = {r["id"]: r["value"] for r in lake.table("up").select("id", "value").collect()}
     assert {k: str(v) for k, v in lake.rows("copy").items()} == {
@@ -704,7 +725,8 @@ def test_additive_nullable_columns_pass_through(lake: Lake) -> None:
         .save(src)
     )
     report = lake.run(spec)
-    assert len(report.completed) == 1 and not report.failed_runs, report
+    assert len(report.completed) == 1, report
+    assert not report.failed_runs, report
     assert set(lake.rows("copy")) == set(range(6))
 
 
@@ -719,7 +741,8 @@ def test_a_missing_upstream_is_reported_at_observation_and_nothing_is_planned(la
     ]
     spec = lake.spec([{"name": "ghost", "path": lake.path("nowhere")}], pipes)
     report = lake.run(spec)
-    assert report.completed == [] and report.runs == []
+    assert report.completed == []
+    assert report.runs == []
     assert lake.store.batches() == []
     out = lake.cli(spec, "plan", "--dry-run", "--json")
     assert out.returncode == 0, out.stderr
@@ -744,5 +767,6 @@ def test_a_reload_that_changes_the_schema_keeps_the_clustering(lake: Lake) -> No
     retyped = lake.spark.createDataFrame([(2, "twenty")], "id long, value string")
     write_target(lake.spark, retyped, pipe, batch_id="b000002", write_seq=2, full_load=True)
     detail = DeltaTable.forPath(lake.spark, target).detail().first()
-    assert detail is not None and list(detail["clusteringColumns"]) == ["id"]
+    assert detail is not None
+    assert list(detail["clusteringColumns"]) == ["id"]
     assert [(r["id"], r["value"]) for r in lake.table("clustered").collect()] == [(2, "twenty")]

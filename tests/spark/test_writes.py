@@ -208,7 +208,8 @@ def test_a_batch_with_nothing_to_write_commits_nothing_and_reports_zeros(lake: L
         assert _version(lake.path(target)) == version, f"{asset} made an empty commit"
         assert (meta["committed"], meta["target_version"]) == (False, version)
     checkpoints = lake.store.checkpoints(batch_id=empty)
-    assert checkpoints and all(c.rows_written == 0 for c in checkpoints)
+    assert checkpoints
+    assert all(c.rows_written == 0 for c in checkpoints)
 
 
 def _pipeline(lake: Lake, name: str, write: str, keys: tuple[str, ...] = ()) -> Pipeline:
@@ -456,4 +457,5 @@ def test_the_transform_is_evaluated_once_per_write(lake: Lake) -> None:
     assert counter.value == 25
     output, counter = _counted(spark, _rows(spark, range(25)))
     again = write_target(spark, output, append, batch_id="b1", write_seq=1, full_load=False)
-    assert again.already_applied and counter.value == 0
+    assert again.already_applied
+    assert counter.value == 0

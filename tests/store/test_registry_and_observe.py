@@ -37,7 +37,7 @@ from watermark_dagster.observe.observer import Observer, observe_registry, start
 from watermark_dagster.store import WatermarkStore
 
 
-def _t(batch):  # noqa: ANN001, ANN202
+def _t(batch):
     return None
 
 
@@ -110,7 +110,7 @@ def test_keys_are_required_and_validated() -> None:
 
 def test_decorator_takes_name_and_docstring() -> None:
     @pipeline(upstreams=["orders"], target="/tmp/t", keys=["id"])
-    def clean_orders(batch):  # noqa: ANN001, ANN202
+    def clean_orders(batch):
         """Orders without test rows."""
 
     assert clean_orders.name == "clean_orders"
@@ -130,7 +130,8 @@ def test_observation_reads_version_cdf_and_identity(tmp_path: Path) -> None:
     assert observer.observe(DeltaUpstream(name="orders", path=str(path))) is obs
     write_deltalake(str(path), data, mode="append")
     again = observer.observe(DeltaUpstream(name="orders", path=str(path)))
-    assert again.latest_version == 2 and again.table_id == obs.table_id
+    assert again.latest_version == 2
+    assert again.table_id == obs.table_id
 
 
 @pytest.mark.parametrize("kind", ["missing", "not-delta"])
@@ -275,7 +276,8 @@ def test_an_upstream_recreated_since_its_watermark_is_not_planned(tmp_path: Path
     store = WatermarkStore(tmp_path / "control")
     store.initialize_watermarks({"u": (2, None, "test")}, actor="t", table_ids={"u": "old-id"})
     look = observe_registry(registry, Observer(), {"u": 2}, marks=store.committed())
-    assert "u" in look.errors and "dropped and recreated" in look.errors["u"]
+    assert "u" in look.errors
+    assert "dropped and recreated" in look.errors["u"]
     assert "watermark reset -t u" in look.errors["u"]
     assert look.runnable == {}
 
@@ -306,11 +308,15 @@ def test_the_delta_log_reader_lists_reads_and_finds_missing_commits(
         monkeypatch.setattr(DeltaLog, "local", property(lambda self: False))
     log = DeltaLog(str(path))
     assert log.local is (route == "local")
-    assert log.versions() == {0, 1, 2} and log.latest_version() == 2
+    assert log.versions() == {0, 1, 2}
+    assert log.latest_version() == 2
     actions = log.actions(1)
-    assert actions is not None and any("add" in a for a in actions)
+    assert actions is not None
+    assert any("add" in a for a in actions)
     assert any("commitInfo" in a for a in actions)
-    assert log.read(7) is None and log.actions(7) is None and log.modified(7) is None
+    assert log.read(7) is None
+    assert log.actions(7) is None
+    assert log.modified(7) is None
     assert log.modified(1) is not None
     assert [v for v, _ in log.history()] == [2, 1, 0]
     (path / commit_file(0)).unlink()  # what log cleanup does
@@ -372,7 +378,8 @@ def test_recreation_is_one_rule_the_table_id_first() -> None:
 
     mark = mark_on("old")
     error = recreation(obs, mark)
-    assert error is not None and error.fix == recreated_fix("u")
+    assert error is not None
+    assert error.fix == recreated_fix("u")
     assert "`watermark reset -t u --force`" in str(error)
     assert recreation(obs, None) is None
     assert recreation(obs, mark_on("new")) is None
@@ -422,7 +429,8 @@ def test_starting_point_rules() -> None:
     assert starting_point(2, table, now, version_by)[0] == 1
     assert asked == []  # the history is read only for a timestamp start
     at = datetime.fromtimestamp(0.015, tz=UTC)
-    assert starting_point(at, table, now, version_by)[0] == 1 and asked == [at]
+    assert starting_point(at, table, now, version_by)[0] == 1
+    assert asked == [at]
     assert version_committed_by([(0, 10)], datetime.fromtimestamp(0, tz=UTC)) == -1
     micros = int(now.timestamp() * 1_000_000)
     assert starting_point("latest", cursor, now, version_by)[:2] == (None, (micros,))

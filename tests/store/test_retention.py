@@ -46,7 +46,7 @@ from watermark_dagster.observe.retention import (
 from watermark_dagster.store import WatermarkStore
 
 
-def _never_called(batch):  # noqa: ANN001, ANN202
+def _never_called(batch):
     raise AssertionError("no pipeline runs in these tests")
 
 
@@ -152,7 +152,7 @@ def test_short_retention_fails_as_the_needed_version_nears_and_passes_the_horizo
     assert committed_at == datetime.fromtimestamp(history[1] / 1000, tz=UTC)
 
     # Horizon 2 s (the log keeps 30 days), default margin a quarter of it: fails from 1.5 s.
-    def at(seconds: float):  # noqa: ANN202
+    def at(seconds: float):
         return check_retention(orders, committed=0, now=committed_at + timedelta(seconds=seconds))
 
     fresh = at(1.0)
@@ -198,7 +198,8 @@ def test_default_retention_passes(tmp_path: Path) -> None:
     assert status.deleted_file_retention == timedelta(weeks=1)
     assert status.log_retention == timedelta(days=30)
     assert status.margin == timedelta(days=7) / 4
-    assert status.time_left is not None and status.time_left > timedelta(days=6)
+    assert status.time_left is not None
+    assert status.time_left > timedelta(days=6)
 
 
 def test_the_log_retention_counts_when_it_is_the_smaller(tmp_path: Path) -> None:
@@ -297,7 +298,8 @@ def test_retention_checks_run_in_dagster_on_the_upstream_source_assets(
     second, _ = store.create_batch(
         [UpstreamPosition(n, 2, 0) for n in ups], pipelines, actor="test"
     )
-    assert second is not None and str(second.inputs["orders"].range) == "[1, 2]"
+    assert second is not None
+    assert str(second.inputs["orders"].range) == "[1, 2]"
     shutil.rmtree(ups["payments"].path)
 
     defs = build_definitions(registry, control_root=str(tmp_path / "control"))
@@ -320,10 +322,8 @@ def test_retention_checks_run_in_dagster_on_the_upstream_source_assets(
     orders = evaluations["orders"]
     assert (orders.passed, orders.severity) == (False, AssetCheckSeverity.ERROR)
     assert orders.description is not None
-    assert (
-        "the start of" in orders.description
-        and "pinned by open batch b000002" in orders.description
-    )
+    assert "the start of" in orders.description
+    assert "pinned by open batch b000002" in orders.description
     meta = {k: v.value for k, v in orders.metadata.items()}
     assert meta["needed_version"] == 1
     assert meta["batch_id"] == "b000002"

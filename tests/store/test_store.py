@@ -39,7 +39,8 @@ def test_batch_is_one_commit_and_an_open_batch_is_not_replanned(tmp_path: Path) 
     store = WatermarkStore(tmp_path)
     before = store.table_version("batches")
     batch, created = store.create_batch(_positions(), PIPELINES, actor="test")
-    assert created and batch is not None
+    assert created
+    assert batch is not None
     assert store.table_version("batches") == before + 1  # all upstream rows, one commit
     assert batch.batch_id == "b000001"
     assert {u: str(i.range) for u, i in batch.inputs.items()} == {
@@ -70,9 +71,11 @@ def test_advance_is_contiguous_idempotent_and_completes(tmp_path: Path) -> None:
     assert store.committed_versions() == {"up1": 3, "up2": 4, "up3": 5}
 
     nxt, created = store.create_batch(_positions(up1=6), PIPELINES, actor="test")
-    assert created and nxt is not None
+    assert created
+    assert nxt is not None
     assert str(nxt.inputs["up1"].range) == "[4, 6]"
-    assert nxt.inputs["up2"].range is None and nxt.inputs["up2"].snapshot_version == 4
+    assert nxt.inputs["up2"].range is None
+    assert nxt.inputs["up2"].snapshot_version == 4
     assert nxt.pipelines == ("pipeline_a",)
     events = [h["event"] for h in store.history()]
     assert events.count("WATERMARK_ADVANCED") == 3
@@ -183,7 +186,8 @@ def test_concurrent_planners_create_one_batch(tmp_path: Path, pool) -> None:
     assert {bid for bid, _ in results} == {"b000001"}
     store = WatermarkStore(root)
     batches = store.batches()
-    assert len(batches) == 1 and len(batches[0].inputs) == 3
+    assert len(batches) == 1
+    assert len(batches[0].inputs) == 3
 
 
 def test_concurrent_finalizers_advance_once(tmp_path: Path, pool) -> None:
@@ -223,10 +227,12 @@ def test_maintenance_compacts_without_changing_anything(tmp_path: Path) -> None:
     assert len(DeltaTable(store.uri("batches")).file_uris()) < files_before
     assert (store.batches(), store.committed(), len(store.history())) == before
     nxt, created = store.create_batch(_positions(12, 12, 12), PIPELINES, actor="t")
-    assert created and nxt is not None and nxt.batch_id == "b000004"
+    assert created
+    assert nxt is not None
+    assert nxt.batch_id == "b000004"
 
 
-def _pin(root: str, end: int, barrier) -> tuple:  # noqa: ANN001
+def _pin(root: str, end: int, barrier) -> tuple:
     store = WatermarkStore(root)
     barrier.wait()
     return store.pin_window("b000001", "clicks", (end, end), recheck_at=None).end
@@ -239,7 +245,8 @@ def test_a_cursor_window_is_pinned_once_by_the_first_reader(tmp_path: Path) -> N
     batch, _ = store.create_batch(
         [cursor], {"p": ["clicks"]}, actor="t", source_states={"clicks": "s1"}
     )
-    assert batch is not None and batch.inputs["clicks"].window == CursorWindow(None, None)
+    assert batch is not None
+    assert batch.inputs["clicks"].window == CursorWindow(None, None)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(4)
@@ -279,7 +286,8 @@ def test_a_manual_change_killed_before_its_history_row_gets_it_recorded_once(
 
     # The next batch advances up1 before anyone flushes: the pending row survives it.
     batch, _ = store.create_batch([UpstreamPosition("up1", 7, 5)], {"p": ["up1"]}, actor="t")
-    assert batch is not None and store.advance(batch, "up1", actor="t") is AdvanceDecision.ADVANCE
+    assert batch is not None
+    assert store.advance(batch, "up1", actor="t") is AdvanceDecision.ADVANCE
     assert store.committed_versions() == {"up1": 7}
     assert store.committed()["up1"].pending_history is not None
 
@@ -287,7 +295,8 @@ def test_a_manual_change_killed_before_its_history_row_gets_it_recorded_once(
     assert sorted(pool.starmap(_flush_at, [(root, start)] * 4)) == [0, 0, 0, 1]
     assert _manual_rows(store) == [(None, "3"), ("3", "5")]
     [row] = [h for h in store.history() if h["new_value"] == "5"]
-    assert row["actor"] == "op" and '"reason": "fix"' in row["detail"]
+    assert row["actor"] == "op"
+    assert '"reason": "fix"' in row["detail"]
     assert store.committed()["up1"].pending_history is None
     assert store.flush_pending_history() == 0
 

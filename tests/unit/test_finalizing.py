@@ -178,11 +178,13 @@ def test_an_advance_step_names_the_values_history_records() -> None:
     assert step.records_history
     # Already at the end: moved by this batch (a finalizer died before its history row) ...
     step = decide_advance_step("b000002", planned, _mark(5, "b000002", WatermarkHow.AUTO))
-    assert step.recorded_after_restart and step.records_history
+    assert step.recorded_after_restart
+    assert step.records_history
     assert (step.old_value, step.new_value) == ("2", "5")
     # ... or by hand: nothing to record.
     step = decide_advance_step("b000002", planned, _mark(5, None, WatermarkHow.MANUAL_SET))
-    assert step.decision is AdvanceDecision.ALREADY_DONE and not step.records_history
+    assert step.decision is AdvanceDecision.ALREADY_DONE
+    assert not step.records_history
     with pytest.raises(BatchStateError, match="reads nothing"):
         decide_advance_step("b000002", _inputs(up1=None)["up1"], None)
 

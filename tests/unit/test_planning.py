@@ -138,7 +138,8 @@ def test_first_loads_run_even_without_new_data_and_overwrites_only_with_it() -> 
     )
     assert plan.pipelines == ("fresh", "full")
     assert plan.full_load == ("fresh", "full")
-    assert plan.inputs["u"].mode is ReadMode.NOOP and plan.inputs["u"].snapshot_version == 4
+    assert plan.inputs["u"].mode is ReadMode.NOOP
+    assert plan.inputs["u"].snapshot_version == 4
 
 
 def test_snapshot_only_upstreams_are_not_capped() -> None:
@@ -187,7 +188,7 @@ def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() ->
         pytest.param(["manual", "b000001", "b000002"], 1, set(), ["b000001"], id="foreign"),
     ],
 )
-def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:  # noqa: ANN001
+def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:
     assert prunable_batch_partitions(keys, keep=keep, open_batch_ids=open_ids) == expected
 
 
@@ -229,7 +230,8 @@ def test_a_replay_pins_the_other_upstreams_where_the_origin_pinned_them() -> Non
         mode=ReadMode.CDF,
         upstreams=["log", "events", "payments"],
     )
-    assert plan.origin is first and plan.order_seq == 1  # ends where the origin ends
+    assert plan.origin is first
+    assert plan.order_seq == 1
     assert list(plan.inputs) == ["events", "log", "orders"]  # payments: not in the origin
     assert plan.inputs["orders"] == PlannedInput("orders", ReadMode.CDF, VersionRange(2, 3), 3)
     assert plan.inputs["log"] == PlannedInput("log", ReadMode.NOOP, None, 7)
@@ -237,6 +239,7 @@ def test_a_replay_pins_the_other_upstreams_where_the_origin_pinned_them() -> Non
     inside = plan_replay(
         [first, second], "orders", VersionRange(4, 5), mode=ReadMode.CDF, upstreams=[]
     )
-    assert inside.origin is second and inside.order_seq == 1  # just below the origin
+    assert inside.origin is second
+    assert inside.order_seq == 1
     with pytest.raises(BatchStateError, match="no completed batch applied version 9"):
         plan_replay([first, second], "orders", VersionRange(7, 9), mode=ReadMode.CDF, upstreams=[])

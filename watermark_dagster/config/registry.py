@@ -116,7 +116,7 @@ class Registry:
                 visit(name, [])
 
     def pipeline_inputs(self) -> dict[str, tuple[str, ...]]:
-        """pipeline -> the upstreams it reads."""
+        """Pipeline -> the upstreams it reads."""
         return {name: tuple(p.upstreams) for name, p in self.pipelines.items()}
 
     def consumers(self, upstream: str) -> tuple[str, ...]:

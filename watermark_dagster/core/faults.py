@@ -33,7 +33,7 @@ def fault_point(name: str) -> None:
     _simulated_crash(name)
 
 
-class SimulatedCrash(BaseException):  # noqa: N818 - a crash, not an error
+class SimulatedCrash(BaseException):  # a crash, not an error: hence no Error suffix
     """Raised by an armed fault point in simulation mode: the in-process stand-in for a
     SIGKILL, used where starting a process per crash is too slow (the model test). Like a
     kill, it must not be caught by error handling: nothing records it as a failure."""
@@ -42,7 +42,7 @@ class SimulatedCrash(BaseException):  # noqa: N818 - a crash, not an error
 _simulated: set[str] = set()
 
 
-class simulate_crash_at:  # noqa: N801 - used as a context manager
+class simulate_crash_at:  # lower-case: used like a function, as a context manager
     """Within the block, the fault point ``name`` raises :class:`SimulatedCrash` (once)."""
 
     def __init__(self, name: str) -> None:

@@ -63,7 +63,9 @@ class ModeConfig(Protocol):
     """What the read-mode rule needs of an upstream's configuration."""
 
     @property
-    def mode(self) -> str: ...
+    def mode(self) -> str:
+        """The configured read mode's name, such as ``auto``, ``cdf`` or ``snapshot``."""
+        ...
 
 
 def read_mode_of(upstream: ModeConfig, obs: Observation) -> ReadMode:
@@ -134,17 +136,17 @@ class RegistryObservation:
 
     @property
     def table_ids(self) -> dict[str, str | None]:
-        """upstream -> table id (None for cursor upstreams)."""
+        """Upstream -> table id (None for cursor upstreams)."""
         return {n: o.table_id or None for n, o in self.observed.items()}
 
     @property
     def schema_fingerprints(self) -> dict[str, str | None]:
-        """upstream -> schema fingerprint."""
+        """Upstream -> schema fingerprint."""
         return {n: o.schema_fingerprint or None for n, o in self.observed.items()}
 
     @property
     def source_states(self) -> dict[str, str | None]:
-        """upstream -> source state of cursor upstreams."""
+        """Upstream -> source state of cursor upstreams."""
         return {n: o.state for n, o in self.observed.items() if o.is_cursor}
 
     def plan(self) -> Plan:

@@ -225,13 +225,19 @@ class CommittedMark(Protocol):
     """What planning needs of a committed watermark row."""
 
     @property
-    def committed_version(self) -> int | None: ...
+    def committed_version(self) -> int | None:
+        """The Delta version processed through, or None when nothing is committed."""
+        ...
 
     @property
-    def committed_cursor(self) -> CursorPosition | None: ...
+    def committed_cursor(self) -> CursorPosition | None:
+        """A cursor upstream's position read through, or None when nothing is committed."""
+        ...
 
     @property
-    def source_state(self) -> str | None: ...
+    def source_state(self) -> str | None:
+        """The cursor source's state recorded with the position (see :func:`cursor_state`)."""
+        ...
 
 
 def with_committed(

@@ -72,6 +72,9 @@ def plan_replay(
 
     Args:
         batches: the recorded batches, oldest first.
+        upstream: the upstream whose range is replayed.
+        rng: the versions of ``upstream`` to replay.
+        mode: the read mode the replay reads ``rng`` in.
         upstreams: every upstream the replayed pipelines read; those the origin did not
             pin are left out.
 

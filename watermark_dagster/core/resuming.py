@@ -159,6 +159,7 @@ def resume_step(
     """Decide what the coordinator does with open batch ``batch_id``.
 
     Args:
+        batch_id: the open batch.
         todo: its unfinished pipelines (:func:`unfinished_pipelines`).
         runs: its runs.
         max_attempts: failed runs after which the batch is stuck.

@@ -216,6 +216,7 @@ def continuity_result(
     """``(passed, description, metadata)`` of the continuity check of one upstream.
 
     Args:
+        upstream: the upstream checked.
         problem: why nothing can be planned for it (an error, or its text), or None.
         committed: its committed version, for the description of a pass.
     """

@@ -59,7 +59,7 @@ def _step_failure_message(data: Any) -> str:
 
 
 def _skipped(events: Sequence[Any]) -> dict[str, str]:
-    """pipeline -> reason, for the materializations of a run that record a skip."""
+    """Pipeline -> reason, for the materializations of a run that record a skip."""
     found = {}
     for event in events:
         materialization = event.event_specific_data.materialization  # type: ignore[union-attr]
@@ -128,7 +128,7 @@ class HeadlessRunner:
 
     @cached_property
     def pipeline_keys(self) -> dict[str, AssetKey]:
-        """pipeline name -> its asset key (whatever the translator made of it)."""
+        """Pipeline name -> its asset key (whatever the translator made of it)."""
         return pipeline_keys_of(self.defs.resolve_all_asset_specs())
 
     def pipeline_key(self, name: str) -> AssetKey:

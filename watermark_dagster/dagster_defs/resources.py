@@ -127,6 +127,11 @@ class SparkSessionResource(ConfigurableResource):
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator["SparkSessionResource"]:
+        """Hand the resource to the run, then stop the session it created when the run ends.
+
+        Only a session this resource created is stopped, and only with ``stop_on_teardown``;
+        inside :func:`held_spark_sessions` it is kept open until that scope ends instead.
+        """
         try:
             yield self
         finally:

@@ -160,7 +160,7 @@ def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
 
 
 def pipeline_keys_of(specs: Iterable[AssetSpec]) -> dict[str, AssetKey]:
-    """pipeline name -> asset key, from the asset specs' :data:`PIPELINE_METADATA`."""
+    """Pipeline name -> asset key, from the asset specs' :data:`PIPELINE_METADATA`."""
     found = {}
     for spec in specs:
         name = (spec.metadata or {}).get(PIPELINE_METADATA)

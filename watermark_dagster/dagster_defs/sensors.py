@@ -119,7 +119,8 @@ def resume_request(step: ResumeStep, keys: Mapping[str, AssetKey]) -> RunRequest
     """The run of a RUN step: it (re)materializes the step's pipelines for its batch; its
     run key carries the attempt, since Dagster never launches a run key twice (failed runs
     included)."""
-    assert step.action is ResumeAction.RUN and step.attempt is not None
+    assert step.action is ResumeAction.RUN
+    assert step.attempt is not None
     return RunRequest(
         run_key=f"{step.batch_id}:{step.attempt}",
         partition_key=step.batch_id,

@@ -158,6 +158,8 @@ def observe_registry(
     pipelines reading them are left out of ``runnable`` (nothing is planned for them).
 
     Args:
+        registry: the upstreams and the pipelines that read them.
+        observer: reads each upstream's table (Delta log or cursor source).
         committed: upstream -> committed version.
         marks: the committed watermark rows; with them an upstream whose table id differs
             from the one its watermark was committed on (dropped and recreated) is reported

@@ -49,8 +49,15 @@ def look_before_planning(
     """Observe, apply ``start_from`` to upstreams that never had a watermark, observe again.
 
     Args:
+        registry: the upstreams and the pipelines that read them.
+        observer: reads each upstream's table or cursor source.
+        store: the watermark store the committed watermarks come from and the starting
+            points are written to.
+        actor: who is recorded as setting the starting points.
         preview: record nothing; the starting points are applied to a copy of the
             committed watermarks only (``watermark plan --dry-run``).
+        now: the time ``start_from`` points are resolved against (default: the current
+            time).
     """
     now = now or datetime.now(UTC)
     marks = dict(store.committed())
@@ -143,8 +150,13 @@ def resume_batch(
     ``stuck_key``.
 
     Args:
+        store: the watermark store the batch and its checkpoints live in.
+        batch: the open batch.
         runs: the batch partition's runs.
         known: the pipelines the code location declares.
+        max_attempts: failed runs after which the batch is stuck.
+        actor: who is recorded in history for a stuck batch.
+        stuck_recorded: the ``stuck_key`` last recorded as ``BATCH_STUCK``, if any.
         retry: request the unfinished pipelines whatever the failed runs.
     """
     todo = [] if runs.in_flight and not retry else unfinished(store, batch, known)
@@ -188,6 +200,10 @@ def finalize_batch(
     against, the same registry); succeeded is :func:`succeeded`.
 
     Args:
+        store: the watermark store the batch lives in.
+        batch: the batch to finalize.
+        registry: the definition of each upstream's consumers.
+        actor: who is recorded as advancing the watermarks and completing the batch.
         on_advance: called after each upstream advanced.
     """
     step = finalize_step_now(store, registry, batch)

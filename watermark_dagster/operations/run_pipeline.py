@@ -333,7 +333,7 @@ def _bind_inputs(
     *,
     full_load: bool,
 ) -> dict[str, UpstreamInput]:
-    def pinner(upstream: str):  # noqa: ANN202
+    def pinner(upstream: str):
         return lambda end, recheck_at: store.pin_window(
             batch.batch_id, upstream, end, recheck_at=recheck_at
         )

@@ -161,7 +161,8 @@ class UpstreamInput:
                 source.where(in_window(source, _cursor_upstream(self._upstream), self.window)), None
             )
         elif self.mode is ReadMode.APPEND_ONLY:
-            assert self.range is not None and self._scan is not None
+            assert self.range is not None
+            assert self._scan is not None
             frame = read_appended(self._spark, self._upstream, self.range, self._scan)
         else:
             assert self.range is not None
@@ -180,7 +181,7 @@ class UpstreamInput:
             return 0
         try:
             return self.changes.count()
-        except Exception as e:  # noqa: BLE001 - Spark's errors are matched by their text
+        except Exception as e:  # Spark's errors are matched by their text
             raise unreadable(self._upstream, self.describe(), e) from e
 
     def release(self) -> None:

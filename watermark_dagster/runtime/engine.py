@@ -166,7 +166,7 @@ def handle(
             decision=decision,
             run_id=request.get("run_id"),
         )
-    except Exception as e:  # noqa: BLE001 - every failure goes back to the run that asked
+    except Exception as e:  # every failure goes back to the run that asked
         log.exception("engine: request %s failed", request)
         reply["error"] = _error_reply(e)
     return reply

@@ -202,7 +202,7 @@ def require_delta_connect(session: SparkSession, remote: str) -> None:
     probe = str(Path(tempfile.gettempdir()) / "watermark-dagster-connect-probe-absent")
     try:
         DeltaTable.isDeltaTable(session, probe)
-    except Exception as e:  # noqa: BLE001 - the server's error is matched by its text
+    except Exception as e:  # the server's error is matched by its text
         text = str(e)
         if "NO_HANDLER_FOR_EXTENSION" not in text and "delta.connect" not in text:
             raise

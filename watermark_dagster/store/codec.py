@@ -98,6 +98,7 @@ def batch_rows(
     """The ``batches`` rows of a new batch, one per input, in the order of its inputs.
 
     Args:
+        batch: the new batch, with its planned inputs.
         committed: upstream -> committed version when the batch was planned.
         latest: upstream -> newest version observed (absent for cursor upstreams).
         error: recorded with the rows (a replay's reason).

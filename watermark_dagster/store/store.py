@@ -429,6 +429,9 @@ class WatermarkStore(ControlTables):
         rows (I3). ``end`` None (no row yet) pins the empty window at its start.
 
         Args:
+            batch_id: the batch whose window is pinned.
+            upstream: the cursor upstream read.
+            end: the newest position the reader saw, or None when the source has no row.
             recheck_at: when rows held back by the lag pass it (µs since the epoch);
                 recorded so a plan reads again then, even if the source does not change.
         """
@@ -544,7 +547,7 @@ class WatermarkStore(ControlTables):
         return {m.upstream: m for m in marks}
 
     def committed_versions(self) -> dict[str, int | None]:
-        """upstream -> committed version (None: reset, nothing committed)."""
+        """Upstream -> committed version (None: reset, nothing committed)."""
         return {u: w.committed_version for u, w in self.committed().items()}
 
     def _batch_reading(self, upstream: str) -> Batch | None:
@@ -583,6 +586,12 @@ class WatermarkStore(ControlTables):
         already at ``version``.
 
         Args:
+            upstream: the upstream whose watermark moves.
+            version: the new committed version (MANUAL_SET), or None (RESET).
+            how: MANUAL_SET or RESET.
+            actor: who is recorded in history as making the change.
+            reason: why, recorded in history.
+            force: abandon an open batch that reads the upstream instead of refusing.
             expected: the preview the operator confirmed; refused if the committed value or
                 the open batch moved since.
             detail: extra facts for the history row (e.g. how a timestamp was resolved).

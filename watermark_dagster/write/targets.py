@@ -278,7 +278,10 @@ def write_target(
     """Write the transform's ``output`` for one batch to the pipeline's target.
 
     Args:
+        spark: the session the write runs in.
         output: the transform's output (changes, or the full table for a full load).
+        pipeline: the pipeline whose target is written, with its write mode and keys.
+        batch_id: the batch written; it labels the rows and the commit, and names errors.
         write_seq: the batch position the rows carry (``Batch.write_seq``).
         full_load: the batch reloads the pipeline from snapshots: the target is replaced.
         replay: a REPLAY batch: a merge does not insert keys the target lacks.

@@ -34,7 +34,7 @@ def snapshot_readers(
     full_load: Sequence[str],
     pipeline_inputs: Mapping[str, Sequence[str]],
 ) -> dict[str, list[str]]:
-    """upstream -> the pipelines of ``full_load`` that read it: they load it as a snapshot
+    """Upstream -> the pipelines of ``full_load`` that read it: they load it as a snapshot
     whatever its own read mode (a pipeline added later, an overwrite pipeline)."""
     return {
         u: sorted(p for p in full_load if u in pipeline_inputs.get(p, ()))
@@ -56,7 +56,7 @@ def snapshot_text(planned: Any, pipelines: Sequence[str]) -> str | None:
 
 
 def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
+    """Batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
 
     A batch is stuck when the coordinator recorded ``BATCH_STUCK`` for it (its failed runs
     reached the maximum, or a pipeline failed with an error retrying cannot fix) and no
@@ -112,6 +112,11 @@ def _batch_summary(batch: Any, stuck: Mapping[str, Any] | None = None) -> dict[s
 
 
 def cmd_batches(ctx: Context) -> int:
+    """List batches, newest first, filtered by ``--status`` (``STUCK`` included) and ``--limit``.
+
+    Prints a table, or the rows as JSON with ``--json``; rejects an unknown status or a
+    limit below 1 as a usage error.
+    """
     from watermark_dagster.core.records import BatchStatus
 
     args = ctx.args
@@ -201,6 +206,10 @@ def _print_errors(ctx: Context, checkpoints: Sequence[dict[str, Any]]) -> None:
 
 
 def cmd_batch(ctx: Context) -> int:
+    """Show one batch: its ranges per upstream, checkpoints and, if stuck, why.
+
+    Rejects text that is not a batch id, and an unknown batch, as usage errors.
+    """
     from watermark_dagster.errors import BatchStateError
 
     batch_id = ctx.args.batch_id
@@ -328,6 +337,12 @@ def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
 
 
 def cmd_plan(ctx: Context) -> int:
+    """Preview what the coordinator would plan now, without writing anything.
+
+    Runs the coordinator's own look in preview mode and shows, per upstream, the committed
+    and latest versions, the read mode and range, and which upstreams are blocked or
+    unavailable. Needs ``--dry-run``.
+    """
     from watermark_dagster.observe.observer import Observer
     from watermark_dagster.operations.coordinate import look_before_planning
 

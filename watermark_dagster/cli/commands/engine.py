@@ -11,6 +11,12 @@ from watermark_dagster.errors import UsageError
 
 
 def cmd_engine(ctx: Context) -> int:
+    """Serve the resident engine: one warm Spark session that runs pipelines on request.
+
+    Listens on the engine socket under the Dagster home until SIGTERM or Ctrl-C, printing
+    one line per request, then stops Spark. A second engine on the same socket is a usage
+    error.
+    """
     from watermark_dagster.runtime.engine import EngineAddress, listening, serve
 
     address = EngineAddress.under(ctx.home)

@@ -23,6 +23,11 @@ def _progress(ctx: Context) -> Any:
 
 
 def cmd_run(ctx: Context) -> int:
+    """Run the code location headless until no work is left (one batch with ``--once``).
+
+    Prints the upstreams' status afterwards; fails (exit 1) when a batch is stuck, a run
+    failed, or an upstream a pipeline reads is blocked or unavailable.
+    """
     from dagster import DagsterInstance
 
     from watermark_dagster.dagster_defs.headless import HeadlessRunner
@@ -75,6 +80,12 @@ def cmd_run(ctx: Context) -> int:
 
 
 def cmd_demo(ctx: Context) -> int:
+    """Seed the demo upstreams, process them for ``--rounds`` rounds of new commits, and
+    compare every demo target with a full recompute.
+
+    Fails (exit 1) when a batch is stuck, a run failed or a target differs; refuses to run
+    with ``WATERMARK_REGISTRY`` set, since it writes and checks demo tables only.
+    """
     from dagster import DagsterInstance
 
     from watermark_dagster.config.env import registry_file
@@ -156,6 +167,11 @@ def cmd_demo(ctx: Context) -> int:
 
 
 def cmd_dev(ctx: Context) -> int:
+    """Start ``dagster dev`` on the workspace with this Dagster and watermark home.
+
+    Replaces this process with ``dagster dev``; with ``--engine`` it runs beside a resident
+    engine instead and returns ``dagster dev``'s exit code.
+    """
     args = ctx.args
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
     argv = [dagster, "dev", "-w", args.workspace, "-h", args.host, "-p", str(args.port)]

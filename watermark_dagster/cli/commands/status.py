@@ -134,6 +134,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
 
 
 def cmd_list(ctx: Context) -> int:
+    """Print every upstream's committed and latest version, lag, read mode and open batch."""
     print_status(ctx, as_json=ctx.args.json)
     return EXIT_OK
 
@@ -174,6 +175,10 @@ def _history_rows(history: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def cmd_get(ctx: Context) -> int:
+    """Show one upstream in detail: its watermark, who set it, the pipelines reading it and
+    where they stand in the open batch, and its recent (or, with ``--history``, whole)
+    history.
+    """
     name = ctx.upstream(ctx.args.table).name
     [row] = [r for r in status_rows(ctx) if r["upstream"] == name]
     mark = ctx.read_store.committed().get(name)
