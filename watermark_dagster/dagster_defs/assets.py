@@ -112,6 +112,7 @@ class WatermarkTranslator:
 
     # Called by build_definitions until it calls get_asset_key itself (not documented).
 
+
 def observation_metadata(obs: Observation, committed: int | None) -> dict[str, Any]:
     """What an upstream observation shows: versions, lag, CDF flag, identity."""
     if obs.is_cursor:
