@@ -17,6 +17,7 @@
 import json
 import os
 from pathlib import Path
+from typing import cast
 
 from watermark_dagster.errors import ConfigurationError
 
@@ -68,7 +69,7 @@ def spark_conf() -> dict[str, str]:
         ) from None
     if not isinstance(conf, dict):
         raise ConfigurationError(f"WATERMARK_SPARK_CONF must be a JSON object, got {raw!r}.")
-    return {str(k): str(v) for k, v in conf.items()}
+    return {str(k): str(v) for k, v in cast("dict[object, object]", conf).items()}
 
 
 def min_batch_interval_seconds() -> float:

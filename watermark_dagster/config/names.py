@@ -12,7 +12,7 @@ E = TypeVar("E", bound=StrEnum)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
-def validate_name(kind: str, value: str) -> str:
+def validate_name(kind: str, value: object) -> str:
     """Check that ``value`` is a plain identifier (letters, digits, underscore).
 
     Names become asset keys, column references and file names; restricting them keeps

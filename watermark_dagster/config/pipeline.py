@@ -196,7 +196,8 @@ class Pipeline:
                     f"{RESERVED_PREFIX!r}.",
                     pipeline=self.name,
                 )
-        if not isinstance(self.target, str) or not self.target.strip():
+        # Declarations come from plain Python and YAML: the annotations are not enforced.
+        if not isinstance(self.target, str) or not self.target.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ConfigurationError(
                 f"Pipeline '{self.name}' has no target.",
                 pipeline=self.name,

@@ -135,7 +135,8 @@ class Upstream:
                 "CursorUpstream(name=..., path=..., cursor=...)."
             )
         validate_name("upstream name", self.name)
-        if not isinstance(self.path, str) or not self.path.strip():
+        # Declarations come from plain Python and YAML: the annotations are not enforced.
+        if not isinstance(self.path, str) or not self.path.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ConfigurationError(
                 f"{self.owner} has no path.",
                 upstream=self.name,
@@ -198,7 +199,7 @@ class DeltaUpstream(Upstream):
                 "or choose mode 'auto', 'cdf', 'append_only' or 'snapshot'.",
             )
         cap = self.max_versions_per_batch
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ConfigurationError(
                 f"{owner}: max_versions_per_batch must be a positive integer, got {cap!r}.",
                 upstream=self.name,
@@ -266,7 +267,7 @@ class CursorUpstream(Upstream):
                 validate_name("cursor column", column)
         if (
             isinstance(self.lag_seconds, bool)
-            or not isinstance(self.lag_seconds, int | float)
+            or not isinstance(self.lag_seconds, int | float)  # pyright: ignore[reportUnnecessaryIsInstance]
             or self.lag_seconds < 0
         ):
             raise ConfigurationError(
@@ -318,8 +319,10 @@ def declare_upstream(**settings: object) -> AnyUpstream:
                 fix="give cursor='updated_at' (a timestamp or increasing id column).",
             )
         kwargs = {k: v for k, v in settings.items() if k != "mode"}
-        return CursorUpstream(**kwargs)  # type: ignore[arg-type]
-    return DeltaUpstream(**settings)  # type: ignore[arg-type]
+        # The settings are untyped (a YAML entry, a test spec), like plain-Python arguments:
+        # the upstream checks its values when it is built.
+        return CursorUpstream(**kwargs)  # pyright: ignore[reportArgumentType]
+    return DeltaUpstream(**settings)  # pyright: ignore[reportArgumentType]
 
 
 _SHARED_SETTINGS = frozenset({"name", "path", "storage_options", "description", "start_from"})

@@ -28,21 +28,21 @@ import os
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import declare_upstream
+from watermark_dagster.config.upstream import AnyUpstream, declare_upstream
 from watermark_dagster.errors import ConfigurationError
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MAP_TAG = "tag:yaml.org,2002:map"
 
 
-class _Mapping(dict):
+class _Mapping(dict[Any, Any]):
     """A YAML mapping that remembers where it and each of its keys are, and which keys
     appeared more than once (plain YAML loading silently keeps the last one)."""
 
@@ -70,9 +70,11 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Any:
     data = _Mapping()
     data.line, data.key_lines, data.key_text, data.duplicates = node.start_mark.line + 1, {}, {}, []
     first_at: dict[Any, int] = {}  # explicit keys -> line
+    # PyYAML's stubs leave construct_object untyped; it returns plain data of any type.
+    construct = cast("Callable[..., object]", loader.construct_object)  # pyright: ignore[reportUnknownMemberType]
     yield data
     for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)  # type: ignore[arg-type]
+        key = construct(key_node, deep=True)
         if not isinstance(key, Hashable):
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping",
@@ -85,7 +87,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Any:
             if key in first_at:
                 data.duplicates.append((key, line, first_at[key]))
             first_at.setdefault(key, line)
-        data[key] = loader.construct_object(value_node, deep=True)  # type: ignore[arg-type]
+        data[key] = construct(value_node, deep=True)
         data.key_lines[key] = line
         data.key_text[key] = str(getattr(key_node, "value", key))
 
@@ -257,14 +259,20 @@ class _Wrong:
 _WRONG: Any = _Wrong()
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if value is None:
         return "nothing"
     return f"{value!r} ({_type(value)})"
 
 
-def _type(value: Any) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list"}
+def _type(value: object) -> str:
+    names: dict[type, str] = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "text",
+        list: "a list",
+    }
     return names.get(type(value), "a mapping" if isinstance(value, dict) else type(value).__name__)
 
 
@@ -279,8 +287,8 @@ def _location(reader: _Reader, value: Any) -> Any:
 def _names(_: _Reader, value: Any) -> Any:
     if isinstance(value, str):
         return (value,)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in cast("list[object]", value)):
+        return tuple(cast("list[str]", value))
     return _WRONG
 
 
@@ -297,11 +305,14 @@ def _start(_: _Reader, value: Any) -> Any:
 
 
 def _options(_: _Reader, value: Any) -> Any:
-    if not isinstance(value, dict) or getattr(value, "duplicates", None):
+    if not isinstance(value, dict):
         return _WRONG
-    if not all(isinstance(v, str | int | float | bool) for v in value.values()):
+    options = cast("dict[object, object]", value)
+    if getattr(options, "duplicates", None):
         return _WRONG
-    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+    if not all(isinstance(v, str | int | float | bool) for v in options.values()):
+        return _WRONG
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
 
 
 _NAMES = "a list of names ([a, b]) or one name"
@@ -399,9 +410,12 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
                 fix=f"add {section}: with one entry per {section[:-1]} (`{section}: {{}}` for "
                 "none).",
             )
-    options = {k: reader.convert(top, k, "top level", TOP_KEYS) for k in top if top[k] is not None}
+    options: dict[str, Any] = {
+        k: reader.convert(top, k, "top level", TOP_KEYS) for k in top if top[k] is not None
+    }
 
-    upstreams, lines = [], {}
+    upstreams: list[AnyUpstream] = []
+    lines: dict[tuple[str, str], int] = {}
     section = top["upstreams"]
     section = reader.mapping(
         _mapping_at(top.key_lines["upstreams"]) if section is None else section,
@@ -420,7 +434,7 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
         except ConfigurationError as e:
             raise reader.rewrap(line, e) from None
 
-    pipelines = []
+    pipelines: list[Pipeline] = []
     declared = [u.name for u in upstreams]
     section = top["pipelines"]
     section = reader.mapping(
@@ -434,7 +448,8 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
         lines[("pipeline", name)] = line
         what = f"pipeline '{name}'"
         kwargs = _entry(reader, "pipeline", name, body, line, PIPELINE_KEYS)
-        for upstream in kwargs["upstreams"]:
+        wanted: tuple[str, ...] = kwargs["upstreams"]
+        for upstream in wanted:
             if upstream not in declared:
                 close = difflib.get_close_matches(upstream, declared, n=1, cutoff=0.6)
                 raise reader.fail(
@@ -449,8 +464,9 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
             kwargs["transform"], what, body.key_lines["transform"]
         )
         kwargs.setdefault("description", (kwargs["transform"].__doc__ or "").strip() or None)
+        kwargs.setdefault("keys", ())
         try:
-            pipelines.append(Pipeline(name=name, **{"keys": (), **kwargs}))
+            pipelines.append(Pipeline(name=name, **kwargs))
         except ConfigurationError as e:
             raise reader.rewrap(line, e) from None
 

@@ -133,7 +133,7 @@ class FinalizeStep:
     """The finalizer's decision for one open batch."""
 
     advance: tuple[str, ...] = ()
-    waiting: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    waiting: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
 
     @property
     def complete(self) -> bool:

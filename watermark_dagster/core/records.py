@@ -62,10 +62,10 @@ class Batch:
     actor: str | None
     full_load: tuple[str, ...] = ()
     order_seq: int | None = None
-    table_ids: Mapping[str, str | None] = field(default_factory=dict)
-    schema_fingerprints: Mapping[str, str | None] = field(default_factory=dict)
-    source_states: Mapping[str, str | None] = field(default_factory=dict)
-    window_pending: Mapping[str, int | None] = field(default_factory=dict)
+    table_ids: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
+    schema_fingerprints: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
+    source_states: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
+    window_pending: Mapping[str, int | None] = field(default_factory=dict[str, int | None])
 
     @property
     def ranged_upstreams(self) -> tuple[str, ...]:

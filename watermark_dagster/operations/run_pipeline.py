@@ -19,9 +19,10 @@ from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.outcomes import superseded_by
 from watermark_dagster.core.planning import PlannedInput
-from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
+from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.errors import BatchStateError, TerminalError
+from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import WriteResult
@@ -252,7 +253,8 @@ def run_pipeline(
             )
         context = PinnedBatch(batch_id, batch.seq, pipeline_name, inputs, spark, full_load)
         output = pipeline.transform(context)
-        if not isinstance(output, DataFrame):
+        # The transform is user code: its annotation promises a DataFrame, this checks it.
+        if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TerminalError(
                 f"Pipeline '{pipeline_name}': the transform returned {type(output).__name__}, "
                 "not a Spark DataFrame.",
@@ -333,10 +335,11 @@ def _bind_inputs(
     *,
     full_load: bool,
 ) -> dict[str, UpstreamInput]:
-    def pinner(upstream: str):
-        return lambda end, recheck_at: store.pin_window(
-            batch.batch_id, upstream, end, recheck_at=recheck_at
-        )
+    def pinner(upstream: str) -> PinWindow:
+        def pin(end: CursorPosition | None, recheck_at: int | None) -> CursorWindow:
+            return store.pin_window(batch.batch_id, upstream, end, recheck_at=recheck_at)
+
+        return pin
 
     return {
         u: UpstreamInput.pinned(
@@ -367,7 +370,7 @@ def recompute_pipeline(
         KeyError: the pipeline is unknown, or a versioned upstream has no version given.
     """
     pipeline = registry.pipelines[pipeline_name]
-    inputs = {}
+    inputs: dict[str, UpstreamInput] = {}
     for u in pipeline.upstreams:
         upstream = registry.upstreams[u]
         if upstream.is_cursor:

@@ -38,7 +38,9 @@ class Comparison:
     only_in_recompute: int = 0
     columns_only_in_target: tuple[str, ...] = ()
     columns_only_in_recompute: tuple[str, ...] = ()
-    example_keys: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
+    example_keys: Mapping[str, list[dict[str, Any]]] = field(
+        default_factory=dict[str, list[dict[str, Any]]]
+    )
 
     @property
     def equal(self) -> bool:
