@@ -25,7 +25,7 @@ the entry and the key or value at fault, and ends with the fix; nothing is writt
 import difflib
 import importlib
 import os
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -135,6 +135,21 @@ class _Reader:
         return self.fail(line, message, fix=error.fix or "correct the entry.", **attrs)
 
     # -- shapes
+
+    def entries(
+        self, top: _Mapping, section: str, kind: str, lines: dict[tuple[str, str], int]
+    ) -> Iterator[tuple[str, Any, int]]:
+        """Each entry of ``section`` (``upstreams:`` or ``pipelines:``, empty when null):
+        its checked name, its body and its line, recorded in ``lines`` under ``(kind, name)``.
+        """
+        at = top.key_lines[section]
+        raw = top[section]
+        entries = self.mapping(_mapping_at(at) if raw is None else raw, section, at)
+        for key, body in entries.items():
+            line = entries.key_lines[key]
+            name = self.name(key, kind, line, entries.key_text[key])
+            lines[(kind, name)] = line
+            yield name, body, line
 
     def mapping(self, value: Any, what: str, line: int | None) -> _Mapping:
         if not isinstance(value, _Mapping):
@@ -416,16 +431,7 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
 
     upstreams: list[AnyUpstream] = []
     lines: dict[tuple[str, str], int] = {}
-    section = top["upstreams"]
-    section = reader.mapping(
-        _mapping_at(top.key_lines["upstreams"]) if section is None else section,
-        "upstreams",
-        top.key_lines["upstreams"],
-    )
-    for name, body in section.items():
-        line = section.key_lines[name]
-        name = reader.name(name, "upstream", line, section.key_text[name])
-        lines[("upstream", name)] = line
+    for name, body, line in reader.entries(top, "upstreams", "upstream", lines):
         if isinstance(body, str):  # shorthand: `orders: /lake/orders`
             body = _mapping_at(line, {"path": body})
         kwargs = _entry(reader, "upstream", name, body, line, UPSTREAM_KEYS)
@@ -436,16 +442,7 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
 
     pipelines: list[Pipeline] = []
     declared = [u.name for u in upstreams]
-    section = top["pipelines"]
-    section = reader.mapping(
-        _mapping_at(top.key_lines["pipelines"]) if section is None else section,
-        "pipelines",
-        top.key_lines["pipelines"],
-    )
-    for name, body in section.items():
-        line = section.key_lines[name]
-        name = reader.name(name, "pipeline", line, section.key_text[name])
-        lines[("pipeline", name)] = line
+    for name, body, line in reader.entries(top, "pipelines", "pipeline", lines):
         what = f"pipeline '{name}'"
         kwargs = _entry(reader, "pipeline", name, body, line, PIPELINE_KEYS)
         wanted: tuple[str, ...] = kwargs["upstreams"]

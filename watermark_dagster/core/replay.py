@@ -15,7 +15,7 @@ from watermark_dagster.core.records import Batch, BatchKind, BatchStatus
 from watermark_dagster.errors import BatchStateError
 
 
-def check_replay_range(upstream: str, rng: VersionRange, committed: int | None) -> None:
+def check_replay_range(upstream: str, rng: VersionRange, committed: int | None) -> int:
     """Refuse a replay of versions not applied yet: only versions up to the committed
     watermark can be replayed.
 
@@ -24,12 +24,15 @@ def check_replay_range(upstream: str, rng: VersionRange, committed: int | None) 
         rng: the versions to re-read.
         committed: the upstream's committed version (None: nothing committed).
 
+    Returns:
+        The committed version, which the range does not go beyond.
+
     Raises:
         BatchStateError: ``rng`` ends beyond ``committed`` (or nothing is committed); the
             message names the range, the committed watermark and the fix.
     """
     if committed is not None and rng.end <= committed:
-        return
+        return committed
     raise BatchStateError(
         f"Upstream '{upstream}': the replay range {rng} goes beyond the committed "
         f"watermark {committed}; only applied versions can be replayed.",

@@ -118,10 +118,9 @@ def plan_replay(
     if table.is_cursor:
         raise UsageError(f"upstream {upstream!r} is read by a cursor column and has no versions.")
     chosen = _pipelines(registry, upstream, pipelines)
-    committed = store.committed_versions().get(upstream)
     # The one rule, checked here before anyone is asked to confirm, and again by the store
     # when it records the batch (a scheduled batch cannot un-apply versions meanwhile).
-    check_replay_range(upstream, rng, committed)
+    committed = check_replay_range(upstream, rng, store.committed_versions().get(upstream))
     mode = read_mode_of(table, Observer().observe(table))
     if mode is ReadMode.SNAPSHOT:
         raise UsageError(f"upstream {upstream!r} is snapshot-only: there are no changes to replay.")
