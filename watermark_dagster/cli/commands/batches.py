@@ -4,7 +4,6 @@ These commands only look: they open the control tables read-only (nothing is cre
 fresh home, nothing is written).
 """
 
-import json
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -12,12 +11,10 @@ from typing import Any
 
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import STATUS_STYLES, Styled
-from watermark_dagster.core.resuming import RESUME_HINT
 from watermark_dagster.errors import UsageError
+from watermark_dagster.operations.status import stuck_batches
 
 STUCK = "STUCK"
-# The coordinator's own advice when a stuck batch's history row carries no fix.
-STUCK_FIX = f"fix the cause, then {RESUME_HINT}."
 
 
 def range_text(planned: Any) -> str:
@@ -53,48 +50,6 @@ def snapshot_text(planned: Any, pipelines: Sequence[str]) -> str | None:
     else:
         at = f"@{planned.snapshot_version}"
     return f"SNAPSHOT {at} for {', '.join(pipelines)}"
-
-
-def stuck_batches(store: Any, batches: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """Batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
-
-    A batch is stuck when the coordinator recorded ``BATCH_STUCK`` for it (its failed runs
-    reached the maximum, or a pipeline failed with an error retrying cannot fix) and no
-    pipeline attempt started after that. The reason is the recorded error, else the last
-    failed attempt's; the fix is the recorded one, else the one that error names, else
-    re-executing the partition.
-    """
-    from watermark_dagster.core.records import BatchStatus, CheckpointStatus
-
-    open_ids = {b.batch_id for b in batches if b.status is BatchStatus.PLANNED}
-    if not open_ids:
-        return {}
-    found: dict[str, dict[str, Any]] = {}
-    for row in store.history():
-        if row["event"] != "BATCH_STUCK" or row["batch_id"] not in open_ids:
-            continue
-        detail = json.loads(row["detail"]) if row.get("detail") else {}
-        found[row["batch_id"]] = {"at": row["at"], **(detail if isinstance(detail, dict) else {})}
-    stuck: dict[str, dict[str, Any]] = {}
-    for batch_id, detail in found.items():
-        attempts = store.checkpoints(batch_id=batch_id)
-        if any(c.started_at > detail["at"] for c in attempts):
-            continue  # re-executed since: running or failing again, not given up
-        failed = [c for c in attempts if c.status is CheckpointStatus.FAILED and c.error]
-        reason = detail.get("message") or (failed[-1].error if failed else None)
-        fix = detail.get("fix")
-        if fix is None and reason and " Fix: " in reason:
-            # The error names its own fix (our errors end with it): that is the advice.
-            reason, fix = reason.rsplit(" Fix: ", 1)
-        stuck[batch_id] = {
-            "since": f"{detail['at']:%Y-%m-%d %H:%M:%S}",
-            "failed_runs": detail.get("failed_runs"),
-            "pipelines": detail.get("pipelines"),
-            "terminal": detail.get("terminal"),
-            "reason": reason,
-            "fix": fix or STUCK_FIX,
-        }
-    return stuck
 
 
 def _batch_summary(batch: Any, stuck: Mapping[str, Any] | None = None) -> dict[str, Any]:
