@@ -1,8 +1,8 @@
 """Small code locations for the read-mode tests, described by a JSON spec file.
 
 The same spec builds the location in the test process, in a child process killed on
-purpose, and in the `watermark` command line (``--defs tests.lakes:defs`` with
-``LAKE_SPEC`` pointing at the spec), so all three see the same upstreams and pipelines.
+purpose, and in the `watermark` command line (``--defs`` of the module :func:`write_spec`
+writes beside the spec), so all three see the same upstreams and pipelines.
 """
 
 import json
@@ -13,7 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from tests.conftest import SPARK_TEST_CONF
+from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.config.pipeline import BatchContext, Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import declare_upstream
@@ -21,8 +21,6 @@ from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.read.changes import recompute
-
-SPEC_ENV = "LAKE_SPEC"
 
 
 def copy_rows(upstream: str):
@@ -132,12 +130,28 @@ def defs_from(spec: dict[str, Any]):
 
 
 def write_spec(path: Path, spec: dict[str, Any]) -> Path:
-    """Save a spec for a child process or the command line."""
+    """Save a spec, and beside it the module holding its code location, for a child process,
+    the command line or a Dagster workspace (:func:`location_defs`, :func:`location_path`)."""
     path.write_text(json.dumps(spec))
+    module = path.with_name(f"{_module_name(path)}.py")
+    module.write_text(
+        f'"""The code location of {path.name}, written by tests/lakes.py."""\n\n'
+        "import json\nfrom pathlib import Path\n\nfrom tests.lakes import defs_from\n\n"
+        f"defs = defs_from(json.loads(Path({str(path)!r}).read_text()))\n"
+    )
     return path
 
 
-def __getattr__(name: str):  # module attribute for `--defs tests.lakes:defs`
-    if name == "defs":
-        return defs_from(json.loads(Path(os.environ[SPEC_ENV]).read_text()))
-    raise AttributeError(name)
+def _module_name(spec_file: Path) -> str:
+    return f"lake_{spec_file.stem}"
+
+
+def location_defs(spec_file: Path) -> str:
+    """The ``--defs`` value (``module:attribute``) of the code location of ``spec_file``."""
+    return f"{_module_name(spec_file)}:defs"
+
+
+def location_path(spec_file: Path) -> str:
+    """``PYTHONPATH`` for a process loading the code location of ``spec_file``: the
+    spec's folder (its module) and the repository (``tests.lakes``)."""
+    return os.pathsep.join([str(spec_file.parent), str(REPO)])

@@ -41,7 +41,7 @@ from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import SparkSession
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
+from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
 from watermark_dagster.cli.app import main as watermark_main
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.faults import FAULT_POINTS
@@ -126,10 +126,9 @@ class Lake:
         """Environment of a child process working on this lake."""
         return {
             **os.environ,
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": location_path(self.spec_file),
             "DAGSTER_HOME": str(self.dagster_home),
             "WATERMARK_HOME": str(self.root),
-            SPEC_ENV: str(self.spec_file),
             **extra,
         }
 
@@ -399,7 +398,7 @@ def _run_child(lake: Lake, point: str | None, child: str) -> subprocess.Complete
     if child == "cycle":
         argv = [sys.executable, "-m", "tests.crash.test_crashes", "cycle", str(lake.spec_file)]
     else:
-        argv = [str(SCRIPT), *RESET, "--defs", "tests.lakes:defs"]
+        argv = [str(SCRIPT), *RESET, "--defs", location_defs(lake.spec_file)]
     return subprocess.run(
         argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=WAIT_SECONDS
     )
@@ -666,7 +665,16 @@ def test_a_finalizer_racing_watermark_set_and_reset(tmp_path: Path) -> None:
     HeadlessRunner(defs_from(lake.spec), instance).tick(FINALIZER)
     assert lake.store.get_batch(first.batch_id).status is BatchStatus.COMPLETED
     args = [
-        [*command, "--force", "--yes", "--reason", "race", "--defs", "tests.lakes:defs", "--json"]
+        [
+            *command,
+            "--force",
+            "--yes",
+            "--reason",
+            "race",
+            "--defs",
+            location_defs(lake.spec_file),
+            "--json",
+        ]
         for command in MANUAL_ROUNDS
     ]
     racers = [

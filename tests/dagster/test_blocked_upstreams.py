@@ -33,8 +33,7 @@ from dagster import (
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable, write_deltalake
 
-from tests.conftest import REPO
-from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
+from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
 from watermark_dagster.core.planning import UpstreamPosition, plan_batch
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.core.records import BatchStatus
@@ -78,13 +77,12 @@ class Lake:
         spec_file = write_spec(self.root / "spec.json", self.spec)
         env = {
             **os.environ,
-            SPEC_ENV: str(spec_file),
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": location_path(spec_file),
             "DAGSTER_HOME": str(self.dagster_home),
         }
         env.pop("NO_COLOR", None)
         return subprocess.run(
-            [str(SCRIPT), *args, "--defs", "tests.lakes:defs"],
+            [str(SCRIPT), *args, "--defs", location_defs(spec_file)],
             env=env,
             capture_output=True,
             text=True,

@@ -20,10 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from tests.conftest import REPO
 from tests.dagster.test_blocked_upstreams import SCRIPT, Lake, _commit
 from tests.dagster.test_cli import _on_terminal
-from tests.lakes import SPEC_ENV, write_spec
+from tests.lakes import location_defs, location_path, write_spec
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
@@ -271,13 +270,12 @@ def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
         "batch",
         batch.batch_id,
         "--defs",
-        "tests.lakes:defs",
+        location_defs(spec_file),
         stdout_tty=True,
         COLUMNS="100",
         NO_COLOR="1",
         DAGSTER_HOME=str(dagster_home),
-        PYTHONPATH=str(REPO),
-        **{SPEC_ENV: str(spec_file)},
+        PYTHONPATH=location_path(spec_file),
     )
     assert rc == 0, err
     lines = screen.replace("\r", "").splitlines()
@@ -338,10 +336,19 @@ def test_set_records_the_os_account_when_user_is_unset(tmp_path: Path, dagster_h
     _advance_all(store, batch)
     spec_file = write_spec(tmp_path / "spec.json", lake.spec)
     env = {k: v for k, v in os.environ.items() if k not in ("USER", "LOGNAME", "USERNAME", "LNAME")}
-    env.update({SPEC_ENV: str(spec_file), "PYTHONPATH": str(REPO),
-                "DAGSTER_HOME": str(dagster_home)})  # fmt: skip
+    env.update({"PYTHONPATH": location_path(spec_file), "DAGSTER_HOME": str(dagster_home)})
     out = subprocess.run(
-        [str(SCRIPT), "set", "-t", "up", "--version", "1", "--yes", "--defs", "tests.lakes:defs"],
+        [
+            str(SCRIPT),
+            "set",
+            "-t",
+            "up",
+            "--version",
+            "1",
+            "--yes",
+            "--defs",
+            location_defs(spec_file),
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -12,7 +12,6 @@ import pytest
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
-from tests.conftest import REPO
 from tests.dagster.test_blocked_upstreams import (
     DAEMON,
     RESET,
@@ -21,7 +20,7 @@ from tests.dagster.test_blocked_upstreams import (
     _recreate,
     blocked_lake,
 )
-from tests.lakes import SPEC_ENV, write_spec
+from tests.lakes import location_defs, location_path, write_spec
 
 
 @pytest.fixture
@@ -38,13 +37,13 @@ def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
     spec_file = write_spec(lake.root / "spec.json", lake.spec)
     workspace = lake.root / "workspace.yaml"
     workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: tests.lakes\n"
-        f"      attribute: defs\n      working_directory: {REPO}\n"
+        "load_from:\n  - python_module:\n"
+        f"      module_name: {location_defs(spec_file).split(':')[0]}\n"
+        f"      attribute: defs\n      working_directory: {spec_file.parent}\n"
     )
     env = {
         **os.environ,
-        SPEC_ENV: str(spec_file),
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": location_path(spec_file),
         "DAGSTER_HOME": str(lake.dagster_home),
     }
     # Create the instance's SQLite storages before the daemon and its code server start:

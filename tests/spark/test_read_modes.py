@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO
-from tests.lakes import SPEC_ENV, defs_from, registry_from, write_spec
+from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
 from watermark_dagster.config.upstream import CursorUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
@@ -79,12 +79,11 @@ class Lake:
         spec_file = write_spec(self.root / "spec.json", spec)
         env = {
             **os.environ,
-            SPEC_ENV: str(spec_file),
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": location_path(spec_file),
             "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
         }
         return subprocess.run(
-            [str(SCRIPT), *args, "--defs", "tests.lakes:defs"],
+            [str(SCRIPT), *args, "--defs", location_defs(spec_file)],
             env=env,
             capture_output=True,
             text=True,
