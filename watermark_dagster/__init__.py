@@ -1,23 +1,53 @@
 """watermark-dagster: exactly-once, replayable incremental processing over Delta Lake tables.
 
 The public API: declare upstreams and pipelines, build the code location's definitions.
+Each name is imported from its module on first use, so ``import watermark_dagster`` (and
+the ``watermark`` command before it loads a code location) costs no Dagster, Spark or
+delta-rs import.
 """
 
-from watermark_dagster.config.pipeline import (
-    BatchContext,
-    PinnedInput,
-    Pipeline,
-    WriteMode,
-    pipeline,
-)
-from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
-from watermark_dagster.dagster_defs.assets import WatermarkTranslator
-from watermark_dagster.dagster_defs.definitions import build_definitions
-from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
-from watermark_dagster.dagster_defs.sensors import WatermarkSettings
-from watermark_dagster.read.changes import recompute
-from watermark_dagster.store import WatermarkStore
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from watermark_dagster.config.pipeline import (
+        BatchContext,
+        PinnedInput,
+        Pipeline,
+        WriteMode,
+        pipeline,
+    )
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
+    from watermark_dagster.dagster_defs.assets import WatermarkTranslator
+    from watermark_dagster.dagster_defs.definitions import build_definitions
+    from watermark_dagster.dagster_defs.resources import (
+        SparkSessionResource,
+        WatermarkStoreResource,
+    )
+    from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+    from watermark_dagster.read.changes import recompute
+    from watermark_dagster.store import WatermarkStore
+
+# Public name -> the module that defines it.
+_API = {
+    "BatchContext": "watermark_dagster.config.pipeline",
+    "PinnedInput": "watermark_dagster.config.pipeline",
+    "Pipeline": "watermark_dagster.config.pipeline",
+    "WriteMode": "watermark_dagster.config.pipeline",
+    "pipeline": "watermark_dagster.config.pipeline",
+    "Registry": "watermark_dagster.config.registry",
+    "CursorUpstream": "watermark_dagster.config.upstream",
+    "DeltaUpstream": "watermark_dagster.config.upstream",
+    "Upstream": "watermark_dagster.config.upstream",
+    "WatermarkTranslator": "watermark_dagster.dagster_defs.assets",
+    "build_definitions": "watermark_dagster.dagster_defs.definitions",
+    "SparkSessionResource": "watermark_dagster.dagster_defs.resources",
+    "WatermarkStoreResource": "watermark_dagster.dagster_defs.resources",
+    "WatermarkSettings": "watermark_dagster.dagster_defs.sensors",
+    "recompute": "watermark_dagster.read.changes",
+    "WatermarkStore": "watermark_dagster.store",
+}
 
 __all__ = [
     "BatchContext",
@@ -37,3 +67,17 @@ __all__ = [
     "pipeline",
     "recompute",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use."""
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'watermark_dagster' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})

@@ -212,3 +212,28 @@ def test_dagster_private_modules_only_where_no_public_api_covers_them() -> None:
     }
     unexplained = sorted(f for f in found if f not in PRIVATE_DAGSTER_ALLOWED)
     assert not unexplained, "Dagster private imports:\n" + "\n".join(unexplained)
+
+
+def test_the_public_api_is_explicit_and_loads_no_engine_until_used() -> None:
+    """Every public name resolves to its defining module's object; importing the package
+    alone (what the ``watermark`` command does before it loads a code location) imports
+    neither Dagster, Spark nor delta-rs, so ``watermark --help`` and refused arguments
+    answer at once."""
+    import importlib
+    import subprocess
+    import sys
+
+    import watermark_dagster
+
+    assert sorted(watermark_dagster.__all__) == sorted(watermark_dagster._API)
+    for name in watermark_dagster.__all__:
+        module = importlib.import_module(watermark_dagster._API[name])
+        assert getattr(watermark_dagster, name) is getattr(module, name)
+    code = (
+        "import sys, watermark_dagster, watermark_dagster.cli.app\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'dagster', 'pyspark', 'deltalake', 'pyarrow'})\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
