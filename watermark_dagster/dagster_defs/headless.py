@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from watermark_dagster.core.resuming import ResumeAction
-from watermark_dagster.dagster_defs.definitions import BATCH_JOB
+from watermark_dagster.dagster_defs.definitions import BATCH_JOB, location_of
 from watermark_dagster.dagster_defs.resources import held_spark_sessions
 from watermark_dagster.dagster_defs.runs import (
     ERROR_METADATA,
@@ -268,7 +268,7 @@ class HeadlessRunner:
             return self._run_until_idle(max_ticks, max_batches, retry)
 
     def _run_until_idle(self, max_ticks: int, max_batches: int | None, retry: bool) -> CycleReport:
-        store = self.defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
+        store = location_of(self.defs).store()
         report = CycleReport()
         if retry:
             again = self.retry_request(store)
