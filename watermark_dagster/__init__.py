@@ -20,7 +20,11 @@ if TYPE_CHECKING:
     from watermark_dagster.config.registry import Registry
     from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
     from watermark_dagster.dagster_defs.assets import WatermarkTranslator
-    from watermark_dagster.dagster_defs.definitions import build_definitions
+    from watermark_dagster.dagster_defs.definitions import (
+        WatermarkLocation,
+        build_definitions,
+        build_location,
+    )
     from watermark_dagster.dagster_defs.resources import (
         SparkSessionResource,
         WatermarkStoreResource,
@@ -42,6 +46,8 @@ _API = {
     "Upstream": "watermark_dagster.config.upstream",
     "WatermarkTranslator": "watermark_dagster.dagster_defs.assets",
     "build_definitions": "watermark_dagster.dagster_defs.definitions",
+    "build_location": "watermark_dagster.dagster_defs.definitions",
+    "WatermarkLocation": "watermark_dagster.dagster_defs.definitions",
     "SparkSessionResource": "watermark_dagster.dagster_defs.resources",
     "WatermarkStoreResource": "watermark_dagster.dagster_defs.resources",
     "WatermarkSettings": "watermark_dagster.dagster_defs.sensors",
@@ -58,12 +64,14 @@ __all__ = [
     "Registry",
     "SparkSessionResource",
     "Upstream",
+    "WatermarkLocation",
     "WatermarkSettings",
     "WatermarkStore",
     "WatermarkStoreResource",
     "WatermarkTranslator",
     "WriteMode",
     "build_definitions",
+    "build_location",
     "pipeline",
     "recompute",
 ]
