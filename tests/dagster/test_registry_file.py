@@ -28,7 +28,7 @@ from watermark_dagster.config.yaml_file import (
     load_registry,
     load_registry_file,
 )
-from watermark_dagster.dagster_defs.definitions import registry_of
+from watermark_dagster.dagster_defs.definitions import location_of
 from watermark_dagster.definitions import build_file_definitions
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer, observe_registry
@@ -169,7 +169,7 @@ def test_a_file_builds_a_code_location_without_writing(tmp_path: Path, transform
         """,
     )
     defs = build_file_definitions(path, home=tmp_path / "home")
-    assert list(registry_of(defs).pipelines) == ["orders_clean"]
+    assert list(location_of(defs).registry.pipelines) == ["orders_clean"]
     store = defs.resources["watermark_store"].get_store()  # type: ignore[union-attr]
     assert store.root == str(tmp_path / "home" / "control")  # WATERMARK_HOME, as the demo
     assert not (tmp_path / "home").exists()

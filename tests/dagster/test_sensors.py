@@ -47,7 +47,7 @@ from watermark_dagster.core.resuming import (
     resume_step,
 )
 from watermark_dagster.dagster_defs.assets import WatermarkTranslator
-from watermark_dagster.dagster_defs.definitions import build_definitions, registry_of
+from watermark_dagster.dagster_defs.definitions import build_definitions, location_of
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.runs import (
     PLAN_ID_METADATA,
@@ -202,7 +202,9 @@ def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> Non
     assert WatermarkSettings().min_batch_interval_seconds == env.min_batch_interval_seconds()
     assert env.min_batch_interval_seconds() == 0
     built, instance, store, ups = setup
-    defs = build_definitions(registry_of(built), control_root=store.root)  # default settings
+    defs = build_definitions(
+        location_of(built).registry, control_root=store.root
+    )  # default settings
     first = _tick(defs, instance, COORDINATOR)
     planned = store.open_batch()
     assert first.run_requests
@@ -547,7 +549,7 @@ def test_resume_steps(todo, facts, retry, action, attempt) -> None:
 
 def test_the_asset_graph_agrees_with_the_registry_consumers(setup) -> None:
     defs, _, _, _ = setup
-    registry = registry_of(defs)
+    registry = location_of(defs).registry
     upstream_keys = {u: AssetKey(u) for u in registry.upstreams}
     specs = list(defs.resolve_all_asset_specs())
     check_consumers(registry, specs, upstream_keys)  # built from the registry: they agree
@@ -583,7 +585,7 @@ def test_a_translator_renames_assets_and_the_adapters_follow(setup, tmp_path: Pa
     the headless runner find pipeline assets by their watermark/pipeline metadata."""
     built, instance, _, _ = setup
     defs = build_definitions(
-        registry_of(built),
+        location_of(built).registry,
         control_root=str(tmp_path / "control2"),
         settings=WatermarkSettings(min_batch_interval_seconds=0),
         translator=_Prefixed(),

@@ -227,12 +227,3 @@ def location_of(defs: Any) -> WatermarkLocation:
     return WatermarkLocation(
         registry=registry, store_resource=store, spark_resource=spark, definitions=defs
     )
-
-
-def registry_of(defs: Definitions) -> Registry:
-    """The registry a code location built by :func:`build_definitions` was made from.
-
-    Raises:
-        ConfigurationError: ``defs`` was not built by :func:`build_definitions`.
-    """
-    return location_of(defs).registry
