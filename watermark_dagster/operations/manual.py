@@ -162,7 +162,7 @@ def version_at_time(
     Raises:
         UsageError: ``when`` is in the future or before the oldest commit in the log.
     """
-    from deltalake import DeltaTable
+    from watermark_dagster.observe.log import DeltaLog
 
     if when > now:
         raise UsageError(
@@ -171,9 +171,7 @@ def version_at_time(
             "committed so far."
         )
     table = registry.upstreams[upstream]
-    storage = dict(table.storage_options or {}) or None
-    history = DeltaTable(table.path, storage_options=storage).history()
-    commits = [(int(h["version"]), int(h["timestamp"])) for h in history]
+    commits = DeltaLog(table.path, table.storage_options).history()
     version = version_at(commits, when)
     if version is None:
         oldest, oldest_ms = min(commits)
