@@ -172,6 +172,13 @@ class ControlTables:
         data = arrow_table(table, rows)
         write_deltalake(self.uri(table), data, mode="append", storage_options=self.storage_options)
 
+    def append_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """Append ``rows`` (built by :mod:`watermark_dagster.store.codec`) to control table
+        ``table`` in one commit, without any compare-and-swap: for bulk imports into a root
+        no process is writing (migrations, benchmarks that synthesize history)."""
+        self.ensure_tables()
+        self._append(table, rows)
+
     @staticmethod
     def _insert(dt: DeltaTable, table: str, rows: list[dict[str, Any]]) -> None:
         """Append ``rows`` as the version right after ``dt`` (inside :meth:`_cas`)."""
