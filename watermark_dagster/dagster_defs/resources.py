@@ -10,7 +10,7 @@ from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from watermark_dagster.runtime.spark import build_spark_session
-from watermark_dagster.store import WatermarkStore
+from watermark_dagster.store import WatermarkStore, shared_store
 
 if TYPE_CHECKING:
     from watermark_dagster.runtime.engine import EngineAddress
@@ -159,5 +159,6 @@ class WatermarkStoreResource(ConfigurableResource):
     )
 
     def get_store(self) -> WatermarkStore:
-        """A plain :class:`WatermarkStore` usable without Dagster."""
-        return WatermarkStore(self.control_root, storage_options=self.storage_options)
+        """A plain :class:`WatermarkStore` usable without Dagster: this thread's store of
+        the control root, reused across ticks and steps (see :func:`shared_store`)."""
+        return shared_store(self.control_root, storage_options=self.storage_options)

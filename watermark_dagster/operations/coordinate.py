@@ -207,8 +207,8 @@ def finalize_batch(
         on_advance: called after each upstream advanced.
     """
     step = finalize_step_now(store, registry, batch)
+    store.advance_many(batch, list(step.advance), actor=actor)
     for upstream in step.advance:
-        store.advance(batch, upstream, actor=actor)
         on_advance(upstream)
     if step.complete:
         fault_point("before_batch_complete")

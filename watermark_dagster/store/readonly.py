@@ -9,7 +9,6 @@ that does not exist yet as empty, and refuses every write.
 from typing import Any, NoReturn
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
 from watermark_dagster.errors import TerminalError
@@ -31,9 +30,6 @@ class _AbsentTable:
     def version(self) -> int:
         return -1
 
-    def to_pyarrow_dataset(self) -> pads.Dataset:
-        return pads.dataset(self._schema.empty_table())
-
 
 class ReadOnlyWatermarkStore(WatermarkStore):
     """The control tables under ``root``, read only: nothing is created or written.
@@ -46,11 +42,13 @@ class ReadOnlyWatermarkStore(WatermarkStore):
     def ensure_tables(self) -> None:
         """Nothing: a table that does not exist reads as empty."""
 
-    def _load(self, table: str) -> Any:
+    def _handle(self, table: str) -> Any:
         uri = self.uri(table)
-        if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+        if table not in self._handles and not DeltaTable.is_deltatable(
+            uri, storage_options=self.storage_options
+        ):
             return _AbsentTable(uri, table)
-        return DeltaTable(uri, storage_options=self.storage_options)
+        return super()._handle(table)
 
     def _refuse(self, table: str) -> NoReturn:
         raise ReadOnlyStoreError(

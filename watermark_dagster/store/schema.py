@@ -1,4 +1,11 @@
-"""Arrow schemas of the four control tables (readable by Spark and any Delta reader)."""
+"""Arrow schemas of the four control tables (readable by Spark and any Delta reader).
+
+``batches``, ``pipeline_checkpoints`` and ``history`` grow with every batch. Each is
+partitioned by ``bucket``: the batch's sequence number divided by :data:`BUCKET_SIZE`
+(``-1`` for a history row of no batch, such as a manual watermark change). A lookup of one
+batch's rows, and every read a sensor tick makes, opens one bucket, so its cost does not
+grow with the number of past batches. ``committed_watermarks`` holds one row per upstream.
+"""
 
 import pyarrow as pa
 
@@ -32,6 +39,7 @@ BATCHES = pa.schema(
         pa.field("end_cursor", pa.string()),
         pa.field("window_pending", pa.int64()),
         pa.field("source_state", pa.string()),
+        pa.field("bucket", pa.int64(), nullable=False),
     ]
 )
 
@@ -65,6 +73,7 @@ PIPELINE_CHECKPOINTS = pa.schema(
         pa.field("started_at", TS, nullable=False),
         pa.field("finished_at", TS),
         pa.field("error", pa.string()),
+        pa.field("bucket", pa.int64(), nullable=False),
     ]
 )
 
@@ -79,8 +88,17 @@ HISTORY = pa.schema(
         pa.field("old_value", pa.string()),
         pa.field("new_value", pa.string()),
         pa.field("detail", pa.string()),
+        pa.field("bucket", pa.int64(), nullable=False),
     ]
 )
+
+# Batches per bucket: a tick reads at most one bucket's rows of a table (about 1,000 rows).
+BUCKET_SIZE = 100
+
+# The bucket of rows that belong to no batch (history of manual changes, start points).
+NO_BATCH_BUCKET = -1
+
+BUCKETED = frozenset({"batches", "pipeline_checkpoints", "history"})
 
 TABLES: dict[str, pa.Schema] = {
     "batches": BATCHES,
@@ -88,3 +106,10 @@ TABLES: dict[str, pa.Schema] = {
     "pipeline_checkpoints": PIPELINE_CHECKPOINTS,
     "history": HISTORY,
 }
+
+
+def bucket_of(batch_id: str | None) -> int:
+    """The ``bucket`` of the rows of batch ``batch_id`` (ids are ``b`` + sequence number)."""
+    if batch_id is None:
+        return NO_BATCH_BUCKET
+    return int(batch_id.lstrip("b")) // BUCKET_SIZE

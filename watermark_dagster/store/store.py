@@ -17,6 +17,7 @@ in between leaves them without their history row (the state itself stays consist
 """
 
 import dataclasses
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -65,6 +66,7 @@ from watermark_dagster.core.records import (
 from watermark_dagster.core.replay import check_replay_range, plan_replay
 from watermark_dagster.errors import BatchStateError
 from watermark_dagster.store import codec
+from watermark_dagster.store.schema import NO_BATCH_BUCKET, bucket_of
 from watermark_dagster.store.tables import ControlTables
 
 _BATCHES = "batches"
@@ -97,6 +99,21 @@ class WatermarkStore(ControlTables):
         >>> store.committed()  # {} on a new root
     """
 
+    def ensure_tables(self) -> None:
+        """Create or upgrade the control tables (see :meth:`ControlTables.ensure_tables`);
+        a table rewritten into the current layout is recorded in ``history``."""
+        if self._ensured:
+            return
+        super().ensure_tables()
+        for table, rows in sorted(self.migrated.items()):
+            if rows:
+                self.record(
+                    "CONTROL_TABLE_UPGRADED",
+                    actor=None,
+                    detail={"table": table, "rows": rows, "layout": "partitioned by bucket"},
+                )
+        self.migrated.clear()
+
     # ---------------------------------------------------------------- history
 
     def record(self, event: str, *, actor: str | None, **fields: Any) -> None:
@@ -120,14 +137,36 @@ class WatermarkStore(ControlTables):
         it once. Returns True when this call wrote it.
         """
         row = codec.history_row(event, actor, batch_id=batch_id, upstream=upstream, **fields)
-        key = _where(event=event, batch_id=batch_id, upstream=upstream)
-        return self._append_once(row, key)
+        return bool(self._record_all_once([row]))
 
-    def _append_once(self, row: dict[str, Any], key: pc.Expression | None) -> bool:
+    def _record_all_once(self, rows: Sequence[dict[str, Any]]) -> int:
+        """Append those of ``rows`` (one batch's steps) whose ``(event, batch_id,
+        upstream)`` is not in ``history`` yet, in one compare-and-swap commit that reads
+        only the batch's bucket. Returns how many this call wrote."""
+        if not rows:
+            return 0
+        self.ensure_tables()
+        buckets = {bucket_of(r["batch_id"]) for r in rows}
+
+        def decide(dt: DeltaTable) -> int:
+            ids = sorted({r["batch_id"] for r in rows})
+            there = {
+                (r["event"], r["batch_id"], r["upstream"])
+                for r in self._rows(dt, pc.field("batch_id").isin(ids), buckets=buckets)
+            }
+            todo = [r for r in rows if (r["event"], r["batch_id"], r.get("upstream")) not in there]
+            if todo:
+                self._insert(dt, _HISTORY, todo)
+            return len(todo)
+
+        return self._cas(_HISTORY, decide)
+
+    def _append_once(self, row: dict[str, Any], key: pc.Expression) -> bool:
+        """Append ``row`` (of no batch) unless a row matching ``key`` is in its bucket."""
         self.ensure_tables()
 
         def decide(dt: DeltaTable) -> bool:
-            if self._rows(dt, key):
+            if self._rows(dt, key, buckets=[NO_BATCH_BUCKET], prune=False):
                 return False
             self._insert(dt, _HISTORY, [row])
             return True
@@ -167,11 +206,29 @@ class WatermarkStore(ControlTables):
         return int(wrote)
 
     def history(
-        self, *, upstream: str | None = None, batch_id: str | None = None
+        self,
+        *,
+        upstream: str | None = None,
+        batch_id: str | None = None,
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Audit rows, oldest first, optionally for one upstream or batch."""
-        rows = self._rows(self._load(_HISTORY), _where(upstream=upstream, batch_id=batch_id))
-        return sorted(rows, key=lambda r: r["at"])
+        """Audit rows, oldest first, optionally for one upstream or batch.
+
+        ``limit`` keeps the newest N rows and reads only the newest buckets it needs (and
+        the bucket of rows of no batch), so its cost does not grow with history. One
+        batch's rows read its bucket only.
+        """
+        dt = self._load(_HISTORY)
+        key = _where(upstream=upstream, batch_id=batch_id)
+        if batch_id is not None:
+            rows = self._rows(dt, key, buckets=[bucket_of(batch_id)])
+        elif limit is not None:
+            rows = self._rows(dt, key, buckets=[NO_BATCH_BUCKET])
+            rows += self._rows_newest_first(dt, key, enough=lambda found: len(found) >= limit)
+        else:
+            rows = self._rows(dt, key)
+        rows.sort(key=lambda r: r["at"])
+        return rows[-limit:] if limit is not None else rows
 
     # ---------------------------------------------------------------- batches: reads
 
@@ -193,7 +250,9 @@ class WatermarkStore(ControlTables):
         Raises:
             BatchStateError: no batch has that id.
         """
-        rows = self._rows(self._load(_BATCHES), _where(batch_id=batch_id))
+        rows = self._rows(
+            self._load(_BATCHES), _where(batch_id=batch_id), buckets=[bucket_of(batch_id)]
+        )
         if not rows:
             raise BatchStateError(
                 f"No batch '{batch_id}' in {self.uri(_BATCHES)}.",
@@ -203,17 +262,25 @@ class WatermarkStore(ControlTables):
         return codec.batches(rows)[0]
 
     def batches(self, *, limit: int | None = None) -> list[Batch]:
-        """All batches, newest first (``limit`` keeps the newest N)."""
-        found = codec.batches(self._rows(self._load(_BATCHES)))
+        """All batches, newest first (``limit`` keeps the newest N, reading only the newest
+        buckets that hold them)."""
+        dt = self._load(_BATCHES)
+        if limit is None:
+            rows = self._rows(dt)
+        else:
+            rows = self._rows_newest_first(
+                dt, enough=lambda found: len({r["batch_id"] for r in found}) >= limit
+            )
+        found = codec.batches(rows)
         found.reverse()
         return found[:limit] if limit is not None else found
 
     def last_planned_at(self) -> datetime | None:
-        """When the newest batch was planned (None before the first)."""
-        table = self._arrow(self._load(_BATCHES), ["created_at"])
-        if table.num_rows == 0:
-            return None
-        return max(table["created_at"].to_pylist())
+        """When the newest batch was planned (None before the first). Reads the newest
+        bucket's ``created_at`` only."""
+        dt = self._load(_BATCHES)
+        rows = self._rows_newest_first(dt, enough=bool)
+        return max((r["created_at"] for r in rows), default=None)
 
     # ---------------------------------------------------------------- batches: plans
 
@@ -360,59 +427,92 @@ class WatermarkStore(ControlTables):
     # ---------------------------------------------------------------- batches: transitions
 
     def advance(self, batch: Batch, upstream: str, *, actor: str) -> AdvanceDecision:
-        """Move ``upstream``'s committed watermark to the end of its range in ``batch``.
+        """Move ``upstream``'s committed watermark to the end of its range in ``batch``
+        (see :meth:`advance_many`)."""
+        return self.advance_many(batch, [upstream], actor=actor)[upstream]
 
-        Safe to repeat: finding the watermark already at the range's end (an earlier
-        finalizer died after advancing) only records the batch row.
+    def advance_many(
+        self, batch: Batch, upstreams: Sequence[str], *, actor: str
+    ) -> dict[str, AdvanceDecision]:
+        """Move each of ``upstreams``' committed watermarks to the end of its range in
+        ``batch``: one commit to ``committed_watermarks`` for all of them, then their
+        history rows in one commit, then the batch's rows marked advanced in one commit.
+
+        Safe to repeat: finding a watermark already at the range's end (an earlier
+        finalizer died after advancing) only records what is missing after it.
 
         Raises:
-            WatermarkGapError, WatermarkRegressionError: the move would break I1 or I2.
-            BatchStateError: the batch reads nothing from ``upstream``, or it ended.
+            WatermarkGapError, WatermarkRegressionError: a move would break I1 or I2
+                (nothing is committed then).
+            BatchStateError: the batch reads nothing from an upstream, or it ended.
         """
-        planned, recheck_at = batch.inputs[upstream], None
-        if planned.window is not None:
-            # The window's end is pinned at the first read: take it from the table.
+        if not upstreams:
+            return {}
+        if any(batch.inputs[u].window is not None for u in upstreams):
+            # A window's end is pinned at the first read: take it from the table.
             batch = self.get_batch(batch.batch_id)
-            planned, recheck_at = batch.inputs[upstream], batch.window_pending.get(upstream)
+        planned = {u: batch.inputs[u] for u in upstreams}
 
-        def decide(dt: DeltaTable) -> AdvanceStep:
-            current = codec.watermark_or_none(self._rows(dt, _where(upstream=upstream)))
-            step = decide_advance_step(batch.batch_id, planned, current)
-            if step.decision is AdvanceDecision.ADVANCE:
-                require_open(self.get_batch(batch.batch_id), upstream)
-                mark = advanced_watermark(
-                    batch, planned, recheck_at=recheck_at, actor=actor, now=codec.now()
-                )
-                self._put_watermark(dt, mark)
-            return step
+        def decide(dt: DeltaTable) -> dict[str, AdvanceStep]:
+            marks = {m.upstream: m for m in map(codec.watermark, self._rows(dt))}
+            steps = {
+                u: decide_advance_step(batch.batch_id, planned[u], marks.get(u)) for u in upstreams
+            }
+            moving = [u for u, step in steps.items() if step.decision is AdvanceDecision.ADVANCE]
+            if moving:
+                current = self.get_batch(batch.batch_id)
+                for u in moving:
+                    require_open(current, u)
+                rows = [
+                    codec.watermark_row(
+                        advanced_watermark(
+                            batch,
+                            planned[u],
+                            recheck_at=batch.window_pending.get(u),
+                            actor=actor,
+                            now=codec.now(),
+                        )
+                    )
+                    for u in moving
+                ]
+                columns = [c for c in rows[0] if c not in ("upstream", "pending_history")]
+                self._merge(dt, _WATERMARKS, rows, on=("upstream",), columns=columns, insert=True)
+            return steps
 
-        step = self._cas(_WATERMARKS, decide)
-        if step.decision is AdvanceDecision.ADVANCE:
+        steps = self._cas(_WATERMARKS, decide)
+        if any(step.decision is AdvanceDecision.ADVANCE for step in steps.values()):
             fault_point("after_watermark_commit")
-        if step.records_history:
-            detail: dict[str, Any] = {"read": planned.describe()}
+        rows = []
+        for u, step in steps.items():
+            if not step.records_history:
+                continue
+            detail: dict[str, Any] = {"read": planned[u].describe()}
             if step.recorded_after_restart:
                 # An earlier finalizer advanced and died before its history row.
                 detail["recorded_after_restart"] = True
-            self.record_once(
-                "WATERMARK_ADVANCED",
-                actor=actor,
-                batch_id=batch.batch_id,
-                upstream=upstream,
-                old_value=step.old_value,
-                new_value=step.new_value,
-                detail=detail,
+            rows.append(
+                codec.history_row(
+                    "WATERMARK_ADVANCED",
+                    actor,
+                    batch_id=batch.batch_id,
+                    upstream=u,
+                    old_value=step.old_value,
+                    new_value=step.new_value,
+                    detail=detail,
+                )
             )
-        self._cas(_BATCHES, lambda dt: self._mark_advanced(dt, batch.batch_id, upstream))
-        return step.decision
+        self._record_all_once(rows)
+        self._cas(_BATCHES, lambda dt: self._mark_advanced(dt, batch.batch_id, upstreams))
+        return {u: step.decision for u, step in steps.items()}
 
-    def _mark_advanced(self, dt: DeltaTable, batch_id: str, upstream: str) -> None:
-        rows = self._rows(dt, _where(batch_id=batch_id, upstream=upstream))
-        if not rows or rows[0]["advanced_at"] is not None:
+    def _mark_advanced(self, dt: DeltaTable, batch_id: str, upstreams: Sequence[str]) -> None:
+        rows = self._rows(dt, _where(batch_id=batch_id), buckets=[bucket_of(batch_id)])
+        todo = [r["upstream"] for r in rows if r["upstream"] in upstreams and not r["advanced_at"]]
+        if not todo:
             return
         at = codec.now()
-        change = codec.batch_key(batch_id, upstream, advanced_at=at, updated_at=at)
-        self._merge(dt, _BATCHES, [change], on=("batch_id", "upstream"))
+        changes = [codec.batch_key(batch_id, u, advanced_at=at, updated_at=at) for u in todo]
+        self._merge(dt, _BATCHES, changes, on=("batch_id", "upstream"))
 
     def pin_window(
         self,
@@ -437,7 +537,9 @@ class WatermarkStore(ControlTables):
         """
 
         def decide(dt: DeltaTable) -> CursorWindow:
-            rows = self._rows(dt, _where(batch_id=batch_id, upstream=upstream))
+            rows = self._rows(
+                dt, _where(batch_id=batch_id, upstream=upstream), buckets=[bucket_of(batch_id)]
+            )
             if not rows:
                 raise BatchStateError(
                     f"Batch {batch_id} has no row for upstream '{upstream}'.",
@@ -465,7 +567,7 @@ class WatermarkStore(ControlTables):
         """
 
         def decide(dt: DeltaTable) -> bool:
-            rows = self._rows(dt, _where(batch_id=batch_id))
+            rows = self._rows(dt, _where(batch_id=batch_id), buckets=[bucket_of(batch_id)])
             if not rows:
                 raise BatchStateError(f"No batch '{batch_id}' to mark {status}.", batch_id=batch_id)
             batch = codec.batches(rows)[0]
@@ -663,7 +765,9 @@ class WatermarkStore(ControlTables):
         """Record a RUNNING attempt of ``pipeline`` on ``batch_id``; returns the attempt number."""
 
         def decide(dt: DeltaTable) -> int:
-            rows = self._rows(dt, _where(pipeline=pipeline, batch_id=batch_id))
+            rows = self._rows(
+                dt, _where(pipeline=pipeline, batch_id=batch_id), buckets=[bucket_of(batch_id)]
+            )
             attempt = 1 + max((r["attempt"] for r in rows), default=0)
             running = running_checkpoint(pipeline, batch_id, attempt, run_id=run_id, at=codec.now())
             self._insert(dt, _CHECKPOINTS, [codec.checkpoint_row(running)])
@@ -685,7 +789,11 @@ class WatermarkStore(ControlTables):
         """Close one attempt with its outcome, counts and error."""
 
         def decide(dt: DeltaTable) -> None:
-            rows = self._rows(dt, _where(pipeline=pipeline, batch_id=batch_id, attempt=attempt))
+            rows = self._rows(
+                dt,
+                _where(pipeline=pipeline, batch_id=batch_id, attempt=attempt),
+                buckets=[bucket_of(batch_id)],
+            )
             if not rows:
                 raise BatchStateError(
                     f"No checkpoint for pipeline '{pipeline}', batch {batch_id}, "
@@ -709,33 +817,59 @@ class WatermarkStore(ControlTables):
     def checkpoints(
         self, *, batch_id: str | None = None, pipeline: str | None = None
     ) -> list[Checkpoint]:
-        """Checkpoint rows, optionally for one batch and/or one pipeline, oldest first."""
-        rows = self._rows(self._load(_CHECKPOINTS), _where(batch_id=batch_id, pipeline=pipeline))
+        """Checkpoint rows, optionally for one batch and/or one pipeline, oldest first (one
+        batch's rows read its bucket only)."""
+        buckets = None if batch_id is None else [bucket_of(batch_id)]
+        key = _where(batch_id=batch_id, pipeline=pipeline)
+        rows = self._rows(self._load(_CHECKPOINTS), key, buckets=buckets)
         found = map(codec.checkpoint, rows)
         return sorted(found, key=lambda c: (c.batch_id, c.pipeline, c.attempt))
 
     def newest_success(self, pipeline: str) -> str | None:
-        """Id of the newest batch ``pipeline`` succeeded on (None before its first)."""
-        ids = self._succeeded_batch_ids(pipeline)
-        return max(ids, key=seq_of) if ids else None
-
-    def _succeeded_batch_ids(self, pipeline: str) -> set[str]:
+        """Id of the newest batch ``pipeline`` succeeded on (None before its first).
+        Reads buckets from the newest until one holds a success."""
         succeeded = _where(pipeline=pipeline, status=CheckpointStatus.SUCCESS.value)
-        return {r["batch_id"] for r in self._rows(self._load(_CHECKPOINTS), succeeded)}
+        dt = self._load(_CHECKPOINTS)
+        rows = self._rows_newest_first(dt, succeeded, enough=bool)
+        return max((r["batch_id"] for r in rows), key=seq_of, default=None)
 
     def newest_applied(self, pipeline: str) -> Batch | None:
         """The SCHEDULED batch with the highest sequence ``pipeline`` succeeded on: what its
-        target is known to hold (replays write at older positions and do not count)."""
-        ids = self._succeeded_batch_ids(pipeline)
-        if not ids:
-            return None
-        rows = self._rows(
-            self._load(_BATCHES),
-            pc.field("batch_id").isin(sorted(ids))
-            & (pc.field("kind") == BatchKind.SCHEDULED.value),
-        )
-        found = codec.batches(rows)
-        return found[-1] if found else None
+        target is known to hold (replays write at older positions and do not count).
+        Reads buckets from the newest until one holds such a batch."""
+        succeeded = _where(pipeline=pipeline, status=CheckpointStatus.SUCCESS.value)
+        checkpoints, batches = self._load(_CHECKPOINTS), self._load(_BATCHES)
+        for bucket in self._buckets(checkpoints):
+            found_rows = self._rows(checkpoints, succeeded, buckets=[bucket])
+            ids = sorted({r["batch_id"] for r in found_rows})
+            if not ids:
+                continue
+            scheduled = pc.field("batch_id").isin(ids) & (
+                pc.field("kind") == BatchKind.SCHEDULED.value
+            )
+            found = codec.batches(self._rows(batches, scheduled, buckets=[bucket]))
+            if found:
+                return found[-1]
+        return None
 
 
-__all__ = ["WatermarkStore"]
+_SHARED = threading.local()
+
+
+def shared_store(root: str, *, storage_options: Mapping[str, str] | None = None) -> WatermarkStore:
+    """The store of ``root`` kept for this thread and reused by every sensor tick and run
+    step of the process: its table handles are refreshed to the latest version instead of
+    loaded from scratch, and the tables are checked once. One per thread, because a store's
+    handles are not safe to share between threads.
+    """
+    key = (str(root), tuple(sorted((storage_options or {}).items())))
+    stores: dict[tuple[str, tuple[tuple[str, str], ...]], WatermarkStore] = (
+        _SHARED.__dict__.setdefault("stores", {})
+    )
+    store = stores.get(key)
+    if store is None:
+        store = stores[key] = WatermarkStore(root, storage_options=storage_options)
+    return store
+
+
+__all__ = ["WatermarkStore", "shared_store"]

@@ -5,16 +5,29 @@ Every state change is a compare-and-swap on one table: the change is decided aga
 table as of version ``v`` and committed as version ``v + 1`` with delta-rs' own commit
 retries turned off, so a concurrent writer that got there first makes the commit fail;
 :meth:`ControlTables._cas` then reloads, decides again and retries.
+
+Reads cost what a tick needs, not what history holds: ``batches``,
+``pipeline_checkpoints`` and ``history`` are partitioned by ``bucket`` (see
+:mod:`watermark_dagster.store.schema`), each read names the buckets it needs and prunes
+files with Delta's per-file statistics before opening any, and one handle per table is
+kept and refreshed to the latest version instead of loaded from scratch. After each commit
+the bucket it touched is compacted once it holds more than :data:`COMPACT_AT` files, so
+file counts stay bounded continuously; Delta checkpoints every :data:`CHECKPOINT_EVERY`
+commits and expired log entries are cleaned up with them. :attr:`ControlTables.scans`
+counts what was read, so tests can prove a tick's reads do not grow with history.
 """
 
+import contextlib
+import dataclasses
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -27,18 +40,81 @@ T = TypeVar("T")
 # A commit decided against version v must land as v + 1, or not at all.
 _CAS = CommitProperties(max_commit_retries=0)
 
+# A bucket is compacted into one file once a commit leaves it with more files than this.
+COMPACT_AT = 12
+
+# Delta table properties of the control tables: a checkpoint every 20 commits (a load
+# replays at most 20 commit files), and log entries older than a day removed when a
+# checkpoint is written, so the log folder a load lists stays small. Nothing reads the
+# control tables' older versions: ``history`` is the audit trail.
+CHECKPOINT_EVERY = 20
+PROPERTIES = {
+    "delta.checkpointInterval": str(CHECKPOINT_EVERY),
+    "delta.logRetentionDuration": "interval 1 days",
+    "delta.enableExpiredLogCleanup": "true",
+}
+
+_BUCKET = "bucket"
+
 
 def arrow_table(table: str, rows: list[dict[str, Any]], columns: Sequence[str] = ()) -> pa.Table:
-    """``rows`` in the schema of control table ``table`` (only ``columns`` when given)."""
+    """``rows`` in the schema of control table ``table`` (only ``columns`` when given).
+
+    Rows of a bucketed table get their ``bucket`` from their ``batch_id`` unless they
+    carry one, so no caller computes it.
+    """
     table_schema = schema.TABLES[table]
+    if table in schema.BUCKETED and (not columns or _BUCKET in columns):
+        rows = [
+            r if _BUCKET in r else {**r, _BUCKET: schema.bucket_of(r.get("batch_id"))} for r in rows
+        ]
     if columns:
         table_schema = pa.schema([f for f in table_schema if f.name in set(columns)])
     return pa.Table.from_pylist(rows, schema=table_schema)
 
 
-def _on(keys: Sequence[str]) -> str:
-    # Column names are the fixed control schema's, never user input.
-    return " AND ".join(f"t.{k} = s.{k}" for k in keys)
+def _buckets_of(table: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[int]:
+    """The buckets ``rows`` of ``table`` live in (none for an unbucketed table)."""
+    if table not in schema.BUCKETED:
+        return frozenset()
+    return frozenset(
+        r[_BUCKET] if _BUCKET in r else schema.bucket_of(r.get("batch_id")) for r in rows
+    )
+
+
+def _on(keys: Sequence[str], buckets: frozenset[int] = frozenset()) -> str:
+    """A merge predicate matching ``keys``, limited to ``buckets`` so the merge opens only
+    their files. Column names are the fixed control schema's and buckets are integers:
+    never user input."""
+    terms = [f"t.{k} = s.{k}" for k in keys]
+    if buckets:
+        terms.insert(0, f"t.{_BUCKET} IN ({', '.join(str(int(b)) for b in sorted(buckets))})")
+    return " AND ".join(terms)
+
+
+@dataclasses.dataclass
+class ScanStats:
+    """What the store read since it was created (or since :meth:`reset`).
+
+    ``files`` and ``rows`` count the data files opened and the rows read from them, before
+    any filtering in memory; ``loads`` counts tables loaded from scratch and ``refreshes``
+    cached handles brought up to date; ``commits`` counts commits this store made.
+    """
+
+    files: int = 0
+    rows: int = 0
+    loads: int = 0
+    refreshes: int = 0
+    commits: int = 0
+
+    def reset(self) -> None:
+        """Start counting from zero."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts as a mapping."""
+        return dataclasses.asdict(self)
 
 
 class ControlTables:
@@ -63,7 +139,12 @@ class ControlTables:
         self.root = root_str.rstrip("/")
         self.storage_options = dict(storage_options) if storage_options else None
         self.max_commit_attempts = max_commit_attempts
+        self.scans = ScanStats()
+        # table -> rows rewritten into the bucketed layout by this process (see ensure_tables)
+        self.migrated: dict[str, int] = {}
         self._ensured = False
+        self._handles: dict[str, DeltaTable] = {}
+        self._touched: dict[str, set[int]] = {}
 
     def uri(self, table: str) -> str:
         """Location of one control table."""
@@ -72,20 +153,28 @@ class ControlTables:
     # ---------------------------------------------------------------- creation, migration
 
     def ensure_tables(self) -> None:
-        """Create the control tables that do not exist yet (safe to call concurrently)."""
+        """Create the control tables that do not exist yet, and bring tables written by an
+        older release up to the current layout (safe to call concurrently; once per store).
+
+        A table written before the ``bucket`` partitioning is rewritten in place in one
+        compare-and-swap commit (every row kept, its bucket derived from its batch id):
+        :attr:`migrated` tells how many rows each rewritten table held.
+        """
         if self._ensured:
             return
         for name, table_schema in schema.TABLES.items():
             uri = self.uri(name)
             if DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
-                self._add_missing_columns(uri, table_schema)
+                self._upgrade(name, table_schema)
                 continue
             try:
                 DeltaTable.create(
                     uri,
                     table_schema,
                     mode="ignore",
+                    partition_by=[_BUCKET] if name in schema.BUCKETED else None,
                     name=f"watermark_{name}",
+                    configuration=PROPERTIES,
                     storage_options=self.storage_options,
                 )
             except DeltaError:
@@ -94,10 +183,43 @@ class ControlTables:
                     raise
         self._ensured = True
 
-    def _add_missing_columns(self, uri: str, table_schema: pa.Schema) -> None:
+    def _upgrade(self, name: str, table_schema: pa.Schema) -> None:
+        """Bring one existing control table to the current layout and properties."""
+        dt = self._handle(name)
+        if name in schema.BUCKETED and _BUCKET not in dt.metadata().partition_columns:
+            self.migrated[name] = self._cas(
+                name, lambda dt: self._repartition(dt, name), ensure=False
+            )
+            dt = self._handle(name)
+        self._add_missing_columns(dt, table_schema)
+        config = dt.metadata().configuration
+        if any(config.get(k) != v for k, v in PROPERTIES.items()):
+            # A concurrent process may set them first: the same values.
+            with contextlib.suppress(DeltaError):
+                dt.alter.set_table_properties(PROPERTIES, raise_if_not_exists=False)
+
+    def _repartition(self, dt: DeltaTable, name: str) -> int:
+        """Rewrite table ``name`` (as of ``dt``) partitioned by ``bucket``, every row kept,
+        as the version right after ``dt`` (inside :meth:`_cas`). Returns the rows
+        rewritten, 0 when a concurrent process already did it."""
+        if _BUCKET in dt.metadata().partition_columns:
+            return 0
+        rows = dt.to_pyarrow_dataset().to_table().to_pylist()
+        self.scans.rows += len(rows)
+        write_deltalake(
+            dt,
+            arrow_table(name, rows),
+            mode="overwrite",
+            schema_mode="overwrite",
+            partition_by=[_BUCKET],
+            commit_properties=_CAS,
+        )
+        self.scans.commits += 1
+        return len(rows)
+
+    def _add_missing_columns(self, dt: DeltaTable, table_schema: pa.Schema) -> None:
         """Bring a control table written by an older release up to the current schema
         (new columns are nullable, so old rows read as NULL)."""
-        dt = DeltaTable(uri, storage_options=self.storage_options)
         have = {f.name for f in dt.schema().fields}
         missing = [f for f in table_schema if f.name not in have]
         if not missing:
@@ -106,71 +228,185 @@ class ControlTables:
             dt.alter.add_columns([DeltaField.from_arrow(f) for f in missing])
         except DeltaError:
             # A concurrent process added them first.
-            dt = DeltaTable(uri, storage_options=self.storage_options)
+            dt = DeltaTable(dt.table_uri, storage_options=self.storage_options)
             if any(f.name not in {g.name for g in dt.schema().fields} for f in missing):
                 raise
 
     # ---------------------------------------------------------------- reads
 
+    def _handle(self, table: str) -> DeltaTable:
+        """This store's handle on ``table``, brought up to its latest version (loaded from
+        scratch the first time, or when refreshing it fails, e.g. after log cleanup)."""
+        dt = self._handles.get(table)
+        if dt is not None:
+            try:
+                dt.update_incremental()
+                self.scans.refreshes += 1
+                return dt
+            except DeltaError:
+                pass
+        dt = DeltaTable(self.uri(table), storage_options=self.storage_options)
+        self.scans.loads += 1
+        self._handles[table] = dt
+        return dt
+
     def _load(self, table: str) -> DeltaTable:
         self.ensure_tables()
-        return DeltaTable(self.uri(table), storage_options=self.storage_options)
+        return self._handle(table)
 
     def table_version(self, table: str) -> int:
         """Current Delta version of one control table (used to prove nothing was written)."""
         return self._load(table).version()
 
-    @staticmethod
-    def _arrow(dt: DeltaTable, columns: list[str] | None = None) -> pa.Table:
-        """The table as of ``dt``'s version, in the control schema.
+    def _scan(
+        self,
+        dt: DeltaTable,
+        prune: pc.Expression | None = None,
+        columns: list[str] | None = None,
+    ) -> pa.Table:
+        """The rows of the data files of ``dt`` that ``prune`` may match, in the control
+        schema (only ``columns`` when given).
 
-        Files written by delta-rs merges may carry ``string_view`` columns; casting to the
-        declared schema keeps filters and comparisons uniform.
+        ``prune`` selects files by partition value and per-file statistics; rows are not
+        filtered here (see :meth:`_rows`). Files written by delta-rs merges may carry
+        ``string_view`` columns, so filters run after the cast to the declared schema.
         """
         name = Path(dt.table_uri.rstrip("/")).name
         table_schema = schema.TABLES[name]
         if columns is not None:
             table_schema = pa.schema([table_schema.field(c) for c in columns])
-        return dt.to_pyarrow_dataset().to_table(columns=columns).cast(table_schema)
+        if dt.version() < 0:  # a table that does not exist yet (read-only stores)
+            return table_schema.empty_table()
+        dataset = dt.to_pyarrow_dataset()
+        fragments = list(dataset.get_fragments(filter=prune))
+        self.scans.files += len(fragments)
+        if not fragments:
+            return table_schema.empty_table()
+        chosen = pads.FileSystemDataset(
+            fragments, schema=dataset.schema, format=dataset.format, filesystem=dataset.filesystem
+        )
+        found = chosen.to_table(columns=columns)
+        self.scans.rows += found.num_rows
+        for field in table_schema:
+            if field.name not in found.column_names:
+                # A table of an older release, read without upgrading it (read-only stores).
+                found = found.append_column(field, pa.nulls(found.num_rows, field.type))
+        return found.select(table_schema.names).cast(table_schema)
 
-    @classmethod
-    def _rows(cls, dt: DeltaTable, filter_: pc.Expression | None = None) -> list[dict[str, Any]]:
-        table = cls._arrow(dt)
+    @staticmethod
+    def _bucketed(dt: DeltaTable) -> bool:
+        """Whether ``dt`` has the ``bucket`` layout (an older release's table has not)."""
+        return dt.version() >= 0 and _BUCKET in dt.metadata().partition_columns
+
+    def _rows(
+        self,
+        dt: DeltaTable,
+        filter_: pc.Expression | None = None,
+        *,
+        buckets: Iterable[int] | None = None,
+        prune: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Rows matching ``filter_`` (all when None), read from ``buckets`` only when given.
+
+        ``filter_`` also prunes files by statistics unless ``prune`` is False (for
+        expressions statistics cannot decide, like substring matches).
+        """
+        terms = filter_ if prune else None
+        if buckets is not None and self._bucketed(dt):
+            in_buckets = pc.field(_BUCKET).isin(sorted(set(buckets)))
+            terms = in_buckets if terms is None else in_buckets & terms
+        table = self._scan(dt, terms)
         if filter_ is not None:
             table = table.filter(filter_)
+        if _BUCKET in table.column_names:
+            table = table.drop_columns([_BUCKET])
         return table.to_pylist()
 
-    @classmethod
-    def _next_seq(cls, dt: DeltaTable) -> int:
-        """The sequence number after the highest in ``batches`` as of ``dt``."""
-        return max(cls._arrow(dt, ["seq"])["seq"].to_pylist(), default=0) + 1
+    def _buckets(self, dt: DeltaTable) -> list[int]:
+        """The buckets that hold rows in ``dt``, newest first (from the log, no data read)."""
+        if not self._bucketed(dt):
+            # Nothing yet, or an older release's table read as it is: one read of it all.
+            return [0] if dt.version() >= 0 else []
+        return sorted({int(p[_BUCKET]) for p in dt.partitions()}, reverse=True)
+
+    def _rows_newest_first(
+        self,
+        dt: DeltaTable,
+        filter_: pc.Expression | None = None,
+        *,
+        enough: Callable[[list[dict[str, Any]]], bool],
+        floor: int = schema.NO_BATCH_BUCKET + 1,
+    ) -> list[dict[str, Any]]:
+        """Rows matching ``filter_``, reading one bucket at a time from the newest (not
+        below ``floor``) until ``enough`` says the rows found so far suffice."""
+        found: list[dict[str, Any]] = []
+        for bucket in self._buckets(dt):
+            if bucket < floor:
+                break
+            found.extend(self._rows(dt, filter_, buckets=[bucket]))
+            if enough(found):
+                break
+        return found
+
+    def _next_seq(self, dt: DeltaTable) -> int:
+        """The sequence number after the highest in ``batches`` as of ``dt`` (reads the
+        newest bucket only)."""
+        buckets = self._buckets(dt)
+        if not buckets:
+            return 1
+        newest = pc.field(_BUCKET) == buckets[0] if self._bucketed(dt) else None
+        seqs = self._scan(dt, newest, ["seq"])["seq"].to_pylist()
+        return max(seqs, default=0) + 1
 
     # ---------------------------------------------------------------- writes
 
-    def _cas(self, table: str, decide_and_commit: Callable[[DeltaTable], T]) -> T:
+    def _cas(
+        self, table: str, decide_and_commit: Callable[[DeltaTable], T], *, ensure: bool = True
+    ) -> T:
         """Run ``decide_and_commit`` against the latest version until its commit lands.
 
         ``decide_and_commit`` commits with :meth:`_insert`, :meth:`_merge` or
-        :meth:`_clear`, which all refuse to land anywhere but right after ``dt``.
+        :meth:`_clear`, which all refuse to land anywhere but right after ``dt``. The
+        buckets the commit touched are tidied afterwards (:meth:`_tidy`). ``ensure`` False
+        is for the upgrade inside :meth:`ensure_tables` itself.
         """
+        if ensure:
+            self.ensure_tables()
         for attempt in range(self.max_commit_attempts):
-            dt = self._load(table)
+            dt = self._handle(table)
+            self._touched.pop(table, None)
             try:
-                return decide_and_commit(dt)
+                result = decide_and_commit(dt)
             except CommitFailedError:
                 time.sleep(random.uniform(0.005, 0.05) * min(attempt + 1, 8))
+                continue
+            self._tidy(table)
+            return result
         raise CommitConflictError(
             f"Control table '{table}' under {self.root}: {self.max_commit_attempts} commits in a "
             "row lost to concurrent writers.",
             fix="check for a runaway process writing the control tables, then retry.",
         )
 
+    def _committed(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Note a commit to ``table`` touching the buckets of ``rows``."""
+        self.scans.commits += 1
+        self._touched.setdefault(table, set()).update(_buckets_of(table, rows))
+
     def _append(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Blind append (history): never conflicts, delta-rs retries it itself."""
         if not rows:
             return
         data = arrow_table(table, rows)
-        write_deltalake(self.uri(table), data, mode="append", storage_options=self.storage_options)
+        write_deltalake(
+            self.uri(table),
+            data,
+            mode="append",
+            partition_by=[_BUCKET] if table in schema.BUCKETED else None,
+            storage_options=self.storage_options,
+        )
+        self._committed(table, rows)
+        self._tidy(table)
 
     def append_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Append ``rows`` (built by :mod:`watermark_dagster.store.codec`) to control table
@@ -179,13 +415,19 @@ class ControlTables:
         self.ensure_tables()
         self._append(table, rows)
 
-    @staticmethod
-    def _insert(dt: DeltaTable, table: str, rows: list[dict[str, Any]]) -> None:
+    def _insert(self, dt: DeltaTable, table: str, rows: list[dict[str, Any]]) -> None:
         """Append ``rows`` as the version right after ``dt`` (inside :meth:`_cas`)."""
-        write_deltalake(dt, arrow_table(table, rows), mode="append", commit_properties=_CAS)
+        write_deltalake(
+            dt,
+            arrow_table(table, rows),
+            mode="append",
+            partition_by=[_BUCKET] if table in schema.BUCKETED else None,
+            commit_properties=_CAS,
+        )
+        self._committed(table, rows)
 
-    @staticmethod
     def _merge(
+        self,
         dt: DeltaTable,
         table: str,
         rows: list[dict[str, Any]],
@@ -196,12 +438,12 @@ class ControlTables:
     ) -> None:
         """Update the rows matching ``rows`` on the ``on`` columns (only ``columns``, else
         every other column ``rows`` has), and insert the others when ``insert`` (``rows``
-        then have every column); inside :meth:`_cas`."""
+        then have every column); inside :meth:`_cas`. Opens only the buckets of ``rows``."""
         source = arrow_table(table, rows, list(rows[0]))
         updated = [c for c in rows[0] if c not in on] if columns is None else list(columns)
         merger = dt.merge(
             source,
-            predicate=_on(on),
+            predicate=_on(on, _buckets_of(table, rows)),
             source_alias="s",
             target_alias="t",
             commit_properties=_CAS,
@@ -209,16 +451,16 @@ class ControlTables:
         if insert:
             merger = merger.when_not_matched_insert_all()
         merger.execute()
+        self._committed(table, rows)
 
-    @staticmethod
-    def _clear(dt: DeltaTable, table: str, key: Mapping[str, Any], column: str) -> None:
+    def _clear(self, dt: DeltaTable, table: str, key: Mapping[str, Any], column: str) -> None:
         """Set string ``column`` to NULL in the rows equal to ``key`` (which may include
         ``column``: cleared only while it still holds that value); inside :meth:`_cas`."""
         source = arrow_table(table, [dict(key)], list(key))
         (
             dt.merge(
                 source,
-                predicate=_on(list(key)),
+                predicate=_on(list(key), _buckets_of(table, [key])),
                 source_alias="s",
                 target_alias="t",
                 commit_properties=_CAS,
@@ -226,15 +468,39 @@ class ControlTables:
             .when_matched_update({column: "CAST(NULL AS STRING)"})
             .execute()
         )
+        self._committed(table, [key])
 
     # ---------------------------------------------------------------- upkeep
+
+    def _tidy(self, table: str) -> None:
+        """Compact each bucket (or the whole unbucketed table) the last commit to ``table``
+        touched once it holds more than :data:`COMPACT_AT` files. A compaction that loses
+        to a concurrent writer is skipped: the next commit tries again."""
+        touched = self._touched.pop(table, set())
+        if table not in schema.BUCKETED:
+            touched = {schema.NO_BATCH_BUCKET}
+        dt = self._handle(table)
+        for bucket in sorted(touched):
+            if table in schema.BUCKETED:
+                in_bucket = pc.field(_BUCKET) == bucket
+                files = len(list(dt.to_pyarrow_dataset().get_fragments(in_bucket)))
+                where = [(_BUCKET, "=", str(bucket))]
+            else:
+                files, where = len(dt.file_uris()), None
+            if files <= COMPACT_AT:
+                continue
+            try:
+                dt.optimize.compact(partition_filters=where)
+                self.scans.commits += 1
+            except DeltaError:
+                pass
 
     def maintain(self, *, vacuum_retention_hours: int = 168) -> dict[str, int]:
         """Compact each control table's small files, checkpoint its log and vacuum files
         older than the retention (7 days by default, Delta's own minimum).
 
-        Every state change adds a small file; without this, reads slow down as history
-        grows. Safe while other writers run: their compare-and-swap retries absorb it.
+        Commits keep each bucket compacted as they go (:meth:`_tidy`), so this is only
+        needed to delete the files compaction replaced; safe while other writers run.
 
         Returns:
             table -> files removed by compaction.
@@ -246,8 +512,9 @@ class ControlTables:
             removed[name] = int(metrics.get("numFilesRemoved", 0))
             dt = self._load(name)
             dt.create_checkpoint()
+            dt.cleanup_metadata()
             dt.vacuum(retention_hours=vacuum_retention_hours, dry_run=False)
         return removed
 
 
-__all__ = ["ControlTables", "arrow_table"]
+__all__ = ["ControlTables", "ScanStats", "arrow_table"]
