@@ -1,6 +1,8 @@
 """The watermark store on real delta-rs tables: atomic plans, exactly-once advances, races."""
 
+import json
 import multiprocessing
+import tarfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +17,7 @@ from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import CursorWindow, ReadMode
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus, WatermarkHow
 from watermark_dagster.errors import BatchStateError, WatermarkGapError, WatermarkRegressionError
-from watermark_dagster.store import WatermarkStore, schema
+from watermark_dagster.store import ReadOnlyWatermarkStore, WatermarkStore, schema
 
 PIPELINES = {"pipeline_a": ["up1", "up2"], "pipeline_b": ["up2", "up3"]}
 
@@ -325,3 +327,90 @@ def test_control_tables_from_before_a_new_column_are_migrated(tmp_path: Path) ->
     store.set_watermark("up1", 6, how=WatermarkHow.MANUAL_SET, actor="op")
     assert store.committed_versions() == {"up1": 6}
     assert _manual_rows(store) == [("4", "6")]
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _old_root(tmp_path: Path) -> Path:
+    """A control root written by the release before bucket partitioning (f6eca82): three
+    completed batches, a manual set, an open batch with one RUNNING checkpoint. Made by
+    fixtures/make_control_root_before_buckets.py run with that release's package."""
+    with tarfile.open(FIXTURES / "control_root_before_buckets.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    return tmp_path / "control"
+
+
+def test_a_root_written_before_buckets_is_read_as_it_is_by_a_read_only_store(
+    tmp_path: Path,
+) -> None:
+    root = _old_root(tmp_path)
+    versions = {t: DeltaTable(str(root / t)).version() for t in schema.TABLES}
+    store = ReadOnlyWatermarkStore(root)
+    assert [b.batch_id for b in store.batches()] == ["b000004", "b000003", "b000002", "b000001"]
+    assert store.get_batch("b000002").status is BatchStatus.COMPLETED
+    assert store.committed_versions() == {"up1": 5, "up2": 4}
+    assert {t: DeltaTable(str(root / t)).version() for t in schema.TABLES} == versions
+
+
+def test_a_root_written_before_buckets_is_upgraded_on_first_use(tmp_path: Path) -> None:
+    root = _old_root(tmp_path)
+    before = {t: DeltaTable(str(root / t)).to_pyarrow_table().num_rows for t in schema.TABLES}
+    store = WatermarkStore(root)
+    assert [b.batch_id for b in store.batches()] == ["b000004", "b000003", "b000002", "b000001"]
+    for table in schema.BUCKETED:
+        dt = DeltaTable(str(root / table))
+        assert dt.metadata().partition_columns == ["bucket"], table
+        added = 3 if table == "history" else 0  # the upgrade's own audit rows
+        assert dt.to_pyarrow_table().num_rows == before[table] + added, table
+    upgraded = [r for r in store.history() if r["event"] == "CONTROL_TABLE_UPGRADED"]
+    assert sorted(json.loads(r["detail"])["table"] for r in upgraded) == sorted(schema.BUCKETED)
+    # Every record reads back as the old release wrote it, and the state goes on.
+    assert store.committed_versions() == {"up1": 5, "up2": 4}
+    assert [b.status for b in store.batches()] == [BatchStatus.PLANNED] + [
+        BatchStatus.COMPLETED
+    ] * 3
+    assert [c.status for c in store.checkpoints(batch_id="b000004")] == [CheckpointStatus.RUNNING]
+    assert store.newest_success("pipe_a") == "b000003"
+    assert [r["event"] for r in store.history(upstream="up1") if r["event"] == "WATERMARK_SET"]
+    open_batch = store.open_batch()
+    assert open_batch is not None
+    assert open_batch.batch_id == "b000004"
+    store.finish_checkpoint("pipe_a", "b000004", 1, CheckpointStatus.SUCCESS)
+    assert store.advance_many(open_batch, ["up1", "up2"], actor="new") == {
+        "up1": AdvanceDecision.ADVANCE,
+        "up2": AdvanceDecision.ADVANCE,
+    }
+    assert store.set_batch_status("b000004", BatchStatus.COMPLETED, actor="new")
+    assert store.committed_versions() == {"up1": 7, "up2": 9}
+    nxt, created = store.create_batch(
+        [UpstreamPosition("up1", 8, None), UpstreamPosition("up2", 9, None)],
+        {"pipe_a": ["up1", "up2"]},
+        actor="new",
+    )
+    assert created
+    assert nxt is not None
+    assert nxt.seq == 5
+    # A second process finds nothing left to upgrade.
+    again = WatermarkStore(root)
+    again.ensure_tables()
+    assert again.migrated == {}
+    assert len([r for r in again.history() if r["event"] == "CONTROL_TABLE_UPGRADED"]) == 3
+
+
+def _upgrade(root: str) -> dict[str, int]:
+    store = WatermarkStore(root)
+    store.ensure_tables()
+    return {t: n for t, n in store.migrated.items() if n}
+
+
+def test_concurrent_upgrades_rewrite_each_table_once(tmp_path: Path, pool) -> None:
+    root = _old_root(tmp_path)
+    before = {t: DeltaTable(str(root / t)).to_pyarrow_table().num_rows for t in schema.BUCKETED}
+    results = pool.map(_upgrade, [str(root)] * 3)
+    rewritten = [t for result in results for t in result]
+    assert sorted(rewritten) == sorted(schema.BUCKETED)  # each table by exactly one process
+    store = WatermarkStore(root)
+    for table in ("batches", "pipeline_checkpoints"):
+        assert DeltaTable(str(root / table)).to_pyarrow_table().num_rows == before[table]
+    assert len([r for r in store.history() if r["event"] == "CONTROL_TABLE_UPGRADED"]) == 3

@@ -28,8 +28,10 @@ def stuck_batches(store: "WatermarkStore", batches: Sequence[Batch]) -> dict[str
     if not open_ids:
         return {}
     found: dict[str, dict[str, Any]] = {}
-    for row in store.history():
-        if row["event"] != "BATCH_STUCK" or row["batch_id"] not in open_ids:
+    # One bucket per open batch is read, not the whole history.
+    rows = [r for batch_id in sorted(open_ids) for r in store.history(batch_id=batch_id)]
+    for row in sorted(rows, key=lambda r: r["at"]):
+        if row["event"] != "BATCH_STUCK":
             continue
         detail: object = json.loads(row["detail"]) if row.get("detail") else {}
         fields = cast("dict[str, Any]", detail) if isinstance(detail, dict) else {}

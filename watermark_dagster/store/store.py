@@ -112,7 +112,6 @@ class WatermarkStore(ControlTables):
                     actor=None,
                     detail={"table": table, "rows": rows, "layout": "partitioned by bucket"},
                 )
-        self.migrated.clear()
 
     # ---------------------------------------------------------------- history
 
@@ -261,15 +260,18 @@ class WatermarkStore(ControlTables):
             )
         return codec.batches(rows)[0]
 
-    def batches(self, *, limit: int | None = None) -> list[Batch]:
-        """All batches, newest first (``limit`` keeps the newest N, reading only the newest
-        buckets that hold them)."""
+    def batches(
+        self, *, limit: int | None = None, status: BatchStatus | None = None
+    ) -> list[Batch]:
+        """All batches (only those with ``status`` when given), newest first. ``limit``
+        keeps the newest N and reads only the newest buckets that hold them."""
         dt = self._load(_BATCHES)
+        key = _where(status=None if status is None else status.value)
         if limit is None:
-            rows = self._rows(dt)
+            rows = self._rows(dt, key)
         else:
             rows = self._rows_newest_first(
-                dt, enough=lambda found: len({r["batch_id"] for r in found}) >= limit
+                dt, key, enough=lambda found: len({r["batch_id"] for r in found}) >= limit
             )
         found = codec.batches(rows)
         found.reverse()

@@ -287,10 +287,15 @@ class ControlTables:
         )
         found = chosen.to_table(columns=columns)
         self.scans.rows += found.num_rows
-        for field in table_schema:
-            if field.name not in found.column_names:
-                # A table of an older release, read without upgrading it (read-only stores).
-                found = found.append_column(field, pa.nulls(found.num_rows, field.type))
+        missing = [f.name for f in table_schema if f.name not in found.column_names]
+        if missing:
+            # A table of an older release, read without upgrading it (read-only stores):
+            # its missing columns (the bucket too) read as NULL.
+            for i, name in enumerate(table_schema.names):
+                if name in missing:
+                    field = table_schema.field(name).with_nullable(True)
+                    table_schema = table_schema.set(i, field)
+                    found = found.append_column(field, pa.nulls(found.num_rows, field.type))
         return found.select(table_schema.names).cast(table_schema)
 
     @staticmethod

@@ -118,7 +118,7 @@ def cmd_demo(ctx: Context) -> int:
         runner = HeadlessRunner(ctx.defs, DagsterInstance.get(), log=quiet, run_log_level="WARNING")
         report = runner.run_until_idle()
         batches = list(report.completed)
-        start = max((b.seq for b in ctx.store.batches()), default=0)
+        start = max((b.seq for b in ctx.store.batches(limit=1)), default=0)
         for n in range(args.rounds):
             commits = apply_round(spark, paths, start + n + 1)
             out(f"round {n + 1}: committed {commits} new upstream versions")

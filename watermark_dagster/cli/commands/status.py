@@ -182,9 +182,9 @@ def cmd_get(ctx: Context) -> int:
     name = ctx.upstream(ctx.args.table).name
     [row] = [r for r in status_rows(ctx) if r["upstream"] == name]
     mark = ctx.read_store.committed().get(name)
-    history = ctx.read_store.history(upstream=name)
-    if not ctx.args.history:
-        history = history[-RECENT_HISTORY:]
+    # The recent rows read the newest buckets only; --history reads the whole audit.
+    limit = None if ctx.args.history else RECENT_HISTORY
+    history = ctx.read_store.history(upstream=name, limit=limit)
     out = {
         **row,
         "path": ctx.registry.upstreams[name].path,
