@@ -197,11 +197,18 @@ def observe_registry(
     runnable = {
         p: ups for p, ups in registry.pipeline_inputs().items() if all(u in observed for u in ups)
     }
+
+    def first_load(pipeline: str) -> bool:
+        state = observer.target_state(registry.pipelines[pipeline])
+        # Only an empty target needs to know whether the pipeline ever succeeded (a read
+        # of the checkpoints), so a tick asks it for no pipeline in the usual case.
+        return needs_first_load(state, state == TargetState.EMPTY and ever_succeeded(pipeline))
+
     bootstrap = tuple(
         p
         for p in runnable
         if all(registry.upstreams[u].start_from == "beginning" for u in runnable[p])
-        and needs_first_load(observer.target_state(registry.pipelines[p]), ever_succeeded(p))
+        and first_load(p)
     )
     overwrite = tuple(p for p in runnable if registry.pipelines[p].write is WriteMode.OVERWRITE)
     return RegistryObservation(

@@ -75,14 +75,9 @@ _CHECKPOINTS = "pipeline_checkpoints"
 _HISTORY = "history"
 
 
-def _where(**values: Any) -> pc.Expression | None:
-    """Rows whose columns equal ``values`` (None values are left out of the filter)."""
-    filter_: pc.Expression | None = None
-    for column, value in values.items():
-        if value is not None:
-            term = pc.field(column) == value
-            filter_ = term if filter_ is None else filter_ & term
-    return filter_
+def _where(**values: Any) -> dict[str, Any]:
+    """Rows whose columns equal ``values`` (None values are left out)."""
+    return {column: value for column, value in values.items() if value is not None}
 
 
 class WatermarkStore(ControlTables):
@@ -151,7 +146,7 @@ class WatermarkStore(ControlTables):
             ids = sorted({r["batch_id"] for r in rows})
             there = {
                 (r["event"], r["batch_id"], r["upstream"])
-                for r in self._rows(dt, pc.field("batch_id").isin(ids), buckets=buckets)
+                for r in self._rows(dt, {"batch_id": ids}, buckets=buckets)
             }
             todo = [r for r in rows if (r["event"], r["batch_id"], r.get("upstream")) not in there]
             if todo:
@@ -160,12 +155,13 @@ class WatermarkStore(ControlTables):
 
         return self._cas(_HISTORY, decide)
 
-    def _append_once(self, row: dict[str, Any], key: pc.Expression) -> bool:
-        """Append ``row`` (of no batch) unless a row matching ``key`` is in its bucket."""
+    def _append_once(self, row: dict[str, Any], key: dict[str, Any], also: pc.Expression) -> bool:
+        """Append ``row`` (of no batch) unless a row matching ``key`` and ``also`` is in
+        its bucket."""
         self.ensure_tables()
 
         def decide(dt: DeltaTable) -> bool:
-            if self._rows(dt, key, buckets=[NO_BATCH_BUCKET], prune=False):
+            if self._rows(dt, key, buckets=[NO_BATCH_BUCKET], also=also):
                 return False
             self._insert(dt, _HISTORY, [row])
             return True
@@ -187,12 +183,9 @@ class WatermarkStore(ControlTables):
 
     def _flush_one(self, upstream: str, pending: str) -> int:
         row, change_id = codec.pending_row(pending)
-        key = (
-            (pc.field("event") == row["event"])
-            & (pc.field("upstream") == upstream)
-            & pc.match_substring(pc.field("detail"), change_id)  # pyright: ignore[reportAttributeAccessIssue]
-        )
-        wrote = self._append_once(row, key)
+        key = {"event": row["event"], "upstream": upstream}
+        same_change = pc.match_substring(pc.field("detail"), change_id)  # pyright: ignore[reportAttributeAccessIssue]
+        wrote = self._append_once(row, key, same_change)
         self._cas(
             _WATERMARKS,
             lambda dt: self._clear(
@@ -846,9 +839,7 @@ class WatermarkStore(ControlTables):
             ids = sorted({r["batch_id"] for r in found_rows})
             if not ids:
                 continue
-            scheduled = pc.field("batch_id").isin(ids) & (
-                pc.field("kind") == BatchKind.SCHEDULED.value
-            )
+            scheduled = {"batch_id": ids, "kind": BatchKind.SCHEDULED.value}
             found = codec.batches(self._rows(batches, scheduled, buckets=[bucket]))
             if found:
                 return found[-1]

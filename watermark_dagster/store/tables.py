@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -44,13 +43,15 @@ _CAS = CommitProperties(max_commit_retries=0)
 COMPACT_AT = 12
 
 # Delta table properties of the control tables: a checkpoint every 20 commits (a load
-# replays at most 20 commit files), and log entries older than a day removed when a
-# checkpoint is written, so the log folder a load lists stays small. Nothing reads the
-# control tables' older versions: ``history`` is the audit trail.
+# replays at most 20 commit files), and log entries older than an hour removed when a
+# checkpoint is written, so the log folder a load or refresh lists stays small (listing
+# it is most of their cost). Nothing reads the control tables' older versions: a
+# compare-and-swap decides and commits within milliseconds, a handle that fell behind the
+# cleanup is loaded again, and ``history`` is the audit trail.
 CHECKPOINT_EVERY = 20
 PROPERTIES = {
     "delta.checkpointInterval": str(CHECKPOINT_EVERY),
-    "delta.logRetentionDuration": "interval 1 days",
+    "delta.logRetentionDuration": "interval 1 hours",
     "delta.enableExpiredLogCleanup": "true",
 }
 
@@ -261,15 +262,15 @@ class ControlTables:
     def _scan(
         self,
         dt: DeltaTable,
-        prune: pc.Expression | None = None,
+        predicate: list[tuple[str, str, Any]] | None = None,
         columns: list[str] | None = None,
     ) -> pa.Table:
-        """The rows of the data files of ``dt`` that ``prune`` may match, in the control
-        schema (only ``columns`` when given).
+        """The rows of the data files of ``dt`` that ``predicate`` may match, in the
+        control schema (only ``columns`` when given).
 
-        ``prune`` selects files by partition value and per-file statistics; rows are not
-        filtered here (see :meth:`_rows`). Files written by delta-rs merges may carry
-        ``string_view`` columns, so filters run after the cast to the declared schema.
+        ``predicate`` (delta-rs tuple filters) selects files by partition value and
+        per-file statistics inside delta-rs, so the cost is that of the files chosen, not
+        of every file in the table; rows are not filtered here (see :meth:`_rows`).
         """
         name = Path(dt.table_uri.rstrip("/")).name
         table_schema = schema.TABLES[name]
@@ -277,25 +278,23 @@ class ControlTables:
             table_schema = pa.schema([table_schema.field(c) for c in columns])
         if dt.version() < 0:  # a table that does not exist yet (read-only stores)
             return table_schema.empty_table()
-        dataset = dt.to_pyarrow_dataset()
-        fragments = list(dataset.get_fragments(filter=prune))
-        self.scans.files += len(fragments)
-        if not fragments:
+        dataset = dt.to_pyarrow_dataset(file_pruning_predicate=predicate or None)
+        self.scans.files += len(dataset.files)
+        if not dataset.files:
             return table_schema.empty_table()
-        chosen = pads.FileSystemDataset(
-            fragments, schema=dataset.schema, format=dataset.format, filesystem=dataset.filesystem
-        )
-        found = chosen.to_table(columns=columns)
+        found = dataset.to_table(columns=columns)
         self.scans.rows += found.num_rows
         missing = [f.name for f in table_schema if f.name not in found.column_names]
         if missing:
             # A table of an older release, read without upgrading it (read-only stores):
             # its missing columns (the bucket too) read as NULL.
-            for i, name in enumerate(table_schema.names):
-                if name in missing:
-                    field = table_schema.field(name).with_nullable(True)
+            for i, column in enumerate(table_schema.names):
+                if column in missing:
+                    field = table_schema.field(column).with_nullable(True)
                     table_schema = table_schema.set(i, field)
                     found = found.append_column(field, pa.nulls(found.num_rows, field.type))
+        # Files written by delta-rs merges may carry ``string_view`` columns: filters run
+        # after this cast to the declared schema.
         return found.select(table_schema.names).cast(table_schema)
 
     @staticmethod
@@ -306,23 +305,35 @@ class ControlTables:
     def _rows(
         self,
         dt: DeltaTable,
-        filter_: pc.Expression | None = None,
+        match: Mapping[str, Any] | None = None,
         *,
         buckets: Iterable[int] | None = None,
-        prune: bool = True,
+        also: pc.Expression | None = None,
     ) -> list[dict[str, Any]]:
-        """Rows matching ``filter_`` (all when None), read from ``buckets`` only when given.
+        """Rows whose columns equal ``match`` (a list value: any of its values), read
+        from ``buckets`` only when given, and matching ``also`` (an expression statistics
+        cannot decide, like a substring match) when given.
 
-        ``filter_`` also prunes files by statistics unless ``prune`` is False (for
-        expressions statistics cannot decide, like substring matches).
+        ``match`` and ``buckets`` choose the files to open; every row read is then
+        filtered exactly.
         """
-        terms = filter_ if prune else None
+        match = dict(match or {})
+        predicate: list[tuple[str, str, Any]] = []
         if buckets is not None and self._bucketed(dt):
-            in_buckets = pc.field(_BUCKET).isin(sorted(set(buckets)))
-            terms = in_buckets if terms is None else in_buckets & terms
-        table = self._scan(dt, terms)
-        if filter_ is not None:
-            table = table.filter(filter_)
+            predicate.append((_BUCKET, "in", sorted(set(buckets))))
+        exact = also
+        for column, value in match.items():
+            if isinstance(value, list | tuple | set | frozenset):
+                values = sorted(value)
+                predicate.append((column, "in", values))
+                term = pc.field(column).isin(values)
+            else:
+                predicate.append((column, "=", value))
+                term = pc.field(column) == value
+            exact = term if exact is None else exact & term
+        table = self._scan(dt, predicate)
+        if exact is not None:
+            table = table.filter(exact)
         if _BUCKET in table.column_names:
             table = table.drop_columns([_BUCKET])
         return table.to_pylist()
@@ -337,18 +348,18 @@ class ControlTables:
     def _rows_newest_first(
         self,
         dt: DeltaTable,
-        filter_: pc.Expression | None = None,
+        match: Mapping[str, Any] | None = None,
         *,
         enough: Callable[[list[dict[str, Any]]], bool],
         floor: int = schema.NO_BATCH_BUCKET + 1,
     ) -> list[dict[str, Any]]:
-        """Rows matching ``filter_``, reading one bucket at a time from the newest (not
+        """Rows matching ``match``, reading one bucket at a time from the newest (not
         below ``floor``) until ``enough`` says the rows found so far suffice."""
         found: list[dict[str, Any]] = []
         for bucket in self._buckets(dt):
             if bucket < floor:
                 break
-            found.extend(self._rows(dt, filter_, buckets=[bucket]))
+            found.extend(self._rows(dt, match, buckets=[bucket]))
             if enough(found):
                 break
         return found
@@ -359,7 +370,7 @@ class ControlTables:
         buckets = self._buckets(dt)
         if not buckets:
             return 1
-        newest = pc.field(_BUCKET) == buckets[0] if self._bucketed(dt) else None
+        newest = [(_BUCKET, "=", buckets[0])] if self._bucketed(dt) else None
         seqs = self._scan(dt, newest, ["seq"])["seq"].to_pylist()
         return max(seqs, default=0) + 1
 
@@ -487,9 +498,8 @@ class ControlTables:
         dt = self._handle(table)
         for bucket in sorted(touched):
             if table in schema.BUCKETED:
-                in_bucket = pc.field(_BUCKET) == bucket
-                files = len(list(dt.to_pyarrow_dataset().get_fragments(in_bucket)))
                 where = [(_BUCKET, "=", str(bucket))]
+                files = len(dt.file_uris(file_pruning_predicate=where))
             else:
                 files, where = len(dt.file_uris()), None
             if files <= COMPACT_AT:
