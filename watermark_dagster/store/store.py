@@ -18,11 +18,10 @@ in between leaves them without their history row (the state itself stays consist
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from watermark_dagster.core.faults import fault_point
@@ -155,7 +154,9 @@ class WatermarkStore(ControlTables):
 
         return self._cas(_HISTORY, decide)
 
-    def _append_once(self, row: dict[str, Any], key: dict[str, Any], also: pc.Expression) -> bool:
+    def _append_once(
+        self, row: dict[str, Any], key: dict[str, Any], also: Callable[[dict[str, Any]], bool]
+    ) -> bool:
         """Append ``row`` (of no batch) unless a row matching ``key`` and ``also`` is in
         its bucket."""
         self.ensure_tables()
@@ -184,7 +185,10 @@ class WatermarkStore(ControlTables):
     def _flush_one(self, upstream: str, pending: str) -> int:
         row, change_id = codec.pending_row(pending)
         key = {"event": row["event"], "upstream": upstream}
-        same_change = pc.match_substring(pc.field("detail"), change_id)  # pyright: ignore[reportAttributeAccessIssue]
+
+        def same_change(found: dict[str, Any]) -> bool:
+            return change_id in (found["detail"] or "")
+
         wrote = self._append_once(row, key, same_change)
         self._cas(
             _WATERMARKS,

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -308,11 +307,11 @@ class ControlTables:
         match: Mapping[str, Any] | None = None,
         *,
         buckets: Iterable[int] | None = None,
-        also: pc.Expression | None = None,
+        also: Callable[[dict[str, Any]], bool] | None = None,
     ) -> list[dict[str, Any]]:
         """Rows whose columns equal ``match`` (a list value: any of its values), read
-        from ``buckets`` only when given, and matching ``also`` (an expression statistics
-        cannot decide, like a substring match) when given.
+        from ``buckets`` only when given, for which ``also`` (a test statistics cannot
+        decide, like a substring match) is true when given.
 
         ``match`` and ``buckets`` choose the files to open; every row read is then
         filtered exactly.
@@ -321,22 +320,23 @@ class ControlTables:
         predicate: list[tuple[str, str, Any]] = []
         if buckets is not None and self._bucketed(dt):
             predicate.append((_BUCKET, "in", sorted(set(buckets))))
-        exact = also
         for column, value in match.items():
-            if isinstance(value, list | tuple | set | frozenset):
-                values = sorted(value)
-                predicate.append((column, "in", values))
-                term = pc.field(column).isin(values)
-            else:
-                predicate.append((column, "=", value))
-                term = pc.field(column) == value
-            exact = term if exact is None else exact & term
+            many = isinstance(value, list | tuple | set | frozenset)
+            predicate.append((column, "in", sorted(value)) if many else (column, "=", value))
         table = self._scan(dt, predicate)
-        if exact is not None:
-            table = table.filter(exact)
         if _BUCKET in table.column_names:
             table = table.drop_columns([_BUCKET])
-        return table.to_pylist()
+        # A bucket's rows are few: exact filtering in Python costs less than planning a
+        # filter query over them.
+        wanted = {
+            c: set(v) if isinstance(v, list | tuple | set | frozenset) else {v}
+            for c, v in match.items()
+        }
+        return [
+            row
+            for row in table.to_pylist()
+            if all(row[c] in values for c, values in wanted.items()) and (also is None or also(row))
+        ]
 
     def _buckets(self, dt: DeltaTable) -> list[int]:
         """The buckets that hold rows in ``dt``, newest first (from the log, no data read)."""
