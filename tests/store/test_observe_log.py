@@ -294,17 +294,16 @@ def test_a_protocol_delta_rs_refuses_is_refused_warm_and_cold(
     assert counts.take()[0] == 2
 
 
-def test_observe_all_reads_changed_tables_on_threads_and_keeps_the_order(
+def test_observe_all_keeps_the_order_and_reads_only_what_changed(
     tmp_path: Path, counts: Counts
 ) -> None:
-    """Unchanged tables come from the cache; changed, unseen and missing ones are looked at
-    on the worker threads; results come back in the order given, errors included."""
+    """Unchanged tables come from the cache, a changed one costs its new commit; results
+    come back in the order given, errors included."""
     ups = [DeltaUpstream(name=n, path=str(tmp_path / n)) for n in ("d", "c", "b", "a")]
     for u in ups[1:]:
         write_deltalake(u.path, _rows(0))
     observer = Observer(workers=3)
     first = observer.observe_all(ups)
-    assert counts.threads == {"observe"}  # the unseen tables were loaded by the workers
     assert list(first) == ["d", "c", "b", "a"]
     assert isinstance(first["d"], UpstreamUnavailableError)
     for u in ups[1:]:
@@ -320,6 +319,24 @@ def test_observe_all_reads_changed_tables_on_threads_and_keeps_the_order(
     assert isinstance(changed, Observation)
     assert seen(changed) == full_load(Path(ups[2].path))
     assert counts.take() == (0, 1, 0)
+
+
+def test_observe_all_loads_object_store_tables_on_worker_threads(
+    tmp_path: Path, counts: Counts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tables delta-rs must load whole (object stores; these real tables are declared
+    remote) are loaded on the worker threads, each result in its place."""
+    ups = [DeltaUpstream(name=f"t{i}", path=str(tmp_path / f"t{i}")) for i in range(3)]
+    for u in ups:
+        write_deltalake(u.path, _rows(0))
+    monkeypatch.setattr(observer_module, "is_local", lambda _path: False)
+    looked = Observer(workers=2).observe_all(ups)
+    assert counts.threads == {"observe"}
+    assert len(counts.loads) == 3
+    for u in ups:
+        obs = looked[u.name]
+        assert isinstance(obs, Observation)
+        assert seen(obs) == full_load(Path(u.path))
 
 
 def test_observers_shared_by_threads_agree_with_a_full_load(tmp_path: Path) -> None:

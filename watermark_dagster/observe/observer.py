@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -55,20 +54,18 @@ from watermark_dagster.observe.log import (
 )
 
 DEFAULT_WORKERS = 4
-"""Threads :meth:`Observer.observe_all` reads changed or unseen tables with: file reads and
-delta-rs loads release the GIL, so a few threads hide I/O latency without crowding the
-sensor daemon's other work."""
+"""Threads :meth:`Observer.observe_all` looks at object-store tables and cursor sources
+with: they wait on storage, so a few threads hide its latency without crowding the sensor
+daemon's other work."""
 
 
 def _fingerprint(schema_json: str) -> str:
     return hashlib.sha256(schema_json.encode()).hexdigest()[:16]
 
 
-@lru_cache(maxsize=4096)
 def _log_schema_fingerprint(schema_string: str) -> str | None:
     """The fingerprint a delta-rs load gives a table whose log holds ``schema_string``: the
-    schema parsed and serialized the way delta-rs does (None: delta-rs cannot parse it).
-    Cached because many tables share a schema."""
+    schema parsed and serialized the way delta-rs does (None: delta-rs cannot parse it)."""
     try:
         return _fingerprint(Schema.from_json(schema_string).to_json())
     except ValueError:
@@ -93,7 +90,8 @@ class Observer:
     observer is shared by the sensors of a code location.
 
     Args:
-        workers: threads :meth:`observe_all` reads changed or unseen tables with.
+        workers: threads :meth:`observe_all` looks at object-store tables and cursor
+            sources with.
     """
 
     def __init__(self, *, workers: int = DEFAULT_WORKERS) -> None:
@@ -102,6 +100,9 @@ class Observer:
         # another protocol is checked by a load, which refuses what delta-rs cannot read.
         self._accepted: set[Protocol] = set()
         self._targets: dict[tuple[str, int], bool] = {}
+        # Schema string -> fingerprint: many tables share a schema, and a table's schema
+        # is carried forward through most commits.
+        self._fingerprints: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._workers = max(1, workers)
 
@@ -182,7 +183,13 @@ class Observer:
             return self._load(upstream, None)
         with self._lock:
             accepted = snapshot.protocol in self._accepted
-        fingerprint = _log_schema_fingerprint(snapshot.metadata.schema_string)
+        schema_string = snapshot.metadata.schema_string
+        if schema_string in self._fingerprints:
+            fingerprint = self._fingerprints[schema_string]
+        else:
+            fingerprint = _log_schema_fingerprint(schema_string)
+            with self._lock:
+                self._fingerprints[schema_string] = fingerprint
         if not accepted or fingerprint is None:
             return self._load(upstream, snapshot)
         obs = Observation(
@@ -200,8 +207,12 @@ class Observer:
     def observe_all(
         self, upstreams: Iterable[Upstream]
     ) -> dict[str, Observation | UpstreamUnavailableError]:
-        """Look at many upstreams: those with nothing new from the cache in this thread,
-        the others (changed, unseen, object stores, cursors) on up to ``workers`` threads.
+        """Look at many upstreams.
+
+        Local Delta tables are looked at in this thread: a look is a listing and a few small
+        file reads, mostly Python work that threads would only contend for. The others
+        (object stores, loaded whole by delta-rs; cursor sources) wait on storage, so they
+        are looked at on up to ``workers`` threads.
 
         Returns:
             upstream name -> its observation, or the error saying why it is unavailable,
@@ -209,19 +220,18 @@ class Observer:
         """
         upstreams = list(upstreams)
         found: dict[str, Observation | UpstreamUnavailableError] = {}
-        pending: list[Upstream] = []
+        remote: list[Upstream] = []
         for upstream in upstreams:
-            obs = self._unchanged(upstream)
-            if obs is None:
-                pending.append(upstream)
+            if isinstance(upstream, DeltaUpstream) and is_local(upstream.path):
+                found[upstream.name] = self._observe_or_error(upstream)
             else:
-                found[upstream.name] = obs
-        if len(pending) > 1 and self._workers > 1:
+                remote.append(upstream)
+        if len(remote) > 1 and self._workers > 1:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="observe") as pool:
-                looked = list(pool.map(self._observe_or_error, pending))
+                looked = list(pool.map(self._observe_or_error, remote))
         else:
-            looked = [self._observe_or_error(u) for u in pending]
-        found.update(zip((u.name for u in pending), looked, strict=True))
+            looked = [self._observe_or_error(u) for u in remote]
+        found.update(zip((u.name for u in remote), looked, strict=True))
         return {u.name: found[u.name] for u in upstreams}
 
     def _observe_or_error(self, upstream: Upstream) -> Observation | UpstreamUnavailableError:
@@ -229,17 +239,6 @@ class Observer:
             return self.observe(upstream)
         except UpstreamUnavailableError as e:
             return e
-
-    def _unchanged(self, upstream: Upstream) -> Observation | None:
-        """The cached observation of a local Delta upstream whose newest commit is the one
-        it was made at (None: anything else, looked at by :meth:`observe`)."""
-        if not isinstance(upstream, DeltaUpstream) or not is_local(upstream.path):
-            return None
-        with self._lock:
-            known = self._known.get(upstream.path)
-        if known is None or latest_local_version(upstream.path) != known.snapshot.version:
-            return None
-        return known.observation
 
     def _load(self, upstream: Upstream, replayed: Snapshot | None) -> Observation:
         """Observe by loading the table with delta-rs.
