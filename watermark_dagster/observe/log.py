@@ -306,6 +306,8 @@ def _commit_actions(
     protocol = metadata = None
     # Most commits only add and remove files: parse just the lines that can hold one of
     # the two actions (every action is one JSON object on its own line).
+    if b'"protocol"' not in raw and b'"metaData"' not in raw:
+        return None, None, stamp
     for line in raw.splitlines():
         if b'"protocol"' not in line and b'"metaData"' not in line:
             continue
@@ -320,10 +322,9 @@ def _commit_actions(
 def _checkpoint_actions(root: str, version: int) -> tuple[Protocol, TableMetadata] | None:
     """The protocol and metadata a single-file checkpoint holds (None: unreadable)."""
     try:
-        table = pq.read_table(
-            os.path.join(root, _LOG, f"{version:020d}{_CHECKPOINT_SUFFIX}"),
-            columns=["protocol", "metaData"],
-        )
+        # ParquetFile rather than read_table: no dataset discovery, about 3x cheaper here.
+        with pq.ParquetFile(os.path.join(root, _LOG, f"{version:020d}{_CHECKPOINT_SUFFIX}")) as f:
+            table = f.read(columns=["protocol", "metaData"])
     except (OSError, pa.ArrowException, KeyError):
         return None
     REPLAY_COUNTS.add(checkpoints=1)
