@@ -32,7 +32,12 @@ from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import Watermark, WatermarkHow
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError, recreated_fix
 from watermark_dagster.observe import observer as observer_module
-from watermark_dagster.observe.log import DeltaLog, commit_file, latest_local_version
+from watermark_dagster.observe.log import (
+    REPLAY_COUNTS,
+    DeltaLog,
+    commit_file,
+    latest_local_version,
+)
 from watermark_dagster.observe.observer import Observer, observe_registry, starting_points
 from watermark_dagster.store import WatermarkStore
 
@@ -327,7 +332,8 @@ def test_the_delta_log_reader_lists_reads_and_finds_missing_commits(
 def test_a_warm_observation_with_nothing_new_lists_the_log_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fast path: no table load, one listing of ``_delta_log``."""
+    """The fast path: no table load, one listing of ``_delta_log``, no file opened; a new
+    commit is read from its commit file, still without a table load."""
     path = tmp_path / "orders"
     _table(path, 2, cdf=True)
     observer, upstream = Observer(), DeltaUpstream(name="orders", path=str(path))
@@ -340,19 +346,25 @@ def test_a_warm_observation_with_nothing_new_lists_the_log_once(
             loads.append(table_uri)
             super().__init__(table_uri, *args, **kwargs)
 
-    real_scandir = os.scandir
+    real_listdir, real_scandir = os.listdir, os.scandir
+
+    def counting_listdir(folder: str) -> list[str]:
+        listings.append(folder)
+        return real_listdir(folder)
 
     def counting_scandir(folder: str) -> object:
         listings.append(folder)
         return real_scandir(folder)
 
     monkeypatch.setattr(observer_module, "DeltaTable", CountingTable)
+    monkeypatch.setattr(os, "listdir", counting_listdir)
     monkeypatch.setattr(os, "scandir", counting_scandir)
+    before = REPLAY_COUNTS.commits
     observer.observe(upstream)
-    assert (loads, len(listings)) == ([], 1)
+    assert (loads, len(listings), REPLAY_COUNTS.commits - before) == ([], 1, 0)
     _table(path, 1, cdf=True)
     assert observer.observe(upstream).latest_version == 2
-    assert loads == [str(path)]
+    assert (loads, REPLAY_COUNTS.commits - before) == ([], 1)
 
 
 # ------------------------------------------------------------------ observation rules (core)

@@ -1,24 +1,30 @@
 """Observing upstream Delta tables without a JVM: the I/O side of an observation.
 
-A table with no new commit costs one listing of its ``_delta_log`` folder (local paths);
-only when the version moved is the table loaded with delta-rs to read its metadata (CDF
-flag, table id, schema fingerprint), and the result is cached per version. What the
-observations mean (read modes, recreated tables, first loads, start points) is decided
-in :mod:`watermark_dagster.core.observations`.
+A local table with no new commit costs one listing of its ``_delta_log`` folder. When its
+version moved, only the new commit files are read (:func:`~.log.replay_local_log`: the
+protocol and metadata they set, the earlier ones carried forward); a table this process has
+not seen yet is read from its newest checkpoint and the commits after it. delta-rs loads
+the whole table only when the log alone cannot answer (a needed commit file is gone, no
+usable checkpoint), for a protocol no delta-rs load has accepted yet in this process (so a
+table delta-rs refuses is refused the same way), and for object stores. What the
+observations mean (read modes, recreated tables, first loads, start points) is decided in
+:mod:`watermark_dagster.core.observations`.
 """
 
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Schema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import CursorUpstream, Upstream
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
 from watermark_dagster.core.observations import (
     Observation,
     RegistryObservation,
@@ -33,16 +39,72 @@ from watermark_dagster.core.observations import (
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.records import Watermark
 from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
-from watermark_dagster.observe.log import DeltaLog, is_local, latest_local_version, local_path
+from watermark_dagster.observe.log import (
+    DeltaLog,
+    Protocol,
+    Snapshot,
+    TableMetadata,
+    is_local,
+    latest_commit,
+    latest_local_version,
+    list_local_log,
+    local_path,
+    local_stamp,
+    replay_local_log,
+)
+
+DEFAULT_WORKERS = 4
+"""Threads :meth:`Observer.observe_all` looks at object-store tables and cursor sources
+with: they wait on storage, so a few threads hide its latency without crowding the sensor
+daemon's other work."""
+
+
+def _fingerprint(schema_json: str) -> str:
+    return hashlib.sha256(schema_json.encode()).hexdigest()[:16]
+
+
+def _log_schema_fingerprint(schema_string: str) -> str | None:
+    """The fingerprint a delta-rs load gives a table whose log holds ``schema_string``: the
+    schema parsed and serialized the way delta-rs does (None: delta-rs cannot parse it)."""
+    try:
+        return _fingerprint(Schema.from_json(schema_string).to_json())
+    except ValueError:
+        return None
+
+
+def _cdf_enabled(configuration: Mapping[str, str]) -> bool:
+    config = {k.lower(): v for k, v in configuration.items()}
+    return str(config.get("delta.enablechangedatafeed", "false")).lower() == "true"
+
+
+@dataclass(frozen=True)
+class _Known:
+    """The last observation of a table and the log snapshot it was made from."""
+
+    snapshot: Snapshot
+    observation: Observation
 
 
 class Observer:
-    """Observes upstreams, caching metadata per (path, version). Thread-safe."""
+    """Observes upstreams, caching each table's snapshot and observation. Thread-safe: one
+    observer is shared by the sensors of a code location.
 
-    def __init__(self) -> None:
-        self._cache: dict[str, Observation] = {}
+    Args:
+        workers: threads :meth:`observe_all` looks at object-store tables and cursor
+            sources with.
+    """
+
+    def __init__(self, *, workers: int = DEFAULT_WORKERS) -> None:
+        self._known: dict[str, _Known] = {}
+        # Protocols some delta-rs load of this process accepted: a replayed snapshot with
+        # another protocol is checked by a load, which refuses what delta-rs cannot read.
+        self._accepted: set[Protocol] = set()
         self._targets: dict[tuple[str, int], bool] = {}
+        # Schema string -> fingerprint: many tables share a schema, and a table's schema
+        # is carried forward through most commits.
+        self._fingerprints: dict[str, str | None] = {}
         self._lock = threading.Lock()
+        self._workers = max(1, workers)
 
     def target_state(self, pipeline: Pipeline) -> TargetState:
         """Whether the pipeline's target is missing, empty (no data file) or filled, for
@@ -106,14 +168,88 @@ class Observer:
         if isinstance(upstream, CursorUpstream):
             return self._observe_cursor(upstream)
         path = upstream.path
-        if is_local(path):
-            version = latest_local_version(path)
-            if version is None:
-                raise self._unavailable(upstream, "no Delta log found there")
+        if not is_local(path):
+            return self._load(upstream, None)
+        names = list_local_log(path)
+        latest = latest_commit(names)
+        if names is None or latest is None:
+            raise self._unavailable(upstream, "no Delta log found there")
+        with self._lock:
+            known = self._known.get(path)
+        if known is not None and known.snapshot.version == latest:
+            return known.observation
+        snapshot = replay_local_log(path, names, known.snapshot if known else None)
+        if snapshot is None:
+            return self._load(upstream, None)
+        with self._lock:
+            accepted = snapshot.protocol in self._accepted
+        schema_string = snapshot.metadata.schema_string
+        if schema_string in self._fingerprints:
+            fingerprint = self._fingerprints[schema_string]
+        else:
+            fingerprint = _log_schema_fingerprint(schema_string)
             with self._lock:
-                cached = self._cache.get(path)
-            if cached is not None and cached.latest_version == version:
-                return cached
+                self._fingerprints[schema_string] = fingerprint
+        if not accepted or fingerprint is None:
+            return self._load(upstream, snapshot)
+        obs = Observation(
+            upstream=upstream.name,
+            path=path,
+            latest_version=snapshot.version,
+            cdf_enabled=_cdf_enabled(snapshot.metadata.configuration),
+            table_id=snapshot.metadata.table_id,
+            schema_fingerprint=fingerprint,
+        )
+        with self._lock:
+            self._known[path] = _Known(snapshot, obs)
+        return obs
+
+    def observe_all(
+        self, upstreams: Iterable[Upstream]
+    ) -> dict[str, Observation | UpstreamUnavailableError]:
+        """Look at many upstreams.
+
+        Local Delta tables are looked at in this thread: a look is a listing and a few small
+        file reads, mostly Python work that threads would only contend for. The others
+        (object stores, loaded whole by delta-rs; cursor sources) wait on storage, so they
+        are looked at on up to ``workers`` threads.
+
+        Returns:
+            upstream name -> its observation, or the error saying why it is unavailable,
+            in the order given.
+        """
+        upstreams = list(upstreams)
+        found: dict[str, Observation | UpstreamUnavailableError] = {}
+        remote: list[Upstream] = []
+        for upstream in upstreams:
+            if isinstance(upstream, DeltaUpstream) and is_local(upstream.path):
+                found[upstream.name] = self._observe_or_error(upstream)
+            else:
+                remote.append(upstream)
+        if len(remote) > 1 and self._workers > 1:
+            with ThreadPoolExecutor(self._workers, thread_name_prefix="observe") as pool:
+                looked = list(pool.map(self._observe_or_error, remote))
+        else:
+            looked = [self._observe_or_error(u) for u in remote]
+        found.update(zip((u.name for u in remote), looked, strict=True))
+        return {u.name: found[u.name] for u in upstreams}
+
+    def _observe_or_error(self, upstream: Upstream) -> Observation | UpstreamUnavailableError:
+        try:
+            return self.observe(upstream)
+        except UpstreamUnavailableError as e:
+            return e
+
+    def _load(self, upstream: Upstream, replayed: Snapshot | None) -> Observation:
+        """Observe by loading the table with delta-rs.
+
+        Args:
+            upstream: the upstream to load.
+            replayed: the snapshot read from the log, if any; when the load finds the same
+                version, delta-rs accepted its protocol, and later replays with that
+                protocol need no load.
+        """
+        path = upstream.path
         try:
             dt = DeltaTable(path, storage_options=dict(upstream.storage_options or {}) or None)
         except TableNotFoundError as e:
@@ -121,18 +257,33 @@ class Observer:
         except (DeltaError, OSError) as e:
             raise self._unavailable(upstream, f"{type(e).__name__}: {e}") from e
         metadata = dt.metadata()
-        config = {k.lower(): v for k, v in (metadata.configuration or {}).items()}
-        fingerprint = hashlib.sha256(dt.schema().to_json().encode()).hexdigest()[:16]
+        schema_json = dt.schema().to_json()
+        configuration = dict(metadata.configuration or {})
+        version = dt.version()
+        p = dt.protocol()
+        protocol = Protocol(
+            p.min_reader_version,
+            p.min_writer_version,
+            None if p.reader_features is None else tuple(sorted(p.reader_features)),
+            None if p.writer_features is None else tuple(sorted(p.writer_features)),
+        )
         obs = Observation(
             upstream=upstream.name,
             path=path,
-            latest_version=dt.version(),
-            cdf_enabled=str(config.get("delta.enablechangedatafeed", "false")).lower() == "true",
+            latest_version=version,
+            cdf_enabled=_cdf_enabled(configuration),
             table_id=str(metadata.id),
-            schema_fingerprint=fingerprint,
+            schema_fingerprint=_fingerprint(schema_json),
+        )
+        stamp = local_stamp(path, version) if is_local(path) else None
+        snapshot = Snapshot(
+            version, protocol, TableMetadata(obs.table_id, schema_json, configuration), stamp
         )
         with self._lock:
-            self._cache[path] = obs
+            self._accepted.add(protocol)
+            if replayed is not None and replayed.version == version:
+                self._accepted.add(replayed.protocol)
+            self._known[path] = _Known(snapshot, obs)
         return obs
 
     @staticmethod
@@ -172,18 +323,16 @@ def observe_registry(
     observed: dict[str, Observation] = {}
     errors: dict[str, str] = {}
     blocked: dict[str, UpstreamRecreatedError] = {}
-    for upstream in registry.consumed_upstreams():
-        try:
-            obs = observer.observe(upstream)
-        except UpstreamUnavailableError as e:
-            errors[upstream.name] = str(e)
+    for name, obs in observer.observe_all(registry.consumed_upstreams()).items():
+        if isinstance(obs, UpstreamUnavailableError):
+            errors[name] = str(obs)
             continue
-        recreated = recreation(obs, marks.get(upstream.name))
+        recreated = recreation(obs, marks.get(name))
         if recreated is not None:
-            errors[upstream.name] = str(recreated)
-            blocked[upstream.name] = recreated
+            errors[name] = str(recreated)
+            blocked[name] = recreated
             continue
-        observed[upstream.name] = obs
+        observed[name] = obs
     positions = tuple(
         UpstreamPosition(
             name=name,
