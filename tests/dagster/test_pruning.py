@@ -19,6 +19,7 @@ from dagster import (
     DagsterInstance,
     DagsterRunStatus,
 )
+from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
@@ -200,6 +201,36 @@ def test_open_batches_and_partitions_with_a_run_in_flight_are_kept(
     lake.store.set_batch_status(replay, BatchStatus.COMPLETED, actor="test")
     lake.complete(lake.plan())  # b000005
     assert lake.partitions() == ["b000005"]
+
+
+def test_a_partition_a_running_backfill_targets_is_kept_until_it_ends(
+    tmp_path: Path, instance: DagsterInstance
+) -> None:
+    """Dagster fails a running asset backfill as a whole once a partition it targets is
+    deleted: such a partition stays until the backfill ends."""
+    lake = Lake(tmp_path, instance, keep=1)
+    lake.complete(lake.plan())  # b000001
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id="old",
+        asset_graph=lake.location.definitions.resolve_asset_graph(),
+        partition_names=["b000001"],
+        asset_selection=[AssetKey("p")],
+        backfill_timestamp=0.0,
+        tags={},
+        dynamic_partitions_store=instance,
+        all_partitions=False,
+        title=None,
+        description=None,
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    assert backfill.status is BulkActionStatus.REQUESTED
+    lake.complete(lake.plan())  # b000002: b000001 is beyond retention
+    assert lake.partitions() == ["b000001", "b000002"]
+
+    instance.update_backfill(backfill.with_status(BulkActionStatus.COMPLETED_SUCCESS))
+    lake.complete(lake.plan())  # b000003
+    assert lake.partitions() == ["b000003"]
 
 
 def run_replay_batch(lake: Lake) -> str:

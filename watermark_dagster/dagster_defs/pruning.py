@@ -9,7 +9,9 @@ What a tick reads is bounded: one page of the *oldest* partition keys (Dagster r
 them in the order they were added, which is batch order), at most :data:`PRUNE_PER_TICK`
 keys, never the whole list; gaps (keys pruned before or never added) cost nothing. An
 instance that already holds many old partitions catches up by at most that many
-deletions per completed batch, and converges since a batch adds one partition. The
+deletions per completed batch, and converges since a batch adds one partition. A key is
+kept while its batch is open, a run of it is in flight or a running backfill targets it
+(Dagster fails such a backfill as a whole once one of its partitions is deleted). The
 control tables are read only when some key is beyond retention (the open batches, a
 filtered read), and Dagster's runs only for those keys. Keys at the head that stay (not
 batch ids, added by hand; open batches) take a slot of the page each: pruning stalls only
@@ -18,14 +20,20 @@ if there are :data:`PRUNE_PER_TICK` of them.
 What stays: the batches, their ranges and history in the control tables (``watermark
 batches``, ``watermark batch ID``, ``watermark replay``, which records a new batch with a
 new partition); in Dagster the runs and the materialization events of the pruned keys
-(the asset's event log still lists them) but not their partition status, and a backfill
-or run that names a pruned key is refused by Dagster as an unknown partition.
+(the asset's event log still lists them) but not their partition status; a run that names
+a pruned key is refused by Dagster as an unknown partition, and the UI offers no pruned key
+to a new backfill.
 """
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from dagster import DagsterInstance, DagsterRunStatus, DeleteDynamicPartitionsRequest, RunsFilter
+
+# Private, and kept: Dagster 1.13 exports no backfill status to ask for the running
+# backfills by, and a running asset backfill fails as a whole once a partition it targets
+# is deleted ("Targeted partitions ... have been removed since this backfill was stored").
+from dagster._core.execution.backfill import BulkActionStatus
 
 from watermark_dagster.core.planning import prunable_batch_partitions
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
@@ -39,6 +47,11 @@ from watermark_dagster.errors import ConfigurationError
 PRUNE_PER_TICK = 50
 
 _IN_FLIGHT = [s for s in DagsterRunStatus if s not in FINISHED]
+_RUNNING_BACKFILL = (
+    BulkActionStatus.REQUESTED,
+    BulkActionStatus.CANCELING,
+    BulkActionStatus.FAILING,
+)
 
 
 def check_keep_batch_partitions(value: object) -> int:
@@ -63,8 +76,8 @@ class Pruning:
 
     Attributes:
         delete: the partition keys to delete, oldest first.
-        held: keys beyond retention kept for now: their batch is open (PLANNED) or a
-            Dagster run of the partition is in flight.
+        held: keys beyond retention kept for now: their batch is open (PLANNED), a
+            Dagster run of the partition is in flight or a running backfill targets it.
     """
 
     delete: tuple[str, ...] = ()
@@ -87,7 +100,8 @@ def stale_batch_partitions(
 ) -> Pruning:
     """The batch partitions to delete now that batch ``newest_seq`` ended: among the
     ``limit`` oldest partition keys, those of batches beyond the newest ``keep`` sequence
-    numbers, except open batches and partitions a run is in flight for.
+    numbers, except open batches and partitions a run is in flight for or a running
+    backfill targets.
 
     Args:
         instance: the Dagster instance holding the partitions and runs.
@@ -111,6 +125,26 @@ def stale_batch_partitions(
             RunsFilter(tags={PARTITION_NAME_TAG: beyond}, statuses=_IN_FLIGHT)
         )
     }
-    held = set(open_batch_ids()) | running
+    held = set(open_batch_ids()) | running | _backfill_targets(instance, beyond)
     delete = prunable_batch_partitions(beyond, newest_seq=newest_seq, keep=keep, held=held)
     return Pruning(tuple(delete), tuple(k for k in beyond if k in held))
+
+
+def _backfill_targets(instance: DagsterInstance, keys: Collection[str]) -> set[str]:
+    """The keys among ``keys`` that a running backfill targets; all of them when a running
+    backfill's targets cannot be read without the asset graph (a job backfill of all
+    partitions, an asset backfill stored in the older serialized form). Running backfills
+    are few: this reads only them."""
+    wanted = set(keys)
+    held: set[str] = set()
+    for status in _RUNNING_BACKFILL:
+        for backfill in instance.get_backfills(status=status):
+            if backfill.asset_backfill_data is not None:
+                subsets = backfill.asset_backfill_data.target_subset.partitions_subsets_by_asset_key
+                for subset in subsets.values():
+                    held |= wanted & set(subset.get_partition_keys())
+            elif backfill.partition_names is not None:
+                held |= wanted & set(backfill.partition_names)
+            else:
+                return wanted
+    return held
