@@ -197,6 +197,10 @@ PRIVATE_DAGSTER_ALLOWED: dict[str, str] = {
         "DATA_VERSION_TAG: an AssetObservation reported by a sensor takes its data version "
         "only as this tag"
     ),
+    "watermark_dagster.dagster_defs.pruning: dagster._core.execution.backfill": (
+        "BulkActionStatus: no public way to ask for the running backfills, which fail as a "
+        "whole once a partition they target is deleted"
+    ),
     "watermark_dagster.dagster_defs.runs: dagster._core.storage.tags": (
         "PARTITION_NAME_TAG: no public constant or run filter by partition; runs launched "
         "from the UI carry only this tag"

@@ -173,23 +173,27 @@ def test_held_back_rows_bring_a_cursor_upstream_back_when_they_pass_the_lag() ->
 
 
 @pytest.mark.parametrize(
-    ("keys", "keep", "open_ids", "expected"),
+    ("keys", "newest", "keep", "held", "expected"),
     [
-        pytest.param(["b000001", "b000002", "b000003"], 2, set(), ["b000001"], id="oldest"),
-        pytest.param(["b000001", "b000002"], 2, set(), [], id="within-keep"),
-        pytest.param(["b000001", "b000002", "b000003"], 0, set(), [], id="keep-0-keeps-all"),
-        # An open batch (a stuck scheduled batch, a replay) keeps its partition.
-        pytest.param(["b000001", "b000002", "b000003"], 1, {"b000001"}, ["b000002"], id="open"),
+        pytest.param(["b000001", "b000002", "b000003"], 3, 2, (), ["b000001"], id="oldest"),
+        pytest.param(["b000001", "b000002"], 2, 2, (), [], id="within-keep"),
+        pytest.param(["b000001", "b000002", "b000003"], 3, 0, (), [], id="keep-0-keeps-all"),
+        # Retention counts sequence numbers, not the keys present: gaps (pruned before,
+        # never added) do not pull newer batches out of retention.
+        pytest.param(["b000004", "b000007"], 9, 3, (), ["b000004"], id="gaps"),
+        # An open batch (a stuck scheduled batch, a replay) or one a run is in flight for
+        # keeps its partition.
+        pytest.param(["b000001", "b000002", "b000003"], 3, 1, {"b000001"}, ["b000002"], id="held"),
         # By sequence number, not text: b1000000 is newer than b999999.
-        pytest.param(
-            ["b1000000", "b999999", "b000005"], 1, set(), ["b000005", "b999999"], id="numeric-order"
-        ),  # fmt: skip
+        pytest.param(["b999999", "b1000000"], 1000001, 1, (), ["b999999", "b1000000"], id="num"),
+        pytest.param(["b999999", "b1000000"], 1000000, 1, (), ["b999999"], id="num-newest"),
         # Keys that are not batch ids (added by hand) are not ours to delete.
-        pytest.param(["manual", "b000001", "b000002"], 1, set(), ["b000001"], id="foreign"),
+        pytest.param(["manual", "b000001", "b000002"], 2, 1, (), ["b000001"], id="foreign"),
     ],
-)
-def test_prunable_batch_partitions(keys, keep, open_ids, expected) -> None:
-    assert prunable_batch_partitions(keys, keep=keep, open_batch_ids=open_ids) == expected
+)  # fmt: skip
+def test_prunable_batch_partitions(keys, newest, keep, held, expected) -> None:
+    found = prunable_batch_partitions(keys, newest_seq=newest, keep=keep, held=held)
+    assert found == expected
 
 
 def _completed(seq: int, **inputs: PlannedInput) -> Batch:

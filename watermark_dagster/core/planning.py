@@ -266,24 +266,27 @@ _BATCH_ID = re.compile(r"b(\d+)")
 
 
 def prunable_batch_partitions(
-    partition_keys: Iterable[str], *, keep: int, open_batch_ids: Collection[str]
+    partition_keys: Iterable[str], *, newest_seq: int, keep: int, held: Collection[str] = ()
 ) -> list[str]:
-    """The batch partitions to delete from Dagster: all but the newest ``keep`` (by batch
-    sequence), never an open batch's, and never a key that is not a batch id. ``keep`` 0
-    keeps every partition.
+    """The batch partitions among ``partition_keys`` to delete from Dagster: those of
+    batches older than the newest ``keep`` sequence numbers up to ``newest_seq`` (a key is
+    beyond retention when its sequence is at most ``newest_seq - keep``), never one in
+    ``held`` (open batches, batches a run is in flight for) and never a key that is not a
+    batch id. ``keep`` 0 keeps every partition. Keys come back in the order given.
 
     Pruning only shortens Dagster's partition list: the batches, their ranges and their
     history stay in the control tables, and so do the runs and materializations in Dagster.
     """
     if keep <= 0:
         return []
-    batches = sorted(
-        (int(found.group(1)), key)
+    floor = newest_seq - keep
+    return [
+        key
         for key in partition_keys
         if (found := _BATCH_ID.fullmatch(key)) is not None
-    )
-    older = batches[:-keep] if len(batches) > keep else []
-    return [key for _, key in older if key not in open_batch_ids]
+        and int(found.group(1)) <= floor
+        and key not in held
+    ]
 
 
 def recreation_found(

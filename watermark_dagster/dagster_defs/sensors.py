@@ -19,7 +19,6 @@ from dagster import (
     AssetKey,
     AssetObservation,
     DefaultSensorStatus,
-    DeleteDynamicPartitionsRequest,
     DynamicPartitionsDefinition,
     RunRequest,
     SensorEvaluationContext,
@@ -35,10 +34,14 @@ from watermark_dagster.config.env import (
     DEFAULT_SENSOR_INTERVAL_SECONDS,
 )
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.core.planning import batch_is_due, prunable_batch_partitions
+from watermark_dagster.core.planning import batch_is_due
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations
+from watermark_dagster.dagster_defs.pruning import (
+    check_keep_batch_partitions,
+    stale_batch_partitions,
+)
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG, batch_runs
 from watermark_dagster.errors import UpstreamUnavailableError
@@ -70,8 +73,9 @@ class WatermarkSettings:
             batch (0: never), keeping sensor reads small as history grows.
         default_status: whether the sensors start running when the code location loads.
         keep_batch_partitions: the finalizer keeps the newest N batch partitions in Dagster
-            and deletes older ones of finished batches when a batch completes (0: keep all),
-            so the partitions view and its queries stay small. Their batches, ranges and
+            and deletes older ones of ended batches when a batch completes, at most
+            ``PRUNE_PER_TICK`` a tick (0: keep all; see :mod:`.pruning`), so the partitions
+            view and its queries stay small. Their batches, ranges and
             history stay in the control tables (`watermark batches`, `watermark batch ID`),
             their runs and materializations in Dagster; a pruned batch is re-run with
             `watermark replay`, not a UI backfill. ``WATERMARK_KEEP_BATCH_PARTITIONS``.
@@ -83,6 +87,9 @@ class WatermarkSettings:
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
     keep_batch_partitions: int = DEFAULT_KEEP_BATCH_PARTITIONS
+
+    def __post_init__(self) -> None:
+        check_keep_batch_partitions(self.keep_batch_partitions)
 
 
 @dataclass
@@ -310,28 +317,23 @@ def build_finalizer_sensor(
         if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
             removed = store.maintain()
             context.log.info(f"control tables compacted: {removed}")
-        pruned = (
-            prunable_batch_partitions(
-                context.instance.get_dynamic_partitions(BATCHES_PARTITIONS_NAME),
-                keep=settings.keep_batch_partitions,
-                open_batch_ids={b.batch_id for b in store.open_batches()},
-            )
-            if settings.keep_batch_partitions
-            else []
+        pruning = stale_batch_partitions(
+            context.instance,
+            newest_seq=batch.seq,
+            keep=settings.keep_batch_partitions,
+            open_batch_ids=lambda: {b.batch_id for b in store.open_batches()},
         )
-        if pruned:
+        if pruning.delete:
             context.log.info(
-                f"pruned {len(pruned)} batch partition(s) older than the newest "
-                f"{settings.keep_batch_partitions}: {pruned[0]} .. {pruned[-1]}"
+                f"pruned {len(pruning.delete)} batch partition(s) older than the newest "
+                f"{settings.keep_batch_partitions}: {pruning.delete[0]} .. {pruning.delete[-1]}"
+                + (f"; kept while open or running: {list(pruning.held)}" if pruning.held else "")
             )
+        request = pruning.request()
         return SensorResult(
             skip_reason=f"batch {batch.batch_id} completed",
             asset_events=events,
-            dynamic_partitions_requests=(
-                [DeleteDynamicPartitionsRequest(BATCHES_PARTITIONS_NAME, pruned)]
-                if pruned
-                else None
-            ),
+            dynamic_partitions_requests=[request] if request else None,
         )
 
     return watermark_finalizer
