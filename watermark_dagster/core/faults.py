@@ -18,7 +18,7 @@ FAULT_POINTS = (
     "after_plan_commit",  # store.create_batch: plan committed; no partition, no history row
     "after_target_commit",  # execute: target written; no checkpoint, no materialization
     "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
-    "after_watermark_commit",  # store.advance: watermark moved; no history row, batch row unmarked
+    "after_watermark_commit",  # store.advance_many: watermarks moved; no history, rows unmarked
     "before_batch_complete",  # finalizer: every upstream advanced; batch still PLANNED
     "after_abandon",  # store.set_watermark: open batch abandoned; watermark not moved yet
     "after_manual_watermark_commit",  # store.set_watermark: watermark moved; no history row
