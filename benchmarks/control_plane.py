@@ -28,8 +28,11 @@ Preloaded history is built with the rows the store itself writes
 one ``append_rows`` commit per table per 50 batches, so the tables have a realistic file
 count; the upstream tables get the real commits those batches read.
 
+The sensors log to stderr as they do under the daemon (planned, completed, compacted);
+the table is printed on stdout.
+
 Usage:
-    .venv/bin/python -m benchmarks.control_plane [--batches 100,1000] [--cycle 50]
+    .venv/bin/python -m benchmarks.control_plane [--batches 100,1000] [--cycle 50] 2>/dev/null
 """
 
 import argparse
@@ -250,9 +253,6 @@ class Bench:
         home = root / "dagster_home"
         home.mkdir(parents=True)
         shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-        # The sensors' info lines (planned, completed, compacted) would bury the table.
-        with (home / "dagster.yaml").open("a") as config:
-            config.write("\npython_logs:\n  python_log_level: WARNING\n")
         self.dagster_home = home
         os.environ["DAGSTER_HOME"] = str(home)
         os.environ["WATERMARK_HOME"] = str(root / "watermark_home")
@@ -687,6 +687,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS / "control_plane.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "control_plane.png")
     parser.add_argument("--root", type=Path, default=None, help="work folder (default: a temp)")
+    parser.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="measure nothing: merge the sizes of these result files into --out and plot them",
+    )
     args = parser.parse_args(argv)
     for flag in ("cycle", "cli_every"):
         if getattr(args, flag) < 1:
@@ -704,9 +711,46 @@ def _work_folder(root: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
+def write(result: dict[str, Any], args: argparse.Namespace, started: float) -> None:
+    """Write the JSON and the plot of the sizes measured so far (after every size, so a
+    long run that is stopped keeps what it measured)."""
+    result["loadavg_after"] = list(os.getloadavg())
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["plot"] = plot(result, args.plot)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def combine(paths: Sequence[Path]) -> dict[str, Any]:
+    """One result of the sizes of several result files (sizes run as separate processes),
+    ordered by size. Refused when they were measured with different cycles or commits."""
+    results = [json.loads(p.read_text()) for p in paths]
+    for key in ("cycle", "cli_every", "commit", "pipeline_inputs"):
+        values = {json.dumps(r.get(key)) for r in results}
+        if len(values) > 1:
+            raise SystemExit(
+                f"--combine: the files differ in {key} ({sorted(values)}); combine only runs "
+                "of one commit with the same --cycle and --cli-every."
+            )
+    merged = dict(results[0])
+    merged["sizes"] = sorted((s for r in results for s in r["sizes"]), key=lambda s: s["batches"])
+    merged["combined_from"] = [str(p) for p in paths]
+    merged["loadavg_before"] = results[0]["loadavg_before"]
+    merged["seconds"] = max(r["seconds"] for r in results)
+    return merged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every size, print the table, write the JSON and the plot."""
     args = parse_args(argv)
+    if args.combine:
+        result = combine(args.combine)
+        result["plot"] = plot(result, args.plot)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(table(result))
+        print(f"\nresults: {args.out}; plot: {result['plot']}")
+        return 0
     saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", "WATERMARK_HOME")}
     started = time.perf_counter()
     result: dict[str, Any] = {
@@ -728,17 +772,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{batches} batches: synthesizing and measuring...", flush=True)
                 size = measure_size(batches, cycle=args.cycle, cli_every=args.cli_every, work=work)
                 result["sizes"].append(size)
+                write(result, args, started)
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    result["loadavg_after"] = list(os.getloadavg())
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    result["plot"] = plot(result, args.plot)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(table(result))
     print(f"\nresults: {args.out}; plot: {result['plot']}; total {result['seconds']:.0f} s")
     return 0
