@@ -648,6 +648,7 @@ def plot(result: Mapping[str, Any], path: Path) -> str:
     ax.axhline(0.3, color="grey", linestyle="--", linewidth=1, label="target 0.3 s")
     ax.set_xscale("log")
     ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.minorticks_off()  # only the measured sizes are labelled on the log axis
     ax.set_xlabel("batches of history")
     ax.set_ylabel("CPU seconds (median, min-max over the cycle)")
     ax.set_title(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.control_plane import PIPELINES, STEPS, UPSTREAMS, Bench
+from benchmarks.control_plane import PIPELINES, STEPS, UPSTREAMS, Bench, main
 from tests.conftest import REPO
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.observe.observer import Observer
@@ -98,3 +98,18 @@ def test_a_tiny_run_reports_every_measurement(tmp_path: Path) -> None:
             assert (m[step]["scan"] is not None) == size["scan_stats"]
         synth = size["synthesize_seconds"]
         assert set(synth) == {"upstream_commits", "control_rows", "total"}
+
+    # Sizes run as separate processes combine into one result; runs of another cycle do not.
+    parts = []
+    for size in result["sizes"]:
+        part = tmp_path / f"part{size['batches']}.json"
+        part.write_text(json.dumps({**result, "sizes": [size]}))
+        parts.append(part)
+    combined = tmp_path / "combined.json"
+    argv = ["--out", str(combined), "--plot", str(tmp_path / "combined.png"), "--combine"]
+    assert main([*argv, *map(str, reversed(parts))]) == 0
+    assert json.loads(combined.read_text())["sizes"] == result["sizes"]
+    other = tmp_path / "other_cycle.json"
+    other.write_text(json.dumps({**result, "cycle": 50}))
+    with pytest.raises(SystemExit, match="differ in cycle"):
+        main([*argv, str(parts[0]), str(other)])
