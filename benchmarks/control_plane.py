@@ -20,8 +20,8 @@ Ticks are ``evaluate_tick`` of the location's sensors with ``build_sensor_contex
 a real ``DagsterInstance`` (a temporary DAGSTER_HOME); their partition requests are applied
 to the instance as the daemon would. Each measurement is CPU seconds of the process
 (``time.process_time``, all threads) and wall seconds, reported as median with min-max
-over the cycle. When the store exposes a scan counter (``scan_stats``), the rows and files
-each step scanned are reported too.
+over the cycle, with the rows and files each step read and the commits it made (the
+store's own counters, :attr:`WatermarkStore.scans`).
 
 Preloaded history is built with the rows the store itself writes
 (:mod:`watermark_dagster.store.codec`, planned with :func:`core.planning.plan_batch`), in
@@ -61,6 +61,7 @@ from dagster._core.definitions.sensor_definition import SensorExecutionData
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable, write_deltalake
 
+from benchmarks import observe
 from watermark_dagster.cli.app import run as cli_run
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
@@ -141,20 +142,11 @@ def _commit(path: Path, value: int) -> None:
 # ---------------------------------------------------------------- measuring
 
 
-def scan_counter(store: WatermarkStore) -> Callable[[], dict[str, int]] | None:
-    """A reader of the store's scan counters (rows and files read so far), when the store
-    exposes ``scan_stats``; None when it does not (this version of the store)."""
-    stats = getattr(store, "scan_stats", None)
-    if stats is None:
-        return None
-
-    def read() -> dict[str, int]:
-        found: Any = stats() if callable(stats) else stats
-        if not isinstance(found, Mapping):
-            found = vars(found)  # a dataclass or plain object of counters
-        return {str(k): int(v) for k, v in found.items() if isinstance(v, int | float)}
-
-    return read
+def scan_counter(store: WatermarkStore) -> Callable[[], dict[str, int]]:
+    """A reader of the store's scan counters (:attr:`WatermarkStore.scans`: data files
+    opened, rows read, tables loaded and refreshed, commits made so far). The sensors, the
+    CLI and the run-side steps of this thread share this store (``shared_store``)."""
+    return store.scans.snapshot
 
 
 @dataclasses.dataclass
@@ -623,8 +615,18 @@ def table(result: Mapping[str, Any]) -> str:
             f"{size['pipelines_per_batch']['cycle_mean']}; files after the cycle {files}; "
             f"load {size['loadavg_before'][0]:.2f} to {size['loadavg_after'][0]:.2f}"
         )
-    if not any(size["scan_stats"] for size in result["sizes"]):
-        lines.append("rows/files scanned: not reported (this store exposes no scan_stats)")
+    lines.append("store reads and commits per step, median (max): files / rows / commits / loads")
+    for step in (*TICKS, "run_side_per_pipeline"):
+        cells = []
+        for size in result["sizes"]:
+            scan = size["measurements"][step]["scan"] or {}
+            cells.append(
+                " / ".join(
+                    f"{scan[k]['median']:g} ({scan[k]['max']:g})" if k in scan else "-"
+                    for k in ("files", "rows", "commits", "loads")
+                )
+            )
+        lines.append(f"{step:<24}" + "".join(f"{c:>40}" for c in cells))
     return "\n".join(lines)
 
 
@@ -684,6 +686,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cli-every", type=int, default=5, help="run the CLI reads every N batches (5)"
+    )
+    parser.add_argument(
+        "--observe-tables",
+        type=lambda text: _sizes(text) if text else [],
+        default=[50, 500, 2000],
+        help="also observe this many local tables cold, warm and with 10%% changed, against "
+        "one listing of each _delta_log (benchmarks/observe.py); '' skips it (50,500,2000)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "control_plane.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "control_plane.png")
@@ -774,6 +783,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 size = measure_size(batches, cycle=args.cycle, cli_every=args.cli_every, work=work)
                 result["sizes"].append(size)
                 write(result, args, started)
+            result["observation"] = []
+            for count in args.observe_tables:
+                print(f"observing {count} tables...", flush=True)
+                upstreams = observe.make_tables(work / f"observe{count}", count)
+                result["observation"].append(observe.observation_costs(upstreams))
+                write(result, args, started)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -781,6 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 os.environ[key] = value
     print(table(result))
+    for costs in result.get("observation", []):
+        observe.print_costs(costs)
     print(f"\nresults: {args.out}; plot: {result['plot']}; total {result['seconds']:.0f} s")
     return 0
 

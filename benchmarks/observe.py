@@ -141,7 +141,8 @@ def observation_costs(
     return out
 
 
-def _print_costs(costs: dict[str, Any]) -> None:
+def print_costs(costs: dict[str, Any]) -> None:
+    """Print what :func:`observation_costs` measured, with ratios to the listing floor."""
     floor = costs["floor_listdir"]
     print(f"{costs['tables']} tables: seconds, median [min-max], and median / the listing floor's")
     for case, m in costs.items():
@@ -174,7 +175,7 @@ def main() -> None:
             root = Path(tempfile.mkdtemp(prefix=f"observe-{count}-"))
             upstreams = make_tables(root, count, commits=args.table_commits)
             costs = observation_costs(upstreams, repeat=args.repeat or 5)
-            _print_costs(costs)
+            print_costs(costs)
             results.append(costs)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
