@@ -61,7 +61,8 @@ def test_a_tiny_run_reports_every_measurement(tmp_path: Path) -> None:
     out, png = tmp_path / "control_plane.json", tmp_path / "control_plane.png"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.control_plane", "--batches", "5,12", "--cycle", "3",
-         "--cli-every", "2", "--out", str(out), "--plot", str(png), "--root", str(tmp_path / "w")],
+         "--cli-every", "2", "--observe-tables", "4", "--out", str(out), "--plot", str(png),
+         "--root", str(tmp_path / "w")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -75,6 +76,10 @@ def test_a_tiny_run_reports_every_measurement(tmp_path: Path) -> None:
     assert len(result["loadavg_before"]) == 3
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [s["batches"] for s in result["sizes"]] == [5, 12]
+    [observed] = result["observation"]
+    assert observed["tables"] == 4
+    for case in ("floor_listdir", "cold", "warm_nothing_new", "warm_10pct_changed"):
+        assert observed[case]["cpu_s"]["min"] <= observed[case]["cpu_s"]["max"]
     for size in result["sizes"]:
         n = size["batches"]
         # The cycle's batches were planned, run and completed on top of the preload: ten
@@ -96,6 +101,9 @@ def test_a_tiny_run_reports_every_measurement(tmp_path: Path) -> None:
                 s = m[step][kind]
                 assert 0 <= s["min"] <= s["median"] <= s["max"]
             assert (m[step]["scan"] is not None) == size["scan_stats"]
+        # The store's own counters: a plan tick reads files and commits the plan.
+        assert m["plan_tick"]["scan"]["files"]["max"] > 0
+        assert m["plan_tick"]["scan"]["commits"]["min"] >= 1
         synth = size["synthesize_seconds"]
         assert set(synth) == {"upstream_commits", "control_rows", "total"}
 
