@@ -36,6 +36,7 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.outcomes import succeeded_pipelines
+from watermark_dagster.core.planning import delta_source_version
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.errors import BatchStateError
@@ -209,13 +210,26 @@ class Case:
         self.stats.commits += 3
 
     def _pinned_high(self) -> tuple:
-        """The greatest cursor position any window of ``clicks`` was pinned at so far."""
-        ends = [
-            b.inputs["clicks"].window.end  # type: ignore[union-attr]
-            for b in self.store.batches()
-            if "clicks" in b.inputs and b.inputs["clicks"].window is not None
-        ]
-        return max((tuple(e) for e in ends if e is not None), default=())
+        """The greatest cursor position any window of ``clicks`` reads up to: its pinned
+        end, or for a window not pinned yet, the newest row of the source at the version
+        its batch was planned at (the batch reads ``clicks`` as of that version)."""
+        ends: list[tuple] = []
+        for b in self.store.batches():
+            window = b.inputs["clicks"].window if "clicks" in b.inputs else None
+            if window is None:
+                continue
+            if window.end is not None:
+                ends.append(tuple(window.end))
+                continue
+            version = delta_source_version(b.source_states.get("clicks"))
+            assert version is not None, b.source_states
+            planned = RsTable(self.clicks, version=version)
+            table = planned.to_pyarrow_table(columns=["id", "ts"])
+            ends.extend(
+                (_micros(ts), i)
+                for i, ts in zip(table["id"].to_pylist(), table["ts"].to_pylist(), strict=True)
+            )
+        return max(ends, default=())
 
     def _add_clicks(self, ids: list[int], *, late: bool) -> None:
         """Append cursor rows; a late row's cursor is below every window pinned so far."""

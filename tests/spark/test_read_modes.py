@@ -22,17 +22,22 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsDeltaTable
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO
 from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
+from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.observe.log import latest_local_version
+from watermark_dagster.observe.observer import Observer
+from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.run_pipeline import execute_pipeline, recompute_pipeline
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
@@ -769,3 +774,80 @@ def test_a_reload_that_changes_the_schema_keeps_the_clustering(lake: Lake) -> No
     assert detail is not None
     assert list(detail["clusteringColumns"]) == ["id"]
     assert [(r["id"], r["value"]) for r in lake.table("clustered").collect()] == [(2, "twenty")]
+
+
+def _latest_clicks(batch: BatchContext) -> DataFrame:
+    return batch["clicks"].net_changes(["id"]).select("id", "value")
+
+
+def _all_clicks(batch: BatchContext) -> DataFrame:
+    return batch["clicks"].changes.select("id", "value")
+
+
+def test_every_reader_of_a_batch_sees_a_delta_cursor_source_as_the_batch_planned_it(
+    lake: Lake,
+) -> None:
+    """Two pipelines read one batch of a Delta cursor upstream; between their reads (a
+    crash and a retry, or just the next run) a late row lands inside the window the first
+    reader pinned. Both must read the same rows (I3), so neither takes the late row: the
+    first load (a snapshot up to the window's end) and a later window (start, end] alike.
+    Model seed 702: the append target kept a late row its merge sibling never saw."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    path = lake.path("clicks")
+
+    def add(rows: list[tuple[int, datetime]]) -> None:
+        write_deltalake(
+            path,
+            pa.table(
+                {
+                    "id": pa.array([i for i, _ in rows], pa.int64()),
+                    "value": pa.array([i * 10 for i, _ in rows], pa.int64()),
+                    "ts": pa.array([ts for _, ts in rows], pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            mode="append",
+        )
+
+    add([(i, t0 + timedelta(minutes=i)) for i in (1, 2, 3)])
+    registry = Registry(
+        upstreams=[CursorUpstream(name="clicks", path=path, cursor="ts", tie_break=("id",))],
+        pipelines=[
+            Pipeline(
+                name="clicks_copy",
+                upstreams=("clicks",),
+                target=lake.path("copy"),
+                keys=("id",),
+                transform=_latest_clicks,
+            ),
+            Pipeline(
+                name="clicks_log",
+                upstreams=("clicks",),
+                target=lake.path("log"),
+                keys=(),
+                transform=_all_clicks,
+                write="append",
+            ),
+        ],
+    )
+    store, observer = lake.store, Observer()
+
+    def batch_with_late_row(late: tuple[int, datetime]) -> str:
+        look = look_before_planning(registry, observer, store, actor="test")
+        batch, _ = plan_next(store, look, actor="test")
+        assert batch is not None
+        run = {"spark": lake.spark, "store": store, "registry": registry}
+        execute_pipeline(**run, pipeline_name="clicks_copy", batch_id=batch.batch_id)
+        add([late])  # committed after the window was pinned, inside it
+        execute_pipeline(**run, pipeline_name="clicks_log", batch_id=batch.batch_id)
+        finalize_batch(store, store.get_batch(batch.batch_id), registry=registry, actor="test")
+        return batch.batch_id
+
+    # The first load reads everything up to the pinned end: a row far below it is late.
+    first = batch_with_late_row((0, t0 - timedelta(days=1)))
+    assert store.get_batch(first).full_load == ("clicks_copy", "clicks_log")
+    assert sorted(lake.rows("log")) == sorted(lake.rows("copy")) == [1, 2, 3]
+
+    # A later window (t3, t5]: a row at t4 + 30 s lands inside it after the pin.
+    add([(i, t0 + timedelta(minutes=i)) for i in (4, 5)])
+    batch_with_late_row((6, t0 + timedelta(minutes=4, seconds=30)))
+    assert sorted(lake.rows("log")) == sorted(lake.rows("copy")) == [1, 2, 3, 4, 5]

@@ -210,6 +210,17 @@ def cursor_state(source_state: str | None, recheck_at: int | None) -> str | None
     return f"{source_state or ''}{_RECHECK}{recheck_at}"
 
 
+def delta_source_version(source_state: str | None) -> int | None:
+    """The Delta version in a cursor source's observed state (``v12`` -> 12), or None for
+    a source that is not a Delta table (a folder's fingerprint, or no state)."""
+    if source_state is None:
+        return None
+    base = source_state.partition(_RECHECK)[0]
+    if len(base) > 1 and base[0] == "v" and base[1:].isdigit():
+        return int(base[1:])
+    return None
+
+
 def cursor_has_new_data(committed_state: str | None, state: str | None, now: datetime) -> bool:
     """Whether a cursor upstream may hold rows its committed position has not read: its
     source changed, its state is unknown, or rows held back by the lag have passed it."""

@@ -18,7 +18,7 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.outcomes import superseded_by
-from watermark_dagster.core.planning import PlannedInput
+from watermark_dagster.core.planning import PlannedInput, delta_source_version
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.errors import BatchStateError, TerminalError
@@ -349,6 +349,10 @@ def _bind_inputs(
             full_load=full_load,
             table_id=batch.table_ids.get(u),
             pin=pinner(u),
+            # A Delta cursor source is read as the batch planned it: a row committed after
+            # the first reader pinned the window, inside it, is not seen by later readers
+            # (a retry, the batch's other pipelines) either.
+            source_version=delta_source_version(batch.source_states.get(u)),
         )
         for u in pipeline.upstreams
     }

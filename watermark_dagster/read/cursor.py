@@ -18,9 +18,15 @@ from watermark_dagster.read.frames import spark_reader
 log = logging.getLogger("watermark_dagster")
 
 
-def read_source(spark: SparkSession, upstream: CursorUpstream) -> DataFrame:
-    """A cursor upstream's current data (any Spark-readable source)."""
-    return spark_reader(spark, upstream, upstream.format).load(upstream.path)
+def read_source(
+    spark: SparkSession, upstream: CursorUpstream, version: int | None = None
+) -> DataFrame:
+    """A cursor upstream's data (any Spark-readable source): a Delta source as of
+    ``version`` when given (the version its batch was planned at), else its current data."""
+    reader = spark_reader(spark, upstream, upstream.format)
+    if version is not None and upstream.format == "delta":
+        reader = reader.option("versionAsOf", version)
+    return reader.load(upstream.path)
 
 
 def cursor_value(source: DataFrame, upstream: CursorUpstream) -> Column:
@@ -136,9 +142,11 @@ def pin_window(
     window: CursorWindow,
     pin: PinWindow | None,
     now: datetime,
+    version: int | None = None,
 ) -> tuple[CursorWindow, int]:
     """The window with its end pinned (unchanged when already pinned: the first read fixes
-    it), and how many rows have no cursor value (never read).
+    it), and how many rows have no cursor value (never read). A Delta source is read as of
+    ``version`` (see :func:`read_source`).
 
     Raises:
         ValueError: the window is not pinned and no ``pin`` callback was given.
@@ -147,7 +155,7 @@ def pin_window(
         return window, 0
     if pin is None:
         raise ValueError(f"{upstream.name}: an unpinned window needs a pin callback")
-    found = pin_end(read_source(spark, upstream), upstream, window, now)
+    found = pin_end(read_source(spark, upstream, version), upstream, window, now)
     if found.held_back or found.no_cursor:
         log.warning(
             "upstream=%s: %d row(s) held back by the lag (read by a later batch), "

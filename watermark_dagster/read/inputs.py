@@ -59,6 +59,9 @@ class UpstreamInput:
         range: the inclusive version range, None for NOOP and cursor upstreams.
         snapshot_version: the version ``snapshot`` is read at (None for cursor upstreams).
         window: the pinned cursor window of a cursor upstream.
+        source_version: the Delta version a cursor upstream stored as Delta is read at
+            (the version its batch was planned at), so every reader of the batch sees
+            the same rows, even rows committed later inside the window (I3).
         files_read: data files an APPEND_ONLY read opened (None for other modes).
     """
 
@@ -71,6 +74,7 @@ class UpstreamInput:
     _upstream: Upstream
     files_read: int | None = None
     rows_without_cursor: int = 0
+    source_version: int | None = None
     _scan: AppendScan | None = field(default=None, repr=False)
     # Each read once, on first use: the transform and the rows-read count share them.
     _snapshot: DataFrame | None = field(default=None, init=False, repr=False)
@@ -87,10 +91,12 @@ class UpstreamInput:
         table_id: str | None = None,
         pin: PinWindow | None = None,
         now: datetime | None = None,
+        source_version: int | None = None,
     ) -> "UpstreamInput":
         """Bind a planned input to Spark after checking it can be read as planned.
 
-        Cursor windows are pinned here (the first read fixes the end).
+        Cursor windows are pinned here (the first read fixes the end); a cursor source
+        stored as Delta is read as of ``source_version`` when given.
 
         Raises:
             UpstreamRecreatedError, UpstreamUnreadableError, UpstreamSchemaChangedError,
@@ -100,7 +106,12 @@ class UpstreamInput:
         if planned.is_cursor:
             assert window is not None
             window, rows_without_cursor = pin_window(
-                spark, _cursor_upstream(upstream), window, pin, now or datetime.now(UTC)
+                spark,
+                _cursor_upstream(upstream),
+                window,
+                pin,
+                now or datetime.now(UTC),
+                source_version,
             )
             mode = ReadMode.SNAPSHOT if full_load else planned.mode
         else:
@@ -116,6 +127,7 @@ class UpstreamInput:
             _upstream=upstream,
             files_read=len(scan.files) if scan is not None else None,
             rows_without_cursor=rows_without_cursor,
+            source_version=source_version if planned.is_cursor else None,
             _scan=scan,
         )
 
@@ -134,7 +146,7 @@ class UpstreamInput:
 
     def _read_snapshot(self) -> DataFrame:
         if self.window is not None:
-            source = read_source(self._spark, _cursor_upstream(self._upstream))
+            source = read_source(self._spark, _cursor_upstream(self._upstream), self.source_version)
             upto = CursorWindow(None, self.window.end if self.window.end is not None else ())
             return source.where(in_window(source, _cursor_upstream(self._upstream), upto))
         assert self.snapshot_version is not None
@@ -156,7 +168,7 @@ class UpstreamInput:
             frame = as_changes(self.snapshot, self.snapshot_version)
         elif self.mode is ReadMode.TIMESTAMP:
             assert self.window is not None
-            source = read_source(self._spark, _cursor_upstream(self._upstream))
+            source = read_source(self._spark, _cursor_upstream(self._upstream), self.source_version)
             frame = as_changes(
                 source.where(in_window(source, _cursor_upstream(self._upstream), self.window)), None
             )
