@@ -8,11 +8,9 @@ that does not exist yet as empty, and refuses every write.
 
 from typing import Any, NoReturn
 
-import pyarrow as pa
 from deltalake import DeltaTable
 
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.store import schema
 from watermark_dagster.store.store import WatermarkStore
 
 
@@ -21,11 +19,11 @@ class ReadOnlyStoreError(TerminalError):
 
 
 class _AbsentTable:
-    """What reading a control table that does not exist yet gives: no rows, its schema."""
+    """What reading a control table that does not exist yet gives: version -1, which the
+    store reads as no rows."""
 
-    def __init__(self, uri: str, table: str) -> None:
+    def __init__(self, uri: str) -> None:
         self.table_uri = uri
-        self._schema: pa.Schema = schema.TABLES[table]
 
     def version(self) -> int:
         return -1
@@ -47,7 +45,7 @@ class ReadOnlyWatermarkStore(WatermarkStore):
         if table not in self._handles and not DeltaTable.is_deltatable(
             uri, storage_options=self.storage_options
         ):
-            return _AbsentTable(uri, table)
+            return _AbsentTable(uri)
         return super()._handle(table)
 
     def _refuse(self, table: str) -> NoReturn:

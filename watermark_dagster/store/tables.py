@@ -351,13 +351,13 @@ class ControlTables:
         match: Mapping[str, Any] | None = None,
         *,
         enough: Callable[[list[dict[str, Any]]], bool],
-        floor: int = schema.NO_BATCH_BUCKET + 1,
     ) -> list[dict[str, Any]]:
-        """Rows matching ``match``, reading one bucket at a time from the newest (not
-        below ``floor``) until ``enough`` says the rows found so far suffice."""
+        """Rows matching ``match``, reading one bucket at a time from the newest until
+        ``enough`` says the rows found so far suffice (never the bucket of rows of no
+        batch, which sorts below every batch's)."""
         found: list[dict[str, Any]] = []
         for bucket in self._buckets(dt):
-            if bucket < floor:
+            if bucket == schema.NO_BATCH_BUCKET:
                 break
             found.extend(self._rows(dt, match, buckets=[bucket]))
             if enough(found):
