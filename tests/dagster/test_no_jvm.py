@@ -121,14 +121,16 @@ def test_watermark_run_with_nothing_to_do_starts_no_jvm(home: Path, tmp_path: Pa
     assert not launches.exists(), launches.read_text()
 
 
-# Executes run requests the way `watermark run` does (HeadlessRunner) and then as a UI
-# backfill does (the batch job on one partition), printing what the caller checks.
+# Executes run requests the way the coordinator's do (through HeadlessRunner, with the
+# attempt tag) and then as a UI backfill does (the batch job on one partition, by hand),
+# printing what the caller checks.
 _BACKFILL = textwrap.dedent(
     """
     import json, sys
     from dagster import AssetKey, DagsterInstance, RunRequest, SensorResult
     from watermark_dagster.dagster_defs.assets import SKIPPED_TAG
     from watermark_dagster.dagster_defs.resources import held_spark_sessions, spark_was_started
+    from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG
     from watermark_dagster.definitions import defs
     from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 
@@ -138,12 +140,17 @@ _BACKFILL = textwrap.dedent(
     lines = []
     runner = HeadlessRunner(defs, instance, log=lines.append)
     report = CycleReport()
-    request = RunRequest(partition_key=partition, asset_selection=[AssetKey(pipeline)])
+    request = RunRequest(
+        partition_key=partition, asset_selection=[AssetKey(pipeline)], tags={ATTEMPT_TAG: "2"}
+    )
     with held_spark_sessions():
         runner.execute_requests(SensorResult(run_requests=[request]), report)
     job = defs.resolve_job_def("watermark_batch_job")
     direct = job.execute_in_process(
-        instance=instance, partition_key=partition, asset_selection=[AssetKey(pipeline)]
+        instance=instance,
+        partition_key=partition,
+        asset_selection=[AssetKey(pipeline)],
+        raise_on_error=False,
     )
     [run] = report.runs
     logs = [
@@ -152,12 +159,25 @@ _BACKFILL = textwrap.dedent(
         for e in instance.all_logs(r)
         if "SKIPPED" in (e.user_message or "")
     ]
+    failures = [
+        e.event_specific_data.user_failure_data.description
+        for e in direct.all_events
+        if e.is_step_failure
+    ]
     print(json.dumps({
         "jvm": spark_was_started(),
         "success": [run.success, direct.success],
         "skipped": run.skipped,
         "lines": lines,
         "run_log": logs,
+        "failures": failures,
+        "materialized": [
+            len([
+                e for e in instance.all_logs(r)
+                if e.dagster_event and e.dagster_event.is_step_materialization
+            ])
+            for r in (run.run_id, direct.run_id)
+        ],
         "tags": [
             instance.get_run_by_id(r).tags.get(SKIPPED_TAG) for r in (run.run_id, direct.run_id)
         ],
@@ -166,16 +186,7 @@ _BACKFILL = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    ("partition", "pipeline", "kind", "words"),
-    [
-        pytest.param("b000001", "orders_enriched", "superseded", "superseded", id="superseded"),
-        pytest.param("b000002", "customer_payments", "not_in_batch", "no upstream", id="noop"),
-    ],
-)
-def test_a_run_that_skips_starts_no_jvm_and_says_why(
-    home: Path, tmp_path: Path, partition: str, pipeline: str, kind: str, words: str
-) -> None:
+def _run_both(home: Path, tmp_path: Path, partition: str, pipeline: str) -> dict:
     java_home, launches = _java_shim(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-c", _BACKFILL, partition, pipeline],
@@ -189,39 +200,48 @@ def test_a_run_that_skips_starts_no_jvm_and_says_why(
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not launches.exists(), launches.read_text()
     assert out["jvm"] is False
-    assert out["success"] == [True, True]
-    # The headless progress line, the run's own log and its tags all say it skipped.
-    assert words in out["skipped"][pipeline]
-    [line] = out["lines"]
-    assert f"{pipeline} SKIPPED" in line
-    assert words in line
-    assert len(out["run_log"]) == 2
-    assert all(words in m for m in out["run_log"])
-    assert out["tags"] == [f"{pipeline}={kind}"] * 2
+    return out
 
 
-def test_headless_ticks_reuse_the_open_instance(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "partition",
+    [
+        pytest.param("b000001", id="older-batch"),
+        pytest.param("b000002", id="newest-batch"),
+    ],
+)
+def test_a_batch_already_applied_is_skipped_quietly_or_refused_by_hand(
+    home: Path, tmp_path: Path, partition: str
 ) -> None:
-    """A headless tick evaluates the sensors on the runner's open instance: no new instance
-    from its ref (a storage connection and a schema check every tick, every batch)."""
-    from dagster import DagsterInstance
+    out = _run_both(home, tmp_path, partition, "orders_enriched")
+    # The coordinator's retry of a batch the pipeline already applied skips it: no write,
+    # no materialization (the partition keeps the one of the run that applied it).
+    assert out["success"] == [True, False]
+    assert "already succeeded" in out["skipped"]["orders_enriched"]
+    [line] = out["lines"]
+    assert "orders_enriched SKIPPED" in line
+    [log] = out["run_log"]
+    assert "SKIPPED (already applied)" in log
+    assert out["materialized"] == [0, 0]
+    assert out["tags"] == ["orders_enriched=already_applied", None]
+    # A backfill by hand fails before any Spark work, naming the replay of its ranges for
+    # this pipeline's upstreams only.
+    [failure] = out["failures"]
+    assert "Not re-applied" in failure
+    version = 0 if partition == "b000001" else 1
+    assert f"watermark replay -t orders --from-version {version} --to-version {version}" in failure
+    assert "-p orders_enriched" in failure
+    assert "payments" not in failure
 
-    from watermark_dagster.dagster_defs.headless import HeadlessRunner
-    from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
-    from watermark_dagster.definitions import build_demo_definitions
 
-    opened: list[object] = []
-    from_ref = DagsterInstance.from_ref
-
-    def counting_from_ref(ref: object) -> DagsterInstance:
-        opened.append(ref)
-        return from_ref(ref)  # type: ignore[arg-type]
-
-    with DagsterInstance.from_config(str(home / "dagster")) as instance:
-        runner = HeadlessRunner(build_demo_definitions(home), instance)
-        monkeypatch.setattr(DagsterInstance, "from_ref", staticmethod(counting_from_ref))
-        for name in (COORDINATOR, FINALIZER, COORDINATOR):
-            result = runner.tick(name)
-            assert not result.run_requests  # everything is committed: nothing to plan
-    assert opened == []
+def test_a_pipeline_the_batch_did_not_need_is_done_with_nothing_to_do(
+    home: Path, tmp_path: Path
+) -> None:
+    out = _run_both(home, tmp_path, "b000002", "customer_payments")
+    assert out["success"] == [True, True]
+    assert "no upstream" in out["skipped"]["customer_payments"]
+    assert len(out["run_log"]) == 2
+    assert all("nothing changed for it" in m for m in out["run_log"])
+    # Shown as done with nothing to do, never missing.
+    assert out["materialized"] == [1, 1]
+    assert out["tags"] == ["customer_payments=not_in_batch"] * 2

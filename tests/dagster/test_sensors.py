@@ -631,3 +631,46 @@ def test_a_run_failing_with_our_error_reports_it_with_its_fix(setup) -> None:
     ), run.error
     tags = instance.get_run_by_id(run.run_id).tags
     assert json.loads(tags["watermark/terminal_error"])["error"] == "BatchStateError"
+
+
+def test_a_pipeline_the_batch_did_not_need_is_materialized_as_nothing_to_do(setup) -> None:
+    """When a batch completes, the finalizer records each pipeline it did not need as
+    materialized with nothing to do (no run), so the partition is never shown missing; the
+    pipelines it needed get nothing from the finalizer (their runs materialize them)."""
+    defs, instance, store, ups = setup
+    first = _tick(defs, instance, COORDINATOR)
+    for pipeline in ("pipeline_a", "pipeline_b"):
+        _succeed(store, pipeline, "b000001")
+    done = _tick(defs, instance, FINALIZER)
+    assert not [e for e in done.asset_events if isinstance(e, AssetMaterialization)]
+
+    _commit(ups["up1"], [3])  # only pipeline_a reads up1
+    second = _tick(defs, instance, COORDINATOR, first.cursor)
+    batch = store.open_batch()
+    assert batch is not None
+    assert batch.pipelines == ("pipeline_a",)
+    assert second.run_requests
+    _succeed(store, "pipeline_a", batch.batch_id)
+    completed = _tick(defs, instance, FINALIZER)
+    assert completed.skip_message == f"batch {batch.batch_id} completed"
+    [nothing] = [e for e in completed.asset_events if isinstance(e, AssetMaterialization)]
+    assert nothing.asset_key == AssetKey("pipeline_b")
+    assert nothing.partition == batch.batch_id
+    meta = {k: getattr(v, "value", v) for k, v in nothing.metadata.items()}
+    assert meta["skip_kind"] == "not_in_batch"
+    assert meta["batch_id"] == batch.batch_id
+    assert meta[PLAN_ID_METADATA] == batch.plan_id
+
+
+def test_upstream_observations_carry_no_dagster_data_version(setup) -> None:
+    """A batch partition's inputs are its pinned ranges: an upstream's newer version must
+    not make completed partitions look unsynced, so observations carry the Delta version as
+    metadata only."""
+    defs, instance, _, _ = setup
+    result = _tick(defs, instance, COORDINATOR)
+    observed = [e for e in result.asset_events if isinstance(e, AssetObservation)]
+    assert observed
+    for event in observed:
+        assert "dagster/data_version" not in (event.tags or {})
+        assert isinstance(event.metadata["latest_version"].value, int)
+        assert "committed_version" not in event.metadata  # nothing committed yet: left out

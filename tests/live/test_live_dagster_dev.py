@@ -34,6 +34,7 @@ from watermark_dagster.demo import (
     full_orders_enriched,
     seed,
 )
+from watermark_dagster.demo.data import UPSTREAMS as SCHEMAS
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.store import WatermarkStore
 
@@ -513,6 +514,76 @@ def _metadata(materialization: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+STALE_QUERY = """
+query Stale($key: AssetKeyInput!, $partitions: [String!]) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode {
+      staleStatusByPartition(partitions: $partitions)
+      assetPartitionStatuses {
+        __typename
+        ... on DefaultPartitionStatuses {
+          materializedPartitions unmaterializedPartitions failedPartitions
+        }
+      }
+    }
+  }
+}
+"""
+
+BACKFILL_MUTATION = """
+mutation Backfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+  }
+}
+"""
+
+FAILURE_QUERY = """
+query Failure($runId: ID!) {
+  logsForRun(runId: $runId) {
+    ... on EventConnection {
+      events { __typename ... on ExecutionStepFailureEvent { error { message } } }
+    }
+  }
+}
+"""
+
+
+def _partition_states(dev: DagsterDev, asset: str, partitions: list[str]) -> dict[str, Any]:
+    """Sync status of ``partitions`` (FRESH, STALE, MISSING) and the asset's partition
+    statuses (materialized, unmaterialized, failed)."""
+    data = dev.graphql(STALE_QUERY, {"key": {"path": [asset]}, "partitions": partitions})
+    node = data["assetNodeOrError"]
+    assert node["__typename"] == "AssetNode", node
+    return {
+        "stale": dict(zip(partitions, node["staleStatusByPartition"], strict=True)),
+        **node["assetPartitionStatuses"],
+    }
+
+
+def _backfill_runs(dev: DagsterDev, asset: str, partition: str) -> list[dict[str, Any]]:
+    """Launch a UI asset backfill of one partition; its runs once they all finished."""
+    params = {"partitionNames": [partition], "assetSelection": [{"path": [asset]}]}
+    answer = dev.graphql(BACKFILL_MUTATION, {"params": params})["launchPartitionBackfill"]
+    assert answer["__typename"] == "LaunchBackfillSuccess", answer
+    tag = {"key": "dagster/backfill", "value": answer["backfillId"]}
+
+    def finished() -> list[dict[str, Any]] | None:
+        runs = dev.graphql(RUNS_QUERY, {"filter": {"tags": [tag]}})["runsOrError"]["results"]
+        done = {"SUCCESS", "FAILURE", "CANCELED"}
+        return runs if runs and all(r["status"] in done for r in runs) else None
+
+    return dev.wait_for(f"the backfill of {asset} {partition} to finish", finished, 180)
+
+
+def _step_failures(dev: DagsterDev, run_id: str) -> list[str]:
+    events = dev.graphql(FAILURE_QUERY, {"runId": run_id})["logsForRun"]["events"]
+    return [e["error"]["message"] for e in events if e["__typename"] == "ExecutionStepFailureEvent"]
+
+
 def _run_events(dev: DagsterDev, run_id: str) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     cursor = None
@@ -563,14 +634,15 @@ def _check_batch_in_dagster(dev: DagsterDev, instance: Any, batch: Batch) -> dic
                 planned = batch.inputs[upstream]
                 if pipeline in batch.full_load:
                     assert meta[f"{upstream}/read_mode"] == "SNAPSHOT", meta
-                    assert meta[f"{upstream}/start_version"] == "none", meta
+                    # Numbers only (plotted): a snapshot covers every version up to its end.
+                    assert meta[f"{upstream}/start_version"] == 0, meta
                     assert meta[f"{upstream}/end_version"] == planned.snapshot_version, meta
                     row = f"| {upstream} | SNAPSHOT | @{planned.snapshot_version} |"
                     assert row in meta["ranges"], (row, meta["ranges"])
                     continue
                 if planned.range is None:
                     assert meta[f"{upstream}/read_mode"] == "NOOP", meta
-                    assert meta[f"{upstream}/start_version"] == "none", meta
+                    assert f"{upstream}/start_version" not in meta, meta
                     assert meta[f"{upstream}/end_version"] == planned.snapshot_version, meta
                     continue
                 assert meta[f"{upstream}/read_mode"] == "CDF", meta
@@ -814,6 +886,51 @@ def test_dagster_dev_runs_batches_by_itself(
 
         _assert_targets_match_full_recompute(spark, paths, latest)
         timings["targets checked"] = time.monotonic() - began
+
+        # ---- a batch only orders_enriched needs: customer_payments is shown done with
+        # nothing to do (not missing), with no run of its own
+        spark.createDataFrame([(10_000, 1, 100, "new")], SCHEMAS["orders"]).write.format(
+            "delta"
+        ).mode("append").save(paths.upstream("orders"))
+        latest = _latest_versions(paths)
+        batches = dev.wait_for(
+            "the orders-only batch to complete",
+            lambda: _all_caught_up(paths, latest, len(batches) + 1),
+            CATCH_UP_TIMEOUT,
+        )
+        only = batches[-1]
+        assert only.pipelines == ("orders_enriched",), only
+        run_pids.update(_check_batch_in_dagster(dev, instance, only))
+        [nothing] = dev.wait_for(
+            "customer_payments' nothing-to-do materialization",
+            lambda: _materializations(dev, "customer_payments", only.batch_id),
+            60,
+        )
+        # Recorded by the finalizer, not by a run.
+        assert nothing["runId"] not in {r["runId"] for r in _runs_of_partition(dev, only.batch_id)}
+        assert _metadata(nothing)["skip_kind"] == "not_in_batch", _metadata(nothing)
+        states = _partition_states(dev, "customer_payments", [only.batch_id])
+        assert only.batch_id in states["materializedPartitions"], states
+        assert only.batch_id not in states["unmaterializedPartitions"], states
+        timings["orders-only batch"] = time.monotonic() - began
+
+        # ---- completed batches stay in sync after upstreams moved on
+        ids = [b.batch_id for b in batches]
+        for pipeline in PIPELINES:
+            states = _partition_states(dev, pipeline, ids)
+            assert set(states["stale"].values()) == {"FRESH"}, (pipeline, states)
+            assert states["unmaterializedPartitions"] == [], (pipeline, states)
+
+        # ---- a UI backfill of the first batch is refused before any Spark work, naming
+        # `watermark replay`; the partition keeps the materialization with its ranges
+        [refused] = _backfill_runs(dev, "orders_enriched", first.batch_id)
+        assert refused["status"] == "FAILURE", refused
+        messages = _step_failures(dev, refused["runId"])
+        assert any("watermark replay -t orders" in m for m in messages), messages
+        [latest_mat, *_] = _materializations(dev, "orders_enriched", first.batch_id)
+        assert latest_mat["runId"] in run_pids, latest_mat
+        assert _metadata(latest_mat)["orders/end_version"] == 0, _metadata(latest_mat)
+        timings["backfill refused"] = time.monotonic() - began
 
         problems = _watermark_problems(dev.log_text())
         assert not problems, dev.explain(

@@ -285,11 +285,25 @@ def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location
     versions = {p: latest_local_version(t) for p, t in targets.items()}
 
     # An operator backfills batch 1 (as the UI's asset backfill would): same job, old partition.
+    before = _materialization_metadata(location.instance, "orders_enriched", "b000001")
     job = location.runner.defs.resolve_job_def("watermark_batch_job")
-    result = job.execute_in_process(instance=location.instance, partition_key="b000001")
-    assert result.success
+    result = job.execute_in_process(
+        instance=location.instance, partition_key="b000001", raise_on_error=False
+    )
+    # Refused loudly, naming the replay of the batch's ranges; nothing written.
+    assert not result.success
+    failures = [
+        e.event_specific_data.user_failure_data.description  # type: ignore[union-attr]
+        for e in result.all_events
+        if e.is_step_failure
+    ]
+    assert failures
+    assert all("watermark replay -t " in f for f in failures), failures
     assert {p: latest_local_version(t) for p, t in targets.items()} == versions  # untouched
+    # The partition keeps the materialization that applied it, with its ranges.
     meta = _materialization_metadata(location.instance, "orders_enriched", "b000001")
-    assert "superseded" in meta["skipped"]
+    assert meta == before
+    assert "skipped" not in meta
+    assert "orders/end_version" in meta
     assert location.store.get_batch("b000001").status is BatchStatus.COMPLETED
     _assert_targets_exact(spark, location.paths)

@@ -1,12 +1,13 @@
 """Dagster assets: upstreams as observable sources, pipelines as batch-partitioned assets."""
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dagster import (
     AssetExecutionContext,
     AssetKey,
+    AssetMaterialization,
     AssetObservation,
     AssetsDefinition,
     AssetSpec,
@@ -21,17 +22,14 @@ from dagster import (
     multi_observable_source_asset,
 )
 
-# Private, and kept: Dagster 1.13 has no public constant for the "dagster/data_version"
-# tag, and an AssetObservation reported by a sensor takes its data version only as this
-# tag (ObserveResult's data_version argument exists only inside an observation run).
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
-
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.observations import Observation
+from watermark_dagster.core.records import Batch
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
+    ATTEMPT_TAG,
     PIPELINE_METADATA,
     PLAN_ID_METADATA,
     WORKER_TAG,
@@ -118,9 +116,10 @@ def observation_metadata(obs: Observation, committed: int | None) -> dict[str, A
     if obs.is_cursor:
         return {"source_state": obs.state or "unknown", "path": MetadataValue.path(obs.path)}
     lag = obs.latest_version - (-1 if committed is None else committed)
+    # Numbers stay numbers (the UI plots them); a value that does not exist is left out.
     return {
         "latest_version": obs.latest_version,
-        "committed_version": MetadataValue.int(committed) if committed is not None else "none",
+        **({"committed_version": committed} if committed is not None else {}),
         "lag_versions": lag,
         "cdf_enabled": obs.cdf_enabled,
         "table_id": obs.table_id,
@@ -130,12 +129,16 @@ def observation_metadata(obs: Observation, committed: int | None) -> dict[str, A
 
 
 def observation_event(obs: Observation, key: AssetKey, committed: int | None) -> AssetObservation:
-    """An observation event a sensor can report (data version = Delta version)."""
-    return AssetObservation(
-        asset_key=key,
-        metadata=observation_metadata(obs, committed),
-        tags={DATA_VERSION_TAG: str(obs.latest_version)},
-    )
+    """An observation event a sensor can report.
+
+    It carries the table's versions as metadata, not as a Dagster data version: Dagster
+    marks a partition "Unsynced" when an upstream's data version differs from the one
+    recorded when the partition was materialized. A batch partition's inputs are its pinned
+    ranges, which never change (I3), so a newer upstream version is work for a new batch,
+    never a reason to re-run a completed one; the upstream's data version therefore stays
+    constant and completed batches stay in sync.
+    """
+    return AssetObservation(asset_key=key, metadata=observation_metadata(obs, committed))
 
 
 def build_upstream_assets(
@@ -165,12 +168,9 @@ def build_upstream_assets(
             except UpstreamUnavailableError as e:
                 context.log.error(str(e))
                 raise Failure(description=str(e), metadata=e.metadata()) from e
+            # No data version, as for the sensors' observations (see observation_event).
             yield ObserveResult(
-                asset_key=key,
-                data_version=DataVersion(
-                    str(obs.state) if obs.is_cursor else str(obs.latest_version)
-                ),
-                metadata=observation_metadata(obs, committed.get(upstream.name)),
+                asset_key=key, metadata=observation_metadata(obs, committed.get(upstream.name))
             )
 
     # multi_observable_source_asset is the current, non-deprecated form; it is marked beta.
@@ -199,12 +199,12 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
     for r in outcome.inputs:
         prefix = f"{r.upstream}"
         meta[f"{prefix}/read_mode"] = r.mode
-        meta[f"{prefix}/start_version"] = (
-            MetadataValue.int(r.start_version) if r.start_version is not None else "none"
-        )
-        meta[f"{prefix}/end_version"] = (
-            MetadataValue.int(r.end_version) if r.end_version is not None else "none"
-        )
+        # Numbers only, so the UI plots them: a snapshot covers every version up to its end
+        # (start 0); a cursor window has no versions (left out).
+        if r.end_version is not None:
+            start = r.start_version if r.start_version is not None else 0
+            meta[f"{prefix}/start_version"] = MetadataValue.int(start)
+            meta[f"{prefix}/end_version"] = MetadataValue.int(r.end_version)
         meta[f"{prefix}/rows_read"] = r.rows_read
         if r.files_read is not None:
             meta[f"{prefix}/files_read"] = r.files_read
@@ -243,20 +243,21 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
 # Run tag naming the pipelines of a run that skipped, e.g. "orders_enriched=superseded".
 SKIPPED_TAG = "watermark/skipped"
 
+_SKIP_WORDS = {
+    SkipKind.SUPERSEDED: "SKIPPED (superseded): nothing written",
+    SkipKind.ALREADY_APPLIED: "SKIPPED (already applied): nothing written",
+    SkipKind.NOT_IN_BATCH: "SKIPPED (nothing changed for it in this batch): nothing written",
+}
+
 
 def report_skip(context: AssetExecutionContext, decision: PipelineDecision) -> None:
-    """Say in the run's log, and as a run tag the runs list shows, that a pipeline did
-    nothing on this batch and why (a superseded backfill would otherwise read only
-    "Materialized value ... RUN_SUCCESS")."""
+    """Say in the run's log, as a run tag the runs list shows, and as an observation of
+    the batch partition, that a pipeline did nothing on this batch and why (a run that
+    skipped would otherwise read only "RUN_SUCCESS")."""
     assert decision.skip is not None
-    what = (
-        "SKIPPED (superseded): nothing written"
-        if decision.skip is SkipKind.SUPERSEDED
-        else "SKIPPED (nothing changed for it in this batch): nothing written"
-    )
     context.log.warning(
-        f"{decision.pipeline.name} on batch {decision.batch.batch_id}: {what}; "
-        f"{decision.skipped_reason}. No Spark session was started."
+        f"{decision.pipeline.name} on batch {decision.batch.batch_id}: "
+        f"{_SKIP_WORDS[decision.skip]}; {decision.skipped_reason}. No Spark session was started."
     )
     # One tag per run (Dagster allows one namespace level in tag keys), listing every
     # pipeline of the run that skipped.
@@ -265,6 +266,89 @@ def report_skip(context: AssetExecutionContext, decision: PipelineDecision) -> N
     entry = f"{decision.pipeline.name}={decision.skip.value}"
     context.instance.add_run_tags(
         context.run.run_id, {SKIPPED_TAG: f"{earlier}, {entry}" if earlier else entry}
+    )
+    # An observation, not a materialization: the partition keeps the materialization of
+    # the run that applied the batch, with its ranges and write figures.
+    context.log_event(
+        AssetObservation(
+            asset_key=context.asset_key,
+            partition=decision.batch.batch_id,
+            metadata=outcome_metadata(decision.skipped_outcome()),
+        )
+    )
+
+
+def nothing_to_do_metadata(batch: Batch, pipeline: str) -> dict[str, Any]:
+    """The materialization of a batch partition for a pipeline the batch did not need:
+    none of its upstreams changed, so its target already reflects the batch."""
+    return {
+        "batch_id": batch.batch_id,
+        "batch_seq": batch.seq,
+        PLAN_ID_METADATA: batch.plan_id,
+        "skipped": f"no upstream of '{pipeline}' changed in batch {batch.batch_id}: its "
+        "target already reflects this batch (nothing to do, nothing written)",
+        "skip_kind": SkipKind.NOT_IN_BATCH.value,
+        "rows_read": 0,
+        "rows_written": 0,
+    }
+
+
+def nothing_to_do_events(
+    batch: Batch, pipeline_keys: Mapping[str, AssetKey]
+) -> list[AssetMaterialization]:
+    """Materializations of ``batch``'s partition for the pipelines it did not need, so
+    the UI shows them done with nothing to do rather than missing (and "Materialize
+    missing" launches no run for them)."""
+    return [
+        AssetMaterialization(
+            asset_key=key,
+            partition=batch.batch_id,
+            metadata=nothing_to_do_metadata(batch, name),
+        )
+        for name, key in sorted(pipeline_keys.items())
+        if name not in batch.pipelines
+    ]
+
+
+def replay_hint(batch: Batch, pipeline: Pipeline) -> str:
+    """The ``watermark replay`` commands that re-read ``batch``'s version ranges of the
+    upstreams ``pipeline`` reads."""
+    commands = [
+        f"watermark replay -t {u} --from-version {i.range.start} --to-version {i.range.end} "
+        f"-p {pipeline.name}"
+        for u, i in sorted(batch.inputs.items())
+        if u in pipeline.upstreams and i.range is not None and not i.is_cursor
+    ]
+    return "; ".join(commands) or (
+        f"`watermark replay -t UPSTREAM --from-version A --to-version B -p {pipeline.name}` "
+        "(this batch pins no version range for it)"
+    )
+
+
+def refuse_manual_reapply(decision: PipelineDecision) -> Failure:
+    """The failure of a run launched by hand (a UI backfill or materialization, not the
+    coordinator) of a batch the pipeline already applied or that a newer batch superseded:
+    it says so and names ``watermark replay``, before any Spark work."""
+    batch, name = decision.batch, decision.pipeline.name
+    hint = replay_hint(batch, decision.pipeline)
+    if decision.skip is SkipKind.ALREADY_APPLIED:
+        what = f"'{name}' already applied batch {batch.batch_id}; its target holds it"
+    else:
+        what = str(decision.skipped_reason)
+    return Failure(
+        description=(
+            f"Not re-applied: {what}. A backfill or manual materialization of a batch "
+            "partition runs only batches the pipeline has not applied yet; nothing was read "
+            "or written, and the partition keeps its materialization. To re-read this "
+            f"batch's versions, replay them: {hint}"
+        ),
+        metadata={
+            "batch_id": batch.batch_id,
+            "pipeline": name,
+            "skip_kind": str(decision.skip),
+            "fix": hint,
+        },
+        allow_retries=False,
     )
 
 
@@ -327,14 +411,20 @@ def build_pipeline_asset(
         description=translator.get_description(pipeline),
         metadata={**translator.get_metadata(pipeline), PIPELINE_METADATA: pipeline.name},
         kinds=translator.get_kinds(pipeline),
+        # A run that skips records no materialization: the partition keeps the one of the
+        # run that applied the batch.
+        output_required=False,
     )
     def _pipeline_asset(
         context: AssetExecutionContext,
         spark: SparkSessionResource,
         watermark_store: WatermarkStoreResource,
-    ) -> MaterializeResult:
+    ) -> Iterator[MaterializeResult]:
         context.instance.add_run_tags(context.run.run_id, {WORKER_TAG: worker_identity()})
         store = watermark_store.get_store()
+        # Runs the coordinator requested carry their attempt; any other run of a batch
+        # partition was launched by hand (a UI backfill or materialization).
+        by_hand = ATTEMPT_TAG not in context.run.tags
         try:
             # Decide from the control tables first: a run that skips asks for no Spark
             # session, so it starts no JVM (the resource creates the session on first use).
@@ -344,9 +434,18 @@ def build_pipeline_asset(
                 pipeline_name=pipeline.name,
                 batch_id=context.partition_key,
             )
-            if decision.skip is not None:
+            if decision.skip is SkipKind.NOT_IN_BATCH:
+                # Done with nothing to do, as the finalizer records it.
                 report_skip(context, decision)
-                return MaterializeResult(metadata=outcome_metadata(decision.skipped_outcome()))
+                yield MaterializeResult(
+                    metadata=nothing_to_do_metadata(decision.batch, pipeline.name)
+                )
+                return
+            if decision.skip is not None:
+                if by_hand:
+                    raise refuse_manual_reapply(decision)
+                report_skip(context, decision)
+                return
             outcome = _run(context, spark, store, registry, decision)
         except WatermarkError as e:
             # Our own error reaches Dagster as a Failure naming it (table, versions, fix),
@@ -362,6 +461,11 @@ def build_pipeline_asset(
                 metadata=error_failure_metadata(e),
                 allow_retries=not terminal,
             ) from (None if terminal else e)
-        return MaterializeResult(metadata=outcome_metadata(outcome))
+        # The pipeline's data version is its target's Delta version after this batch.
+        version = outcome.write.target_version if outcome.write is not None else None
+        yield MaterializeResult(
+            metadata=outcome_metadata(outcome),
+            data_version=DataVersion(str(version)) if version is not None else None,
+        )
 
     return _pipeline_asset

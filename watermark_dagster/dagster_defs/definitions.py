@@ -162,6 +162,7 @@ def build_location(
                 registry=registry,
                 observer=observer,
                 upstream_keys=upstream_keys,
+                pipeline_keys=pipeline_keys,
                 settings=settings,
             ),
         ],

@@ -59,15 +59,15 @@ def _step_failure_message(data: Any) -> str:
 
 
 def _skipped(events: Sequence[Any]) -> dict[str, str]:
-    """Pipeline -> reason, for the materializations of a run that record a skip."""
+    """Pipeline -> reason, for the observations and materializations of a run that record
+    a skip (a skip is observed; a batch a pipeline did not need is materialized as such)."""
     found = {}
     for event in events:
-        materialization = event.event_specific_data.materialization  # type: ignore[union-attr]
-        reason = materialization.metadata.get("skipped")
+        data = event.event_specific_data
+        recorded = getattr(data, "materialization", None) or data.asset_observation  # type: ignore[union-attr]
+        reason = recorded.metadata.get("skipped")
         if reason is not None:
-            found[materialization.asset_key.to_user_string()] = str(
-                getattr(reason, "value", reason)
-            )
+            found[recorded.asset_key.to_user_string()] = str(getattr(reason, "value", reason))
     return found
 
 
@@ -202,7 +202,12 @@ class HeadlessRunner:
                 run = self.instance.get_run_by_id(outcome.run_id)
                 terminal = run.tags.get(TERMINAL_TAG) if run is not None else None
             names = [k.to_user_string() for k in keys]
-            skipped = _skipped(outcome.get_asset_materialization_events())
+            skipped = _skipped(
+                [
+                    *outcome.get_asset_materialization_events(),
+                    *outcome.get_asset_observation_events(),
+                ]
+            )
             report.runs.append(
                 RunOutcome(
                     outcome.run_id,

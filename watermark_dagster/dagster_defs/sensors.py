@@ -36,7 +36,11 @@ from watermark_dagster.config.env import (
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.planning import batch_is_due
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep
-from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME, observation_event
+from watermark_dagster.dagster_defs.assets import (
+    BATCHES_PARTITIONS_NAME,
+    nothing_to_do_events,
+    observation_event,
+)
 from watermark_dagster.dagster_defs.checks import continuity_evaluations
 from watermark_dagster.dagster_defs.pruning import (
     check_keep_batch_partitions,
@@ -264,9 +268,13 @@ def build_finalizer_sensor(
     registry: Registry,
     observer: Observer,
     upstream_keys: Mapping[str, AssetKey],
+    pipeline_keys: Mapping[str, AssetKey],
     settings: WatermarkSettings,
 ):
     """The sensor that advances committed watermarks and completes batches.
+
+    When it completes a batch it also records, for each pipeline the batch did not need, a
+    materialization of the batch partition that says so (done, nothing to do).
 
     Consumers come from the registry (:meth:`Registry.consumers`), which the asset graph
     is checked against (:func:`watermark_dagster.dagster_defs.runs.check_consumers`).
@@ -314,6 +322,7 @@ def build_finalizer_sensor(
                 skip_reason=f"batch {batch.batch_id}: {waiting}", asset_events=events
             )
         context.log.info(f"batch {batch.batch_id} completed")
+        events += nothing_to_do_events(batch, pipeline_keys)
         if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
             removed = store.maintain()
             context.log.info(f"control tables compacted: {removed}")

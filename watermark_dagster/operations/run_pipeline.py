@@ -17,7 +17,7 @@ from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
-from watermark_dagster.core.outcomes import superseded_by
+from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
 from watermark_dagster.core.planning import PlannedInput, delta_source_version
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
@@ -60,6 +60,9 @@ class SkipKind(StrEnum):
     """None of the pipeline's upstreams changed in the batch (a NOOP pipeline)."""
     SUPERSEDED = "superseded"
     """The pipeline already applied a newer batch; re-applying this one could regress it."""
+    ALREADY_APPLIED = "already_applied"
+    """The pipeline already succeeded on this batch: its target holds it (a retry or a
+    backfill after success), so nothing is read or written again."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,9 @@ def decide_pipeline(
 ) -> PipelineDecision:
     """Decide, without Spark, whether ``pipeline_name`` has work on batch ``batch_id``.
 
-    It skips a batch none of its upstreams changed in (NOOP), and a batch older than one it
-    already applied (a backfill of a superseded batch, I5).
+    It skips a batch none of its upstreams changed in (NOOP), a batch it already succeeded
+    on (its target holds it: a second run could only repeat the write), and a batch older
+    than one it already applied (a backfill of a superseded batch, I5).
 
     Raises:
         BatchStateError: the batch is unknown or abandoned, or pins no range for one of the
@@ -153,6 +157,11 @@ def decide_pipeline(
         reason = f"no upstream of '{pipeline_name}' changed in batch {batch_id}"
         log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
         return PipelineDecision(pipeline, batch, SkipKind.NOT_IN_BATCH, reason)
+    done = store.checkpoints(batch_id=batch_id, pipeline=pipeline_name)
+    if pipeline_name in succeeded_pipelines(batch_id, done):
+        reason = f"'{pipeline_name}' already succeeded on batch {batch_id}; its target holds it"
+        log.info("pipeline=%s batch=%s skipped: %s", pipeline_name, batch_id, reason)
+        return PipelineDecision(pipeline, batch, SkipKind.ALREADY_APPLIED, reason)
     newer = superseded_by(batch, lambda: store.newest_applied(pipeline_name))
     if newer is not None:
         reason = (
