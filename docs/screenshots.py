@@ -1,0 +1,156 @@
+"""Screenshots of the Dagster UI for the README, taken against a live ``watermark dev``.
+
+Runs the demo in a fresh temporary home (``watermark demo --fresh --rounds 2``), starts
+``watermark dev`` on a free loopback port, lets the sensors tick, commits one more round so
+the daemon plans a batch itself, then opens the UI in headless Chromium and saves one PNG per
+page under ``docs/img/``. Stops ``watermark dev`` (SIGTERM) at the end.
+
+Needs Chromium (Debian: ``apt-get install chromium``) and the ``docs`` extra (Playwright's
+Python client, used with that Chromium; no browser download)::
+
+    .venv/bin/pip install -e '.[docs]'
+    .venv/bin/python docs/screenshots.py            # writes docs/img/*.png
+
+Not part of the test suite: it starts Spark and takes a few minutes.
+"""
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+OUT = REPO / "docs" / "img"
+
+# (file name, UI path, what it shows). Paths are Dagster 1.13's UI routes.
+PAGES = [
+    ("asset-graph.png", "/asset-groups", "the asset graph: upstreams and pipelines"),
+    (
+        "batch-materialization.png",
+        "/assets/orders_enriched?view=partitions&partition={batch}",
+        "one batch partition of a pipeline: its ranges and what the write committed",
+    ),
+    (
+        "nothing-to-do.png",
+        "/assets/customer_payments?view=partitions&partition={noop_batch}",
+        "a batch the pipeline did not need: done with nothing to do",
+    ),
+    ("upstream-plots.png", "/assets/orders?view=plots", "an upstream's versions and lag"),
+    ("upstream-checks.png", "/assets/orders?view=checks", "an upstream's checks"),
+    ("pipeline-checks.png", "/assets/orders_enriched?view=checks", "a pipeline's checks"),
+    ("sensors.png", "/automation", "the coordinator and finalizer sensors"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args: list[str], env: dict[str, str]) -> None:
+    print("$", " ".join(args), flush=True)
+    subprocess.run(args, env=env, check=True, cwd=env["WATERMARK_HOME"])
+
+
+def _graphql(url: str, query: str) -> dict:
+    answer = requests.post(f"{url}/graphql", json={"query": query}, timeout=30)
+    answer.raise_for_status()
+    return answer.json()["data"]
+
+
+def _wait_loaded(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    query = "{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name } } } }"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"watermark dev exited ({proc.returncode})")
+        with contextlib.suppress(requests.RequestException, KeyError, TypeError):
+            if _graphql(url, query)["repositoriesOrError"]["nodes"]:
+                return
+        time.sleep(2)
+    raise SystemExit("watermark dev did not load the code location in time")
+
+
+def _batches(home: Path) -> list:
+    from watermark_dagster.store import ReadOnlyWatermarkStore
+
+    store = ReadOnlyWatermarkStore(str(home / "control"))
+    return sorted(store.batches(), key=lambda b: b.seq)
+
+
+def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float) -> None:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("Chromium not found: apt-get install chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        for name, path, what in pages:
+            page.goto(url + path, wait_until="networkidle", timeout=120_000)
+            time.sleep(settle)  # the UI renders after its GraphQL answers
+            page.screenshot(path=str(out / name))
+            print(f"{out / name}: {what}", flush=True)
+        browser.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="folder for the PNGs")
+    parser.add_argument("--settle", type=float, default=4.0, help="seconds to let a page render")
+    parser.add_argument(
+        "--ticks", type=float, default=90.0, help="seconds to let the sensors run before shooting"
+    )
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="watermark-screens-"))
+    env = {
+        **os.environ,
+        "WATERMARK_HOME": str(home),
+        "DAGSTER_HOME": str(home / "dagster"),
+        "WATERMARK_SENSOR_INTERVAL_SECONDS": "10",
+    }
+    watermark = str(BIN / "watermark")
+    _run([watermark, "demo", "--fresh", "--rounds", "2"], env)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    dev = subprocess.Popen(
+        [watermark, "dev", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=home,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait_loaded(url, dev)
+        time.sleep(args.ticks)
+        batches = _batches(home)
+        batch = batches[-1].batch_id
+        noop = next((b.batch_id for b in batches if "customer_payments" not in b.pipelines), batch)
+        pages = [(n, p.format(batch=batch, noop_batch=noop), w) for n, p, w in PAGES]
+        _shoot(url, pages, args.out, args.settle)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(dev.pid, signal.SIGTERM)
+        try:
+            dev.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(dev.pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
