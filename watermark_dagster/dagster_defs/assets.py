@@ -34,6 +34,7 @@ from watermark_dagster.dagster_defs.resources import SparkSessionResource, Water
 from watermark_dagster.dagster_defs.runs import (
     PIPELINE_METADATA,
     PLAN_ID_METADATA,
+    WATERMARK_POOL,
     WORKER_TAG,
     error_failure_metadata,
     terminal_error_tags,
@@ -327,6 +328,7 @@ def build_pipeline_asset(
         description=translator.get_description(pipeline),
         metadata={**translator.get_metadata(pipeline), PIPELINE_METADATA: pipeline.name},
         kinds=translator.get_kinds(pipeline),
+        pool=WATERMARK_POOL,
     )
     def _pipeline_asset(
         context: AssetExecutionContext,
