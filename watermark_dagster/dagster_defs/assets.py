@@ -32,6 +32,7 @@ from watermark_dagster.dagster_defs.runs import (
     ATTEMPT_TAG,
     PIPELINE_METADATA,
     PLAN_ID_METADATA,
+    WATERMARK_POOL,
     WORKER_TAG,
     error_failure_metadata,
     terminal_error_tags,
@@ -414,6 +415,7 @@ def build_pipeline_asset(
         # A run that skips records no materialization: the partition keeps the one of the
         # run that applied the batch.
         output_required=False,
+        pool=WATERMARK_POOL,
     )
     def _pipeline_asset(
         context: AssetExecutionContext,

@@ -38,6 +38,11 @@ PIPELINE_METADATA = "watermark/pipeline"
 ERROR_METADATA = "error"
 # Set on a run whose pipeline raised a TerminalError: the coordinator does not resubmit it.
 TERMINAL_TAG = "watermark/terminal_error"
+# The Dagster concurrency pool of every pipeline asset. The shipped dagster.yaml counts pools
+# per run (`concurrency: pools: granularity: run`), so a batch run, one JVM, holds one slot of
+# it while in flight: the limit applies to this code location's batch runs, not to every run
+# of the instance.
+WATERMARK_POOL = "watermark_spark"
 
 
 def terminal_error_tags(run_id: str, pipeline: str, error: TerminalError) -> dict[str, str]:

@@ -1,0 +1,1 @@
+"""Tests: the deploy tier (dg, the shipped Dagster instance settings, Postgres storage)."""

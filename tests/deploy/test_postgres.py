@@ -1,0 +1,282 @@
+"""The README's Postgres example, as written, against a real PostgreSQL server.
+
+The test starts Debian's PostgreSQL server on a free loopback port (its own cluster in a
+temporary folder, run by an unprivileged account when the tests run as root), writes the
+shipped dagster.yaml plus the README's `storage:` block into a fresh DAGSTER_HOME, runs the
+demo's first batch through `watermark demo` (one Spark session), and then finds the runs and
+the pipelines' materializations in the database, through a DagsterInstance and with plain
+SQL. The server is stopped at the end and no process of it is left.
+
+Without the server binaries the test is skipped on a developer's machine and fails under CI
+(`.ci/run` installs Debian's `postgresql` package).
+"""
+
+import glob
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+
+from tests.conftest import REPO
+from watermark_dagster.definitions import build_demo_location
+
+WATERMARK = Path(sys.executable).with_name("watermark")
+README_MARKER = (
+    "<!-- tests/deploy/test_postgres.py runs this block against a real PostgreSQL server -->"
+)
+DB_USER = "watermark"
+DB_NAME = "dagster"
+
+
+def _pg_bin() -> Path | None:
+    """The newest PostgreSQL server binaries Debian installed (or pg_ctl on PATH)."""
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+        key=lambda p: int(re.sub(r"\D", "", Path(p).parts[-3]) or 0),
+    )
+    if found:
+        return Path(found[-1]).parent
+    on_path = shutil.which("pg_ctl")
+    return Path(on_path).parent if on_path else None
+
+
+def _readme_block() -> str:
+    """The YAML block the README shows right after its marker comment."""
+    text = (REPO / "README.md").read_text()
+    assert README_MARKER in text, "the README's Postgres example lost its marker"
+    after = text.split(README_MARKER, 1)[1]
+    match = re.match(r"\s*```yaml\n(.*?)```", after, re.DOTALL)
+    assert match, "no ```yaml block right after the README's Postgres marker"
+    return match.group(1)
+
+
+def _shipped_comment_block() -> str:
+    """The commented-out `storage:` block at the end of the shipped dagster.yaml."""
+    lines = (REPO / "dagster.yaml").read_text().splitlines()
+    start = lines.index("# storage:")
+    return "\n".join(line.removeprefix("#").removeprefix(" ") for line in lines[start:]) + "\n"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> set[int]:
+    """Every live process whose parent is ``pid``."""
+    found = set()
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(Path(stat).parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Server:
+    host: str
+    port: int
+    password: str
+
+
+@pytest.fixture
+def postgres() -> Iterator[Server]:
+    """A PostgreSQL server on 127.0.0.1 with a database for Dagster; stopped afterwards."""
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        message = (
+            "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin): install "
+            "Debian's package with `apt-get install -y --no-install-recommends postgresql`"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+    # The server refuses to run as root: run it as an unprivileged account.
+    prefix: list[str] = []
+    owner: pwd.struct_passwd | None = None
+    if os.geteuid() == 0:
+        for name in ("postgres", "nobody"):
+            try:
+                owner = pwd.getpwnam(name)
+                break
+            except KeyError:
+                continue
+        assert owner is not None, "no unprivileged account (postgres, nobody) to run the server"
+        prefix = ["runuser", "-u", owner.pw_name, "--"]
+
+    root = Path(tempfile.mkdtemp(prefix="watermark-pg-"))
+    password = secrets.token_urlsafe(16)
+    pwfile = root / "password"
+    pwfile.write_text(password + "\n")
+    if owner is not None:
+        for path in (root, pwfile):
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+    data, log = root / "data", root / "server.log"
+    port = _free_port()
+
+    def pg(*args: str) -> None:
+        done = subprocess.run(
+            [*prefix, *args], capture_output=True, text=True, timeout=120, cwd=root
+        )
+        assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout}{done.stderr}"
+
+    postmaster: int | None = None
+    try:
+        pg(
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            DB_USER,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+        pg(
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(log),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} "
+            "-c fsync=off",
+            "start",
+        )
+        postmaster = int((data / "postmaster.pid").read_text().split()[0])
+        subprocess.run(
+            [str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER, DB_NAME],
+            env={**os.environ, "PGPASSWORD": password},
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        yield Server("127.0.0.1", port, password)
+    finally:
+        if postmaster is not None:
+            server_pids = {postmaster, *_children(postmaster)}
+            pg(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+            deadline = time.monotonic() + 30
+            while any(_alive(p) for p in server_pids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = sorted(p for p in server_pids if _alive(p))
+            assert not left, f"PostgreSQL processes left running: {left}"
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_readme_example_matches_the_shipped_comment() -> None:
+    readme = yaml.safe_load(_readme_block())
+    assert readme == yaml.safe_load(_shipped_comment_block())
+    db = readme["storage"]["postgres"]["postgres_db"]
+    assert db["scheme"] == "postgresql+psycopg2"
+    assert db["password"] == {"env": "DAGSTER_PG_PASSWORD"}
+
+
+@pytest.mark.postgres
+@pytest.mark.spark  # the demo batch runs on Spark
+def test_readme_postgres_example_stores_a_demo_batch(
+    postgres: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg2
+
+    dagster_home = tmp_path / "dagster_home"
+    dagster_home.mkdir()
+    config = (REPO / "dagster.yaml").read_text() + "\n" + _readme_block()
+    (dagster_home / "dagster.yaml").write_text(config)
+    assert postgres.password not in config  # the password comes from the environment
+    watermark_home = tmp_path / "watermark_home"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WATERMARK_", "DAGSTER_"))}
+    env.update(
+        DAGSTER_HOME=str(dagster_home),
+        WATERMARK_HOME=str(watermark_home),
+        DAGSTER_PG_HOST=postgres.host,
+        DAGSTER_PG_PORT=str(postgres.port),
+        DAGSTER_PG_USER=DB_USER,
+        DAGSTER_PG_PASSWORD=postgres.password,
+        DAGSTER_PG_DB=DB_NAME,
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
+    done = subprocess.run(
+        [str(WATERMARK), "demo", "--rounds", "0", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert json.loads(done.stdout)["completed"], done.stdout
+    # Nothing went to SQLite under DAGSTER_HOME.
+    assert not list(dagster_home.rglob("*.db")), list(dagster_home.rglob("*.db"))
+
+    pipelines = set(build_demo_location(watermark_home).registry.pipelines)
+    assert pipelines
+    for key in ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("DAGSTER_PG_DB", DB_NAME)
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+        runs = instance.get_runs()
+        assert runs
+        assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS}
+        for pipeline in pipelines:
+            records = instance.fetch_materializations(AssetKey(pipeline), limit=5).records
+            assert records, f"no materialization of {pipeline} in Postgres"
+            assert {r.run_id for r in records} <= {r.run_id for r in runs}
+
+    # The same rows, read with plain SQL from the server.
+    with (
+        psycopg2.connect(
+            host=postgres.host,
+            port=postgres.port,
+            user=DB_USER,
+            password=postgres.password,
+            dbname=DB_NAME,
+        ) as conn,
+        conn.cursor() as cur,
+    ):
+        cur.execute("SELECT count(*) FROM runs WHERE status = 'SUCCESS'")
+        (run_count,) = cur.fetchone() or (0,)
+        cur.execute(
+            "SELECT DISTINCT asset_key FROM event_logs "
+            "WHERE dagster_event_type = 'ASSET_MATERIALIZATION'"
+        )
+        materialized = {json.loads(row[0])[-1] for row in cur.fetchall()}
+    conn.close()
+    assert run_count == len(runs)
+    assert pipelines <= materialized
