@@ -6,6 +6,7 @@ would leave it) and the pipeline asset itself never runs; only the downstream as
 materialized. Its partitions exist as the coordinator would have added them.
 """
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from watermark_dagster.dagster_defs.definitions import build_location
 from watermark_dagster.dagster_defs.target_io import TARGETS_IO_MANAGER_KEY
 
 PIPELINE_KEY = AssetKey(["orders_enriched"])
+# A table as Spark's DELETE leaves it with deletion vectors (tests/dagster/data/README.md).
+SPARK_DV_TABLE = Path(__file__).parent / "data" / "spark_deletion_vectors"
 
 
 def _never_called(batch):
@@ -147,6 +150,24 @@ def test_other_forms_and_a_column_subset(tmp_path: Path, instance: DagsterInstan
 
     assert defs.resolve_job_def("downstream").execute_in_process(instance=instance).success
     assert seen == {"frame": [1, 3, 4], "ids_only": ["id"], "stream": 3, "version": 2}
+
+
+def test_rows_deleted_by_deletion_vectors_are_not_loaded(
+    tmp_path: Path, instance: DagsterInstance
+) -> None:
+    """A merge target as Spark leaves it: the rows its deletion vector marks stay in the
+    data file but are not handed to the downstream asset."""
+    seen: dict[str, list[int]] = {}
+
+    @asset(ins={"orders_enriched": AssetIn(input_manager_key=TARGETS_IO_MANAGER_KEY)})
+    def order_ids(orders_enriched: pa.Table) -> None:
+        seen["ids"] = sorted(orders_enriched.column("id").to_pylist())
+
+    defs = _location_defs(tmp_path, order_ids)
+    shutil.copytree(SPARK_DV_TABLE, tmp_path / "orders_enriched")
+
+    assert defs.resolve_job_def("downstream").execute_in_process(instance=instance).success
+    assert seen["ids"] == [i for i in range(100) if i % 10]
 
 
 def test_a_target_no_batch_wrote_fails_the_step_with_the_reason(

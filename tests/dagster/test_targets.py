@@ -6,6 +6,7 @@ from their module here) after a round trip through a real instance's event log.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,9 @@ from watermark_dagster.dagster_defs.targets import (
     target_data_version,
     target_metadata,
 )
+
+# A table as Spark's DELETE leaves it with deletion vectors (tests/dagster/data/README.md).
+SPARK_DV_TABLE = Path(__file__).parent / "data" / "spark_deletion_vectors"
 
 
 def _never_called(batch):
@@ -137,3 +141,15 @@ def test_a_target_not_written_yet_has_only_its_uri(tmp_path: Path) -> None:
     pipeline = _pipeline(tmp_path / "absent")
     assert target_metadata(pipeline) == {"dagster/uri": str(tmp_path / "absent")}
     assert target_data_version(pipeline) is None
+
+
+def test_rows_deleted_by_deletion_vectors_are_not_counted(tmp_path: Path) -> None:
+    """Spark's MERGE and DELETE mark rows in a deletion vector and keep the file, whose
+    numRecords still counts them: 100 rows in the file, 10 deleted."""
+    target = tmp_path / "target"
+    shutil.copytree(SPARK_DV_TABLE, target)
+    assert DeltaTable(str(target)).count() == 100  # what the statistics alone say
+
+    metadata = target_metadata(_pipeline(target))
+    assert metadata["dagster/row_count"].value == 90
+    assert metadata[TARGET_VERSION_KEY].value == 1
