@@ -35,6 +35,10 @@ from watermark_dagster.dagster_defs.sensors import (
     build_coordinator_sensor,
     build_finalizer_sensor,
 )
+from watermark_dagster.dagster_defs.target_io import (
+    TARGETS_IO_MANAGER_KEY,
+    PipelineTargetIOManager,
+)
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
 
@@ -172,6 +176,16 @@ def build_location(
                 control_root=control_root, storage_options=storage_options
             ),
             REGISTRY_RESOURCE_KEY: registry,
+            # Downstream assets load a pipeline's target through it (README, "Reading a
+            # target from your own assets"); pipeline assets write without it.
+            TARGETS_IO_MANAGER_KEY: PipelineTargetIOManager(
+                targets={p.name: p.target for p in registry.pipelines.values()},
+                storage_options={
+                    p.name: dict(p.storage_options)
+                    for p in registry.pipelines.values()
+                    if p.storage_options
+                },
+            ),
         },
         executor=in_process_executor,
     )

@@ -1,14 +1,16 @@
 """Dagster resources: the Spark session and the watermark store."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 from pyspark.sql import SparkSession
 
+from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore, shared_store
 
@@ -55,34 +57,91 @@ def spark_was_started() -> bool:
     return SparkContext._gateway is not None
 
 
+# Keys of ``spark_config`` that name the session rather than configure it: a
+# dagster-pyspark configuration sets the master and application name this way.
+MASTER_KEY = "spark.master"
+REMOTE_KEY = "spark.remote"
+APP_NAME_KEY = "spark.app.name"
+DEFAULT_MASTER = "local[*]"
+DEFAULT_APP_NAME = "watermark-dagster"
+_S = TypeVar("_S", str, str | None)
+
+
+def flatten_spark_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """Spark settings as dagster-pyspark reads them: nested dicts joined with dots
+    (``{"spark": {"executor": {"memory": "2g"}}}`` is ``spark.executor.memory``) and
+    values as text (booleans as ``true``/``false``, as PySpark's builder writes them)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            nested = flatten_spark_config(cast("Mapping[str, Any]", value))
+            flat.update({f"{key}.{k}": v for k, v in nested.items()})
+        elif isinstance(value, bool):
+            flat[key] = "true" if value else "false"
+        else:
+            flat[key] = str(value)
+    return flat
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """What a session is built from once the resource's fields are merged."""
+
+    master: str
+    remote: str | None
+    app_name: str
+    conf: dict[str, str]
+
+
 class SparkSessionResource(ConfigurableResource):
     """A Spark session with Delta Lake, created lazily once per run process.
+
+    Configured like dagster-pyspark's ``PySparkResource``/``LazyPySparkResource``: Spark
+    settings go in ``spark_config`` (flat or nested keys), ``spark.master`` and
+    ``spark.app.name`` included. On top of that it adds Delta's jars and extensions, the
+    defaults of :func:`~watermark_dagster.runtime.spark.spark_defaults`, Spark Connect
+    (``remote``), stopping the session it created, and the resident engine. README, "Why not
+    dagster-pyspark's PySparkResource", says why it is not built on that class.
 
     Steps that never touch Spark start no JVM. With the in-process executor a run is one
     process, so every pipeline asset of a run shares one session; it is stopped when the
     run ends unless it existed before (a test's or a notebook's session is left alone).
 
     Example:
-        >>> SparkSessionResource(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+        >>> SparkSessionResource(spark_config={"spark.master": "local[2]",
+        ...                                    "spark.sql.shuffle.partitions": "2"})
+        >>> SparkSessionResource(spark_config={"spark": {"driver": {"memory": "6g"}}})
         >>> SparkSessionResource(remote="sc://spark-connect:15002")
     """
 
     master: str = Field(
-        default="local[*]",
-        description="Spark master: local[*], local[N], or spark://host:7077 for a cluster.",
+        default=DEFAULT_MASTER,
+        description="Spark master: local[*], local[N], or spark://host:7077 for a cluster "
+        "(also settable as spark.master in spark_config).",
     )
     remote: str | None = Field(
         default=None,
         description="Spark Connect URL (sc://host:port); takes precedence over master. "
-        "The server must have Delta Lake's jars.",
+        "The server must have Delta Lake's jars (also settable as spark.remote in "
+        "spark_config).",
     )
-    app_name: str = Field(default="watermark-dagster", description="Spark application name.")
+    app_name: str = Field(
+        default=DEFAULT_APP_NAME,
+        description="Spark application name (also settable as spark.app.name in spark_config).",
+    )
+    spark_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Spark settings, as dagster-pyspark's PySparkResource takes them: flat "
+        '({"spark.executor.memory": "2g"}) or nested ({"spark": {"executor": {"memory": '
+        '"2g"}}}) keys, values turned to text. Applied after the defaults of '
+        "watermark_dagster.runtime.spark.spark_defaults (local: driver memory a quarter of "
+        "RAM between 1 and 4 GiB, 2 x cores shuffle partitions, adaptive execution), e.g. "
+        "spark.driver.memory, spark.sql.shuffle.partitions, spark.jars for offline Delta jars.",
+    )
     conf: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra Spark settings, applied after the defaults of "
-        "watermark_dagster.runtime.spark.spark_defaults (local: driver memory a quarter of RAM "
-        "between 1 and 4 GiB, 2 x cores shuffle partitions, adaptive execution), e.g. "
-        "spark.driver.memory, spark.sql.shuffle.partitions, spark.jars for offline Delta jars.",
+        description="The former name of spark_config (flat keys only), still read; a key "
+        "set in both must have the same value.",
     )
     stop_on_teardown: bool = Field(
         default=True,
@@ -100,6 +159,52 @@ class SparkSessionResource(ConfigurableResource):
         "$WATERMARK_HOME/engine).",
     )
 
+    @model_validator(mode="after")
+    def _settings_agree(self) -> "SparkSessionResource":
+        # Refuse contradictions when the resource is built (definitions load), not when a
+        # run first asks for Spark.
+        self.settings()
+        return self
+
+    def settings(self) -> SparkSettings:
+        """The master, Connect URL, application name and Spark settings the session is
+        built with: ``conf`` and ``spark_config`` merged, with ``spark.master``,
+        ``spark.remote`` and ``spark.app.name`` taken out as the session's own.
+
+        Raises:
+            ConfigurationError: ``conf`` and ``spark_config`` give one key two values, or a
+                field and its ``spark_config`` key disagree.
+        """
+        config = flatten_spark_config(self.spark_config)
+        for key in sorted(config.keys() & self.conf.keys()):
+            if config[key] != self.conf[key]:
+                raise ConfigurationError(
+                    f"SparkSessionResource sets {key} twice: {self.conf[key]!r} in conf and "
+                    f"{config[key]!r} in spark_config.",
+                    fix="keep it in spark_config only (conf is its former name).",
+                )
+        merged = {**self.conf, **config}
+        master = self._named(merged.pop(MASTER_KEY, None), "master", self.master, DEFAULT_MASTER)
+        remote = self._named(merged.pop(REMOTE_KEY, None), "remote", self.remote, None)
+        app_name = self._named(
+            merged.pop(APP_NAME_KEY, None), "app_name", self.app_name, DEFAULT_APP_NAME
+        )
+        return SparkSettings(master=master, remote=remote, app_name=app_name, conf=merged)
+
+    @staticmethod
+    def _named(from_config: str | None, field: str, value: _S, default: _S) -> _S | str:
+        """A session property given as a field and perhaps as a spark_config key: the key
+        wins over the field's default, and may not contradict a field set otherwise."""
+        if from_config is None:
+            return value
+        if value != default and value != from_config:
+            raise ConfigurationError(
+                f"SparkSessionResource has {field}={value!r} but spark_config sets it to "
+                f"{from_config!r}.",
+                fix=f"set it in one place: the {field} field or spark_config.",
+            )
+        return from_config
+
     _session: SparkSession | None = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
 
@@ -108,8 +213,12 @@ class SparkSessionResource(ConfigurableResource):
         no JVM."""
         if self._session is None:
             existed = SparkSession.getActiveSession() is not None
+            settings = self.settings()
             self._session = build_spark_session(
-                master=self.master, remote=self.remote, app_name=self.app_name, conf=self.conf
+                master=settings.master,
+                remote=settings.remote,
+                app_name=settings.app_name,
+                conf=settings.conf,
             )
             self._created = not existed
         return self._session
