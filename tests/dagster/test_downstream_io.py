@@ -195,11 +195,11 @@ def test_a_target_no_batch_wrote_fails_the_step_with_the_reason(
     assert str(tmp_path / "orders_enriched") in cause.message
 
 
-def test_a_plain_input_loads_the_target_when_the_pipeline_asset_is_bound_to_the_manager(
+def test_a_plain_input_loads_the_target_through_the_pipeline_assets_manager(
     tmp_path: Path, instance: DagsterInstance
 ) -> None:
     """``def report(orders_enriched: pa.Table)`` with no AssetIn: Dagster loads an input
-    with the upstream asset's I/O manager, so this works once the pipeline asset carries
+    with the upstream asset's I/O manager: the pipeline asset carries
     ``io_manager_key="watermark_targets"`` (assets.py)."""
 
     @asset
@@ -208,8 +208,7 @@ def test_a_plain_input_loads_the_target_when_the_pipeline_asset_is_bound_to_the_
 
     defs = _location_defs(tmp_path, orders_enriched_count)
     pipeline_asset = defs.resolve_assets_def(PIPELINE_KEY)
-    if pipeline_asset.get_io_manager_key_for_asset_key(PIPELINE_KEY) != TARGETS_IO_MANAGER_KEY:
-        pytest.skip("the pipeline asset is not bound to the targets I/O manager yet")
+    assert pipeline_asset.get_io_manager_key_for_asset_key(PIPELINE_KEY) == TARGETS_IO_MANAGER_KEY
     _write_target(tmp_path)
 
     assert defs.resolve_job_def("downstream").execute_in_process(instance=instance).success

@@ -628,6 +628,9 @@ def _check_batch_in_dagster(dev: DagsterDev, instance: Any, batch: Batch) -> dic
             assert meta["batch_id"] == partition, meta
             assert meta["watermark/plan_id"] == batch.plan_id, meta
             assert isinstance(meta["rows_written"], int), meta
+            # Dagster's standard table metadata: the Columns tab and the row count.
+            assert meta["dagster/column_schema"] == "TableSchemaMetadataEntry", meta
+            assert isinstance(meta["dagster/row_count"], int), meta
             # A first batch loads snapshots (nothing committed yet); later ones read CDF.
             assert meta["full_load"] is (pipeline in batch.full_load), meta
             for upstream in PIPELINES[pipeline]:

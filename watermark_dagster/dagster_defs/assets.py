@@ -38,6 +38,8 @@ from watermark_dagster.dagster_defs.runs import (
     terminal_error_tags,
     worker_identity,
 )
+from watermark_dagster.dagster_defs.target_io import TARGETS_IO_MANAGER_KEY
+from watermark_dagster.dagster_defs.targets import TARGET_VERSION_KEY, target_metadata
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.run_pipeline import (
@@ -90,11 +92,13 @@ class WatermarkTranslator:
         """Asset definition metadata (default: path or target, mode, keys)."""
         if isinstance(item, Pipeline):
             return {
+                "dagster/uri": item.target,
                 "target": MetadataValue.path(item.target),
                 "keys": list(item.keys),
                 "write": str(item.write),
             }
         return {
+            "dagster/uri": item.path,
             "path": MetadataValue.path(item.path),
             "mode": str(item.mode),
             "start_from": str(item.start_from),
@@ -416,6 +420,8 @@ def build_pipeline_asset(
         # run that applied the batch.
         output_required=False,
         pool=WATERMARK_POOL,
+        # Plain downstream assets load the target whole through dagster-deltalake's types.
+        io_manager_key=TARGETS_IO_MANAGER_KEY,
     )
     def _pipeline_asset(
         context: AssetExecutionContext,
@@ -463,10 +469,15 @@ def build_pipeline_asset(
                 metadata=error_failure_metadata(e),
                 allow_retries=not terminal,
             ) from (None if terminal else e)
+        # Dagster's standard table metadata (uri, columns, row count) from one delta-rs
+        # load, no JVM; the figures of this run's own write win on shared keys.
+        table = target_metadata(pipeline)
         # The pipeline's data version is its target's Delta version after this batch.
         version = outcome.write.target_version if outcome.write is not None else None
+        if version is None and TARGET_VERSION_KEY in table:
+            version = table[TARGET_VERSION_KEY].value
         yield MaterializeResult(
-            metadata=outcome_metadata(outcome),
+            metadata={**table, **outcome_metadata(outcome)},
             data_version=DataVersion(str(version)) if version is not None else None,
         )
 
