@@ -18,6 +18,7 @@ from watermark_dagster.config import env
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.yaml_file import load_registry_file
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
+from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.demo import DemoPaths, build_demo_registry
@@ -74,6 +75,13 @@ def _location(
         sensor_interval_seconds=env.sensor_interval_seconds(),
         max_attempts=env.max_attempts(),
         keep_batch_partitions=env.keep_batch_partitions(),
+        health=HealthSettings(
+            lag_max_versions=env.lag_max_versions(),
+            lag_max_seconds=env.lag_max_seconds(),
+            observe_every_seconds=env.observe_every_seconds(),
+            freshness_fail_after_seconds=env.freshness_fail_after_seconds(),
+            retention_check_cron=env.retention_check_cron(),
+        ),
     )
     if overrides:
         from dataclasses import replace

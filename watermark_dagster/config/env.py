@@ -12,6 +12,11 @@
 | ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
 | ``WATERMARK_KEEP_BATCH_PARTITIONS`` | ``1000`` | batch partitions kept in Dagster (0: all) |
 | ``WATERMARK_REGISTRY`` | unset | a YAML registry file to load instead of the demo registry |
+| ``WATERMARK_LAG_MAX_VERSIONS`` | ``100`` | lag check: most versions behind (0: no bound) |
+| ``WATERMARK_LAG_MAX_SECONDS`` | ``3600`` | lag check: oldest unconsumed commit's age |
+| ``WATERMARK_OBSERVE_EVERY_SECONDS`` | ``60`` | each upstream is reported at least this often |
+| ``WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS`` | ``86400`` | pipelines' freshness window (0: none) |
+| ``WATERMARK_RETENTION_CHECK_CRON`` | ``0 * * * *`` | when the retention_horizon checks run |
 """
 
 import json
@@ -27,6 +32,12 @@ DEFAULT_MIN_BATCH_INTERVAL_SECONDS = 0.0
 DEFAULT_SENSOR_INTERVAL_SECONDS = 30
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_KEEP_BATCH_PARTITIONS = 1000
+# The defaults of the health signals (`HealthSettings` in dagster_defs/health.py).
+DEFAULT_LAG_MAX_VERSIONS = 100
+DEFAULT_LAG_MAX_SECONDS = 3600.0
+DEFAULT_OBSERVE_EVERY_SECONDS = 60.0
+DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS = 86400.0
+DEFAULT_RETENTION_CHECK_CRON = "0 * * * *"
 
 
 def _number(name: str, default: str, cast: type) -> float | int:
@@ -96,6 +107,41 @@ def max_attempts() -> int:
 def keep_batch_partitions() -> int:
     """``WATERMARK_KEEP_BATCH_PARTITIONS``."""
     return int(_number("WATERMARK_KEEP_BATCH_PARTITIONS", str(DEFAULT_KEEP_BATCH_PARTITIONS), int))
+
+
+def lag_max_versions() -> int:
+    """``WATERMARK_LAG_MAX_VERSIONS``."""
+    return int(_number("WATERMARK_LAG_MAX_VERSIONS", str(DEFAULT_LAG_MAX_VERSIONS), int))
+
+
+def lag_max_seconds() -> float:
+    """``WATERMARK_LAG_MAX_SECONDS``."""
+    return float(_number("WATERMARK_LAG_MAX_SECONDS", f"{DEFAULT_LAG_MAX_SECONDS:g}", float))
+
+
+def observe_every_seconds() -> float:
+    """``WATERMARK_OBSERVE_EVERY_SECONDS``."""
+    return float(
+        _number("WATERMARK_OBSERVE_EVERY_SECONDS", f"{DEFAULT_OBSERVE_EVERY_SECONDS:g}", float)
+    )
+
+
+def freshness_fail_after_seconds() -> float:
+    """``WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS``."""
+    return float(
+        _number(
+            "WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS",
+            f"{DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS:g}",
+            float,
+        )
+    )
+
+
+def retention_check_cron() -> str:
+    """``WATERMARK_RETENTION_CHECK_CRON`` (checked by ``HealthSettings``)."""
+    return os.environ.get("WATERMARK_RETENTION_CHECK_CRON", "").strip() or (
+        DEFAULT_RETENTION_CHECK_CRON
+    )
 
 
 ENGINES = ("process", "resident")

@@ -27,7 +27,16 @@ from watermark_dagster.dagster_defs.assets import (
     build_pipeline_asset,
     build_upstream_assets,
 )
-from watermark_dagster.dagster_defs.checks import build_continuity_checks, build_retention_checks
+from watermark_dagster.dagster_defs.checks import (
+    RETENTION_CHECK,
+    build_continuity_checks,
+    build_retention_checks,
+)
+from watermark_dagster.dagster_defs.health import (
+    build_health_checks,
+    build_retention_schedule,
+    with_freshness,
+)
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import check_consumers
 from watermark_dagster.dagster_defs.sensors import (
@@ -136,22 +145,42 @@ def build_location(
     partitions_def = DynamicPartitionsDefinition(name=BATCHES_PARTITIONS_NAME)
     upstream_keys = {n: translator.get_asset_key(u) for n, u in registry.upstreams.items()}
     pipeline_keys = {n: translator.get_asset_key(p) for n, p in registry.pipelines.items()}
+    # Each pipeline gets the freshness policy of the settings (Dagster's freshness daemon
+    # evaluates it), attached to its spec here rather than in its @asset.
     pipeline_assets = [
-        build_pipeline_asset(p, registry, translator, partitions_def)
+        with_freshness(
+            build_pipeline_asset(p, registry, translator, partitions_def), settings.health
+        )
         for p in registry.pipelines.values()
     ]
+    retention_checks = build_retention_checks(registry, upstream_keys)
+    retention_jobs, retention_schedules = build_retention_schedule(
+        [k for c in retention_checks for k in c.check_keys if k.name == RETENTION_CHECK],
+        settings.health,
+    )
     job = define_asset_job(
         BATCH_JOB,
-        selection=AssetSelection.assets(*pipeline_keys.values()),
+        # Without the checks on the pipelines (watermark_stuck_batch): the coordinator
+        # reports those; a batch run executes the pipelines alone.
+        selection=AssetSelection.assets(*pipeline_keys.values()).without_checks(),
         description="Runs the pipelines of one batch partition (one process, one JVM).",
     )
     defs = Definitions(
         assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
         asset_checks=[
-            *build_retention_checks(registry, upstream_keys),
+            *retention_checks,
             *build_continuity_checks(registry, upstream_keys, observer),
+            *build_health_checks(
+                registry,
+                upstream_keys=upstream_keys,
+                pipeline_keys=pipeline_keys,
+                observer=observer,
+                settings=settings.health,
+                max_attempts=settings.max_attempts,
+            ),
         ],
-        jobs=[job],
+        jobs=[job, *retention_jobs],
+        schedules=retention_schedules,
         sensors=[
             build_coordinator_sensor(
                 registry=registry,

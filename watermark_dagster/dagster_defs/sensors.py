@@ -34,6 +34,7 @@ from watermark_dagster.config.env import (
     DEFAULT_SENSOR_INTERVAL_SECONDS,
 )
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.planning import batch_is_due
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep
 from watermark_dagster.dagster_defs.assets import (
@@ -42,6 +43,7 @@ from watermark_dagster.dagster_defs.assets import (
     observation_event,
 )
 from watermark_dagster.dagster_defs.checks import continuity_evaluations
+from watermark_dagster.dagster_defs.health import HealthReporter, HealthSettings
 from watermark_dagster.dagster_defs.pruning import (
     check_keep_batch_partitions,
     stale_batch_partitions,
@@ -83,6 +85,9 @@ class WatermarkSettings:
             history stay in the control tables (`watermark batches`, `watermark batch ID`),
             their runs and materializations in Dagster; a pruned batch is re-run with
             `watermark replay`, not a UI backfill. ``WATERMARK_KEEP_BATCH_PARTITIONS``.
+        health: the lag and stuck-batch checks' thresholds, the observation cadence, the
+            pipelines' freshness and the retention check's schedule (``WATERMARK_LAG_*``,
+            ``WATERMARK_OBSERVE_EVERY_SECONDS``, ...; see :class:`.health.HealthSettings`).
     """
 
     min_batch_interval_seconds: float = DEFAULT_MIN_BATCH_INTERVAL_SECONDS
@@ -91,6 +96,7 @@ class WatermarkSettings:
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
     keep_batch_partitions: int = DEFAULT_KEEP_BATCH_PARTITIONS
+    health: HealthSettings = field(default_factory=HealthSettings)
 
     def __post_init__(self) -> None:
         check_keep_batch_partitions(self.keep_batch_partitions)
@@ -107,6 +113,9 @@ class CoordinatorCursor:
         plan_recorded: the batch whose plan history row was ensured.
         stuck: ``batch:attempt`` of the stuck state last recorded in history.
         stuck_reason: set when the last tick found the open batch stuck: the reason.
+        observed_at: upstream -> when its observation was last reported (epoch seconds),
+            for the steady observation cadence.
+        outcomes: the last reported outcome of each lag and stuck-batch check.
     """
 
     observed: dict[str, int] = field(default_factory=dict)
@@ -114,6 +123,8 @@ class CoordinatorCursor:
     plan_recorded: str | None = None
     stuck: str | None = None
     stuck_reason: str | None = None
+    observed_at: dict[str, float] = field(default_factory=dict)
+    outcomes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str | None) -> "CoordinatorCursor":
@@ -152,6 +163,14 @@ def build_coordinator_sensor(
 ):
     """The sensor that plans batches and (re)submits their runs."""
     actor = f"sensor:{COORDINATOR}"
+    health = HealthReporter(
+        registry=registry,
+        observer=observer,
+        upstream_keys=upstream_keys,
+        pipeline_keys=pipeline_keys,
+        settings=settings.health,
+        observation=observation_event,
+    )
 
     @sensor(
         name=COORDINATOR,
@@ -170,6 +189,7 @@ def build_coordinator_sensor(
         events: list[AssetObservation | AssetCheckEvaluation] = []
 
         batch = store.open_batch()
+        look: RegistryObservation | None = None
         if batch is None:
             found = look_before_planning(registry, observer, store, actor=actor)
             for name, (_, _, why) in found.started.items():
@@ -184,12 +204,16 @@ def build_coordinator_sensor(
             checks, cursor.continuity = continuity_evaluations(
                 look, upstream_keys, cursor.continuity
             )
-            for name, obs in observed.items():
-                if obs.is_cursor:
-                    continue
-                if cursor.observed.get(name) != obs.latest_version:
-                    events.append(observation_event(obs, upstream_keys[name], committed.get(name)))
-                    cursor.observed[name] = obs.latest_version
+            # Observations when a version moved, or on the steady cadence; the lag checks
+            # with them, and the stuck-batch checks (no batch is open: none is stuck).
+            events += health.upstream_events(
+                observed,
+                committed,
+                reported_versions=cursor.observed,
+                observed_at=cursor.observed_at,
+                outcomes=cursor.outcomes,
+            )
+            events += health.stuck_events(None, outcomes=cursor.outcomes)
             events += checks
             now = datetime.now(UTC)
             interval = timedelta(seconds=settings.min_batch_interval_seconds)
@@ -252,6 +276,15 @@ def build_coordinator_sensor(
                 f"batch {batch.batch_id} attempt {step.attempt}: requesting {list(step.pipelines)}"
             )
             requests = [resume_request(step, pipeline_keys)]
+        if look is None:  # the batch was open already: nothing was observed above
+            events += health.upstream_events(
+                health.observe(),
+                store.committed_versions(),
+                reported_versions=cursor.observed,
+                observed_at=cursor.observed_at,
+                outcomes=cursor.outcomes,
+            )
+        events += health.stuck_events(step, outcomes=cursor.outcomes, instance=context.instance)
         return SensorResult(
             run_requests=requests,
             skip_reason=None if requests else step.reason,

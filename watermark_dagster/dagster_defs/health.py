@@ -1,0 +1,672 @@
+"""Health of a code location as Dagster signals: upstream lag, stuck batches, a steady
+observation cadence, freshness of the pipelines and the retention check's schedule.
+
+* ``watermark_lag`` (on each consumed versioned upstream) fails (severity ERROR) when the
+  upstream is more than ``lag_max_versions`` versions ahead of its committed watermark, or
+  when its oldest unconsumed commit (the commit of ``committed + 1``) is older than
+  ``lag_max_seconds``.
+* ``watermark_stuck_batch`` (on each pipeline) fails (severity ERROR) while the open batch
+  is stuck with that pipeline unfinished: the coordinator stopped resubmitting it after a
+  terminal error or ``max_attempts`` failed runs. It sits on the pipelines, not on the
+  upstreams, because the pipeline is where the failed runs and their error are; the
+  upstreams the batch holds back show it through their lag check.
+
+The coordinator sensor reports both from every tick (:class:`HealthReporter`): an
+evaluation when a check's outcome changes, and otherwise at most every
+``observe_every_seconds``, together with an upstream observation (so lag plots have a
+point per interval even when nothing moved). Both can also be run from the UI
+(:func:`build_health_checks`).
+
+The ``retention_horizon`` check runs on a schedule shipped RUNNING
+(:func:`build_retention_schedule`); pipelines get a time-window freshness policy
+(:func:`with_freshness`) that Dagster's freshness daemon evaluates.
+"""
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    AssetSelection,
+    AssetSpec,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterInvalidDefinitionError,
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    FreshnessPolicy,
+    MetadataValue,
+    RunsFilter,
+    ScheduleDefinition,
+    apply_freshness_policy,
+    define_asset_job,
+    multi_asset_check,
+)
+
+from watermark_dagster.config.env import (
+    DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS,
+    DEFAULT_LAG_MAX_SECONDS,
+    DEFAULT_LAG_MAX_VERSIONS,
+    DEFAULT_OBSERVE_EVERY_SECONDS,
+    DEFAULT_RETENTION_CHECK_CRON,
+)
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import Upstream
+from watermark_dagster.core.observations import Observation
+from watermark_dagster.core.resuming import ResumeAction, ResumeStep, resume_step
+from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
+from watermark_dagster.dagster_defs.runs import BATCH_TAG, batch_runs
+from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
+from watermark_dagster.observe.observer import Observer
+from watermark_dagster.observe.retention import commit_time, format_duration
+from watermark_dagster.operations.coordinate import unfinished
+
+LAG_CHECK = "watermark_lag"
+STUCK_CHECK = "watermark_stuck_batch"
+RETENTION_JOB = "watermark_retention_check_job"
+RETENTION_SCHEDULE = "watermark_retention_schedule"
+# The longest run error a stuck-batch check quotes.
+ERROR_CHARS = 500
+# Dagster refuses a time-window freshness policy shorter than this.
+MIN_FRESHNESS_SECONDS = 60
+UNSTICK_FIX = (
+    "fix the cause shown by the batch's failed runs, then run `watermark run --retry` (or "
+    "re-execute the batch partition from the UI); `watermark batch {batch}` shows the batch."
+)
+
+
+def _positive(name: str, value: float, fix: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigurationError(
+            f"HealthSettings.{name}={value!r} is not a number >= 0.",
+            fix=f"{fix} (environment: WATERMARK_{name.upper()})",
+        )
+
+
+def _valid_cron(value: object) -> bool:
+    # Dagster's own test of a schedule's cron string (its parser is private).
+    if not isinstance(value, str):
+        return False
+    try:
+        ScheduleDefinition(name="cron_probe", cron_schedule=value, job_name="cron_probe")
+    except DagsterInvalidDefinitionError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Thresholds and cadences of the health signals.
+
+    Attributes:
+        lag_max_versions: the ``watermark_lag`` check fails when an upstream is more than
+            this many versions ahead of its committed watermark (0: no version bound).
+            ``WATERMARK_LAG_MAX_VERSIONS``, default 100.
+        lag_max_seconds: it fails when the upstream's oldest unconsumed commit is older
+            than this (0: no time bound). ``WATERMARK_LAG_MAX_SECONDS``, default 3600.
+        observe_every_seconds: each upstream is reported (an observation and its lag check)
+            at least this often even when nothing moved, so lag plots over time.
+            ``WATERMARK_OBSERVE_EVERY_SECONDS``, default 60 (0: every coordinator tick).
+        freshness_fail_after_seconds: a pipeline's freshness fails when it has not been
+            materialized for this long (0: no freshness policy; else at least 60, Dagster's
+            minimum). ``WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS``, default one day.
+        retention_check_cron: when the ``retention_horizon`` checks run (a cron string).
+            ``WATERMARK_RETENTION_CHECK_CRON``, default hourly.
+
+    Raises:
+        ConfigurationError: a value is not usable; the message names it and the fix.
+    """
+
+    lag_max_versions: int = DEFAULT_LAG_MAX_VERSIONS
+    lag_max_seconds: float = DEFAULT_LAG_MAX_SECONDS
+    observe_every_seconds: float = DEFAULT_OBSERVE_EVERY_SECONDS
+    freshness_fail_after_seconds: float = DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS
+    retention_check_cron: str = DEFAULT_RETENTION_CHECK_CRON
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lag_max_versions, int) or isinstance(self.lag_max_versions, bool):
+            raise ConfigurationError(
+                f"HealthSettings.lag_max_versions={self.lag_max_versions!r} is not a whole number.",
+                fix=f"use a whole number of versions such as {DEFAULT_LAG_MAX_VERSIONS} "
+                "(0: no version bound; environment: WATERMARK_LAG_MAX_VERSIONS).",
+            )
+        _positive(
+            "lag_max_versions",
+            self.lag_max_versions,
+            f"use a number of versions such as {DEFAULT_LAG_MAX_VERSIONS} (0: no bound).",
+        )
+        _positive(
+            "lag_max_seconds",
+            self.lag_max_seconds,
+            f"use seconds such as {DEFAULT_LAG_MAX_SECONDS:g} (0: no time bound).",
+        )
+        _positive(
+            "observe_every_seconds",
+            self.observe_every_seconds,
+            f"use seconds such as {DEFAULT_OBSERVE_EVERY_SECONDS:g} (0: every tick).",
+        )
+        fresh = self.freshness_fail_after_seconds
+        _positive(
+            "freshness_fail_after_seconds",
+            fresh,
+            f"use seconds such as {DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS:g} (0: no policy).",
+        )
+        if 0 < fresh < MIN_FRESHNESS_SECONDS:
+            raise ConfigurationError(
+                f"HealthSettings.freshness_fail_after_seconds={fresh!r} is shorter than "
+                f"Dagster's minimum freshness window ({MIN_FRESHNESS_SECONDS} seconds).",
+                fix=f"use at least {MIN_FRESHNESS_SECONDS}, or 0 for no freshness policy "
+                "(environment: WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS).",
+            )
+        if not _valid_cron(self.retention_check_cron):
+            raise ConfigurationError(
+                f"HealthSettings.retention_check_cron={self.retention_check_cron!r} is not a "
+                "cron string.",
+                fix=f"use five cron fields such as {DEFAULT_RETENTION_CHECK_CRON!r} (hourly) "
+                "(environment: WATERMARK_RETENTION_CHECK_CRON).",
+            )
+
+
+@dataclass(frozen=True)
+class Lag:
+    """How far an upstream is ahead of its committed watermark.
+
+    Attributes:
+        upstream: the upstream.
+        latest_version: its newest version.
+        committed_version: its committed watermark (None: nothing committed).
+        versions: versions not consumed yet (``latest - committed``).
+        pending_since: when the oldest unconsumed version (``committed + 1``) was
+            committed; None when caught up, or when its commit file is gone.
+        seconds: how long ago that was (0 when caught up; None when unknown).
+    """
+
+    upstream: str
+    latest_version: int
+    committed_version: int | None
+    versions: int
+    pending_since: datetime | None
+    seconds: float | None
+
+
+def measure_lag(
+    obs: Observation,
+    committed: int | None,
+    now: datetime,
+    committed_at: Callable[[int], datetime | None],
+) -> Lag:
+    """The lag of a versioned upstream from its observation and committed watermark.
+
+    Args:
+        obs: what the last look at the upstream found.
+        committed: its committed version (None: nothing committed, so every version lags).
+        now: the moment the age is measured at.
+        committed_at: when a version was committed (None: its commit file is gone).
+    """
+    behind = obs.latest_version - (-1 if committed is None else committed)
+    if behind <= 0:
+        return Lag(obs.upstream, obs.latest_version, committed, max(behind, 0), None, 0.0)
+    oldest = 0 if committed is None else committed + 1
+    since = committed_at(oldest)
+    seconds = None if since is None else max(0.0, (now - since).total_seconds())
+    return Lag(obs.upstream, obs.latest_version, committed, behind, since, seconds)
+
+
+def lag_result(lag: Lag, settings: HealthSettings) -> tuple[bool, str, str, dict[str, Any]]:
+    """``(passed, outcome, description, metadata)`` of one upstream's lag check.
+
+    ``outcome`` names which bounds are exceeded, without the numbers (which change every
+    tick), so an evaluation is reported when it changes.
+    """
+    over: list[str] = []
+    if settings.lag_max_versions and lag.versions > settings.lag_max_versions:
+        over.append("versions")
+    if (
+        settings.lag_max_seconds
+        and lag.seconds is not None
+        and lag.seconds > settings.lag_max_seconds
+    ):
+        over.append("time")
+    age = "" if lag.seconds is None else format_duration(timedelta(seconds=lag.seconds))
+    if lag.versions == 0:
+        state = f"'{lag.upstream}' is caught up (committed version {lag.committed_version})."
+    else:
+        state = f"'{lag.upstream}' is {lag.versions} version(s) behind"
+        state += (
+            f"; its oldest unconsumed commit is {age} old."
+            if lag.seconds is not None
+            else "; the commit time of its oldest unconsumed version is unknown (its commit "
+            "file is gone: see the retention_horizon check)."
+        )
+    limits = (
+        f"Limits: {settings.lag_max_versions or 'no'} versions, "
+        + (
+            format_duration(timedelta(seconds=settings.lag_max_seconds))
+            if settings.lag_max_seconds
+            else "no time bound"
+        )
+        + "."
+    )
+    meta: dict[str, Any] = {
+        "upstream": lag.upstream,
+        "latest_version": MetadataValue.int(lag.latest_version),
+        "lag_versions": MetadataValue.int(lag.versions),
+        "max_versions": MetadataValue.int(settings.lag_max_versions),
+        "max_seconds": MetadataValue.float(float(settings.lag_max_seconds)),
+    }
+    if lag.committed_version is not None:
+        meta["committed_version"] = MetadataValue.int(lag.committed_version)
+    if lag.seconds is not None:
+        meta["lag_seconds"] = MetadataValue.float(lag.seconds)
+    if lag.pending_since is not None:
+        meta["oldest_unconsumed_commit"] = MetadataValue.timestamp(lag.pending_since)
+    if not over:
+        return True, "ok", f"{state} {limits}", meta
+    fix = (
+        " Nothing has consumed it for too long: check that the watermark_coordinator and "
+        "watermark_finalizer sensors are running, look for a stuck batch (the "
+        f"{STUCK_CHECK} check of its pipelines, `watermark status`), or raise the limits "
+        "(WATERMARK_LAG_MAX_VERSIONS, WATERMARK_LAG_MAX_SECONDS)."
+    )
+    return False, "over:" + "+".join(over), f"{state} {limits}{fix}", meta
+
+
+def last_failure(instance: DagsterInstance, batch_id: str) -> str | None:
+    """The error of the newest failed run the coordinator launched for ``batch_id``: its
+    first step failure's message (else the run failure's), None when there is none."""
+    runs = instance.get_runs(
+        RunsFilter(tags={BATCH_TAG: batch_id}, statuses=[DagsterRunStatus.FAILURE]), limit=1
+    )
+    if not runs:
+        return None
+    for kind in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE):
+        for entry in instance.all_logs(runs[0].run_id, of_type=kind):
+            event = entry.dagster_event
+            if event is None:
+                continue
+            error = event.step_failure_data.error if event.is_step_failure else None
+            while error is not None and error.cause is not None:
+                error = error.cause  # the user code's own error, not Dagster's wrapper
+            text = error.message.strip() if error is not None else (event.message or "")
+            if text:
+                return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+    return None
+
+
+def stuck_result(
+    pipeline: str, step: ResumeStep | None, error: str | None = None
+) -> tuple[bool, str, str, dict[str, Any]]:
+    """``(passed, outcome, description, metadata)`` of one pipeline's stuck-batch check,
+    from the coordinator's decision for the open batch (None: no batch is open) and the
+    error of its newest failed run (see :func:`last_failure`)."""
+    if step is None:
+        return True, "ok", f"No batch is open; '{pipeline}' is not held.", {"pipeline": pipeline}
+    meta: dict[str, Any] = {"pipeline": pipeline, "batch_id": step.batch_id}
+    if step.action is not ResumeAction.STUCK or pipeline not in step.pipelines:
+        return True, "ok", f"Batch {step.batch_id} is not stuck on '{pipeline}'.", meta
+    meta["failed_runs"] = MetadataValue.int(step.facts.failed)
+    meta["unfinished"] = ", ".join(step.pipelines)
+    if step.facts.terminal is not None:
+        meta["error"] = step.facts.terminal.error
+    elif error:
+        meta["error"] = error
+    meta["fix"] = UNSTICK_FIX.format(batch=step.batch_id)
+    description = f"Pipeline '{pipeline}' holds batch {step.batch_id}: {step.reason}"
+    if step.facts.terminal is None and error:
+        description += f" Last error: {error}"
+    return False, f"stuck:{step.stuck_key}", description, meta
+
+
+class HealthReporter:
+    """What the coordinator reports about health on each tick: upstream observations on a
+    steady cadence, and the lag and stuck-batch check evaluations when their outcome
+    changes (and with each cadence report).
+
+    Its memory lives in the coordinator's cursor, passed in as plain mappings that these
+    methods update: ``observed_at`` (upstream -> when it was last reported, epoch
+    seconds) and ``outcomes`` (check -> its last reported outcome).
+
+    Args:
+        registry: the upstreams and pipelines.
+        observer: the code location's observer.
+        upstream_keys: upstream name -> asset key.
+        pipeline_keys: pipeline name -> asset key.
+        settings: thresholds and cadence.
+        observation: builds an upstream's observation event from its observation and
+            committed version (the one the coordinator reports when a version moves).
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        observer: Observer,
+        upstream_keys: Mapping[str, AssetKey],
+        pipeline_keys: Mapping[str, AssetKey],
+        settings: HealthSettings,
+        observation: Callable[[Observation, AssetKey, int | None], AssetObservation],
+    ) -> None:
+        self._registry = registry
+        self._observer = observer
+        self._upstream_keys = upstream_keys
+        self._pipeline_keys = pipeline_keys
+        self._settings = settings
+        self._observation = observation
+        self._commit_times = CommitTimes()
+
+    def upstream_events(
+        self,
+        observed: Mapping[str, Observation],
+        committed: Mapping[str, int | None],
+        *,
+        reported_versions: dict[str, int],
+        observed_at: dict[str, float],
+        outcomes: dict[str, str],
+        now: datetime | None = None,
+    ) -> list[AssetObservation | AssetCheckEvaluation]:
+        """Observations and lag checks of the versioned upstreams in ``observed``: an
+        upstream is reported when its version moved since ``reported_versions`` or its last
+        report is ``observe_every_seconds`` old; its lag check with it, or alone when its
+        outcome changed. Updates the three mappings."""
+        now = now or datetime.now(UTC)
+        stamp = now.timestamp()
+        events: list[AssetObservation | AssetCheckEvaluation] = []
+        for name, obs in observed.items():
+            if obs.is_cursor or name not in self._upstream_keys:
+                continue
+            key = self._upstream_keys[name]
+            lag = measure_lag(
+                obs,
+                committed.get(name),
+                now,
+                lambda v, u=name: self._commit_times.get(u, v, self._registry),
+            )
+            passed, outcome, description, meta = lag_result(lag, self._settings)
+            last = observed_at.get(name)
+            due = (
+                reported_versions.get(name) != obs.latest_version
+                or last is None
+                or stamp - last >= self._settings.observe_every_seconds
+            )
+            if due:
+                event = self._observation(obs, key, committed.get(name))
+                if lag.seconds is not None:
+                    event = with_metadata(event, {"lag_seconds": MetadataValue.float(lag.seconds)})
+                events.append(event)
+                reported_versions[name] = obs.latest_version
+                observed_at[name] = stamp
+            check = AssetCheckKey(key, LAG_CHECK).to_user_string()
+            if due or outcomes.get(check) != outcome:
+                outcomes[check] = outcome
+                events.append(_evaluation(key, LAG_CHECK, passed, description, meta))
+        return events
+
+    def observe(self) -> dict[str, Observation]:
+        """A look at the consumed versioned upstreams (for ticks that did not look while
+        planning); unavailable ones are left out (their continuity check says why)."""
+        found = self._observer.observe_all(
+            u for u in self._registry.consumed_upstreams() if not u.is_cursor
+        )
+        return {n: o for n, o in found.items() if isinstance(o, Observation)}
+
+    def stuck_events(
+        self,
+        step: ResumeStep | None,
+        *,
+        outcomes: dict[str, str],
+        instance: DagsterInstance | None = None,
+    ) -> list[AssetCheckEvaluation]:
+        """The stuck-batch checks whose outcome changed since ``outcomes`` (updated), from
+        the coordinator's decision ``step`` for the open batch (None: none is open); with
+        ``instance``, a newly stuck batch's check names its last run's error."""
+        events: list[AssetCheckEvaluation] = []
+        error: str | None = None
+        looked = False
+        for name, key in self._pipeline_keys.items():
+            passed, outcome, _, _ = stuck_result(name, step)
+            check = AssetCheckKey(key, STUCK_CHECK).to_user_string()
+            if outcomes.get(check) == outcome:
+                continue
+            if not passed and not looked and instance is not None and step is not None:
+                # Read once per newly stuck state: one run lookup and its failure events.
+                error, looked = last_failure(instance, step.batch_id), True
+            passed, outcome, description, meta = stuck_result(name, step, error)
+            if outcomes.get(check) != outcome:
+                outcomes[check] = outcome
+                events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))
+        return events
+
+
+class CommitTimes:
+    """When versions of upstreams were committed, read from their commit files and kept
+    (a version's commit time never changes), so a tick reads at most one small file per
+    upstream whose watermark moved."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, int], datetime | None] = {}
+
+    def get(self, upstream: str, version: int, registry: Registry) -> datetime | None:
+        """When ``version`` of ``upstream`` was committed (None: its commit file is gone)."""
+        found = self._known.get((upstream, version))
+        if found is None:
+            found = commit_time(registry.upstreams[upstream], version)
+            if len(self._known) >= self.LIMIT:
+                self._known.clear()
+            if found is not None:  # a gone file is looked at again next time
+                self._known[(upstream, version)] = found
+        return found
+
+
+def with_metadata(event: AssetObservation, extra: Mapping[str, Any]) -> AssetObservation:
+    """``event`` with ``extra`` added to its metadata."""
+    return AssetObservation(
+        asset_key=event.asset_key,
+        description=event.description,
+        metadata={**event.metadata, **extra},
+        partition=event.partition,
+        tags=event.tags,
+    )
+
+
+def _evaluation(
+    key: AssetKey, check: str, passed: bool, description: str, meta: dict[str, Any]
+) -> AssetCheckEvaluation:
+    return AssetCheckEvaluation(
+        asset_key=key,
+        check_name=check,
+        passed=passed,
+        severity=AssetCheckSeverity.ERROR,
+        description=description,
+        metadata=meta,
+    )
+
+
+def _versioned(upstreams: Iterable[Upstream]) -> list[Upstream]:
+    # Cursor upstreams (mode "timestamp") have no versions to lag behind by.
+    return [u for u in upstreams if not u.is_cursor]
+
+
+def build_health_checks(
+    registry: Registry,
+    *,
+    upstream_keys: Mapping[str, AssetKey],
+    pipeline_keys: Mapping[str, AssetKey],
+    observer: Observer,
+    settings: HealthSettings,
+    max_attempts: int,
+) -> list[AssetChecksDefinition]:
+    """The ``watermark_lag`` checks of the consumed versioned upstreams and the
+    ``watermark_stuck_batch`` checks of the pipelines, runnable from the UI (the
+    coordinator reports the same checks on its own through :class:`HealthReporter`).
+
+    Args:
+        registry: the upstreams and pipelines.
+        upstream_keys: upstream name -> asset key.
+        pipeline_keys: pipeline name -> asset key.
+        observer: the code location's observer.
+        settings: the lag thresholds.
+        max_attempts: failed runs after which the coordinator calls a batch stuck.
+    """
+    checks: list[AssetChecksDefinition] = []
+    lagging = {
+        AssetCheckKey(upstream_keys[u.name], LAG_CHECK): u
+        for u in _versioned(registry.consumed_upstreams())
+    }
+    if lagging:
+        specs = [
+            AssetCheckSpec(
+                LAG_CHECK,
+                asset=key.asset_key,
+                description=f"Fails when '{u.name}' is too far ahead of its committed "
+                "watermark (versions or age of its oldest unconsumed commit). The "
+                "coordinator sensor reports it.",
+            )
+            for key, u in lagging.items()
+        ]
+        commit_times = CommitTimes()
+
+        @multi_asset_check(
+            specs=specs,
+            can_subset=True,
+            name="watermark_lag_checks",
+            description="How far each upstream is ahead of its committed watermark.",
+        )
+        def lag_checks(
+            context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
+        ) -> Iterator[AssetCheckResult]:
+            committed = watermark_store.get_store().committed_versions()
+            now = datetime.now(UTC)
+            for key in _sorted(context.selected_asset_check_keys):
+                upstream = lagging[key]
+                try:
+                    obs = observer.observe(upstream)
+                except UpstreamUnavailableError as e:
+                    yield _result(key, False, str(e), {"upstream": upstream.name, **e.metadata()})
+                    continue
+                lag = measure_lag(
+                    obs,
+                    committed.get(upstream.name),
+                    now,
+                    lambda v, u=upstream.name: commit_times.get(u, v, registry),
+                )
+                passed, _, description, meta = lag_result(lag, settings)
+                (context.log.info if passed else context.log.error)(description)
+                yield _result(key, passed, description, meta)
+
+        checks.append(lag_checks)
+
+    stuck_keys = {AssetCheckKey(k, STUCK_CHECK): p for p, k in pipeline_keys.items()}
+
+    @multi_asset_check(
+        specs=[
+            AssetCheckSpec(
+                STUCK_CHECK,
+                asset=key.asset_key,
+                description=f"Fails while the open batch is stuck with '{p}' unfinished "
+                "(a terminal error, or max_attempts failed runs). The coordinator sensor "
+                "reports it.",
+            )
+            for key, p in stuck_keys.items()
+        ],
+        can_subset=True,
+        name="watermark_stuck_batch_checks",
+        description="Whether the open batch is stuck.",
+    )
+    def stuck_checks(
+        context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
+    ) -> Iterator[AssetCheckResult]:
+        store = watermark_store.get_store()
+        batch = store.open_batch()
+        step = None
+        if batch is not None:
+            facts = batch_runs(context.instance, batch.batch_id).facts
+            todo = unfinished(store, batch, pipeline_keys.keys())
+            step = resume_step(batch.batch_id, todo, facts, max_attempts=max_attempts)
+        error = (
+            last_failure(context.instance, step.batch_id)
+            if step is not None and step.action is ResumeAction.STUCK
+            else None
+        )
+        for key in _sorted(context.selected_asset_check_keys):
+            passed, _, description, meta = stuck_result(stuck_keys[key], step, error)
+            (context.log.info if passed else context.log.error)(description)
+            yield _result(key, passed, description, meta)
+
+    checks.append(stuck_checks)
+    return checks
+
+
+def _sorted(keys: Iterable[AssetCheckKey]) -> list[AssetCheckKey]:
+    return sorted(keys, key=lambda k: k.to_user_string())
+
+
+def _result(
+    key: AssetCheckKey, passed: bool, description: str, meta: dict[str, Any]
+) -> AssetCheckResult:
+    return AssetCheckResult(
+        asset_key=key.asset_key,
+        check_name=key.name,
+        passed=passed,
+        severity=AssetCheckSeverity.ERROR,
+        description=description,
+        metadata=meta,
+    )
+
+
+def build_retention_schedule(
+    check_keys: Sequence[AssetCheckKey], settings: HealthSettings
+) -> tuple[list[Any], list[ScheduleDefinition]]:
+    """The job running only the ``retention_horizon`` checks and its schedule, RUNNING by
+    default, so the checks are evaluated with nobody clicking.
+
+    The job selects the checks alone (``AssetSelection.checks``): its runs execute the
+    check op with the ``watermark_store`` resource and materialize no asset, so no
+    pipeline runs and no JVM starts.
+
+    Returns:
+        ``([job], [schedule])``, or two empty lists when there is no retention check.
+    """
+    if not check_keys:
+        return [], []
+    job = define_asset_job(
+        RETENTION_JOB,
+        selection=AssetSelection.checks(*check_keys),
+        description="Runs the retention_horizon checks of the upstreams (no pipeline, no JVM).",
+    )
+    schedule = ScheduleDefinition(
+        name=RETENTION_SCHEDULE,
+        job=job,
+        cron_schedule=settings.retention_check_cron,
+        default_status=DefaultScheduleStatus.RUNNING,
+        description="Evaluates the retention_horizon checks "
+        f"({settings.retention_check_cron}; WATERMARK_RETENTION_CHECK_CRON).",
+    )
+    return [job], [schedule]
+
+
+def with_freshness(asset: AssetsDefinition, settings: HealthSettings) -> AssetsDefinition:
+    """``asset`` with a time-window freshness policy: it fails when the asset has not been
+    materialized for ``freshness_fail_after_seconds`` (unchanged when that is 0)."""
+    if not settings.freshness_fail_after_seconds:
+        return asset
+    policy = FreshnessPolicy.time_window(
+        fail_window=timedelta(seconds=settings.freshness_fail_after_seconds)
+    )
+
+    def attach(spec: AssetSpec) -> AssetSpec:
+        return apply_freshness_policy(spec, policy)
+
+    return asset.map_asset_specs(attach)
