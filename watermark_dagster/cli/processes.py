@@ -7,8 +7,10 @@ the code servers launch and the Spark JVMs those start (none of them leaves the 
 POSIX). Stopping sends the group the interrupt a terminal's Ctrl-C would, waits a grace
 period, then SIGTERM and finally SIGKILL for whatever is left, so nothing outlives the
 command however a child handles its signals. ``dagster dev`` alone, signalled directly,
-waits up to 60 s for its webserver and then 60 s for its daemon and never signals the
-run processes or their JVMs.
+waits up to 60 s for its webserver and then 60 s for its daemon, and never signals the
+run processes: its code servers shut down only once their in-flight runs finish (the gRPC
+server's "shutdown once executions finish"), so with a run in flight it does not end
+before the run does.
 """
 
 import contextlib
@@ -21,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 # How long the processes get to stop on the interrupt, then on SIGTERM, before SIGKILL:
-# together well under the 10 s a service manager usually allows.
-GRACE_SECONDS = 5.0
-TERM_SECONDS = 2.5
+# with the wait after SIGKILL, within the 10 s `docker stop` allows before it kills.
+GRACE_SECONDS = 4.5
+TERM_SECONDS = 2.0
 _POLL_SECONDS = 0.1
 
 
