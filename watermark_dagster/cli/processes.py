@@ -15,6 +15,7 @@ before the run does.
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -84,7 +85,8 @@ class ProcessGroup:
 
 def _label(pid: int) -> str:
     """A short name for a process: ``dagster_webserver`` for ``python -m dagster_webserver``,
-    ``java`` for a JVM, else the program's name."""
+    ``multiprocessing.spawn`` for a run process, ``java`` for a JVM, else the program's
+    name."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
@@ -93,8 +95,9 @@ def _label(pid: int) -> str:
         module = argv[argv.index("-m") + 1]
         rest = [a for a in argv[argv.index("-m") + 2 :] if a and not a.startswith("-")]
         return " ".join([module, *rest[:1]])
-    if "-c" in argv[:-1]:
-        return "python -c " + argv[argv.index("-c") + 1].split()[-1][:40]
+    if "-c" in argv[:-1]:  # multiprocessing's children: name the module they run
+        found = re.search(r"from ([\w.]+) import", argv[argv.index("-c") + 1])
+        return found.group(1) if found else "python -c"
     names = [Path(a).name for a in argv if a]
     if len(names) > 1 and names[0].startswith("python"):
         return " ".join(names[1:3])
