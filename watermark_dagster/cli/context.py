@@ -6,6 +6,7 @@ Nothing here writes to the control tables. Loading a code location only builds i
 """
 
 import argparse
+import contextlib
 import hashlib
 import importlib
 import json
@@ -94,7 +95,9 @@ def sync_dagster_yaml(path: Path, shipped: Path = SHIPPED_DAGSTER_YAML) -> str |
                 f"as it is. To take the shipped one: cp {shipped} {config}"
             )
     if stamp != {"copied": copied, "shipped": new}:
-        stamp_file.write_text(json.dumps({"copied": copied, "shipped": new}) + "\n")
+        # A DAGSTER_HOME the user cannot write (a shared instance) is read as it is.
+        with contextlib.suppress(OSError):
+            stamp_file.write_text(json.dumps({"copied": copied, "shipped": new}) + "\n")
     return message
 
 
