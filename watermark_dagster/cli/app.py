@@ -1,13 +1,22 @@
 """Running one ``watermark`` command: parse, dispatch, turn errors into exit codes."""
 
+import argparse
 import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
-from watermark_dagster.cli.context import EXIT_FAILED, EXIT_REFUSED, Context
+from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Context
 from watermark_dagster.cli.parser import build_parser
+from watermark_dagster.cli.quiet import (
+    VERBOSE_ENV,
+    log_path,
+    redirect_stderr,
+    terminal_stderr,
+    verbose_requested,
+)
 from watermark_dagster.cli.render import Console
 from watermark_dagster.errors import RetryableError, WatermarkError
 
@@ -16,18 +25,59 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run one command and return its exit code (argparse exits itself on bad syntax).
 
     A retryable error (control tables contended) exits 1; every other error of ours,
-    usage errors included, exits 2: nothing was written.
+    usage errors included, exits 2: nothing was written. A command that may start Spark is
+    quiet unless ``-v`` (:mod:`.quiet`): file descriptor 2 points at its log file while it
+    runs, the command's own messages stay on the terminal.
     """
     args = build_parser().parse_args(argv)
-    console = Console()
+    if verbose_requested(args.verbose):
+        os.environ[VERBOSE_ENV] = "1"  # the Spark sessions it starts keep Spark's logging
+        return _run(args, Console())
+    if not args.starts_spark:
+        return _run(args, Console())
+    from watermark_dagster.runtime import spark as spark_runtime
+
+    terminal = terminal_stderr()
+    saved = os.dup(2)
+    previous = spark_runtime.progress_stream, spark_runtime.output_log
+    spark_runtime.progress_stream = terminal
     try:
-        return int(args.func(Context(args, console)) or 0)
+        return _run(args, Console(err=terminal), quiet=True)
+    finally:
+        spark_runtime.progress_stream, spark_runtime.output_log = previous
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        terminal.close()
+
+
+def _run(args: argparse.Namespace, console: Console, *, quiet: bool = False) -> int:
+    """The command, its errors turned into exit codes; with ``quiet``, after pointing
+    stderr at its log file (named on the terminal when the command fails)."""
+    log = None
+    try:
+        ctx = Context(args, console)
+        if quiet:
+            from watermark_dagster.runtime import spark as spark_runtime
+
+            log = ctx.log = spark_runtime.output_log = log_path(ctx.home, args.command)
+            redirect_stderr(log)
+        code = int(args.func(ctx) or 0)
     except RetryableError as e:
         console.problem(str(e))
-        return EXIT_FAILED
+        code = EXIT_FAILED
     except WatermarkError as e:
         console.problem(str(e))
-        return EXIT_REFUSED
+        code = EXIT_REFUSED
+    except Exception:
+        if not quiet:
+            raise
+        # The traceback would otherwise land in the log only.
+        console.err.write(traceback.format_exc())
+        code = EXIT_FAILED
+    if log is not None and code != EXIT_OK:
+        console.problem(f"what Spark and Dagster printed: {log} (-v shows it here)", style="dim")
+    return code
 
 
 def _exit_now(code: int) -> None:

@@ -27,7 +27,9 @@ def arg(*flags: str, **options: Any) -> Arg:
 class Command:
     """One row of the table of commands: its name, handler, arguments and help.
 
-    Every command also takes --home, --json and (with ``defs``) --defs.
+    Every command also takes --home, --json, -v/--verbose and (with ``defs``) --defs. A
+    command that may start Spark (``spark``) is quiet unless verbose: what Spark and Dagster
+    write goes to a log file (:mod:`watermark_dagster.cli.quiet`).
     """
 
     name: str
@@ -38,3 +40,4 @@ class Command:
     description: str | None = None
     defs: bool = True
     json_help: str = "JSON instead of text, for scripts"
+    spark: bool = False

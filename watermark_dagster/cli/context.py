@@ -6,7 +6,10 @@ Nothing here writes to the control tables. Loading a code location only builds i
 """
 
 import argparse
+import contextlib
+import hashlib
 import importlib
+import json
 import os
 import shutil
 from functools import cached_property
@@ -42,17 +45,71 @@ def watermark_home(args: argparse.Namespace) -> Path:
     return home
 
 
-def dagster_home(home: Path) -> Path:
-    """DAGSTER_HOME, defaulting to ``<WATERMARK_HOME>/dagster`` with the repo's dagster.yaml."""
+# The instance configuration the package ships (a link to the repository's dagster.yaml,
+# whose content a wheel carries), copied into DAGSTER_HOME; and the file that remembers what
+# was copied, so an unedited copy follows the shipped file and an edited one is left alone.
+SHIPPED_DAGSTER_YAML = Path(__file__).with_name("dagster.yaml")
+SYNC_STAMP = ".watermark-dagster-yaml.json"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sync_dagster_yaml(path: Path, shipped: Path = SHIPPED_DAGSTER_YAML) -> str | None:
+    """Keep ``<path>/dagster.yaml`` in step with the shipped one.
+
+    Missing: copied. An unedited copy of an older shipped file: replaced by the new one.
+    Edited (or of unknown origin) while the shipped file changed: left as it is, and the
+    user told once per shipped version.
+
+    Returns:
+        The line to tell the user, or None when there is nothing to say.
+    """
+    config = path / "dagster.yaml"
+    stamp_file = path / SYNC_STAMP
+    if not shipped.is_file():  # a broken install: keep Dagster's defaults, without telemetry
+        if not config.exists():
+            config.write_text("telemetry:\n  enabled: false\n")
+        return None
+    new = _digest(shipped)
+    try:
+        stamp = json.loads(stamp_file.read_text())
+    except (OSError, ValueError):
+        stamp = {}
+    message = None
+    if not config.exists():
+        shutil.copy(shipped, config)
+        copied = new
+    elif (current := _digest(config)) == new:
+        copied = new
+    elif current == stamp.get("copied"):
+        shutil.copy(shipped, config)
+        copied = new
+        message = f"updated {config} to the shipped {shipped} (it changed; your copy was unedited)"
+    else:
+        copied = stamp.get("copied")
+        if stamp.get("shipped") != new:
+            message = (
+                f"{config} differs from the shipped {shipped}, which changed; yours is used "
+                f"as it is. To take the shipped one: cp {shipped} {config}"
+            )
+    if stamp != {"copied": copied, "shipped": new}:
+        # A DAGSTER_HOME the user cannot write (a shared instance) is read as it is.
+        with contextlib.suppress(OSError):
+            stamp_file.write_text(json.dumps({"copied": copied, "shipped": new}) + "\n")
+    return message
+
+
+def dagster_home(home: Path, console: Console | None = None) -> Path:
+    """DAGSTER_HOME, defaulting to ``<WATERMARK_HOME>/dagster``, its dagster.yaml kept in
+    step with the shipped one (:func:`sync_dagster_yaml`; what changed is told on
+    ``console``)."""
     path = Path(os.environ.get("DAGSTER_HOME") or home / "dagster").resolve()
     path.mkdir(parents=True, exist_ok=True)
-    config = path / "dagster.yaml"
-    if not config.exists():
-        shipped = Path.cwd() / "dagster.yaml"
-        if shipped.exists():
-            shutil.copy(shipped, config)
-        else:
-            config.write_text("telemetry:\n  enabled: false\n")
+    message = sync_dagster_yaml(path)
+    if message:
+        (console or Console()).problem(message, style="warn")
     os.environ["DAGSTER_HOME"] = str(path)
     return path
 
@@ -92,7 +149,9 @@ class Context:
         self.args = args
         self.console = console or Console()
         self.home = watermark_home(args)
-        dagster_home(self.home)
+        # The file stderr goes to while a quiet command runs (None: stderr is the terminal).
+        self.log: Path | None = None
+        dagster_home(self.home, self.console)
 
     @cached_property
     def location(self) -> "WatermarkLocation":

@@ -27,9 +27,17 @@ examples:
   watermark verify -p orders_enriched
 
 Every command takes --json for scripts and --help for its options and an example.
+Commands that start Spark (demo, run, replay, verify, engine) write what Spark, its JVM
+and Dagster print to $WATERMARK_HOME/logs/<command>.log; -v (--verbose) shows it instead.
 Environment: WATERMARK_HOME (default ./.watermark), DAGSTER_HOME (default
-$WATERMARK_HOME/dagster), NO_COLOR (plain output even on a terminal).
+$WATERMARK_HOME/dagster), WATERMARK_VERBOSE=1 (as -v), NO_COLOR (plain output even on a
+terminal).
 """
+
+VERBOSE_HELP = (
+    "show everything Spark, its JVM and Dagster print (dependency resolution, log4j, "
+    "warnings) instead of writing it to $WATERMARK_HOME/logs/<command>.log"
+)
 
 
 def add_command(
@@ -53,9 +61,13 @@ def add_command(
             help=f"code location as module:attribute (default: {DEFAULT_DEFS})",
         )
     parser.add_argument("--json", action="store_true", help=command.json_help)
+    # Also after the command (`watermark demo -v`); SUPPRESS keeps a -v given before it.
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+    )
     for argument in command.arguments:
         parser.add_argument(*argument.flags, **argument.options)
-    parser.set_defaults(func=command.handler)
+    parser.set_defaults(func=command.handler, starts_spark=command.spark)
     return parser
 
 
@@ -67,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         add_command(sub, command)

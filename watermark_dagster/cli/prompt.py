@@ -2,12 +2,14 @@
 
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
 from watermark_dagster.errors import UsageError
 
 
-def confirm(summary: Sequence[str], *, yes: bool) -> None:
-    """Show ``summary`` and ask on the terminal; ``yes`` (``--yes``) confirms without asking.
+def confirm(summary: Sequence[str], *, yes: bool, stream: TextIO | None = None) -> None:
+    """Show ``summary`` and ask on the terminal (``stream``, default stderr); ``yes``
+    (``--yes``) confirms without asking.
 
     Raises:
         UsageError: not confirmed, or no terminal to ask on and ``yes`` not given.
@@ -20,9 +22,10 @@ def confirm(summary: Sequence[str], *, yes: bool) -> None:
             "changed. Re-run with --yes to confirm (--dry-run shows what would change)."
         )
     # The question goes to stderr, so stdout stays clean for --json.
+    stream = stream or sys.stderr
     for line in summary:
-        print(line, file=sys.stderr)
-    print("Proceed? [y/N] ", end="", file=sys.stderr, flush=True)
+        print(line, file=stream)
+    print("Proceed? [y/N] ", end="", file=stream, flush=True)
     try:
         answer = sys.stdin.readline()
     except KeyboardInterrupt:

@@ -5,12 +5,21 @@ Delta's jars are resolved from the Maven repository by Ivy the first time
 ``~/.cache/watermark-dagster`` (or ``WATERMARK_JARS_CACHE``) and later sessions pass those
 files as ``spark.jars``, so they start without a resolver round-trip or its report.
 ``python -m watermark_dagster.runtime.spark`` does the resolution once, as an install step.
+The resolution is announced as one progress line on :data:`progress_stream`.
+
+Unless ``WATERMARK_VERBOSE`` is set (``watermark -v``), a session whose driver JVM this
+process launches logs errors only (``log4j2-quiet.properties``, shipped with the package):
+Spark's start-up notices and per-query warnings are not printed. A log4j configuration
+given in ``spark.driver.extraJavaOptions`` is kept.
 """
 
 import importlib.metadata
 import os
+import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TextIO
 
 from pyspark.sql import SparkSession
 
@@ -33,6 +42,37 @@ DEFAULT_CONF = {
     "spark.sql.adaptive.coalescePartitions.enabled": "true",
     "spark.sql.adaptive.skewJoin.enabled": "true",
 }
+
+# Where the one line announcing Delta's jar resolution goes (None: stderr at the time).
+# The command line points it at the terminal while stderr goes to its log file, which
+# ``output_log`` names: the line tells where the resolver's report went.
+progress_stream: TextIO | None = None
+output_log: Path | None = None
+
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+_LOG4J_OPTION = "log4j2.configurationFile"
+_DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def verbose() -> bool:
+    """``WATERMARK_VERBOSE`` set (to anything but ``""`` or ``0``): keep Spark's logging."""
+    return os.environ.get("WATERMARK_VERBOSE", "").strip() not in ("", "0")
+
+
+def quiet_logging(settings: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` with the quiet log4j configuration added to the driver's JVM options,
+    unless verbose or they already name a log4j configuration."""
+    options = settings.get(_DRIVER_OPTIONS, "")
+    if verbose() or _LOG4J_OPTION in options or not QUIET_LOG4J.is_file():
+        return dict(settings)
+    quiet = f"-D{_LOG4J_OPTION}={QUIET_LOG4J.as_uri()}"
+    return {**settings, _DRIVER_OPTIONS: f"{options} {quiet}".strip()}
+
+
+def _progress(text: str, *, end: str = "\n") -> None:
+    stream = progress_stream or sys.stderr
+    print(text, end=end, file=stream, flush=True)
+
 
 _MIB = 1024 * 1024
 # The driver heap of a local session: a quarter of the machine's memory, at least 1 GiB
@@ -147,6 +187,9 @@ def build_spark_session(
     """
     local = not remote and master.startswith("local")
     settings = session_settings(master=master, remote=remote, conf=conf)
+    if not remote:
+        # This process launches the driver JVM: its logging is set by the JVM's options.
+        settings = quiet_logging(settings)
     if local:
         # A local session talks to itself only: keep the driver off external interfaces.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -162,11 +205,30 @@ def build_spark_session(
         from delta import configure_spark_with_delta_pip
 
         builder = configure_spark_with_delta_pip(builder)
-    session = builder.getOrCreate()
+        session = _resolving(builder)
+    else:
+        session = builder.getOrCreate()
     if remote:
         require_delta_connect(session, remote)
     if resolve and not cached:
         _remember_delta_jars(session.conf.get("spark.jars", None))
+    return session
+
+
+def _resolving(builder: SparkSession.Builder) -> SparkSession:
+    """``builder.getOrCreate()`` while Ivy resolves Delta's jars, announced as one progress
+    line unless verbose (then Ivy's own report is the progress)."""
+    if verbose():
+        return builder.getOrCreate()
+    where = f"; its report goes to {output_log}" if output_log else ""
+    _progress(f"resolving Delta jars (first run only{where})... ", end="")
+    began = time.monotonic()
+    try:
+        session = builder.getOrCreate()
+    except BaseException:
+        _progress("failed")
+        raise
+    _progress(f"done in {time.monotonic() - began:.0f} s")
     return session
 
 

@@ -140,6 +140,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "replay",
         replay.cmd_replay,
+        spark=True,
         help="run an applied version range of an upstream through its pipelines again",
         description=(
             "Plan a REPLAY batch over versions A..B of one upstream (already applied: at most\n"
@@ -168,6 +169,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "verify",
         verify.cmd_verify,
+        spark=True,
         help="compare a pipeline's target with a recompute at the committed versions",
         description=(
             "Recompute a pipeline's target from its upstreams at their committed versions\n"
@@ -182,6 +184,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "demo",
         runtime.cmd_demo,
+        spark=True,
         help="create demo upstreams, run batches headless, print the watermarks",
         example="watermark demo --rounds 2\nwatermark demo --fresh",
         defs=False,
@@ -200,6 +203,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "run",
         runtime.cmd_run,
+        spark=True,
         help="run batches headless until nothing is left (--once: one batch)",
         description=(
             "Drive the code location without the Dagster daemon (for cron): resume the open\n"
@@ -231,12 +235,22 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "dev",
         runtime.cmd_dev,
-        help="open the code location in `dagster dev` (sensors on)",
-        example="watermark dev --port 3000",
-        defs=False,
+        help="open the code location in `dagster dev` (sensors on), from any directory",
+        description=(
+            "Start `dagster dev` on the code location (--defs) with this DAGSTER_HOME and\n"
+            "WATERMARK_HOME, from any directory: the workspace is written to\n"
+            "$DAGSTER_HOME/workspace.yaml unless --workspace names one. Every WATERMARK_*\n"
+            "setting (WATERMARK_REGISTRY...) reaches the code server and the runs. Ctrl-C or\n"
+            "SIGTERM stops everything it started (webserver, daemon, code servers, runs and\n"
+            "their JVMs) within seconds."
+        ),
+        example="watermark dev --port 3000\nwatermark dev --engine",
         json_help="print the command and environment as JSON before starting",
         arguments=(
-            arg("--workspace", default="workspace.yaml", help="default: workspace.yaml"),
+            arg(
+                "--workspace",
+                help="a workspace.yaml of your own (default: one generated for --defs)",
+            ),
             arg("--host", default="127.0.0.1", help="default: 127.0.0.1"),
             arg("--port", type=int, default=3000, help="default: 3000"),
             arg(
@@ -250,6 +264,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "engine",
         engine.cmd_engine,
+        spark=True,
         help="run the resident engine: one warm Spark session for every run",
         description=(
             "Run the resident engine in the foreground: one long-lived Spark session that\n"

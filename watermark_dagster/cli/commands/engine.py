@@ -23,7 +23,7 @@ def cmd_engine(ctx: Context) -> int:
     spark = ctx.spark()
     spark.sparkContext.setLogLevel("ERROR")
     spark.range(1).count()  # load Spark's classes before the first request
-    stream = sys.stderr if ctx.args.json else sys.stdout
+    stream = ctx.console.err if ctx.args.json else sys.stdout
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

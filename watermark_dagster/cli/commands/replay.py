@@ -62,7 +62,7 @@ def cmd_replay(ctx: Context) -> int:
             for line in summary:
                 ctx.console.print(line)
         return EXIT_OK
-    confirm(summary, yes=args.yes)
+    confirm(summary, yes=args.yes, stream=ctx.console.err)
     done = run_replay(
         ctx.store,
         ctx.registry,

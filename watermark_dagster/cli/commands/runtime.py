@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from watermark_dagster.cli.commands.status import print_status, status_rows
-from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, Context
+from watermark_dagster.cli.context import DEFAULT_DEFS, EXIT_FAILED, EXIT_OK, Context
+from watermark_dagster.cli.processes import (
+    Interrupted,
+    ProcessGroup,
+    interrupts_ignored,
+    interrupts_raise,
+    stop_groups,
+)
+from watermark_dagster.cli.quiet import redirect_stderr
 from watermark_dagster.errors import UsageError
 
 
 def _progress(ctx: Context) -> Any:
-    """Progress lines go to stdout, or to stderr when stdout carries JSON."""
-    stream = sys.stderr if ctx.args.json else sys.stdout
+    """Progress lines go to stdout, or to the terminal's stderr when stdout carries JSON."""
+    stream = ctx.console.err if ctx.args.json else sys.stdout
     return lambda message: print(message, file=stream)
 
 
@@ -105,8 +113,12 @@ def cmd_demo(ctx: Context) -> int:
         )
     home = ctx.home
     if args.fresh and home.exists():
+        log = ctx.log
         shutil.rmtree(home)
         ctx = Context(args, ctx.console)  # recreate DAGSTER_HOME under the fresh home
+        if log is not None:  # the log file went with the home: start a new one
+            ctx.log = log
+            redirect_stderr(log)
     out = _progress(ctx)
     spark = ctx.spark()
     spark.sparkContext.setLogLevel("ERROR")
@@ -167,83 +179,156 @@ def cmd_demo(ctx: Context) -> int:
 
 
 def cmd_dev(ctx: Context) -> int:
-    """Start ``dagster dev`` on the workspace with this Dagster and watermark home.
+    """Start ``dagster dev`` on the code location with this Dagster and watermark home, from
+    any directory: the workspace is generated under DAGSTER_HOME unless ``--workspace``.
 
-    Replaces this process with ``dagster dev``; with ``--engine`` it runs beside a resident
-    engine instead and returns ``dagster dev``'s exit code.
+    ``dagster dev`` (and with ``--engine`` a resident engine) runs in its own process group;
+    SIGINT or SIGTERM stops the whole tree (webserver, daemon, code servers, runs, JVMs)
+    within seconds (:func:`.processes.stop_groups`). Returns ``dagster dev``'s exit code
+    when it ends by itself, 0 after a clean stop on a signal.
+
+    Raises:
+        UsageError: ``--workspace`` names no file.
     """
     args = ctx.args
     dagster = shutil.which("dagster") or str(Path(sys.executable).with_name("dagster"))
-    argv = [dagster, "dev", "-w", args.workspace, "-h", args.host, "-p", str(args.port)]
+    if args.workspace:
+        workspace = Path(args.workspace).expanduser().resolve()
+        if not workspace.is_file():
+            raise UsageError(
+                f"--workspace {args.workspace}: no such file ({workspace}). Drop --workspace "
+                "to serve the code location (--defs) from a generated workspace."
+            )
+    else:
+        workspace = write_workspace(Path(os.environ["DAGSTER_HOME"]), args.defs)
+    argv = [dagster, "dev", "-w", str(workspace), "-h", args.host, "-p", str(args.port)]
     env = {"DAGSTER_HOME": os.environ["DAGSTER_HOME"], "WATERMARK_HOME": str(ctx.home)}
+    registry = os.environ.get("WATERMARK_REGISTRY", "").strip()
+    if registry:
+        # Absolute, so a code server started in another working directory finds it too.
+        env["WATERMARK_REGISTRY"] = str(Path(registry).expanduser().resolve())
     if args.engine:
         env["WATERMARK_ENGINE"] = "resident"
     if args.json:
-        ctx.console.json({"argv": argv, "env": env})
+        ctx.console.json({"argv": argv, "env": env, "workspace": str(workspace)})
     else:
         ctx.console.print(" ".join(f"{k}={v}" for k, v in env.items()))
         ctx.console.print(" ".join(argv))
     sys.stdout.flush()
+    # Every other WATERMARK_* setting reaches the code server and the runs by inheritance.
     os.environ.update(env)
-    if not args.engine:
-        os.execv(argv[0], argv)
-    return _dev_with_engine(ctx, argv)
+    return _supervise_dev(ctx, argv)
 
 
-def _dev_with_engine(ctx: Context, argv: list[str]) -> int:
-    """``dagster dev`` beside a resident engine: start ``watermark engine``, wait until it
-    listens, run ``dagster dev`` (whose runs inherit ``WATERMARK_ENGINE=resident``), and stop
-    the engine when ``dagster dev`` ends, however it ends.
+# The code location's name in the generated workspace: the one the repository's
+# workspace.yaml gives it, so sensor states and runs recorded under either stay its own.
+LOCATION_NAME = "watermark_dagster"
+
+
+def write_workspace(dagster_home: Path, defs: str) -> Path:
+    """``<DAGSTER_HOME>/workspace.yaml`` loading the code location ``defs``
+    (``module:attribute``) from the installed package: no working directory, so it serves
+    from any directory and from a plain (non-editable) install. Rewritten only when its
+    content changes."""
+    import yaml
+
+    module, _, attribute = defs.partition(":")
+    name = LOCATION_NAME if defs == DEFAULT_DEFS else module
+    spec = {
+        "load_from": [
+            {
+                "python_module": {
+                    "module_name": module,
+                    "attribute": attribute or "defs",
+                    "location_name": name,
+                }
+            }
+        ]
+    }
+    text = (
+        "# Written by `watermark dev` (rewritten on each start); give your own with "
+        "--workspace.\n" + yaml.safe_dump(spec, sort_keys=False)
+    )
+    path = dagster_home / "workspace.yaml"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _supervise_dev(ctx: Context, argv: list[str]) -> int:
+    """Run ``dagster dev`` (beside a resident engine with ``--engine``) until it ends or
+    SIGINT/SIGTERM arrives, then stop every process either started.
 
     Raises:
         UsageError: the engine exited before it was ready (its own error is printed above).
     """
+    groups: list[tuple[ProcessGroup, int]] = []
+    code: int | None = None
+    try:
+        with interrupts_raise():
+            if ctx.args.engine:
+                engine = _start_engine()
+                groups.append((engine, signal.SIGTERM))  # the engine stops on SIGTERM
+                _wait_until_ready(ctx, engine)
+            # The interrupt a terminal's Ctrl-C sends: dagster dev, its services and the
+            # runs shut down as they do on Ctrl-C (JVMs ignore it and end with their run).
+            dev = ProcessGroup(argv, stdin=subprocess.DEVNULL)
+            groups.insert(0, (dev, signal.SIGINT))
+            code = dev.proc.wait()
+    except Interrupted as e:
+        ctx.console.problem(f"{e}: stopping dagster dev", style="warn")
+    finally:
+        with interrupts_ignored():
+            escalated = stop_groups(groups)
+        for signum, left in escalated:
+            ctx.console.problem(
+                f"sent {signal.Signals(signum).name} to what was still running: "
+                + (", ".join(left) or "dagster dev's process group"),
+                style="warn",
+            )
+    return EXIT_OK if code is None else code
+
+
+def _start_engine() -> ProcessGroup:
+    """Start ``watermark engine`` in its own process group."""
     script = Path(sys.executable).with_name("watermark")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
     # --json: the engine's ready message is one JSON object on stdout (its progress goes to
     # stderr); it is read until it parses.
-    engine = subprocess.Popen(
-        [*command, "engine", "--json"], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    engine = ProcessGroup(
+        [*command, "engine", "--json"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
-    try:
-        assert engine.stdout is not None
-        ready, text = None, ""
-        for line in engine.stdout:
-            text += line
-            with contextlib.suppress(json.JSONDecodeError):
-                ready = json.loads(text)
-                break
-        if ready is None:
-            code = engine.wait()
-            raise UsageError(
-                f"watermark engine exited ({code}) before it was ready (its error is above); "
-                "nothing was started. Run `watermark engine` alone to see it, or drop --engine."
-            )
-        if ctx.args.json:
-            ctx.console.json({"engine": ready})
-        else:
-            ctx.console.print(
-                f"engine ready at {ready['socket']} (pid {ready['pid']}); runs send their "
-                "pipelines to it"
-            )
-        sys.stdout.flush()
-        dev = subprocess.Popen(argv)
+    return engine
 
-        def forward(signum: int, _frame: object) -> None:
-            with contextlib.suppress(ProcessLookupError):
-                dev.send_signal(signum)
 
-        signal.signal(signal.SIGTERM, forward)
-        while True:
-            try:
-                return dev.wait()
-            except KeyboardInterrupt:
-                continue  # Ctrl-C reached dagster dev too: wait for it to shut down
-    finally:
-        if engine.poll() is None:
-            engine.send_signal(signal.SIGTERM)
-            try:
-                engine.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                engine.kill()
-                engine.wait()
+def _wait_until_ready(ctx: Context, engine: ProcessGroup) -> None:
+    """Wait until the engine listens and say where.
+
+    Raises:
+        UsageError: the engine exited before it was ready.
+    """
+    stdout = engine.proc.stdout
+    assert stdout is not None
+    ready, text = None, ""
+    for line in stdout:
+        text += line
+        with contextlib.suppress(json.JSONDecodeError):
+            ready = json.loads(text)
+            break
+    if ready is None:
+        code = engine.proc.wait()
+        raise UsageError(
+            f"watermark engine exited ({code}) before it was ready (its error is above); "
+            "nothing was started. Run `watermark engine` alone to see it, or drop --engine."
+        )
+    if ctx.args.json:
+        ctx.console.json({"engine": ready})
+    else:
+        ctx.console.print(
+            f"engine ready at {ready['socket']} (pid {ready['pid']}); runs send their "
+            "pipelines to it"
+        )
+    sys.stdout.flush()
