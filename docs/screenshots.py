@@ -108,6 +108,7 @@ def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float
 
 
 def main() -> None:
+    """Run the demo, start ``watermark dev``, shoot the pages, stop it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help="folder for the PNGs")
     parser.add_argument("--settle", type=float, default=4.0, help="seconds to let a page render")

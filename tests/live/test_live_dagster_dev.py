@@ -235,6 +235,10 @@ class DagsterDev:
         found: dict[int | None, list[int]] = {}
         chains = []
         for pid, info in sorted(drivers.items()):
+            if info.ppid in drivers:
+                # A JVM forks helpers (briefly carrying its command line) before they exec:
+                # a real driver's parent is Python, never another driver.
+                continue
             chain, owner, parent = [pid], None, info.ppid
             while parent in procs and parent not in chain:
                 chain.append(parent)
