@@ -1,9 +1,10 @@
 """Screenshots of the Dagster UI for the README, taken against a live ``watermark dev``.
 
 Runs the demo in a fresh temporary home (``watermark demo --fresh --rounds 2``), starts
-``watermark dev`` on a free loopback port, lets the sensors tick, commits one more round so
-the daemon plans a batch itself, then opens the UI in headless Chromium and saves one PNG per
-page under ``docs/img/``. Stops ``watermark dev`` (SIGTERM) at the end.
+``watermark dev`` on a free loopback port, commits to ``orders`` only (with delta-rs) so the
+daemon plans a batch that ``customer_payments`` does not need, lets the sensors tick, then
+opens the UI in headless Chromium and saves one PNG per page under ``docs/img/``. Stops
+``watermark dev`` (SIGTERM) at the end.
 
 Needs Chromium (Debian: ``apt-get install chromium``) and the ``docs`` extra (Playwright's
 Python client, used with that Chromium; no browser download)::
@@ -34,7 +35,11 @@ OUT = REPO / "docs" / "img"
 
 # (file name, UI path, what it shows). Paths are Dagster 1.13's UI routes.
 PAGES = [
-    ("asset-graph.png", "/asset-groups", "the asset graph: upstreams and pipelines"),
+    (
+        "asset-graph.png",
+        "/assets/orders_enriched?view=lineage&lineageScope=upstream",
+        "a pipeline and the upstreams it reads",
+    ),
     (
         "batch-materialization.png",
         "/assets/orders_enriched?view=partitions&partition={batch}",
@@ -60,7 +65,8 @@ def _free_port() -> int:
 
 def _run(args: list[str], env: dict[str, str]) -> None:
     print("$", " ".join(args), flush=True)
-    subprocess.run(args, env=env, check=True, cwd=env["WATERMARK_HOME"])
+    # Not inside WATERMARK_HOME: `--fresh` deletes it.
+    subprocess.run(args, env=env, check=True, cwd=Path(env["WATERMARK_HOME"]).parent)
 
 
 def _graphql(url: str, query: str) -> dict:
@@ -89,6 +95,29 @@ def _batches(home: Path) -> list:
     return sorted(store.batches(), key=lambda b: b.seq)
 
 
+def _commit_orders_only(home: Path) -> None:
+    """One new order, written with delta-rs (no Spark): a batch only orders_enriched needs."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(home / "demo" / "upstreams" / "orders")
+    schema = DeltaTable(path).schema().to_arrow()
+    row = {"order_id": [900_001], "customer_id": [1], "amount_cents": [1234], "status": ["new"]}
+    write_deltalake(path, pa.Table.from_pydict(row, schema=pa.schema(schema)), mode="append")
+
+
+def _wait_for_orders_only_batch(home: Path, dev: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if dev.poll() is not None:
+            raise SystemExit(f"watermark dev exited ({dev.returncode})")
+        done = [b for b in _batches(home) if b.status.value == "COMPLETED"]
+        if done and done[-1].pipelines == ("orders_enriched",):
+            return
+        time.sleep(5)
+    raise SystemExit("the daemon did not complete the orders-only batch in time")
+
+
 def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -101,6 +130,9 @@ def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float
         page = browser.new_page(viewport={"width": 1440, "height": 900})
         for name, path, what in pages:
             page.goto(url + path, wait_until="networkidle", timeout=120_000)
+            skip = page.get_by_role("button", name="Skip")  # the UI's first-visit dialog
+            if skip.count():
+                skip.first.click()
             time.sleep(settle)  # the UI renders after its GraphQL answers
             page.screenshot(path=str(out / name))
             print(f"{out / name}: {what}", flush=True)
@@ -113,10 +145,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT, help="folder for the PNGs")
     parser.add_argument("--settle", type=float, default=4.0, help="seconds to let a page render")
     parser.add_argument(
-        "--ticks", type=float, default=90.0, help="seconds to let the sensors run before shooting"
+        "--ticks", type=float, default=70.0, help="seconds to let the sensors run before shooting"
     )
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="watermark-screens-"))
+    scratch = Path(tempfile.mkdtemp(prefix="watermark-screens-"))
+    home = scratch / "home"
     env = {
         **os.environ,
         "WATERMARK_HOME": str(home),
@@ -130,13 +163,15 @@ def main() -> None:
     dev = subprocess.Popen(
         [watermark, "dev", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
-        cwd=home,
+        cwd=scratch,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
         _wait_loaded(url, dev)
+        _commit_orders_only(home)
+        _wait_for_orders_only_batch(home, dev)
         time.sleep(args.ticks)
         batches = _batches(home)
         batch = batches[-1].batch_id
@@ -150,7 +185,7 @@ def main() -> None:
             dev.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(dev.pid, signal.SIGKILL)
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

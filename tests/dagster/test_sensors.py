@@ -678,3 +678,33 @@ def test_upstream_observations_carry_no_dagster_data_version(setup) -> None:
         assert "dagster/data_version" not in (event.tags or {})
         assert isinstance(event.metadata["latest_version"].value, int)
         assert "committed_version" not in event.metadata  # nothing committed yet: left out
+
+
+def test_the_first_look_reports_the_retention_checks_then_leaves_them_to_the_schedule(
+    setup,
+) -> None:
+    """A new deployment shows retention_horizon evaluated at once, without a click or
+    waiting for the hourly schedule; later ticks do not repeat it."""
+    defs, instance, store, _ = setup
+    first = _tick(defs, instance, COORDINATOR)
+    retention = [
+        e
+        for e in first.asset_events
+        if isinstance(e, AssetCheckEvaluation) and e.check_name == "retention_horizon"
+    ]
+    assert sorted((e.asset_key.to_user_string(), e.passed) for e in retention) == [
+        ("up1", True),
+        ("up2", True),
+        ("up3", True),
+    ]
+    planned = store.open_batch()
+    assert planned is not None
+    for upstream in planned.ranged_upstreams:
+        store.advance(planned, upstream, actor="test")
+    store.set_batch_status(planned.batch_id, BatchStatus.COMPLETED, actor="test")
+    again = _tick(defs, instance, COORDINATOR, first.cursor)
+    assert not [
+        e
+        for e in again.asset_events
+        if isinstance(e, AssetCheckEvaluation) and e.check_name == "retention_horizon"
+    ]

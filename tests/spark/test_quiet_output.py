@@ -41,8 +41,12 @@ def _demo(tmp_path: Path, name: str, *flags: str) -> tuple[list[str], Path]:
     }
     for key in ("WATERMARK_VERBOSE", "WATERMARK_REGISTRY", "WATERMARK_SPARK_REMOTE", "NO_COLOR"):
         env.pop(key, None)
+    # Started from inside WATERMARK_HOME with --fresh, which deletes that folder first: the
+    # demo must not lose its working directory (Spark's launcher needs one).
+    (root / "watermark").mkdir(parents=True)
     out = subprocess.run(
-        [str(SCRIPT), *flags, "demo", "--rounds", "0"],
+        [str(SCRIPT), *flags, "demo", "--fresh", "--rounds", "0"],
+        cwd=root / "watermark",
         env=env,
         capture_output=True,
         text=True,

@@ -43,6 +43,7 @@ from watermark_dagster.observe.retention import (
     format_duration,
     margin_for,
 )
+from watermark_dagster.store import WatermarkStore
 
 RETENTION_CHECK = "retention_horizon"
 CONTINUITY_CHECK = "watermark_continuity"
@@ -208,6 +209,48 @@ def build_retention_checks(
             )
 
     return [retention_checks]
+
+
+def retention_evaluations(
+    registry: Registry,
+    upstream_keys: Mapping[str, AssetKey],
+    store: WatermarkStore,
+    settings: RetentionCheckSettings | None = None,
+) -> list[AssetCheckEvaluation]:
+    """The ``retention_horizon`` results of every versioned upstream a pipeline reads, as
+    events a sensor reports: the coordinator reports them on its first look, so a new
+    deployment shows the check evaluated at once; the shipped schedule keeps it current.
+    One unreadable table fails its own check and does not hide the others."""
+    settings = settings or RetentionCheckSettings()
+    committed = store.committed_versions()
+    batch = store.open_batch()
+    events = []
+    for upstream in [u for u in registry.consumed_upstreams() if _versioned(u)]:
+        try:
+            status = check_retention(
+                upstream,
+                committed=committed.get(upstream.name),
+                open_input=batch.inputs.get(upstream.name) if batch else None,
+                batch_id=batch.batch_id if batch else None,
+                margin=settings.margin,
+            )
+        except TerminalError as e:
+            passed, description = False, str(e)
+            metadata: dict[str, Any] = {"upstream": upstream.name, **e.metadata()}
+        else:
+            passed, description = status.passed, status.message
+            metadata = retention_metadata(status)
+        events.append(
+            AssetCheckEvaluation(
+                asset_key=upstream_keys[upstream.name],
+                check_name=RETENTION_CHECK,
+                passed=passed,
+                severity=AssetCheckSeverity.ERROR,
+                description=description,
+                metadata=metadata,
+            )
+        )
+    return events
 
 
 def continuity_result(

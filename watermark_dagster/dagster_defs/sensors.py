@@ -42,7 +42,7 @@ from watermark_dagster.dagster_defs.assets import (
     nothing_to_do_events,
     observation_event,
 )
-from watermark_dagster.dagster_defs.checks import continuity_evaluations
+from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
 from watermark_dagster.dagster_defs.health import HealthReporter, HealthSettings
 from watermark_dagster.dagster_defs.pruning import (
     check_keep_batch_partitions,
@@ -116,6 +116,8 @@ class CoordinatorCursor:
         observed_at: upstream -> when its observation was last reported (epoch seconds),
             for the steady observation cadence.
         outcomes: the last reported outcome of each lag and stuck-batch check.
+        retention_reported: whether the first look reported the retention_horizon checks
+            (afterwards their schedule runs them).
     """
 
     observed: dict[str, int] = field(default_factory=dict)
@@ -125,6 +127,7 @@ class CoordinatorCursor:
     stuck_reason: str | None = None
     observed_at: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
+    retention_reported: bool = False
 
     @classmethod
     def parse(cls, text: str | None) -> "CoordinatorCursor":
@@ -215,6 +218,11 @@ def build_coordinator_sensor(
             )
             events += health.stuck_events(None, outcomes=cursor.outcomes)
             events += checks
+            if not cursor.retention_reported:
+                # Evaluated at once on a new deployment, not only at the schedule's first
+                # run (up to an hour later).
+                events += retention_evaluations(registry, upstream_keys, store)
+                cursor.retention_reported = True
             now = datetime.now(UTC)
             interval = timedelta(seconds=settings.min_batch_interval_seconds)
             if not batch_is_due(store.last_planned_at(), now, interval):

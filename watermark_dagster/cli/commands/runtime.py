@@ -114,6 +114,9 @@ def cmd_demo(ctx: Context) -> int:
     home = ctx.home
     if args.fresh and home.exists():
         log = ctx.log
+        if Path.cwd().resolve().is_relative_to(home.resolve()):
+            # Deleting the working directory would leave Spark's launcher without one.
+            os.chdir(home.resolve().parent)
         shutil.rmtree(home)
         ctx = Context(args, ctx.console)  # recreate DAGSTER_HOME under the fresh home
         if log is not None:  # the log file went with the home: start a new one
