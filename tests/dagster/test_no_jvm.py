@@ -141,7 +141,10 @@ _BACKFILL = textwrap.dedent(
     runner = HeadlessRunner(defs, instance, log=lines.append)
     report = CycleReport()
     request = RunRequest(
-        partition_key=partition, asset_selection=[AssetKey(pipeline)], tags={ATTEMPT_TAG: "2"}
+        partition_key=partition,
+        asset_selection=[AssetKey(pipeline)],
+        asset_check_keys=[],  # as the coordinator's requests (sensors.resume_request)
+        tags={ATTEMPT_TAG: "2"},
     )
     with held_spark_sessions():
         runner.execute_requests(SensorResult(run_requests=[request]), report)
@@ -181,6 +184,10 @@ _BACKFILL = textwrap.dedent(
         "tags": [
             instance.get_run_by_id(r).tags.get(SKIPPED_TAG) for r in (run.run_id, direct.run_id)
         ],
+        "steps": sorted(
+            e.step_key for e in instance.all_logs(run.run_id)
+            if e.dagster_event and e.dagster_event.event_type_value == "STEP_START"
+        ),
     }))
     """
 )
@@ -245,3 +252,5 @@ def test_a_pipeline_the_batch_did_not_need_is_done_with_nothing_to_do(
     # Shown as done with nothing to do, never missing.
     assert out["materialized"] == [1, 1]
     assert out["tags"] == ["customer_payments=not_in_batch"] * 2
+    # A coordinator's request runs the pipeline alone, not the checks on its asset.
+    assert out["steps"] == ["customer_payments"]

@@ -131,6 +131,7 @@ def test_coordinator_plans_adds_partition_and_requests_one_run(setup) -> None:
     [request] = result.run_requests
     assert request.partition_key == "b000001"
     assert request.run_key == "b000001:1"
+    assert request.asset_check_keys == []  # the batch run executes pipelines only
     assert sorted(k.to_user_string() for k in request.asset_selection) == [
         "pipeline_a",
         "pipeline_b",

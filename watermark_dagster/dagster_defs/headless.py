@@ -180,10 +180,16 @@ class HeadlessRunner:
         """Execute each run request of a coordinator tick in this process."""
         for request in result.run_requests or []:
             keys = list(request.asset_selection or [])
-            outcome = self._job.execute_in_process(
+            # The request's own check selection (none for the coordinator's runs): without
+            # it Dagster adds the checks of the selected assets as a step of the run.
+            checks = request.asset_check_keys
+            job = self._job.get_subset(
+                asset_selection=set(keys),
+                asset_check_selection=None if checks is None else set(checks),
+            )
+            outcome = job.execute_in_process(
                 instance=self.instance,
                 partition_key=request.partition_key,
-                asset_selection=keys,
                 tags=dict(request.tags),
                 raise_on_error=False,
                 run_config={"loggers": {"console": {"config": {"log_level": self.run_log_level}}}},

@@ -150,6 +150,10 @@ def resume_request(step: ResumeStep, keys: Mapping[str, AssetKey]) -> RunRequest
         run_key=f"{step.batch_id}:{step.attempt}",
         partition_key=step.batch_id,
         asset_selection=[keys[p] for p in step.pipelines],
+        # No checks: with an asset selection Dagster would add the checks of the selected
+        # assets (the stuck-batch checks) as a step of the batch run; the coordinator
+        # reports those itself.
+        asset_check_keys=[],
         tags={ATTEMPT_TAG: str(step.attempt), BATCH_TAG: step.batch_id},
     )
 
