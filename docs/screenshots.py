@@ -50,7 +50,8 @@ PAGES = [
         "/assets/customer_payments?view=partitions&partition={noop_batch}",
         "a batch the pipeline did not need: done with nothing to do",
     ),
-    ("upstream-plots.png", "/assets/orders?view=plots", "an upstream's versions and lag"),
+    ("upstream.png", "/assets/orders", "an upstream: its latest observation and lag"),
+    ("upstream-events.png", "/assets/orders?view=events", "an upstream's observations over time"),
     ("upstream-checks.png", "/assets/orders?view=checks", "an upstream's checks"),
     ("pipeline-checks.png", "/assets/orders_enriched?view=checks", "a pipeline's checks"),
     ("sensors.png", "/automation", "the coordinator and finalizer sensors"),
@@ -119,6 +120,7 @@ def _wait_for_orders_only_batch(home: Path, dev: subprocess.Popen, timeout: floa
 
 
 def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -128,11 +130,13 @@ def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1440, "height": 900})
+        # The UI's first-visit dialog shows a moment after the first page loads; once
+        # skipped, the browser remembers it for the other pages.
+        page.goto(url + "/assets", wait_until="networkidle", timeout=120_000)
+        with contextlib.suppress(PlaywrightTimeout):
+            page.get_by_role("button", name="Skip").click(timeout=20_000)
         for name, path, what in pages:
             page.goto(url + path, wait_until="networkidle", timeout=120_000)
-            skip = page.get_by_role("button", name="Skip")  # the UI's first-visit dialog
-            if skip.count():
-                skip.first.click()
             time.sleep(settle)  # the UI renders after its GraphQL answers
             page.screenshot(path=str(out / name))
             print(f"{out / name}: {what}", flush=True)

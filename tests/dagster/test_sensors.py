@@ -709,3 +709,27 @@ def test_the_first_look_reports_the_retention_checks_then_leaves_them_to_the_sch
         for e in again.asset_events
         if isinstance(e, AssetCheckEvaluation) and e.check_name == "retention_horizon"
     ]
+
+
+def test_range_metadata_is_numeric_or_left_out() -> None:
+    """Plots need numbers: a snapshot starts at 0, a NOOP input has no start, a cursor
+    window no versions; never the text "none"."""
+    from watermark_dagster.dagster_defs.assets import outcome_metadata
+    from watermark_dagster.operations.run_pipeline import InputReport, PipelineOutcome
+
+    reports = (
+        InputReport("snap", "SNAPSHOT", None, 4, rows_read=3),
+        InputReport("idle", "NOOP", None, 7, rows_read=0),
+        InputReport("cdf", "CDF", 5, 6, rows_read=2),
+        InputReport("events", "TIMESTAMP", None, None, rows_read=1, window="(a, b]"),
+    )
+    meta = outcome_metadata(PipelineOutcome("a", _batch(1), 1, reports, None))
+    versions = {k: v.value for k, v in meta.items() if k.endswith("_version")}
+    assert versions == {
+        "snap/start_version": 0,
+        "snap/end_version": 4,
+        "idle/end_version": 7,
+        "cdf/start_version": 5,
+        "cdf/end_version": 6,
+    }
+    assert not [k for k, v in meta.items() if v == "none"]

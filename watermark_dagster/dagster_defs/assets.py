@@ -26,6 +26,7 @@ from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.observations import Observation
+from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import Batch
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
@@ -205,10 +206,12 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         prefix = f"{r.upstream}"
         meta[f"{prefix}/read_mode"] = r.mode
         # Numbers only, so the UI plots them: a snapshot covers every version up to its end
-        # (start 0); a cursor window has no versions (left out).
+        # (start 0); a NOOP input read no range (no start); a cursor window has no versions.
         if r.end_version is not None:
-            start = r.start_version if r.start_version is not None else 0
-            meta[f"{prefix}/start_version"] = MetadataValue.int(start)
+            if r.start_version is not None:
+                meta[f"{prefix}/start_version"] = MetadataValue.int(r.start_version)
+            elif r.mode != ReadMode.NOOP.value:
+                meta[f"{prefix}/start_version"] = MetadataValue.int(0)
             meta[f"{prefix}/end_version"] = MetadataValue.int(r.end_version)
         meta[f"{prefix}/rows_read"] = r.rows_read
         if r.files_read is not None:
