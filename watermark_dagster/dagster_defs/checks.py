@@ -33,6 +33,7 @@ from dagster import (
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import RegistryObservation, recreation
+from watermark_dagster.core.records import Batch
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.observer import Observer
@@ -173,42 +174,43 @@ def build_retention_checks(
         context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
     ) -> Iterator[AssetCheckResult]:
         store = watermark_store.get_store()
-        committed = store.committed_versions()
-        batch = store.open_batch()
+        committed, batch = store.committed_versions(), store.open_batch()
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
-            upstream = upstreams[key]
-            try:
-                status = check_retention(
-                    upstream,
-                    committed=committed.get(upstream.name),
-                    open_input=batch.inputs.get(upstream.name) if batch else None,
-                    batch_id=batch.batch_id if batch else None,
-                    margin=settings.margin,
-                )
-            except TerminalError as e:
-                # One unreadable table must not hide the other upstreams' results.
-                context.log.error(str(e))
-                yield AssetCheckResult(
-                    asset_key=key.asset_key,
-                    check_name=key.name,
-                    passed=False,
-                    severity=AssetCheckSeverity.ERROR,
-                    description=str(e),
-                    metadata={"upstream": upstream.name, **e.metadata()},
-                )
-                continue
-            log = context.log.info if status.passed else context.log.error
-            log(status.message)
+            passed, description, metadata = retention_outcome(
+                upstreams[key], committed, batch, settings
+            )
+            (context.log.info if passed else context.log.error)(description)
             yield AssetCheckResult(
                 asset_key=key.asset_key,
                 check_name=key.name,
-                passed=status.passed,
+                passed=passed,
                 severity=AssetCheckSeverity.ERROR,
-                description=status.message,
-                metadata=retention_metadata(status),
+                description=description,
+                metadata=metadata,
             )
 
     return [retention_checks]
+
+
+def retention_outcome(
+    upstream: Upstream,
+    committed: Mapping[str, int | None],
+    batch: Batch | None,
+    settings: RetentionCheckSettings,
+) -> tuple[bool, str, dict[str, Any]]:
+    """``(passed, description, metadata)`` of one upstream's retention check. A table that
+    cannot be read fails its own check and does not hide the other upstreams' results."""
+    try:
+        status = check_retention(
+            upstream,
+            committed=committed.get(upstream.name),
+            open_input=batch.inputs.get(upstream.name) if batch else None,
+            batch_id=batch.batch_id if batch else None,
+            margin=settings.margin,
+        )
+    except TerminalError as e:
+        return False, str(e), {"upstream": upstream.name, **e.metadata()}
+    return status.passed, status.message, retention_metadata(status)
 
 
 def retention_evaluations(
@@ -219,27 +221,12 @@ def retention_evaluations(
 ) -> list[AssetCheckEvaluation]:
     """The ``retention_horizon`` results of every versioned upstream a pipeline reads, as
     events a sensor reports: the coordinator reports them on its first look, so a new
-    deployment shows the check evaluated at once; the shipped schedule keeps it current.
-    One unreadable table fails its own check and does not hide the others."""
+    deployment shows the check evaluated at once; the shipped schedule keeps it current."""
     settings = settings or RetentionCheckSettings()
-    committed = store.committed_versions()
-    batch = store.open_batch()
+    committed, batch = store.committed_versions(), store.open_batch()
     events = []
     for upstream in [u for u in registry.consumed_upstreams() if _versioned(u)]:
-        try:
-            status = check_retention(
-                upstream,
-                committed=committed.get(upstream.name),
-                open_input=batch.inputs.get(upstream.name) if batch else None,
-                batch_id=batch.batch_id if batch else None,
-                margin=settings.margin,
-            )
-        except TerminalError as e:
-            passed, description = False, str(e)
-            metadata: dict[str, Any] = {"upstream": upstream.name, **e.metadata()}
-        else:
-            passed, description = status.passed, status.message
-            metadata = retention_metadata(status)
+        passed, description, metadata = retention_outcome(upstream, committed, batch, settings)
         events.append(
             AssetCheckEvaluation(
                 asset_key=upstream_keys[upstream.name],
