@@ -71,7 +71,7 @@ def _versioned(upstream: Upstream) -> bool:
     return not upstream.is_cursor
 
 
-def _per_upstream_specs(
+def per_upstream_check_specs(
     upstreams: Iterable[Upstream],
     upstream_keys: Mapping[str, AssetKey],
     check: str,
@@ -151,7 +151,7 @@ def build_retention_checks(
         >>> Definitions(assets=[...], asset_checks=checks, resources={"watermark_store": ...})
     """
     settings = settings or RetentionCheckSettings()
-    upstreams, specs = _per_upstream_specs(
+    upstreams, specs = per_upstream_check_specs(
         [u for u in registry.consumed_upstreams() if _versioned(u)],
         upstream_keys,
         RETENTION_CHECK,
@@ -313,7 +313,7 @@ def build_continuity_checks(
         upstream_keys: upstream name -> its asset key (from the translator).
         observer: the code location's observer (its cache is shared with the sensors).
     """
-    upstreams, specs = _per_upstream_specs(
+    upstreams, specs = per_upstream_check_specs(
         registry.consumed_upstreams(),
         upstream_keys,
         CONTINUITY_CHECK,

@@ -65,6 +65,7 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep, resume_step
+from watermark_dagster.dagster_defs.checks import per_upstream_check_specs
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import BATCH_TAG, batch_runs
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
@@ -521,21 +522,16 @@ def build_health_checks(
         max_attempts: failed runs after which the coordinator calls a batch stuck.
     """
     checks: list[AssetChecksDefinition] = []
-    lagging = {
-        AssetCheckKey(upstream_keys[u.name], LAG_CHECK): u
-        for u in _versioned(registry.consumed_upstreams())
-    }
+    lagging, specs = per_upstream_check_specs(
+        _versioned(registry.consumed_upstreams()),
+        upstream_keys,
+        LAG_CHECK,
+        lambda name: (
+            f"Fails when '{name}' is too far ahead of its committed watermark (versions or "
+            "age of its oldest unconsumed commit). The coordinator sensor reports it."
+        ),
+    )
     if lagging:
-        specs = [
-            AssetCheckSpec(
-                LAG_CHECK,
-                asset=key.asset_key,
-                description=f"Fails when '{u.name}' is too far ahead of its committed "
-                "watermark (versions or age of its oldest unconsumed commit). The "
-                "coordinator sensor reports it.",
-            )
-            for key, u in lagging.items()
-        ]
         commit_times = CommitTimes()
 
         @multi_asset_check(
