@@ -459,3 +459,34 @@ def test_the_transform_is_evaluated_once_per_write(lake: Lake) -> None:
     again = write_target(spark, output, append, batch_id="b1", write_seq=1, full_load=False)
     assert again.already_applied
     assert counter.value == 0
+
+
+def test_a_merge_adds_a_new_output_column_and_keeps_the_rows_it_did_not_touch(lake: Lake) -> None:
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    write_target(spark, _rows(spark, range(4)), merge, batch_id="b1", write_seq=1, full_load=True)
+    # The upstream gained a column: the next batch's output carries it for two keys.
+    changes = _rows(spark, range(2, 6)).withColumn("note", F.concat(F.lit("n"), F.col("id")))
+    result = write_target(spark, changes, merge, batch_id="b2", write_seq=2, full_load=False)
+    assert (result.rows_updated, result.rows_inserted) == (2, 2)
+    rows = {r["id"]: r["note"] for r in spark.read.format("delta").load(merge.target).collect()}
+    assert rows == {0: None, 1: None, 2: "n2", 3: "n3", 4: "n4", 5: "n5"}
+    # The same batch again (a retry) leaves the same rows.
+    write_target(spark, changes, merge, batch_id="b2", write_seq=2, full_load=False)
+    again = {r["id"]: r["note"] for r in spark.read.format("delta").load(merge.target).collect()}
+    assert again == rows
+
+
+def test_a_target_column_named_like_the_merge_source_is_refused(lake: Lake) -> None:
+    from watermark_dagster.errors import TerminalError
+    from watermark_dagster.write.merge import SOURCE_PREFIX
+
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    clash = _rows(spark, range(3)).withColumn(SOURCE_PREFIX + "x", F.lit(1))
+    write_target(spark, clash, merge, batch_id="b1", write_seq=1, full_load=True)
+    before = RsDeltaTable(merge.target).version()
+    with pytest.raises(TerminalError, match=SOURCE_PREFIX) as raised:
+        write_target(spark, clash, merge, batch_id="b2", write_seq=2, full_load=False)
+    assert merge.target in str(raised.value)
+    assert RsDeltaTable(merge.target).version() == before

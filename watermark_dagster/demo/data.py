@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from delta.tables import DeltaTable
+from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -63,7 +63,7 @@ class DemoPaths:
 
 
 def _exists(spark: SparkSession, path: str) -> bool:
-    return DeltaTable.isDeltaTable(spark, path)
+    return DeltaTable.is_deltatable(path)
 
 
 def seed(spark: SparkSession, paths: DemoPaths) -> bool:
@@ -106,8 +106,11 @@ def apply_round(spark: SparkSession, paths: DemoPaths, round_no: int) -> int:
         )
         commits += 1
 
-    def table(name: str) -> DeltaTable:
-        return DeltaTable.forPath(spark, paths.upstream(name))
+    def update(name: str, key_value: int, column: str, value: object) -> None:
+        _change(spark, paths.upstream(name), _KEYS[name], key_value, {column: value})
+
+    def delete(name: str, key_value: int) -> None:
+        _change(spark, paths.upstream(name), _KEYS[name], key_value, None)
 
     customer_ids = _ids(spark, paths, "customers")
     order_ids = _ids(spark, paths, "orders")
@@ -121,23 +124,17 @@ def apply_round(spark: SparkSession, paths: DemoPaths, round_no: int) -> int:
             for i in range(3)
         ],
     )
-    table("orders").update(
-        condition=F.col("order_id") == F.lit(rnd.choice(order_ids)),
-        set={"status": F.lit(rnd.choice(["paid", "shipped", "returned"]))},
-    )
-    table("orders").delete(condition=F.col("order_id") == F.lit(rnd.choice(order_ids)))
+    update("orders", rnd.choice(order_ids), "status", rnd.choice(["paid", "shipped", "returned"]))
+    delete("orders", rnd.choice(order_ids))
     commits += 2
 
-    table("customers").update(
-        condition=F.col("customer_id") == F.lit(rnd.choice(customer_ids)),
-        set={"name": F.lit(f"{rnd.choice(_NAMES)} {round_no}")},
-    )
+    update("customers", rnd.choice(customer_ids), "name", f"{rnd.choice(_NAMES)} {round_no}")
     commits += 1
     if round_no % 2 == 0:
         new_id = max(customer_ids) + 1
         insert("customers", [(new_id, rnd.choice(_NAMES), rnd.choice(_CITIES))])
     if round_no % 3 == 2 and len(customer_ids) > 3:
-        table("customers").delete(condition=F.col("customer_id") == F.lit(customer_ids[0]))
+        delete("customers", customer_ids[0])
         commits += 1
 
     next_payment = max(payment_ids) + 1
@@ -145,10 +142,21 @@ def apply_round(spark: SparkSession, paths: DemoPaths, round_no: int) -> int:
         "payments",
         [(next_payment + i, rnd.choice(customer_ids), rnd.randint(100, 5000)) for i in range(2)],
     )
-    table("payments").update(
-        condition=F.col("payment_id") == F.lit(rnd.choice(payment_ids)),
-        set={"customer_id": F.lit(rnd.choice(customer_ids))},
-    )
-    table("payments").delete(condition=F.col("payment_id") == F.lit(rnd.choice(payment_ids)))
+    update("payments", rnd.choice(payment_ids), "customer_id", rnd.choice(customer_ids))
+    delete("payments", rnd.choice(payment_ids))
     commits += 2
     return commits
+
+
+def _change(
+    spark: SparkSession, path: str, key: str, key_value: int, values: dict[str, object] | None
+) -> None:
+    """Update (``values``) or delete (None) the row whose ``key`` is ``key_value``: a MERGE
+    through ``DataFrame.mergeInto``, so the demo also runs on a Spark Connect server
+    without Delta's Connect plugin (Delta's ``DeltaTable.update`` needs it)."""
+    match = spark.createDataFrame([(key_value,)], "__key long")
+    merge = match.mergeInto("delta.`" + path.replace("`", "``") + "`", F.col(key) == F.col("__key"))
+    if values is None:
+        merge.whenMatched().delete().merge()
+    else:
+        merge.whenMatched().update({c: F.lit(v) for c, v in values.items()}).merge()

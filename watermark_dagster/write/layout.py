@@ -16,15 +16,15 @@ not support them, so it is the owner's call (see the README).
 """
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from watermark_dagster.read.changes import quoted
+from watermark_dagster.read.changes import quoted, quoted_identifier
 
 DEFAULT_ROWS_PER_FILE = 1_000_000
 _FILL = 0.85
@@ -120,17 +120,45 @@ def laid_out(spark: SparkSession, rows: DataFrame, count: int, layout: Layout) -
     return rows.repartitionByRange(files, *columns).sortWithinPartitions(*columns)
 
 
+_PROPERTY = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def delta_location(target: str) -> str:
+    """``target`` as Spark SQL's path identifier ``delta.`...` `` (backticks escaped)."""
+    return "delta." + quoted_identifier(target)
+
+
 def create_target(spark: SparkSession, target: str, schema: T.StructType, layout: Layout) -> None:
-    """Create an empty target with its clustering or partitioning and properties (the
-    DataFrame writer cannot cluster)."""
-    builder = SparkDeltaTable.createIfNotExists(spark).location(target).addColumns(schema)
+    """Create an empty target with its clustering or partitioning and properties, in one
+    commit (a crash cannot leave it created but unclustered).
+
+    One ``CREATE TABLE IF NOT EXISTS ... AS SELECT`` over an empty DataFrame of
+    ``schema``, passed to ``spark.sql`` as a DataFrame argument rather than spelt out as
+    text. Neither Delta's ``DeltaTableBuilder`` (Delta protocol messages, which a Spark
+    Connect server without Delta's Connect plugin refuses) nor the DataFrame writers (which
+    cannot cluster a path table) are used, so this runs the same on a local session, a
+    cluster and Spark Connect. The statement holds only quoted identifiers (the location
+    with backticks escaped, column names) and the layout's property names and values,
+    which are this module's own and checked as plain words.
+    """
+    clauses = ["CREATE TABLE IF NOT EXISTS", delta_location(target), "USING delta"]
     if layout.cluster_by:
-        builder = builder.clusterBy(*layout.cluster_by)
+        clauses.append("CLUSTER BY (" + _identifiers(layout.cluster_by) + ")")
     elif layout.partition_by:
-        builder = builder.partitionedBy(*layout.partition_by)
-    for key, value in (layout.properties or {}).items():
-        builder = builder.property(key, value)
-    builder.execute()
+        clauses.append("PARTITIONED BY (" + _identifiers(layout.partition_by) + ")")
+    properties = dict(layout.properties or {})
+    for text in (*properties.keys(), *properties.values()):
+        if not _PROPERTY.fullmatch(text):
+            raise ValueError(f"table property {text!r} is not a plain word")
+    if properties:
+        pairs = ", ".join(f"'{key}' = '{value}'" for key, value in properties.items())
+        clauses.append("TBLPROPERTIES (" + pairs + ")")
+    clauses.append("AS SELECT * FROM {rows}")
+    spark.sql(" ".join(clauses), rows=spark.createDataFrame([], schema))
+
+
+def _identifiers(names: Sequence[str]) -> str:
+    return ", ".join(quoted_identifier(n) for n in names)
 
 
 def deletion_vectors_enabled(target: str, storage_options: Mapping[str, str] | None) -> bool:

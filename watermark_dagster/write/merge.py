@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from functools import reduce
 from typing import Any
 
-from delta.tables import DeltaTable as SparkDeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -47,6 +46,7 @@ from watermark_dagster.write.commits import (
 from watermark_dagster.write.layout import (
     create_target,
     deletion_vectors_enabled,
+    delta_location,
     target_layout,
 )
 from watermark_dagster.write.summary import OutputSummary, intervals, range_keys, summarize
@@ -65,10 +65,6 @@ __all__ = [
     "merge_into_target",
     "prepare_changes",
 ]
-
-
-def _col(alias: str, name: str) -> Column:
-    return F.col(f"{alias}.{quoted_identifier(name)}")
 
 
 def prepare_changes(
@@ -146,7 +142,7 @@ def skipping_condition(
             k not in target_schema.fieldNames() or target_schema[k].dataType != dtype
         ):
             continue
-        target = _col("t", k)
+        target = quoted(k)
         if k == keys[0] and key_values:
             spans = [
                 (target == _literal(a, dtype))
@@ -283,6 +279,16 @@ def merge_into_target(
         prepared.unpersist()
 
 
+# The MERGE's source columns are renamed with this prefix, so that a bare column name in
+# its conditions and assignments means the target's column and a prefixed one the
+# source's: ``DataFrame.mergeInto`` offers no alias for its target.
+SOURCE_PREFIX = "__wm_source__"
+
+
+def _source(name: str) -> Column:
+    return F.col(quoted_identifier(SOURCE_PREFIX + name))
+
+
 def _merge(
     spark: SparkSession,
     prepared: DataFrame,
@@ -292,32 +298,52 @@ def _merge(
     keys: Sequence[str],
     insert_missing: bool,
 ) -> None:
-    deleting = is_delete(_col("s", CHANGE_TYPE))
+    """One MERGE through PySpark's ``DataFrame.mergeInto`` (Spark's own MERGE plan, which
+    Delta's analyzer runs), so the same code runs on a local session, a cluster and a
+    Spark Connect server without Delta's Connect plugin."""
     data_columns = [c for c in prepared.columns if c != CHANGE_TYPE]
-    table = SparkDeltaTable.forPath(spark, target)
-    on = reduce(operator.and_, [_col("t", k) == _col("s", k) for k in keys])
+    target_schema = spark.read.format("delta").load(target).schema
+    clashing = [c for c in target_schema.fieldNames() if c.startswith(SOURCE_PREFIX)]
+    if clashing:
+        raise TerminalError(
+            f"Target {target} has column(s) {clashing} whose names start with "
+            f"{SOURCE_PREFIX!r}, which the MERGE reserves for its source's columns.",
+            fix="rename those columns in the transform's output.",
+        )
+    added = [c for c in data_columns if c not in target_schema.fieldNames()]
+    if added:
+        # New output columns (an upstream gained a column) are added to the target first,
+        # by an empty append that merges the schema, so the MERGE can assign them.
+        (
+            prepared.select(*[quoted(c) for c in data_columns])
+            .limit(0)
+            .write.format("delta")
+            .mode("append")
+            .option("mergeSchema", "true")
+            .save(target)
+        )
+    deleting = is_delete(_source(CHANGE_TYPE))
+    on = reduce(operator.and_, [quoted(k) == _source(k) for k in keys])
     values = _first_key_values(prepared, keys, summary)
-    skip = skipping_condition(prepared, summary, keys, values, table.toDF().schema)
+    skip = skipping_condition(prepared, summary, keys, values, target_schema)
     if skip is not None:
         # Target-only conditions are what Delta's MERGE prunes target files with.
         on = on & skip
-    not_older = _col("s", SEQ_COLUMN) >= _col("t", SEQ_COLUMN)
-    assignments: dict[str, str | Column] = {
-        quoted_identifier(c): _col("s", c) for c in data_columns
-    }
-    source = prepared
+    not_older = _source(SEQ_COLUMN) >= quoted(SEQ_COLUMN)
+    assignments: dict[str, Column] = {quoted_identifier(c): _source(c) for c in data_columns}
+    source = prepared.select(*[quoted(c).alias(SOURCE_PREFIX + c) for c in prepared.columns])
     if _broadcastable(spark, prepared, summary.rows):
         # Delta materializes a MERGE's source, which hides its size from the planner: without
         # the hint a few changed rows are joined by shuffling every row of the touched files.
-        source = F.broadcast(prepared)
+        source = F.broadcast(source)
     merge = (
-        table.alias("t")
-        .merge(source.alias("s"), on)
-        # New nullable output columns (an upstream gained a column) are added to the target.
+        source.mergeInto(delta_location(target), on)
         .withSchemaEvolution()
-        .whenMatchedDelete(condition=deleting & not_older)
-        .whenMatchedUpdate(condition=~deleting & not_older, set=assignments)
+        .whenMatched(deleting & not_older)
+        .delete()
+        .whenMatched(~deleting & not_older)
+        .update(assignments)
     )
     if insert_missing:
-        merge = merge.whenNotMatchedInsert(condition=~deleting, values=assignments)
-    merge.execute()
+        merge = merge.whenNotMatched(~deleting).insert(assignments)
+    merge.merge()

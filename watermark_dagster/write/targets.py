@@ -44,6 +44,7 @@ from watermark_dagster.write.commits import (
 )
 from watermark_dagster.write.layout import (
     create_target,
+    delta_location,
     laid_out,
     rows_per_file,
     target_layout,
@@ -261,8 +262,7 @@ def recluster(spark: SparkSession, target: str, cluster_by: Sequence[str]) -> No
     columns = ", ".join(
         quoted_identifier(validate_name("cluster_by column", c)) for c in cluster_by
     )
-    location = "delta.`" + target.replace("`", "``") + "`"
-    spark.sql("ALTER TABLE " + location + " CLUSTER BY (" + columns + ")")
+    spark.sql("ALTER TABLE " + delta_location(target) + " CLUSTER BY (" + columns + ")")
 
 
 def write_target(
