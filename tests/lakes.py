@@ -113,13 +113,17 @@ def defs_from(spec: dict[str, Any]):
     """The code location a spec describes (local[2] Spark, no minimum batch interval).
 
     Optional spec keys: ``max_attempts``, ``spark_master`` (a master that cannot start
-    proves a command started no JVM), ``sensor_interval_seconds`` (for a live daemon).
+    proves a command started no JVM; ``spark://...`` for a cluster), ``spark_remote`` (a
+    Spark Connect URL), ``spark_conf`` (settings replacing the test defaults),
+    ``sensor_interval_seconds`` (for a live daemon).
     """
     return build_definitions(
         registry_from(spec),
         control_root=spec["control_root"],
         spark=SparkSessionResource(
-            master=spec.get("spark_master", "local[2]"), conf=SPARK_TEST_CONF
+            master=spec.get("spark_master", "local[2]"),
+            remote=spec.get("spark_remote"),
+            conf=spec.get("spark_conf", SPARK_TEST_CONF),
         ),
         settings=WatermarkSettings(
             min_batch_interval_seconds=0,

@@ -67,7 +67,13 @@ def _loaded(dev: DagsterDev) -> bool:
     )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGINT (Ctrl-C) takes the same path as SIGTERM (interrupt, then escalate); it runs with
+# -m slow to keep the default suite's time (tests/dagster/test_cli_dev.py covers the paths).
+@pytest.mark.parametrize(
+    "signum",
+    [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_watermark_dev_from_elsewhere_stops_on_a_signal_with_a_run_in_flight(
     tmp_path: Path, dagster_home: Path, watermark_home: Path, signum: int
 ) -> None:

@@ -232,52 +232,35 @@ def _resolving(builder: SparkSession.Builder) -> SparkSession:
     return session
 
 
-# What a Connect server needs for Delta's Python DeltaTable API (the MERGE, table creation).
-DELTA_CONNECT_SERVER_CONF = {
-    "spark.sql.extensions": DELTA_CONF["spark.sql.extensions"],
-    "spark.sql.catalog.spark_catalog": DELTA_CONF["spark.sql.catalog.spark_catalog"],
-    "spark.connect.extensions.relation.classes": (
-        "org.apache.spark.sql.connect.delta.DeltaRelationPlugin"
-    ),
-    "spark.connect.extensions.command.classes": (
-        "org.apache.spark.sql.connect.delta.DeltaCommandPlugin"
-    ),
-}
+# What a Spark Connect server needs for the pipelines: Delta's SQL extension and catalog
+# (static settings of the server), with Delta's jars on its class path. Delta's Connect
+# plugin is not needed: targets are written through Spark's own MERGE and SQL plans.
+DELTA_CONNECT_SERVER_CONF = dict(DELTA_CONF)
 
 
 def require_delta_connect(session: SparkSession, remote: str) -> None:
-    """Refuse a Spark Connect server that cannot run pipelines, before any batch work.
+    """Refuse a Spark Connect server without Delta, before any batch work.
 
-    Every read mode (CDF, APPEND_ONLY, SNAPSHOT, TIMESTAMP) works through plain DataFrame
-    reads on a server with Delta's jars, but target writes use Delta's ``DeltaTable`` API,
-    which a Connect client sends as Delta protocol messages: the server needs Delta's
-    Connect plugin (``io.delta:delta-connect-server``) to run them. One cheap probe
-    (``DeltaTable.isDeltaTable`` on a path that does not exist) tells.
+    Every read and write of the pipelines runs through plain DataFrame reads, Spark's own
+    ``MERGE`` plan (``DataFrame.mergeInto``) and SQL statements, so a server with Delta's
+    jars and its SQL extension runs them all; one without the extension would fail on the
+    first ``delta`` read, after the batch was planned. Reading the server's setting tells.
 
     Raises:
-        ConfigurationError: the server has no Delta Connect plugin.
+        ConfigurationError: the server does not load Delta's SQL extension.
     """
-    import tempfile
-
-    from delta.tables import DeltaTable
-
-    probe = str(Path(tempfile.gettempdir()) / "watermark-dagster-connect-probe-absent")
-    try:
-        DeltaTable.isDeltaTable(session, probe)
-    except Exception as e:  # the server's error is matched by its text
-        text = str(e)
-        if "NO_HANDLER_FOR_EXTENSION" not in text and "delta.connect" not in text:
-            raise
-        raise ConfigurationError(
-            f"The Spark Connect server at {remote} has no Delta Connect plugin, so pipelines "
-            "cannot write their targets there (Delta's DeltaTable API, used for the MERGE and "
-            "to create targets, fails with CONNECT_INVALID_PLAN.NO_HANDLER_FOR_EXTENSION). "
-            "Every read mode would work; the writes would not.",
-            fix="start the server with Delta's Connect server jar "
-            "(io.delta:delta-connect-server for the server's Spark version) and "
-            + " ".join(f"--conf {k}={v}" for k, v in DELTA_CONNECT_SERVER_CONF.items())
-            + "; or unset the remote (WATERMARK_SPARK_REMOTE) to run Spark in each run process.",
-        ) from None
+    extensions = session.conf.get("spark.sql.extensions", None) or ""
+    if DELTA_CONF["spark.sql.extensions"] in extensions:
+        return
+    raise ConfigurationError(
+        f"The Spark Connect server at {remote} does not load Delta Lake "
+        f"(its spark.sql.extensions is {extensions or 'unset'!r}), so pipelines cannot read "
+        "or write Delta tables there.",
+        fix="start the server with Delta's jars (io.delta:delta-spark for the server's Spark "
+        "version, e.g. --packages) and "
+        + " ".join(f"--conf {k}={v}" for k, v in DELTA_CONNECT_SERVER_CONF.items())
+        + "; or unset the remote (WATERMARK_SPARK_REMOTE) to run Spark in each run process.",
+    )
 
 
 def _jars_cache_file() -> Path:

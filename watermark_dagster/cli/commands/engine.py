@@ -21,7 +21,8 @@ def cmd_engine(ctx: Context) -> int:
 
     address = EngineAddress.under(ctx.home)
     spark = ctx.spark()
-    spark.sparkContext.setLogLevel("ERROR")
+    with contextlib.suppress(Exception):  # a Spark Connect session has no SparkContext
+        spark.sparkContext.setLogLevel("ERROR")
     spark.range(1).count()  # load Spark's classes before the first request
     stream = ctx.console.err if ctx.args.json else sys.stdout
 

@@ -124,7 +124,8 @@ def cmd_demo(ctx: Context) -> int:
             redirect_stderr(log)
     out = _progress(ctx)
     spark = ctx.spark()
-    spark.sparkContext.setLogLevel("ERROR")
+    with contextlib.suppress(Exception):  # a Spark Connect session has no SparkContext
+        spark.sparkContext.setLogLevel("ERROR")
     paths = DemoPaths(home)
     quiet = (lambda _m: None) if args.quiet else (lambda m: out(f"  {m}"))
     try:

@@ -1,0 +1,86 @@
+"""The code location served as a gRPC code server, as a deployment runs it
+(`dagster code-server start`): it starts without a JVM, answers Dagster's health check, and a
+Dagster client reaches its jobs and sensors over gRPC. The process group is gone after."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.scale.spark_servers import free_port, group_alive
+from watermark_dagster.dagster_defs.definitions import BATCH_JOB
+from watermark_dagster.dagster_defs.health import RETENTION_JOB
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+
+DAGSTER = Path(sys.executable).with_name("dagster")
+START_TIMEOUT_SECONDS = 180
+
+
+def _dagster(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(DAGSTER), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_the_code_location_serves_over_grpc_without_a_jvm(
+    dg_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
+    env, launches = dg_env
+    port = free_port()
+    log = tmp_path / "code-server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [
+                str(DAGSTER),
+                "code-server",
+                "start",
+                "-m",
+                "watermark_dagster.definitions",
+                "-a",
+                "defs",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    grpc = ["--grpc-host", "127.0.0.1", "--grpc-port", str(port)]
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while _dagster(
+            env, "api", "grpc-health-check", "-h", "127.0.0.1", "-p", str(port)
+        ).returncode:
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        jobs = _dagster(env, "job", "list", *grpc)
+        assert jobs.returncode == 0, jobs.stderr[-3000:]
+        for name in (BATCH_JOB, RETENTION_JOB):
+            assert name in jobs.stdout, jobs.stdout
+        sensors = _dagster(env, "sensor", "list", *grpc)
+        assert sensors.returncode == 0, sensors.stderr[-3000:]
+        for name in (COORDINATOR, FINALIZER):
+            assert name in sensors.stdout, sensors.stdout
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert not group_alive(server.pid)
+    assert not launches.exists(), launches.read_text()
