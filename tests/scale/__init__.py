@@ -1,0 +1,1 @@
+"""Tests: the scale tier (real servers on loopback)."""

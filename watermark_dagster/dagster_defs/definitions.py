@@ -50,6 +50,7 @@ from watermark_dagster.dagster_defs.target_io import (
 )
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
+from watermark_dagster.runtime.storage import spark_s3_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -200,7 +201,7 @@ def build_location(
             ),
         ],
         resources={
-            SPARK_RESOURCE_KEY: spark or SparkSessionResource(),
+            SPARK_RESOURCE_KEY: with_s3_settings(spark or SparkSessionResource(), registry),
             STORE_RESOURCE_KEY: WatermarkStoreResource(
                 control_root=control_root, storage_options=storage_options
             ),
@@ -222,6 +223,27 @@ def build_location(
     # follow must say the same (a translator or a merge could make them differ).
     check_consumers(registry, defs.resolve_all_asset_specs(), upstream_keys)
     return location_of(defs)
+
+
+def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSessionResource:
+    """``spark`` with the settings Spark needs for the registry's tables on S3 (s3a for
+    ``s3://``, endpoint, region, each table's storage options per bucket; see
+    :mod:`watermark_dagster.runtime.storage`) under its own ``conf``, which wins. A registry
+    with no table on S3 gets ``spark`` back unchanged, so its sessions never load
+    hadoop-aws. Credentials stay in the environment unless a table's storage options hold
+    them (then they are in the resource's configuration, which Dagster records)."""
+    tables = [
+        (f"upstream '{u.name}'", u.path, u.storage_options) for u in registry.upstreams.values()
+    ]
+    tables += [
+        (f"pipeline '{p.name}' target", p.target, p.storage_options)
+        for p in registry.pipelines.values()
+    ]
+    s3 = spark_s3_settings(tables)
+    if not s3:
+        return spark
+    fields = {name: getattr(spark, name) for name in type(spark).model_fields}
+    return type(spark)(**{**fields, "conf": {**s3, **spark.conf}})
 
 
 class LocationOptions(TypedDict, total=False):

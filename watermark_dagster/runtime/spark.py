@@ -4,7 +4,9 @@ Delta's jars are resolved from the Maven repository by Ivy the first time
 (``configure_spark_with_delta_pip``); the resolved jar list is then remembered in
 ``~/.cache/watermark-dagster`` (or ``WATERMARK_JARS_CACHE``) and later sessions pass those
 files as ``spark.jars``, so they start without a resolver round-trip or its report.
-``python -m watermark_dagster.runtime.spark`` does the resolution once, as an install step.
+``python -m watermark_dagster.runtime.spark`` does the resolution once, as an install step
+(``--s3`` adds hadoop-aws, which a session with tables on S3 resolves the same way: see
+:mod:`watermark_dagster.runtime.storage`).
 The resolution is announced as one progress line on :data:`progress_stream`.
 
 Unless ``WATERMARK_VERBOSE`` is set (``watermark -v``), a session whose driver JVM this
@@ -17,13 +19,14 @@ import importlib.metadata
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from pyspark.sql import SparkSession
 
 from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.runtime import storage
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -196,7 +199,8 @@ def build_spark_session(
     builder = SparkSession.builder.appName(app_name)
     builder = builder.remote(remote) if remote else builder.master(master)
     resolve = not remote and not ({"spark.jars", "spark.jars.packages"} & settings.keys())
-    cached = cached_delta_jars() if resolve else None
+    extra = storage.s3_packages() if resolve and storage.needs_s3_jars(settings) else []
+    cached = cached_delta_jars(extra) if resolve else None
     if cached:
         settings["spark.jars"] = ",".join(cached)
     for key, value in settings.items():
@@ -204,14 +208,14 @@ def build_spark_session(
     if resolve and not cached:
         from delta import configure_spark_with_delta_pip
 
-        builder = configure_spark_with_delta_pip(builder)
+        builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
         session = _resolving(builder)
     else:
         session = builder.getOrCreate()
     if remote:
         require_delta_connect(session, remote)
     if resolve and not cached:
-        _remember_delta_jars(session.conf.get("spark.jars", None))
+        _remember_delta_jars(session.conf.get("spark.jars", None), extra)
     return session
 
 
@@ -263,16 +267,20 @@ def require_delta_connect(session: SparkSession, remote: str) -> None:
     )
 
 
-def _jars_cache_file() -> Path:
+def _jars_cache_file(extra: Sequence[str] = ()) -> Path:
     root = Path(os.environ.get("WATERMARK_JARS_CACHE", "~/.cache/watermark-dagster")).expanduser()
     spark_version = importlib.metadata.version("pyspark")
     delta_version = importlib.metadata.version("delta-spark")
-    return root / f"delta-spark-{delta_version}-spark-{spark_version}.jars"
+    # Each set of extra packages (hadoop-aws for S3) has its own list: a location without
+    # S3 keeps using, and resolving, Delta's jars alone.
+    tail = "".join(f"+{p.split(':')[1]}-{p.split(':')[-1]}" for p in extra)
+    return root / f"delta-spark-{delta_version}-spark-{spark_version}{tail}.jars"
 
 
-def cached_delta_jars() -> list[str] | None:
-    """The remembered Delta jar files, if every one of them is still on disk."""
-    path = _jars_cache_file()
+def cached_delta_jars(extra: Sequence[str] = ()) -> list[str] | None:
+    """The remembered jar files of Delta (and of the ``extra`` Maven packages), if every
+    one of them is still on disk."""
+    path = _jars_cache_file(extra)
     if not path.exists():
         return None
     jars = [line.strip() for line in path.read_text().splitlines() if line.strip()]
@@ -282,13 +290,14 @@ def cached_delta_jars() -> list[str] | None:
     return jars
 
 
-def _remember_delta_jars(spark_jars: str | None) -> None:
+def _remember_delta_jars(spark_jars: str | None, extra: Sequence[str] = ()) -> None:
     if not spark_jars:
         return
     jars = [j for j in spark_jars.split(",") if j]
-    if not any("delta-spark" in j for j in jars):
+    wanted = ["delta-spark", *(p.split(":")[1] for p in extra)]
+    if not all(any(name in j for j in jars) for name in wanted):
         return
-    path = _jars_cache_file()
+    path = _jars_cache_file(extra)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(jars) + "\n")
@@ -296,8 +305,11 @@ def _remember_delta_jars(spark_jars: str | None) -> None:
 
 
 if __name__ == "__main__":
-    # Install step: resolve Delta's jars once and remember them.
-    build_spark_session(master="local[1]").stop()
-    print(
-        f"Delta jars ready: {len(cached_delta_jars() or [])} files listed in {_jars_cache_file()}"
-    )
+    # Install step: resolve Delta's jars once and remember them; with --s3, also hadoop-aws
+    # and the AWS SDK bundle it declares (several hundred MB), for tables on S3.
+    s3 = "--s3" in sys.argv[1:]
+    conf = storage.spark_s3_settings([("--s3", "s3://bucket/", None)], environ={}) if s3 else {}
+    build_spark_session(master="local[1]", conf=conf).stop()
+    extra = storage.s3_packages() if s3 else []
+    listed = cached_delta_jars(extra) or []
+    print(f"Delta jars ready: {len(listed)} files listed in {_jars_cache_file(extra)}")

@@ -32,6 +32,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from watermark_dagster.errors import CommitConflictError
 from watermark_dagster.store import schema
+from watermark_dagster.store.conditional import require_conditional_writes
 
 T = TypeVar("T")
 
@@ -162,6 +163,9 @@ class ControlTables:
         """
         if self._ensured:
             return
+        # On S3, a commit is atomic only if the server honours conditional writes: checked
+        # before the first write (once per process), refused with the fix otherwise.
+        require_conditional_writes(self.root, self.storage_options)
         for name, table_schema in schema.TABLES.items():
             uri = self.uri(name)
             if DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
