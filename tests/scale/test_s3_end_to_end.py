@@ -23,8 +23,7 @@ from tests.scale.s3_demo import KEYS, UPSTREAMS, S3DemoPaths
 from tests.scale.s3server import S3Server, running_s3_server
 from watermark_dagster.store import WatermarkStore
 
-# spark too: its steps start JVMs (tests/conftest.py breaks JAVA_HOME in no-JVM runs).
-pytestmark = [pytest.mark.scale, pytest.mark.spark]
+pytestmark = pytest.mark.scale
 
 # A secret no code path has any reason to copy: found anywhere, it leaked.
 SECRET = "wm-s3-secret-4f1c9e7a2b"
