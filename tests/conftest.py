@@ -59,7 +59,7 @@ def watermark_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # Markers of the tests that start a JVM (or may: slow and soak runs are Spark end to end).
-JVM_MARKERS = ("spark", "live", "slow", "soak")
+JVM_MARKERS = ("spark", "live", "slow", "soak", "scale")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -100,7 +100,7 @@ def registry_from(spec: dict[str, Any]) -> Registry:
             Pipeline(
                 name=p.pop("name"),
                 upstreams=tuple(p.pop("upstreams")),
-                target=p.pop("target"),
+                target=p.pop("target", ""),  # absent for a target named by table
                 keys=tuple(p.pop("keys", ("id",))),
                 transform=transform,
                 **p,
@@ -113,13 +113,15 @@ def defs_from(spec: dict[str, Any]):
     """The code location a spec describes (local[2] Spark, no minimum batch interval).
 
     Optional spec keys: ``max_attempts``, ``spark_master`` (a master that cannot start
-    proves a command started no JVM), ``sensor_interval_seconds`` (for a live daemon).
+    proves a command started no JVM), ``sensor_interval_seconds`` (for a live daemon),
+    ``spark_conf`` (Spark settings over the tests' own, e.g. a catalog's).
     """
     return build_definitions(
         registry_from(spec),
         control_root=spec["control_root"],
         spark=SparkSessionResource(
-            master=spec.get("spark_master", "local[2]"), conf=SPARK_TEST_CONF
+            master=spec.get("spark_master", "local[2]"),
+            conf={**SPARK_TEST_CONF, **spec.get("spark_conf", {})},
         ),
         settings=WatermarkSettings(
             min_batch_interval_seconds=0,

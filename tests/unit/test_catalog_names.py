@@ -63,7 +63,8 @@ def test_invalid_names_are_refused_with_the_declaration_and_the_fix(name: object
     assert str(error).startswith("Upstream 'orders': table ")
     assert repr(name) in str(error)
     assert error.upstream == "orders"
-    assert error.fix is not None and "table: sales.orders" in error.fix
+    assert error.fix is not None
+    assert "table: sales.orders" in error.fix
 
 
 def test_a_path_and_a_table_together_are_refused() -> None:
@@ -83,10 +84,12 @@ def test_a_path_and_a_table_together_are_refused() -> None:
 def test_neither_path_nor_table_is_refused_naming_both() -> None:
     with pytest.raises(ConfigurationError, match="has no path") as raised:
         declare_upstream(name="orders")
-    assert raised.value.fix is not None and "table=" in raised.value.fix
+    assert raised.value.fix is not None
+    assert "table=" in raised.value.fix
     with pytest.raises(ConfigurationError, match="has no target") as raised:
         Pipeline(name="clean", upstreams=["orders"], keys=["id"], transform=_copy)
-    assert raised.value.fix is not None and "table=" in raised.value.fix
+    assert raised.value.fix is not None
+    assert "table=" in raised.value.fix
 
 
 def test_a_registry_of_paths_is_returned_as_it_is_without_a_catalog() -> None:
