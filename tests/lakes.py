@@ -100,7 +100,7 @@ def registry_from(spec: dict[str, Any]) -> Registry:
             Pipeline(
                 name=p.pop("name"),
                 upstreams=tuple(p.pop("upstreams")),
-                target=p.pop("target"),
+                target=p.pop("target", ""),  # absent for a target named by table
                 keys=tuple(p.pop("keys", ("id",))),
                 transform=transform,
                 **p,
@@ -114,8 +114,9 @@ def defs_from(spec: dict[str, Any]):
 
     Optional spec keys: ``max_attempts``, ``spark_master`` (a master that cannot start
     proves a command started no JVM; ``spark://...`` for a cluster), ``spark_remote`` (a
-    Spark Connect URL), ``spark_conf`` (settings replacing the test defaults),
-    ``sensor_interval_seconds`` (for a live daemon).
+    Spark Connect URL), ``spark_conf`` (settings over the tests' own, e.g. a cluster's or a
+    catalog's; with a remote, the only ones sent), ``sensor_interval_seconds`` (for a live
+    daemon).
     """
     return build_definitions(
         registry_from(spec),
@@ -123,7 +124,10 @@ def defs_from(spec: dict[str, Any]):
         spark=SparkSessionResource(
             master=spec.get("spark_master", "local[2]"),
             remote=spec.get("spark_remote"),
-            conf=spec.get("spark_conf", SPARK_TEST_CONF),
+            # A Connect client can send only session settings: the tests' own are for a driver.
+            conf=spec.get("spark_conf", {})
+            if spec.get("spark_remote")
+            else {**SPARK_TEST_CONF, **spec.get("spark_conf", {})},
         ),
         settings=WatermarkSettings(
             min_batch_interval_seconds=0,

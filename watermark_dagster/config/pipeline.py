@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from watermark_dagster.config.names import enum_value, validate_name
+from watermark_dagster.config.names import (
+    check_table_declaration,
+    enum_value,
+    table_name_parts,
+    validate_name,
+)
 from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import ConfigurationError
@@ -133,6 +138,11 @@ class Pipeline:
         name: registry name; also the Dagster asset key.
         upstreams: names of the upstreams the transform reads.
         target: location of the target Delta table.
+        table: instead of ``target``, the target's name in the Spark catalog
+            (``schema.table`` or ``catalog.schema.table``). An existing table is resolved to
+            its location when the code location loads; a missing one is created by the
+            first write at the location the catalog gives a new table of that schema, and
+            registered under the name.
         keys: key columns the target is merged on (required for ``write="merge"``).
         transform: the function, ``transform(batch) -> DataFrame``.
         description: shown in the Dagster UI (defaults to the function's docstring).
@@ -144,7 +154,8 @@ class Pipeline:
 
     name: str
     upstreams: Sequence[str]
-    target: str
+    target: str = ""
+    table: str | None = None
     keys: Sequence[str] = ()
     transform: Transform = field(compare=False)
     description: str | None = None
@@ -196,23 +207,34 @@ class Pipeline:
                     f"{RESERVED_PREFIX!r}.",
                     pipeline=self.name,
                 )
+        if self.table is not None:
+            check_table_declaration(owner, self.target, self.table, pipeline=self.name)
         # Declarations come from plain Python and YAML: the annotations are not enforced.
-        if not isinstance(self.target, str) or not self.target.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
+        elif not isinstance(self.target, str) or not self.target.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ConfigurationError(
                 f"Pipeline '{self.name}' has no target.",
                 pipeline=self.name,
-                fix="give the target Delta table's location as target=...",
+                fix="give the target Delta table's location as target=..., or its catalog "
+                "name as table=...",
             )
         if not callable(self.transform):
             raise ConfigurationError(
                 f"Pipeline '{self.name}': transform is not callable.", pipeline=self.name
             )
 
+    @property
+    def table_parts(self) -> tuple[str, ...] | None:
+        """The parts of ``table`` without backticks (None: the target is named by path)."""
+        return (
+            None if self.table is None else table_name_parts(self.table, f"Pipeline '{self.name}'")
+        )
+
 
 def pipeline(
     *,
     upstreams: Sequence[str],
-    target: str,
+    target: str = "",
+    table: str | None = None,
     keys: Sequence[str] = (),
     name: str | None = None,
     description: str | None = None,
@@ -221,7 +243,8 @@ def pipeline(
     cluster_by: Sequence[str] = (),
     storage_options: Mapping[str, str] | None = None,
 ) -> Callable[[Transform], Pipeline]:
-    """Declare a pipeline with a decorated transform function.
+    """Declare a pipeline with a decorated transform function (the arguments are those of
+    :class:`Pipeline`; give ``target`` or ``table``).
 
     Example:
         >>> @pipeline(upstreams=["orders", "customers"], target="/lake/enriched",
@@ -235,6 +258,7 @@ def pipeline(
             name=name or fn.__name__,
             upstreams=tuple(upstreams),
             target=target,
+            table=table,
             keys=tuple(keys),
             transform=fn,
             description=description or (fn.__doc__ or "").strip() or None,

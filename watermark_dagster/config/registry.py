@@ -8,9 +8,10 @@ Example:
     >>> registry = Registry(upstreams=[orders], pipelines=[orders_clean])
 """
 
+import copy
 import os
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import Upstream
@@ -26,6 +27,29 @@ def _location(path: str) -> str:
     if "://" in text:
         return text.rstrip("/")
     return os.path.abspath(os.path.expanduser(text))
+
+
+def _table_key(parts: tuple[str, ...]) -> str:
+    """A catalog name in one spelling (Spark's session catalog ignores case)."""
+    return "table:" + ".".join(p.lower() for p in parts)
+
+
+def _where(path: str, parts: tuple[str, ...] | None) -> str:
+    """Where a table is, for comparing declarations: its location, or its catalog name while
+    that is not resolved yet."""
+    return _table_key(parts) if parts is not None and not path.strip() else _location(path)
+
+
+_D = TypeVar("_D", Upstream, Pipeline)
+
+
+def _located(declared: _D, attribute: str, location: str) -> _D:
+    """A copy of ``declared`` (named by ``table``) whose ``attribute`` (``path`` or
+    ``target``) holds the location the catalog resolved: both are then set, which a
+    declaration may not do, so the copy is made without building it again."""
+    found = copy.copy(declared)
+    object.__setattr__(found, attribute, location)
+    return found
 
 
 class Registry:
@@ -61,14 +85,15 @@ class Registry:
             self.pipelines[p.name] = p
         targets: dict[str, str] = {}
         for p in self.pipelines.values():
-            if p.target in targets:
+            where = _where(p.target, p.table_parts)
+            if where in targets:
                 raise ConfigurationError(
-                    f"Pipelines '{targets[p.target]}' and '{p.name}' write the same target "
-                    f"{p.target!r}.",
+                    f"Pipelines '{targets[where]}' and '{p.name}' write the same target "
+                    f"{p.table or p.target!r}.",
                     pipeline=p.name,
                     fix="give each pipeline its own target table.",
                 )
-            targets[p.target] = p.name
+            targets[where] = p.name
         self._refuse_cycles()
 
     def _refuse_cycles(self) -> None:
@@ -77,12 +102,12 @@ class Registry:
         Every batch would then read what the previous one wrote, without end."""
         upstreams_at: dict[str, list[str]] = {}
         for u in self.upstreams.values():
-            upstreams_at.setdefault(_location(u.path), []).append(u.name)
+            upstreams_at.setdefault(_where(u.path, u.table_parts), []).append(u.name)
         # pipeline -> [(upstream its target is, a pipeline reading that upstream)]
         feeds = {
             p.name: [
                 (u, q.name)
-                for u in upstreams_at.get(_location(p.target), ())
+                for u in upstreams_at.get(_where(p.target, p.table_parts), ())
                 for q in self.pipelines.values()
                 if u in q.upstreams
             ]
@@ -97,7 +122,7 @@ class Registry:
                 if state.get(reader) is False:
                     cycle = step[next(i for i, s in enumerate(step) if s[0] == reader) :]
                     chain = "; ".join(
-                        f"'{p}' writes {self.pipelines[p].target!r} = upstream '{u}', read by '{r}'"
+                        f"'{p}' writes {self._target_text(p)!r} = upstream '{u}', read by '{r}'"
                         for p, u, r in cycle
                     )
                     raise ConfigurationError(
@@ -114,6 +139,44 @@ class Registry:
         for name in self.pipelines:
             if name not in state:
                 visit(name, [])
+
+    def _target_text(self, pipeline: str) -> str:
+        found = self.pipelines[pipeline]
+        return found.table or found.target
+
+    def catalog_names(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        """The declarations named by catalog table and not resolved yet: ``(upstream ->
+        name parts, pipeline -> its target's name parts)``; both empty for a registry of
+        paths, which then needs no catalog (and no JVM) at all."""
+        upstreams = {
+            n: parts
+            for n, u in self.upstreams.items()
+            if (parts := u.table_parts) is not None and not u.path.strip()
+        }
+        targets = {
+            n: parts
+            for n, p in self.pipelines.items()
+            if (parts := p.table_parts) is not None and not p.target.strip()
+        }
+        return upstreams, targets
+
+    def with_locations(
+        self, upstreams: Mapping[str, str], targets: Mapping[str, str]
+    ) -> "Registry":
+        """This registry with the locations the catalog resolved: each upstream in
+        ``upstreams`` gets its ``path``, each pipeline in ``targets`` its ``target`` (they
+        keep their ``table``). Checked again as a whole, now by location, so a target that
+        is an upstream's table under another name is a cycle too."""
+        return Registry(
+            upstreams=[
+                _located(u, "path", upstreams[n]) if n in upstreams else u
+                for n, u in self.upstreams.items()
+            ],
+            pipelines=[
+                _located(p, "target", targets[n]) if n in targets else p
+                for n, p in self.pipelines.items()
+            ],
+        )
 
     def pipeline_inputs(self) -> dict[str, tuple[str, ...]]:
         """Pipeline -> the upstreams it reads."""
@@ -133,6 +196,6 @@ class Registry:
     def describe(self) -> dict[str, Any]:
         """A plain summary, for logs and ``--json``."""
         return {
-            "upstreams": {n: u.path for n, u in self.upstreams.items()},
+            "upstreams": {n: u.path or u.table for n, u in self.upstreams.items()},
             "pipelines": {n: list(p.upstreams) for n, p in self.pipelines.items()},
         }

@@ -21,7 +21,12 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import ClassVar, Literal
 
-from watermark_dagster.config.names import enum_value, validate_name
+from watermark_dagster.config.names import (
+    check_table_declaration,
+    enum_value,
+    table_name_parts,
+    validate_name,
+)
 from watermark_dagster.errors import ConfigurationError
 
 
@@ -110,6 +115,10 @@ class Upstream:
     Args:
         name: registry name; also the Dagster asset key.
         path: location of the table or folder (local path or object-store URI).
+        table: instead of ``path``, the name of a table in the Spark catalog
+            (``schema.table`` or ``catalog.schema.table``; parts in backticks for other
+            characters). It is resolved to its location when the code location loads,
+            and each run checks that the name still points there.
         storage_options: delta-rs / Spark storage options for object stores.
         description: shown in the Dagster UI.
         start_from: where the first batch starts: ``beginning`` (default: each
@@ -123,7 +132,8 @@ class Upstream:
     """True when the upstream has no versions and is read through a cursor column."""
 
     name: str
-    path: str
+    path: str = ""
+    table: str | None = None
     storage_options: Mapping[str, str] | None = None
     description: str | None = None
     start_from: StartFrom = "beginning"
@@ -135,12 +145,14 @@ class Upstream:
                 "CursorUpstream(name=..., path=..., cursor=...)."
             )
         validate_name("upstream name", self.name)
+        if self.table is not None:
+            check_table_declaration(self.owner, self.path, self.table, upstream=self.name)
         # Declarations come from plain Python and YAML: the annotations are not enforced.
-        if not isinstance(self.path, str) or not self.path.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
+        elif not isinstance(self.path, str) or not self.path.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ConfigurationError(
                 f"{self.owner} has no path.",
                 upstream=self.name,
-                fix="give the table's location as path=...",
+                fix="give the table's location as path=..., or its catalog name as table=...",
             )
         object.__setattr__(self, "start_from", _parse_start(self.start_from, self.owner))
 
@@ -148,6 +160,11 @@ class Upstream:
     def owner(self) -> str:
         """How errors name this upstream."""
         return f"Upstream '{self.name}'"
+
+    @property
+    def table_parts(self) -> tuple[str, ...] | None:
+        """The parts of ``table`` without backticks (None: the upstream is named by path)."""
+        return None if self.table is None else table_name_parts(self.table, self.owner)
 
     @property
     def mode(self) -> UpstreamMode:
@@ -325,7 +342,9 @@ def declare_upstream(**settings: object) -> AnyUpstream:
     return DeltaUpstream(**settings)  # pyright: ignore[reportArgumentType]
 
 
-_SHARED_SETTINGS = frozenset({"name", "path", "storage_options", "description", "start_from"})
+_SHARED_SETTINGS = frozenset(
+    {"name", "path", "table", "storage_options", "description", "start_from"}
+)
 _DELTA_SETTINGS = _SHARED_SETTINGS | {
     "mode",
     "on_data_change",

@@ -335,6 +335,7 @@ _OPTIONS = "a mapping of option: value (scalar values, each key once)"
 # key -> (what it must be, converter returning the value or _WRONG)
 UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "path": ("text (the table's location)", _location),
+    "table": ("text (a catalog table name: schema.table or catalog.schema.table)", _text),
     "mode": ("text (auto, cdf, append_only, snapshot or timestamp)", _text),
     "on_data_change": ("text (fail or snapshot)", _text),
     "start_from": ("beginning, latest, a version or an ISO 8601 timestamp", _start),
@@ -352,6 +353,7 @@ UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
 PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "upstreams": (_NAMES, _names),
     "target": ("text (the target table's location)", _location),
+    "table": ("text (the target's catalog table name: schema.table)", _text),
     "keys": (_NAMES, _names),
     "transform": ("text (module:function)", _text),
     "write": ("text (merge, append or overwrite)", _text),
@@ -366,11 +368,12 @@ TOP_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "control_root": ("text (where the control tables live)", _location),
     "control_storage_options": (_OPTIONS, _options),
 }
+_OR_TABLE = ("path", "target")
 _REQUIRED = {
-    "upstream": {"path": "path: /location/of/the/table"},
+    "upstream": {"path": "path: /location/of/the/table (or table: schema.table)"},
     "pipeline": {
         "upstreams": "upstreams: [an_upstream]",
-        "target": "target: /location/of/the/target",
+        "target": "target: /location/of/the/target (or table: schema.table)",
         "transform": "transform: my_package.transforms:my_function",
     },
 }
@@ -515,7 +518,8 @@ def _entry(
     body = reader.mapping(_mapping_at(line) if body is None else body, what, line)
     reader.known_keys(body, checks, what, f"an {kind}" if kind == "upstream" else f"a {kind}")
     for key, example in _REQUIRED[kind].items():
-        if body.get(key) is None:
+        # A table named in the catalog has no path or target: `table:` stands for it.
+        if body.get(key) is None and (key not in _OR_TABLE or body.get("table") is None):
             raise reader.fail(
                 body.key_lines.get(key, line),
                 f"{what} has no {key}.",

@@ -145,6 +145,11 @@ class RegistryObservation:
         return {n: o.schema_fingerprint or None for n, o in self.observed.items()}
 
     @property
+    def locations(self) -> dict[str, str | None]:
+        """Upstream -> the location it was observed at (a catalog table's resolved one)."""
+        return {n: o.path for n, o in self.observed.items()}
+
+    @property
     def source_states(self) -> dict[str, str | None]:
         """Upstream -> source state of cursor upstreams."""
         return {n: o.state for n, o in self.observed.items() if o.is_cursor}

@@ -66,6 +66,10 @@ class Batch:
     schema_fingerprints: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
     source_states: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
     window_pending: Mapping[str, int | None] = field(default_factory=dict[str, int | None])
+    locations: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
+    """Upstream -> where it was observed when the batch was planned (None: recorded before
+    locations were); the run of an upstream named by catalog table refuses a name that now
+    points elsewhere."""
 
     @property
     def ranged_upstreams(self) -> tuple[str, ...]:

@@ -50,6 +50,7 @@ from watermark_dagster.dagster_defs.target_io import (
 )
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
+from watermark_dagster.runtime.catalog import resolve_catalog_tables
 from watermark_dagster.runtime.storage import spark_s3_settings
 
 if TYPE_CHECKING:
@@ -121,7 +122,10 @@ def build_location(
     executor runs all pipelines of a run in one process: one JVM per run, not per asset.
 
     Args:
-        registry: the upstreams and pipelines.
+        registry: the upstreams and pipelines. Those named by catalog table are resolved
+            to their locations here, in a short-lived Spark process with ``spark``'s
+            settings (:mod:`watermark_dagster.runtime.catalog`); a registry of paths starts
+            none.
         control_root: where the control tables live.
         spark: the Spark resource (default: local[*] with Delta).
         settings: sensor and batching settings.
@@ -140,6 +144,17 @@ def build_location(
             "The registry has no pipeline; there is nothing to run.",
             fix="declare at least one pipeline with @pipeline(...).",
         )
+    spark = spark or SparkSessionResource()
+    # Catalog table names become locations here, once, in a short-lived Spark process:
+    # everything below (observation, planning, asset metadata) works by location.
+    spark_settings = spark.settings()
+    registry = resolve_catalog_tables(
+        registry,
+        master=spark_settings.master,
+        remote=spark_settings.remote,
+        app_name=spark_settings.app_name,
+        conf=spark_settings.conf,
+    )
     settings = settings or WatermarkSettings()
     translator = translator or WatermarkTranslator()
     observer = Observer()
@@ -201,7 +216,7 @@ def build_location(
             ),
         ],
         resources={
-            SPARK_RESOURCE_KEY: with_s3_settings(spark or SparkSessionResource(), registry),
+            SPARK_RESOURCE_KEY: with_s3_settings(spark, registry),
             STORE_RESOURCE_KEY: WatermarkStoreResource(
                 control_root=control_root, storage_options=storage_options
             ),

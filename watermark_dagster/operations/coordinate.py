@@ -106,6 +106,7 @@ def plan_next(store: WatermarkStore, look: Look, *, actor: str) -> tuple[Batch |
         table_ids=obs.table_ids,
         schema_fingerprints=obs.schema_fingerprints,
         source_states=obs.source_states,
+        locations=obs.locations,
         bootstrap=obs.bootstrap,
         overwrite=obs.overwrite,
     )

@@ -22,6 +22,7 @@ from watermark_dagster.core.planning import PlannedInput, delta_source_version
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.errors import BatchStateError, TerminalError
+from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
@@ -229,6 +230,10 @@ def run_pipeline(
     inputs: dict[str, UpstreamInput] = {}
     full_load = pipeline_name in batch.full_load
     try:
+        # I6 for catalog names: each must still point where the batch expects it, checked
+        # through this run's own session before anything is read or written.
+        check_catalog_names(spark, registry, pipeline, batch.locations, batch_id=batch_id)
+        registry = _at_planned_locations(registry, pipeline, batch)
         inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=full_load)
         if not full_load and any(i.reads_snapshot for i in inputs.values()):
             # An append-only range that changed rows, read as a snapshot as configured:
@@ -292,6 +297,16 @@ def run_pipeline(
             " (full load)" if full_load else "",
             " (already applied: skipped by Delta)" if write.already_applied else "",
         )
+        target_name = pipeline.table_parts
+        if target_name is not None and register_table(spark, target_name, pipeline.target):
+            # The first write created the target by path; now the name finds it too. A
+            # crash before this line leaves no checkpoint: the retry registers it.
+            log.info(
+                "pipeline=%s registered target %s at %s",
+                pipeline_name,
+                pipeline.table,
+                pipeline.target,
+            )
         fault_point("after_target_commit")
     except BaseException as exc:
         if isinstance(exc, SimulatedCrash):
@@ -333,6 +348,19 @@ def run_pipeline(
     )
     fault_point("after_checkpoint")
     return outcome
+
+
+def _at_planned_locations(registry: Registry, pipeline: Pipeline, batch: Batch) -> Registry:
+    """``registry`` with the pipeline's catalog-named upstreams at the locations the batch
+    recorded (I3: its inputs come from the plan alone, not from this process's resolution)."""
+    planned = {
+        u: location
+        for u in pipeline.upstreams
+        if registry.upstreams[u].table is not None
+        and (location := batch.locations.get(u)) is not None
+        and location != registry.upstreams[u].path
+    }
+    return registry.with_locations(planned, {}) if planned else registry
 
 
 def _bind_inputs(

@@ -83,6 +83,7 @@ def batches(rows: Iterable[Row]) -> list[records.Batch]:
                 schema_fingerprints={r["upstream"]: r["schema_fingerprint"] for r in group},
                 source_states={r["upstream"]: r.get("source_state") for r in group},
                 window_pending={r["upstream"]: r.get("window_pending") for r in group},
+                locations={r["upstream"]: r.get("location") for r in group},
             )
         )
     return sorted(found, key=lambda b: b.seq)
@@ -130,6 +131,7 @@ def batch_rows(
             "end_cursor": encode_position(planned.window.end) if planned.window else None,
             "window_pending": batch.window_pending.get(name),
             "source_state": batch.source_states.get(name),
+            "location": batch.locations.get(name),
         }
         for name, planned in batch.inputs.items()
     ]

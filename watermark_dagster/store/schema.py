@@ -39,6 +39,9 @@ BATCHES = pa.schema(
         pa.field("end_cursor", pa.string()),
         pa.field("window_pending", pa.int64()),
         pa.field("source_state", pa.string()),
+        # Where the upstream was read from when planned: a catalog table's resolved location,
+        # which each run checks the name still points at (I6).
+        pa.field("location", pa.string()),
         pa.field("bucket", pa.int64(), nullable=False),
     ]
 )

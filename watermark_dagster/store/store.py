@@ -294,12 +294,14 @@ class WatermarkStore(ControlTables):
         source_states: Mapping[str, str | None] | None = None,
         bootstrap: Sequence[str] = (),
         overwrite: Sequence[str] = (),
+        locations: Mapping[str, str | None] | None = None,
     ) -> tuple[Batch | None, bool]:
         """Plan and record the next SCHEDULED batch in one commit, unless one is open.
 
         The committed watermarks are read inside the compare-and-swap, so a plan never
         starts anywhere but right after them. A cursor upstream has new data when its
         ``source_states`` entry differs from the state recorded with its committed position.
+        ``locations`` (upstream -> where it was observed) are recorded with the plan.
 
         Returns:
             ``(batch, True)`` for a new batch; ``(open_batch, False)`` when a batch is
@@ -309,6 +311,7 @@ class WatermarkStore(ControlTables):
         table_ids = table_ids or {}
         schema_fingerprints = schema_fingerprints or {}
         source_states = source_states or {}
+        locations = locations or {}
 
         def decide(dt: DeltaTable) -> tuple[Batch | None, bool]:
             opened = [b for b in self._open_batches(dt) if b.kind is BatchKind.SCHEDULED]
@@ -331,6 +334,7 @@ class WatermarkStore(ControlTables):
                 table_ids={u: table_ids.get(u) for u in plan.inputs},
                 schema_fingerprints={u: schema_fingerprints.get(u) for u in plan.inputs},
                 source_states={u: source_states.get(u) for u in plan.inputs},
+                locations={u: locations.get(u) for u in plan.inputs},
             )
             latest = {p.name: p.latest_version for p in fresh if not plan.inputs[p.name].is_cursor}
             committed = {u: w.committed_version for u, w in marks.items()}
@@ -404,6 +408,7 @@ class WatermarkStore(ControlTables):
                 schema_fingerprints={
                     u: plan.origin.schema_fingerprints.get(u) for u in plan.inputs
                 },
+                locations={u: plan.origin.locations.get(u) for u in plan.inputs},
             )
             return self._insert_batch(dt, batch, committed=committed, latest={}, error=reason)
 

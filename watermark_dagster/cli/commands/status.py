@@ -53,9 +53,14 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
             else latest - (-1 if version is None else version)
         )
         planned = open_batch.inputs.get(name) if open_batch else None
+        upstream = ctx.registry.upstreams[name]
         rows.append(
             {
                 "upstream": name,
+                # A catalog table's name, and the location it resolved to when the code
+                # location loaded (what observation reads).
+                "table": upstream.table,
+                "location": upstream.path,
                 "committed": version if cursor is None else list(cursor),
                 "latest": latest,
                 "lag": lag,
@@ -111,11 +116,16 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
         ctx.console.json(rows)
         return
     headers = ["upstream", "committed", "latest", "lag", "mode", "open batch", "last change"]
+    # Upstreams named by catalog table get two more columns: the name and where it resolved.
+    tables = any(r["table"] for r in rows)
+    if tables:
+        headers[1:1] = ["table", "location"]
     ctx.console.table(
         headers,
         [
             [
                 r["upstream"],
+                *([r["table"], r["location"]] if tables else []),
                 "none" if r["committed"] is None else r["committed"],
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
                 _lag_cell(r),
@@ -200,8 +210,10 @@ def cmd_get(ctx: Context) -> int:
         c["pipeline"] + (f" ({c['open_batch_status']})" if c["open_batch_status"] else "")
         for c in out["consumers"]
     )
+    table = ctx.registry.upstreams[name].table
     pairs = [
         ("upstream", name),
+        *([("table", table)] if table else []),
         ("path", out["path"]),
         (
             "committed",
