@@ -2,15 +2,13 @@
 (`dagster code-server start`): it starts without a JVM, answers Dagster's health check, and a
 Dagster client reaches its jobs and sensors over gRPC. The process group is gone after."""
 
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.conftest import REPO
-from tests.scale.spark_servers import free_port, group_alive
+from tests.scale.spark_servers import free_port, group_alive, start
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
 from watermark_dagster.dagster_defs.health import RETENTION_JOB
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
@@ -36,36 +34,18 @@ def test_the_code_location_serves_over_grpc_without_a_jvm(
 ) -> None:
     env, launches = dg_env
     port = free_port()
+    argv = ["code-server", "start", "-m", "watermark_dagster.definitions", "-a", "defs"]
+    argv += ["-h", "127.0.0.1", "-p", str(port)]
     log = tmp_path / "code-server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [
-                str(DAGSTER),
-                "code-server",
-                "start",
-                "-m",
-                "watermark_dagster.definitions",
-                "-a",
-                "defs",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    server = start("code server", [str(DAGSTER), *argv], log, env, REPO, inherit=False)
     grpc = ["--grpc-host", "127.0.0.1", "--grpc-port", str(port)]
     try:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while _dagster(
             env, "api", "grpc-health-check", "-h", "127.0.0.1", "-p", str(port)
         ).returncode:
-            assert server.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            assert server.process.poll() is None, server.tail()
+            assert time.monotonic() < deadline, server.tail()
             time.sleep(1)
         jobs = _dagster(env, "job", "list", *grpc)
         assert jobs.returncode == 0, jobs.stderr[-3000:]
@@ -76,11 +56,6 @@ def test_the_code_location_serves_over_grpc_without_a_jvm(
         for name in (COORDINATOR, FINALIZER):
             assert name in sensors.stdout, sensors.stdout
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    assert not group_alive(server.pid)
+        server.stop()
+    assert not group_alive(server.process.pid)
     assert not launches.exists(), launches.read_text()

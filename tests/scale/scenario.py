@@ -160,6 +160,14 @@ class Scenario:
             timeout=1800,
         )
 
+    def run_rounds(self, dagster_home: Path, rounds: int = 3) -> None:
+        """``rounds`` times: commit a round of upstream changes, run the batches, check."""
+        for _ in range(rounds):
+            self.commit_round()
+            outcome = self.run(dagster_home)
+            assert outcome["completed"], outcome
+            self.check()
+
     # ------------------------------------------------------------ checks
 
     def target_rows(self, name: str) -> dict[int, int]:

@@ -94,14 +94,25 @@ class Server:
         self.process.wait()
 
 
-def start(name: str, argv: list[str], log: Path, env: Mapping[str, str] | None = None) -> Server:
-    """Start ``argv`` in a new process group with its output in ``log``."""
+def start(
+    name: str,
+    argv: list[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    *,
+    inherit: bool = True,
+) -> Server:
+    """Start ``argv`` in a new process group with its output in ``log``: with loopback
+    addresses and ``env`` over this process's environment, or (``inherit`` off) with
+    ``env`` alone."""
     with log.open("w") as out:
         process = subprocess.Popen(
             argv,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_loopback_env(env),
+            env=_loopback_env(env) if inherit else dict(env or {}),
             start_new_session=True,
         )
     return Server(name, process, log)

@@ -36,11 +36,7 @@ def test_batches_of_every_read_mode_run_on_a_standalone_cluster(
             {"spark_master": cluster.master_url, "spark_conf": cluster_conf(cluster.master_url)},
         )
         scenario.root.mkdir()
-        for _ in range(3):
-            scenario.commit_round()
-            outcome = scenario.run(dagster_home)
-            assert outcome["completed"], outcome
-            scenario.check()
+        scenario.run_rounds(dagster_home)
         # The work ran on the workers' executors, not in the driver: each worker launched
         # executors for the runs' applications, and those fetched Delta's jar.
         executor_logs = list((tmp_path / "cluster" / "work").glob("app-*/*/stderr"))

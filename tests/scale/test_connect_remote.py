@@ -25,11 +25,7 @@ def test_batches_of_every_read_mode_run_on_a_remote_connect_server(
     with connect_server(tmp_path) as (url, server):
         scenario = Scenario(tmp_path / "lake", {"spark_remote": url, "spark_conf": CLIENT_CONF})
         scenario.root.mkdir()
-        for _ in range(3):
-            scenario.commit_round()
-            outcome = scenario.run(dagster_home)
-            assert outcome["completed"], outcome
-            scenario.check()
+        scenario.run_rounds(dagster_home)
         # Each target was written through Spark's MERGE or WRITE plans on the server.
         ops = {h["operation"] for h in DeltaTable(scenario.path("target_changes_copy")).history()}
         assert "MERGE" in ops, ops
