@@ -14,9 +14,6 @@ the compare-and-swap would suffer there.
 
 import contextlib
 import http.client
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tests.scale.spark_servers import free_port, group_alive, start
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 BUCKET = "watermark-lake"
@@ -86,30 +85,6 @@ class S3Server:
         )
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes (not zombies) whose process group is ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the command name (which may hold spaces) close with ")".
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
 def _wait_until_answering(endpoint: str, process: subprocess.Popen, log: Path) -> None:
     # Starting takes a second or two; the loop ends on the first answer, and fails early if
     # the server exits. The deadline only guards against a hung start.
@@ -130,37 +105,26 @@ def running_s3_server(folder: Path, *, secret_key: str = "test-secret-key") -> I
     """Start moto's S3 server on 127.0.0.1, with the test bucket; stopped (its whole process group)
     at the end, asserting nothing of it is left."""
     port = free_port()
-    log = folder / "moto_server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group, killed as one
-        )
+    process = start(
+        "moto_server",
+        [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        folder / "moto_server.log",
+    )
     server = S3Server(
         endpoint=f"http://127.0.0.1:{port}",
         bucket=BUCKET,
         access_key="AKIAWATERMARKTEST",
         secret_key=secret_key,
         region=REGION,
-        pid=process.pid,
+        pid=process.process.pid,
     )
     try:
-        _wait_until_answering(server.endpoint, process, log)
+        _wait_until_answering(server.endpoint, process.process, process.log)
         server.client().create_bucket(Bucket=BUCKET)
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        left = _group_members(process.pid)
-        assert not left, f"moto_server left processes behind: {left}"
+        process.stop()  # the whole process group, waited for until none of it is left
+        assert not group_alive(server.pid), "moto_server left processes behind"
 
 
 _DROPPED = {"if-none-match", "if-match"}

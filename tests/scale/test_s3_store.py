@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.scale.s3server import S3Server, proxy, running_s3_server
+from tests.store.test_store import _advance_at
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.store import WatermarkStore
@@ -30,14 +31,6 @@ def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
 
 def _positions(latest: int) -> list[UpstreamPosition]:
     return [UpstreamPosition("up1", latest, None), UpstreamPosition("up2", latest, None)]
-
-
-def _advance_at(root: str, start_at: float, upstream: str) -> str:
-    store = WatermarkStore(root)
-    batch = store.open_batch()
-    assert batch is not None
-    time.sleep(max(0.0, start_at - time.time()))
-    return store.advance(batch, upstream, actor="racer").value
 
 
 def _plan_at(root: str, start_at: float, latest: int) -> bool:
