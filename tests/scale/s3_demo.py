@@ -1,8 +1,8 @@
 """The demo's pipelines, upstreams and recompute on S3, for tests/scale/test_s3_end_to_end.py.
 
-The transforms are the demo's own (``watermark_dagster.demo.pipelines``), exposed at module
-level so a registry file can name them; :class:`S3DemoPaths` puts the demo's tables under
-an S3 prefix, so only configuration differs from the local demo.
+The pipelines are the demo's own, declared (``watermark_dagster.demo.pipelines``): a
+registry file names their full transforms and key paths; :class:`S3DemoPaths` puts the
+demo's tables under an S3 prefix, so only configuration differs from the local demo.
 
 Run as a script (in its own process, so its Spark session's S3 settings are its own):
 ``python -m tests.scale.s3_demo PREFIX seed|rounds N M|verify``.
@@ -18,10 +18,14 @@ from watermark_dagster.demo.pipelines import build_demo_registry
 from watermark_dagster.demo.verify import compare_with_full_recompute
 
 _DEMO = build_demo_registry(DemoPaths(Path("/demo-transforms-only")))
-orders_enriched = _DEMO.pipelines["orders_enriched"].transform
-customer_payments = _DEMO.pipelines["customer_payments"].transform
 KEYS = {name: list(p.keys or []) for name, p in _DEMO.pipelines.items()}
 UPSTREAMS = {name: list(p.upstreams) for name, p in _DEMO.pipelines.items()}
+# Each pipeline's key paths as a registry file writes them.
+KEY_PATHS = {
+    name: {u: str(path) for u, path in p.declared.key_paths.items()}
+    for name, p in _DEMO.pipelines.items()
+    if p.declared is not None
+}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import yaml
 from deltalake import DeltaTable
 
 from tests.conftest import REPO
-from tests.scale.s3_demo import KEYS, UPSTREAMS, S3DemoPaths
+from tests.scale.s3_demo import KEY_PATHS, KEYS, UPSTREAMS, S3DemoPaths
 from tests.scale.s3server import S3Server, running_s3_server
 from watermark_dagster.store import WatermarkStore
 
@@ -69,10 +69,11 @@ def _registry(path: Path, s3: S3Server, paths: S3DemoPaths) -> None:
         },
         "pipelines": {
             name: {
-                "upstreams": UPSTREAMS[name],
+                # Declared, as in the README: key paths and the demo's full transform.
+                "upstreams": KEY_PATHS[name],
                 "target": paths.target(name),
                 "keys": KEYS[name],
-                "transform": f"tests.scale.s3_demo:{name}",
+                "full": f"watermark_dagster.demo.pipelines:full_{name}",
                 "storage_options": options,
             }
             for name in ("orders_enriched", "customer_payments")

@@ -27,6 +27,7 @@ from watermark_dagster.demo import DemoPaths, apply_round, build_demo_registry, 
 from watermark_dagster.demo.data import ORDERS
 from watermark_dagster.demo.verify import compare_with_full_recompute
 from watermark_dagster.observe.log import latest_local_version
+from watermark_dagster.read.derive import transform_of
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark
@@ -51,15 +52,15 @@ def _with_failure_switch(registry: Registry, pipeline: str, flag: Path) -> Regis
 
     A stand-in for a user's transform hitting a bad row; Spark, Delta and Dagster stay real.
     """
-    original = registry.pipelines[pipeline]
+    original = transform_of(registry.pipelines[pipeline])
 
     def transform(batch):
         if flag.exists():
             raise RuntimeError(f"injected failure in {pipeline}")
-        return original.transform(batch)
+        return original(batch)
 
     pipelines = [
-        replace(p, transform=transform) if p.name == pipeline else p
+        replace(p, transform=transform, declared=None) if p.name == pipeline else p
         for p in registry.pipelines.values()
     ]
     return Registry(upstreams=registry.upstreams.values(), pipelines=pipelines)

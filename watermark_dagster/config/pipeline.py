@@ -10,8 +10,9 @@ Example:
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
+from watermark_dagster.config.declared import Declared, FullTransform, KeyPathSpec, declare
 from watermark_dagster.config.names import (
     check_table_declaration,
     enum_value,
@@ -144,7 +145,10 @@ class Pipeline:
             first write at the location the catalog gives a new table of that schema, and
             registered under the name.
         keys: key columns the target is merged on (required for ``write="merge"``).
-        transform: the function, ``transform(batch) -> DataFrame``.
+        transform: the function, ``transform(batch) -> DataFrame`` (the hand-written form).
+        declared: instead of ``transform``, the full transform and every upstream's key
+            path; the incremental transform is derived (:mod:`~watermark_dagster.config.declared`,
+            built by :func:`declared_pipeline` or :func:`sql_pipeline`).
         description: shown in the Dagster UI (defaults to the function's docstring).
         write: ``merge`` (default), ``append`` or ``overwrite`` (:class:`WriteMode`).
         partition_by: partition columns the target is created with.
@@ -157,7 +161,8 @@ class Pipeline:
     target: str = ""
     table: str | None = None
     keys: Sequence[str] = ()
-    transform: Transform = field(compare=False)
+    transform: Transform | None = field(default=None, compare=False)
+    declared: Declared | None = field(default=None, compare=False)
     description: str | None = None
     write: WriteModeValue = "merge"
     partition_by: tuple[str, ...] = ()
@@ -217,10 +222,56 @@ class Pipeline:
                 fix="give the target Delta table's location as target=..., or its catalog "
                 "name as table=...",
             )
-        if not callable(self.transform):
+        if self.declared is not None:
+            self._check_declared(self.declared)
+        elif self.transform is None:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' has no transform.",
+                pipeline=self.name,
+                fix="give transform=... (a function of the batch), or declare the full "
+                "transform with @declared_pipeline or sql_pipeline(...).",
+            )
+        elif not callable(self.transform):
             raise ConfigurationError(
                 f"Pipeline '{self.name}': transform is not callable.", pipeline=self.name
             )
+
+    def _check_declared(self, declared: Declared) -> None:
+        if self.transform is not None:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' has both a transform and a declared full transform.",
+                pipeline=self.name,
+                fix="keep one: the declared form derives the incremental transform itself.",
+            )
+        if self.write is not WriteMode.MERGE:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' is declared but writes with write='{self.write}': a "
+                "declared pipeline upserts and deletes the keys a batch touched.",
+                pipeline=self.name,
+                fix="drop write= (a declared pipeline merges), or hand-write the transform.",
+            )
+        if set(declared.key_paths) != set(self.upstreams):
+            missing = [u for u in self.upstreams if u not in declared.key_paths]
+            extra = [u for u in declared.key_paths if u not in self.upstreams]
+            raise ConfigurationError(
+                f"Pipeline '{self.name}': "
+                + (f"upstream(s) {missing} have no key path" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"key path(s) given for {extra}, which it does not read" if extra else "")
+                + ".",
+                pipeline=self.name,
+                upstream=(missing or extra)[0],
+                fix="give every upstream the pipeline reads a key path, and no other.",
+            )
+        for path in declared.key_paths.values():
+            if len(path.end) != len(self.keys):
+                raise ConfigurationError(
+                    f"Pipeline '{self.name}': the key path of '{path.upstream}' ({path}) ends "
+                    f"at {len(path.end)} column(s), the target has keys {list(self.keys)}.",
+                    pipeline=self.name,
+                    upstream=path.upstream,
+                    fix="end each key path at the target's key columns.",
+                )
 
     @property
     def table_parts(self) -> tuple[str, ...] | None:
@@ -228,6 +279,117 @@ class Pipeline:
         return (
             None if self.table is None else table_name_parts(self.table, f"Pipeline '{self.name}'")
         )
+
+
+def declared_pipeline(
+    *,
+    upstreams: Mapping[str, KeyPathSpec],
+    keys: Sequence[str],
+    target: str = "",
+    table: str | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    partition_by: Sequence[str] = (),
+    cluster_by: Sequence[str] = (),
+    storage_options: Mapping[str, str] | None = None,
+) -> Callable[[FullTransform], Pipeline]:
+    """Declare a pipeline by its full transform; the incremental one is derived.
+
+    The decorated function computes the target from scratch: it takes one DataFrame per
+    upstream (the snapshot, as the batch pinned it), by the upstream's name. ``upstreams``
+    maps each upstream to its key path (:mod:`~watermark_dagster.config.declared`).
+
+    Example:
+        >>> @declared_pipeline(
+        ...     upstreams={
+        ...         "orders": "order_id",
+        ...         "customers": "customers.customer_id -> orders.customer_id -> orders.order_id",
+        ...     },
+        ...     target="/lake/orders_enriched",
+        ...     keys=["order_id"],
+        ... )
+        ... def orders_enriched(orders, customers):
+        ...     return orders.join(customers.select("customer_id", "name"), "customer_id", "left")
+
+    Raises:
+        ConfigurationError: when the definitions load, for anything that keeps the
+            incremental form from being derived (names the pipeline, upstream and fix).
+    """
+
+    def wrap(fn: FullTransform) -> Pipeline:
+        pipeline_name = name or getattr(fn, "__name__", "")
+        validate_name("pipeline name", pipeline_name)
+        return Pipeline(
+            name=pipeline_name,
+            upstreams=tuple(_upstream_names(pipeline_name, upstreams)),
+            target=target,
+            table=table,
+            keys=tuple(keys),
+            declared=declare(pipeline_name, upstreams, keys=tuple(keys), function=fn),
+            description=description or (fn.__doc__ or "").strip() or None,
+            partition_by=tuple(partition_by),
+            cluster_by=tuple(cluster_by),
+            storage_options=storage_options,
+        )
+
+    return wrap
+
+
+def sql_pipeline(
+    *,
+    name: str,
+    sql: str,
+    upstreams: Mapping[str, KeyPathSpec],
+    keys: Sequence[str],
+    target: str = "",
+    table: str | None = None,
+    description: str | None = None,
+    partition_by: Sequence[str] = (),
+    cluster_by: Sequence[str] = (),
+    storage_options: Mapping[str, str] | None = None,
+) -> Pipeline:
+    """Declare a pipeline by one Spark SQL query over views named after its upstreams; the
+    incremental form is derived as for :func:`declared_pipeline`.
+
+    Example:
+        >>> sql_pipeline(
+        ...     name="customer_payments",
+        ...     sql="SELECT customer_id, SUM(amount_cents) AS total FROM payments "
+        ...     "GROUP BY customer_id",
+        ...     upstreams={"payments": "customer_id"},
+        ...     target="/lake/customer_payments",
+        ...     keys=["customer_id"],
+        ... )
+
+    Raises:
+        ConfigurationError: as :func:`declared_pipeline`, and for SQL that reads anything but
+            the upstreams or uses a window, LIMIT, sampling or a non-deterministic function.
+    """
+    validate_name("pipeline name", name)
+    return Pipeline(
+        name=name,
+        upstreams=tuple(_upstream_names(name, upstreams)),
+        target=target,
+        table=table,
+        keys=tuple(keys),
+        declared=declare(name, upstreams, keys=tuple(keys), sql=sql),
+        description=description,
+        partition_by=tuple(partition_by),
+        cluster_by=tuple(cluster_by),
+        storage_options=storage_options,
+    )
+
+
+def _upstream_names(pipeline: str, upstreams: object) -> list[str]:
+    if not isinstance(upstreams, Mapping):
+        raise ConfigurationError(
+            f"Pipeline '{pipeline}': a declared pipeline's upstreams map each upstream to its "
+            f"key path, not {type(upstreams).__name__}.",
+            pipeline=pipeline,
+            fix="e.g. upstreams={'orders': 'order_id', 'customers': "
+            "'customers.customer_id -> orders.customer_id -> orders.order_id'}.",
+        )
+    return [str(u) for u in cast("Mapping[object, object]", upstreams)]
 
 
 def pipeline(

@@ -13,6 +13,11 @@ Example ``registry.yaml``::
         target: /lake/orders_clean
         keys: [order_id]
         transform: my_pkg.transforms:orders_clean   # module:function, imported at load
+      customer_totals:                              # declared: the incremental form is derived
+        upstreams: {payments: customer_id}          # upstream: key path
+        target: /lake/customer_totals
+        keys: [customer_id]
+        sql: SELECT customer_id, SUM(amount) AS total FROM payments GROUP BY customer_id
 
 Each entry takes the keyword arguments of :class:`~watermark_dagster.config.registry.Upstream` or
 :class:`~watermark_dagster.config.registry.Pipeline`. Every problem is a
@@ -32,6 +37,7 @@ from typing import Any, cast
 
 import yaml
 
+from watermark_dagster.config.declared import declare
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
@@ -219,20 +225,22 @@ class _Reader:
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else (self.base / path).resolve())
 
-    def transform(self, spec: str, what: str, line: int) -> Callable[..., Any]:
+    def transform(
+        self, spec: str, what: str, line: int, key: str = "transform"
+    ) -> Callable[..., Any]:
         module_name, _, attribute = spec.partition(":")
         if not module_name or not attribute:
             raise self.fail(
                 line,
-                f"{what}: transform {spec!r} is not module:function.",
-                fix="give it as transform: my_package.transforms:orders_clean.",
+                f"{what}: {key} {spec!r} is not module:function.",
+                fix=f"give it as {key}: my_package.transforms:orders_clean.",
             )
         try:
             found: Any = importlib.import_module(module_name)
         except Exception as e:  # an import runs the module: anything may be raised
             raise self.fail(
                 line,
-                f"{what}: cannot import module {module_name!r} of transform {spec!r} "
+                f"{what}: cannot import module {module_name!r} of {key} {spec!r} "
                 f"({type(e).__name__}: {e}).",
                 fix="install the package or put its folder on PYTHONPATH (for `dagster dev`, "
                 "the workspace's working_directory), and check the spelling.",
@@ -244,25 +252,29 @@ class _Reader:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.fail(
                     line,
-                    f"{what}: transform {spec!r}: {type(found).__name__} {found.__name__!r} "
+                    f"{what}: {key} {spec!r}: {type(found).__name__} {found.__name__!r} "
                     f"has no attribute {part!r}{hint}."
                     if hasattr(found, "__name__")
-                    else f"{what}: transform {spec!r} has no attribute {part!r}{hint}.",
+                    else f"{what}: {key} {spec!r} has no attribute {part!r}{hint}.",
                     fix="name a function defined in that module.",
                 )
             found = getattr(found, part)
         if isinstance(found, Pipeline):
             raise self.fail(
                 line,
-                f"{what}: transform {spec!r} is a pipeline declared with @pipeline, not a "
+                f"{what}: {key} {spec!r} is a pipeline declared with @pipeline, not a "
                 "plain function.",
-                fix=f"use transform: {spec}.transform, or drop the decorator.",
+                fix=f"use {key}: {spec}.transform, or drop the decorator."
+                if key == "transform"
+                else "point it at the plain full-transform function, or drop the decorator.",
             )
         if not callable(found):
             raise self.fail(
                 line,
-                f"{what}: transform {spec!r} is {_type(found)}, not a function.",
-                fix="point it at a function taking the batch and returning a DataFrame.",
+                f"{what}: {key} {spec!r} is {_type(found)}, not a function.",
+                fix="point it at a function taking the batch and returning a DataFrame."
+                if key == "transform"
+                else "point it at a function taking one DataFrame per upstream.",
             )
         return found
 
@@ -305,6 +317,22 @@ def _names(_: _Reader, value: Any) -> Any:
     if isinstance(value, list) and all(isinstance(v, str) for v in cast("list[object]", value)):
         return tuple(cast("list[str]", value))
     return _WRONG
+
+
+def _upstreams(reader: _Reader, value: Any) -> Any:
+    """A list of names, or (a declared pipeline) a mapping of name: key path."""
+    if not isinstance(value, dict):
+        return _names(reader, value)
+    paths = cast("dict[object, object]", value)
+    if getattr(paths, "duplicates", None) or not all(isinstance(k, str) for k in paths):
+        return _WRONG
+    for spec in paths.values():
+        listed = isinstance(spec, list) and all(
+            isinstance(c, str) for c in cast("list[object]", spec)
+        )
+        if spec is not None and not isinstance(spec, str) and not listed:
+            return _WRONG
+    return dict(cast("dict[str, Any]", paths))
 
 
 def _count(_: _Reader, value: Any) -> Any:
@@ -351,11 +379,16 @@ UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "description": ("text", _text),
 }
 PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
-    "upstreams": (_NAMES, _names),
+    "upstreams": (
+        _NAMES + ", or for a declared pipeline a mapping of upstream: key path",
+        _upstreams,
+    ),
     "target": ("text (the target table's location)", _location),
     "table": ("text (the target's catalog table name: schema.table)", _text),
     "keys": (_NAMES, _names),
     "transform": ("text (module:function)", _text),
+    "full": ("text (module:function, the full transform)", _text),
+    "sql": ("text (one Spark SQL query over the upstreams)", _text),
     "write": ("text (merge, append or overwrite)", _text),
     "partition_by": (_NAMES, _names),
     "cluster_by": (_NAMES, _names),
@@ -374,7 +407,8 @@ _REQUIRED = {
     "pipeline": {
         "upstreams": "upstreams: [an_upstream]",
         "target": "target: /location/of/the/target (or table: schema.table)",
-        "transform": "transform: my_package.transforms:my_function",
+        "transform": "transform: my_package.transforms:my_function (or a declared "
+        "pipeline's full: or sql:)",
     },
 }
 
@@ -448,6 +482,10 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
     for name, body, line in reader.entries(top, "pipelines", "pipeline", lines):
         what = f"pipeline '{name}'"
         kwargs = _entry(reader, "pipeline", name, body, line, PIPELINE_KEYS)
+        paths: dict[str, Any] | None = None
+        if isinstance(kwargs["upstreams"], dict):
+            paths = cast("dict[str, Any]", kwargs["upstreams"])
+            kwargs["upstreams"] = tuple(paths)
         wanted: tuple[str, ...] = kwargs["upstreams"]
         for upstream in wanted:
             if upstream not in declared:
@@ -460,6 +498,48 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
                     fix="declare it under upstreams: or fix the name.",
                     pipeline=name,
                 )
+        full, sql = kwargs.pop("full", None), kwargs.pop("sql", None)
+        if full is not None or sql is not None:
+            at = body.key_lines["full" if full is not None else "sql"]
+            if "transform" in kwargs:
+                raise reader.fail(
+                    at,
+                    f"{what} has both transform: and {'full' if full else 'sql'}:.",
+                    fix="keep transform: (hand-written) or the declared full:/sql:, not both.",
+                    pipeline=name,
+                )
+            if paths is None:
+                raise reader.fail(
+                    body.key_lines["upstreams"],
+                    f"{what} is declared ({'full' if full else 'sql'}:) but its upstreams are "
+                    "a list: a declared pipeline maps each upstream to its key path.",
+                    fix="write upstreams: {orders: order_id, customers: "
+                    "customers.customer_id -> orders.customer_id -> orders.order_id}.",
+                    pipeline=name,
+                )
+            function = reader.transform(full, what, at, key="full") if full else None
+            try:
+                kwargs["declared"] = declare(
+                    name, paths, keys=kwargs.get("keys", ()), function=function, sql=sql
+                )
+            except ConfigurationError as e:
+                raise reader.rewrap(at, e) from None
+            if function is not None:
+                kwargs.setdefault("description", (function.__doc__ or "").strip() or None)
+            kwargs.setdefault("keys", ())
+            try:
+                pipelines.append(Pipeline(name=name, **kwargs))
+            except ConfigurationError as e:
+                raise reader.rewrap(line, e) from None
+            continue
+        if paths is not None:
+            raise reader.fail(
+                body.key_lines["upstreams"],
+                f"{what} maps its upstreams to key paths, but has a hand-written transform:.",
+                fix="list the upstreams ([a, b]) for transform:, or give the full transform as "
+                "full: (or sql:) to have the incremental transform derived.",
+                pipeline=name,
+            )
         kwargs["transform"] = reader.transform(
             kwargs["transform"], what, body.key_lines["transform"]
         )
@@ -520,6 +600,8 @@ def _entry(
     for key, example in _REQUIRED[kind].items():
         # A table named in the catalog has no path or target: `table:` stands for it.
         if body.get(key) is None and (key not in _OR_TABLE or body.get("table") is None):
+            if key == "transform" and (body.get("full") is not None or body.get("sql") is not None):
+                continue  # a declared pipeline: its incremental transform is derived
             raise reader.fail(
                 body.key_lines.get(key, line),
                 f"{what} has no {key}.",

@@ -3,18 +3,19 @@
 * ``orders_enriched`` (orders + customers): each order with its customer's name.
 * ``customer_payments`` (customers + payments): each customer with payment totals.
 
-Each transform finds the keys a batch touched, recomputes them from the pinned snapshots
-with the same function a full recompute uses, and hands back upserts and deletes.
+Both are declared: the full transform is written once, and each upstream says how its
+rows reach the target's key; the library derives the incremental transform (the keys a
+batch touched, recomputed from the pinned snapshots). The same pipelines written by hand
+are in :mod:`watermark_dagster.demo.handwritten`.
 """
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.pipeline import BatchContext, Pipeline, pipeline
+from watermark_dagster.config.pipeline import Pipeline, declared_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.demo.data import DemoPaths
-from watermark_dagster.read.changes import recompute
 
 
 def full_orders_enriched(orders: DataFrame, customers: DataFrame) -> DataFrame:
@@ -39,9 +40,9 @@ def full_customer_payments(customers: DataFrame, payments: DataFrame) -> DataFra
     )
 
 
-def build_demo_registry(paths: DemoPaths) -> Registry:
-    """The demo's upstreams and pipelines, rooted at ``paths``."""
-    upstreams = [
+def demo_upstreams(paths: DemoPaths) -> list[DeltaUpstream]:
+    """The demo's three upstreams, rooted at ``paths``."""
+    return [
         DeltaUpstream(
             name="customers", path=paths.upstream("customers"), description="Demo customers"
         ),
@@ -51,41 +52,27 @@ def build_demo_registry(paths: DemoPaths) -> Registry:
         ),
     ]
 
-    @pipeline(
-        upstreams=["orders", "customers"],
+
+def build_demo_registry(paths: DemoPaths) -> Registry:
+    """The demo's upstreams and declared pipelines, rooted at ``paths``."""
+    orders_enriched = declared_pipeline(
+        upstreams={
+            "orders": "order_id",
+            # A customer's change reaches the orders that carry its id.
+            "customers": "customers.customer_id -> orders.customer_id -> orders.order_id",
+        },
         target=paths.target("orders_enriched"),
         keys=["order_id"],
-    )
-    def orders_enriched(batch: BatchContext) -> DataFrame:
-        """Orders with their customer's name; reads orders and customers."""
-        orders, customers = batch["orders"], batch["customers"]
-        by_customer = orders.snapshot.join(
-            customers.changed_keys(["customer_id"]), "customer_id", "left_semi"
-        ).select("order_id")
-        touched = orders.changed_keys(["order_id"]).unionByName(by_customer).distinct()
-        current = full_orders_enriched(
-            orders.snapshot.join(touched, "order_id", "left_semi"), customers.snapshot
-        )
-        return recompute(touched, current, ["order_id"])
-
-    @pipeline(
-        upstreams=["customers", "payments"],
+        name="orders_enriched",
+        description="Orders with their customer's name; reads orders and customers.",
+    )(full_orders_enriched)
+    customer_payments = declared_pipeline(
+        upstreams={"customers": "customer_id", "payments": "customer_id"},
         target=paths.target("customer_payments"),
         keys=["customer_id"],
-    )
-    def customer_payments(batch: BatchContext) -> DataFrame:
-        """Payment totals per customer; reads customers and payments."""
-        customers, payments = batch["customers"], batch["payments"]
-        touched = (
-            customers.changed_keys(["customer_id"])
-            .unionByName(payments.changed_keys(["customer_id"]))
-            .distinct()
-        )
-        current = full_customer_payments(
-            customers.snapshot.join(touched, "customer_id", "left_semi"),
-            payments.snapshot.join(touched, "customer_id", "left_semi"),
-        )
-        return recompute(touched, current, ["customer_id"])
+        name="customer_payments",
+        description="Payment totals per customer; reads customers and payments.",
+    )(full_customer_payments)
 
     pipelines: list[Pipeline] = [orders_enriched, customer_payments]
-    return Registry(upstreams=upstreams, pipelines=pipelines)
+    return Registry(upstreams=demo_upstreams(paths), pipelines=pipelines)

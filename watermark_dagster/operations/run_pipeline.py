@@ -24,6 +24,7 @@ from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, Checkp
 from watermark_dagster.errors import BatchStateError, TerminalError
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
+from watermark_dagster.read.derive import transform_of
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import WriteResult
@@ -266,7 +267,7 @@ def run_pipeline(
                 f" files_read={r.files_read}" if r.files_read is not None else "",
             )
         context = PinnedBatch(batch_id, batch.seq, pipeline_name, inputs, spark, full_load)
-        output = pipeline.transform(context)
+        output = transform_of(pipeline)(context)
         # The transform is user code: its annotation promises a DataFrame, this checks it.
         if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TerminalError(
@@ -428,7 +429,7 @@ def recompute_pipeline(
         planned = PlannedInput(u, ReadMode.SNAPSHOT, VersionRange(0, version), version)
         inputs[u] = UpstreamInput.pinned(spark, upstream, planned, full_load=True)
     context = PinnedBatch("recompute", 0, pipeline_name, inputs, spark, full_load=True)
-    output = pipeline.transform(context)
+    output = transform_of(pipeline)(context)
     if CHANGE_TYPE in output.columns:
         output = output.where(F.lower(F.col(CHANGE_TYPE)) != "delete")
     return output.drop(*CDF_COLUMNS)
