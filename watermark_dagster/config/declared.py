@@ -482,6 +482,9 @@ def check_sql(pipeline: str, sql: str, *, upstreams: Sequence[str], keys: Sequen
             pipeline=pipeline,
             fix="give one SELECT over views named after the upstreams.",
         )
+    opened = sum(t.text == "(" for t in tokens)
+    if opened != sum(t.text == ")" for t in tokens) or any(t.depth < 0 for t in tokens):
+        raise _sql_error(pipeline, "has unbalanced parentheses", "balance them.")
     if any(t.text == ";" for t in tokens):
         raise _sql_error(pipeline, "holds more than one statement", "give a single query.")
     first = next((t for t in tokens if t.text != "("), tokens[0])
@@ -491,8 +494,6 @@ def check_sql(pipeline: str, sql: str, *, upstreams: Sequence[str], keys: Sequen
             f"is not a query (it starts with {first.text!r})",
             "give one SELECT (or WITH ... SELECT); the library writes the target itself.",
         )
-    if tokens[0].depth != 0 or any(t.depth < 0 for t in tokens):
-        raise _sql_error(pipeline, "has unbalanced parentheses", "balance them.")
     ctes: set[str] = set()
     read: set[str] = set()
     for i, t in enumerate(tokens):
@@ -518,15 +519,7 @@ def check_sql(pipeline: str, sql: str, *, upstreams: Sequence[str], keys: Sequen
                 "the value a full recompute gives",
                 "pass the value in as a column of an upstream, or drop it.",
             )
-        if (
-            following is not None
-            and following.upper == "AS"
-            and i + 2 < len(tokens)
-            and tokens[i + 2].text == "("
-            and t.kind in ("word", "ident")
-            and i > 0
-            and (tokens[i - 1].upper in ("WITH", "RECURSIVE") or tokens[i - 1].text == ",")
-        ):
+        if _names_cte(tokens, i):
             ctes.add(t.text.strip("`").lower())
         if word == "JOIN" or (word == "FROM" and _starts_relation(tokens, i)):
             read |= _table_references(pipeline, tokens, i + 1, upstreams, ctes)
@@ -539,6 +532,22 @@ def check_sql(pipeline: str, sql: str, *, upstreams: Sequence[str], keys: Sequen
                 upstream=u,
             )
     _check_group_by(pipeline, tokens, keys)
+
+
+def _names_cte(tokens: list[_Token], at: int) -> bool:
+    """True when ``tokens[at]`` names a common table expression: ``WITH name AS (`` or
+    ``, name (col, ...) AS (``."""
+    t = tokens[at]
+    if t.kind not in ("word", "ident") or at == 0:
+        return False
+    if tokens[at - 1].upper not in ("WITH", "RECURSIVE") and tokens[at - 1].text != ",":
+        return False
+    j = at + 1
+    if j < len(tokens) and tokens[j].text == "(":  # a column list
+        while j < len(tokens) and not (tokens[j].text == ")" and tokens[j].depth == t.depth):
+            j += 1
+        j += 1
+    return j + 1 < len(tokens) and tokens[j].upper == "AS" and tokens[j + 1].text == "("
 
 
 def _starts_relation(tokens: list[_Token], at: int) -> bool:
