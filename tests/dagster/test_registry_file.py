@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from dagster import AssetKey
 from deltalake import write_deltalake
 
 from watermark_dagster.config.pipeline import Pipeline
@@ -51,6 +52,10 @@ NOT_A_FUNCTION = 42
 @pipeline(upstreams=["orders"], target="/tmp/never", keys=["id"])
 def decorated(batch):
     return batch["orders"].changes
+
+def enriched(orders, customers):
+    """Orders with their customer's name."""
+    return orders.join(customers.select("customer_id", "name"), "customer_id", "left")
 '''
 
 
@@ -155,7 +160,63 @@ def test_every_declaration_option_has_a_yaml_key() -> None:
         f.name for kind in (DeltaUpstream, CursorUpstream) for f in dataclasses.fields(kind)
     }
     assert set(UPSTREAM_KEYS) == upstream_fields - {"name"}
-    assert set(PIPELINE_KEYS) == {f.name for f in dataclasses.fields(Pipeline)} - {"name"}
+    # A declared pipeline's `declared` is written as full: (a function) or sql: (a query).
+    fields = {f.name for f in dataclasses.fields(Pipeline)} - {"name", "declared"}
+    assert set(PIPELINE_KEYS) == fields | {"full", "sql"}
+
+
+JOIN_PATH = "customers.customer_id -> orders.customer_id -> orders.order_id"
+
+
+def test_declared_pipelines_load_with_key_paths_and_full_or_sql(
+    tmp_path: Path, transforms: Path
+) -> None:
+    path = _write(
+        tmp_path,
+        f"""
+        upstreams: {{orders: /lake/orders, customers: /lake/customers, payments: /lake/pay}}
+        pipelines:
+          enriched:
+            upstreams:
+              orders: order_id
+              customers: {JOIN_PATH}
+            target: /lake/enriched
+            keys: [order_id]
+            full: {TRANSFORMS}:enriched
+          totals:
+            upstreams: {{payments: customer_id, customers: [customer_id]}}
+            target: /lake/totals
+            keys: [customer_id]
+            sql: |
+              SELECT c.customer_id, SUM(p.amount) AS total
+              FROM customers c LEFT JOIN payments p ON c.customer_id = p.customer_id
+              GROUP BY c.customer_id
+        """,
+    )
+    registry = load_registry(path)
+    enriched = registry.pipelines["enriched"]
+    assert enriched.transform is None
+    assert enriched.declared is not None
+    assert enriched.declared.function is sys.modules[TRANSFORMS].enriched
+    assert str(enriched.declared.key_paths["customers"]) == JOIN_PATH
+    assert enriched.description == "Orders with their customer's name."
+    totals = registry.pipelines["totals"]
+    assert totals.upstreams == ("payments", "customers")
+    assert totals.declared is not None
+    assert totals.declared.sql is not None
+    assert totals.declared.sql.startswith("SELECT c.customer_id")
+    assert totals.declared.key_paths["payments"].direct
+    # The UI shows how each upstream's changes reach the target, and the query.
+    defs = build_file_definitions(path, home=tmp_path / "home")
+    node = defs.resolve_asset_graph().get(AssetKey("totals"))
+    assert node.metadata["transform"] == "declared (sql)"
+    assert node.metadata["key_paths"].value == {
+        "payments": "customer_id",
+        "customers": "customer_id",
+    }
+    assert "GROUP BY c.customer_id" in node.metadata["sql"].value
+    spec = defs.resolve_asset_graph().get(AssetKey("enriched")).metadata
+    assert spec["key_paths"].value["customers"] == JOIN_PATH
 
 
 def test_a_file_builds_a_code_location_without_writing(tmp_path: Path, transforms: Path) -> None:
@@ -434,6 +495,55 @@ BAD_FILES = [
         2,
         ["found a key that is a list or a mapping"],
     ),
+    (
+        "declared-with-a-list",
+        UP + "pipelines:\n  p:\n    upstreams: [orders]\n    target: /l/t\n    keys: [id]\n"
+        "    sql: SELECT id FROM orders\n",
+        5,
+        ["pipeline 'p' is declared (sql:) but its upstreams are a list", "Fix: write upstreams:"],
+    ),
+    (
+        "key-paths-with-a-transform",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
+        f"    {T}\n",
+        5,
+        ["maps its upstreams to key paths, but has a hand-written transform"],
+    ),
+    (
+        "transform-and-sql",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
+        f"    {T}\n    sql: SELECT id FROM orders\n",
+        9,
+        ["pipeline 'p' has both transform: and sql:"],
+    ),
+    (
+        "bad-key-path",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: orders.id -> x.id}\n    target: /l/t\n"
+        "    keys: [id]\n    sql: SELECT id FROM orders\n",
+        8,
+        ["Pipeline 'p': the key path of upstream 'orders'", "has an even number of steps"],
+    ),
+    (
+        "sql-window",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
+        "    sql: SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders\n",
+        8,
+        ["Pipeline 'p': its SQL uses OVER: a window function"],
+    ),
+    (
+        "full-not-importable",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
+        f"    full: {TRANSFORMS}:enriched_typo\n",
+        8,
+        ["full 'wm_registry_file_transforms:enriched_typo'", "did you mean 'enriched'"],
+    ),
+    (
+        "full-wrong-parameters",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
+        f"    full: {TRANSFORMS}:enriched\n",
+        8,
+        ["the full transform has parameter(s) ['customers'] that name no upstream"],
+    ),
     ("not-a-mapping", "- orders\n- customers\n", 1, ["the file must be a mapping"]),
     ("empty-file", "\n", None, ["the file is empty"]),
     ("no-pipelines-section", UP, None, ["no pipelines: section"]),
@@ -588,8 +698,15 @@ def test_the_code_location_loads_the_file_the_environment_names(lake: Path, cli:
             f"  p: {{upstreams: [orders], target: lake/orders, keys: [id], {T}}}\n",
             ":5: Pipeline 'p' reads its own output through a cycle",
         ),
+        (
+            ["plan", "--dry-run"],
+            "upstreams:\n  orders: lake/orders\npipelines:\n"
+            "  p:\n    upstreams: {orders: id}\n    target: lake/t\n    keys: [id]\n"
+            "    sql: SELECT id, uuid() AS tag FROM orders\n",
+            ":9: Pipeline 'p': its SQL calls uuid, which is non-deterministic",
+        ),
     ],
-    ids=["list-unknown-key", "plan-duplicate", "get-unknown-upstream", "set-cycle"],
+    ids=["list-unknown-key", "plan-duplicate", "get-unknown-upstream", "set-cycle", "plan-sql"],
 )
 def test_a_bad_file_stops_the_command_with_exit_2_and_writes_nothing(
     lake: Path, cli: Cli, args: list[str], text: str, message: str

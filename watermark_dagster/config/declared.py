@@ -96,6 +96,8 @@ class KeyPath:
                 f"{table}.{columns[0]}" if len(columns) == 1 else f"{table}.({', '.join(columns)})"
             )
 
+        if self.direct:
+            return ", ".join(self.start)
         parts = [step(self.upstream, self.start)]
         for hop in self.hops:
             parts += [step(hop.upstream, hop.match), step(hop.upstream, hop.carry)]

@@ -22,6 +22,7 @@ from dagster import (
     multi_observable_source_asset,
 )
 
+from watermark_dagster.config.declared import describe
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, Upstream
@@ -92,12 +93,20 @@ class WatermarkTranslator:
     def get_metadata(self, item: Upstream | Pipeline) -> dict[str, Any]:
         """Asset definition metadata (default: path or target, mode, keys)."""
         if isinstance(item, Pipeline):
-            return {
+            metadata: dict[str, Any] = {
                 "dagster/uri": item.target,
                 "target": MetadataValue.path(item.target),
                 "keys": list(item.keys),
                 "write": str(item.write),
             }
+            if item.declared is not None:
+                # Where each upstream's changes reach the target: what the derived
+                # incremental transform recomputes.
+                metadata["transform"] = f"declared ({describe(item.declared)['form']})"
+                metadata["key_paths"] = MetadataValue.json(describe(item.declared)["key_paths"])
+                if item.declared.sql is not None:
+                    metadata["sql"] = MetadataValue.md(f"```sql\n{item.declared.sql}\n```")
+            return metadata
         return {
             "dagster/uri": item.path,
             "path": MetadataValue.path(item.path),
