@@ -15,7 +15,9 @@ if TYPE_CHECKING:
         PinnedInput,
         Pipeline,
         WriteMode,
+        declared_pipeline,
         pipeline,
+        sql_pipeline,
     )
     from watermark_dagster.config.registry import Registry
     from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
@@ -40,6 +42,8 @@ _API = {
     "Pipeline": "watermark_dagster.config.pipeline",
     "WriteMode": "watermark_dagster.config.pipeline",
     "pipeline": "watermark_dagster.config.pipeline",
+    "declared_pipeline": "watermark_dagster.config.pipeline",
+    "sql_pipeline": "watermark_dagster.config.pipeline",
     "Registry": "watermark_dagster.config.registry",
     "CursorUpstream": "watermark_dagster.config.upstream",
     "DeltaUpstream": "watermark_dagster.config.upstream",
@@ -72,8 +76,10 @@ __all__ = [
     "WriteMode",
     "build_definitions",
     "build_location",
+    "declared_pipeline",
     "pipeline",
     "recompute",
+    "sql_pipeline",
 ]
 
 
