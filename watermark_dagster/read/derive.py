@@ -87,11 +87,12 @@ def _touched_keys(
         values = batch[upstream].changed_keys(list(path.start))
         carried = list(path.start)
         for hop in path.hops:
+            # No distinct per hop: a semi-join ignores repeats on its right side, and the
+            # union of every path is made distinct once, at the end.
             values = (
                 snapshots[hop.upstream]
                 .join(_as(values, carried, list(hop.match)), list(hop.match), "left_semi")
                 .select(*[quoted(c) for c in hop.carry])
-                .distinct()
             )
             carried = list(hop.carry)
         keyed = _as(values, carried, keys)
