@@ -456,6 +456,97 @@ class Lab:
 
 
 # ---------------------------------------------------------------------------------------
+# The work a transform's output did, from Spark's own plan metrics.
+
+_JOINS = ("BroadcastHashJoinExec", "SortMergeJoinExec", "ShuffledHashJoinExec",
+          "BroadcastNestedLoopJoinExec", "CartesianProductExec")  # fmt: skip
+_AGGREGATES = ("HashAggregateExec", "ObjectHashAggregateExec", "SortAggregateExec")
+
+
+@dataclass(frozen=True)
+class PlanWork:
+    """What one executed plan did, summed from its operators' SQL metrics.
+
+    ``largest_intermediate`` is the most rows any join or aggregate produced: with the
+    direct upstreams cut down to the touched keys, it stays near the batch's size; a full
+    transform over a whole snapshot makes it the snapshot's size.
+    """
+
+    scans: int
+    rows_scanned: int
+    files_scanned: int
+    largest_intermediate: int
+    join_rows: int
+
+
+def plan_work(frame: DataFrame) -> PlanWork:
+    """The work of ``frame``'s last execution (run an action on it first), read from the
+    metrics of its executed physical plan (the final plan of adaptive execution). A reused
+    exchange or subquery is not counted again: Spark ran it once."""
+    scans = rows = files = largest = joined = 0
+
+    def metric(node: Any, name: str) -> int:
+        found = node.metrics().get(name)
+        return int(found.get().value()) if found.isDefined() else 0
+
+    def walk(node: Any) -> None:
+        nonlocal scans, rows, files, largest, joined
+        kind = node.getClass().getSimpleName()
+        if kind.startswith("Reused"):
+            return
+        if kind == "AdaptiveSparkPlanExec":
+            walk(node.executedPlan())
+            return
+        if kind.endswith("QueryStageExec"):
+            walk(node.plan())
+            return
+        if kind == "FileSourceScanExec":
+            scans += 1
+            rows += metric(node, "numOutputRows")
+            files += metric(node, "numFiles")
+        elif kind in _JOINS or kind in _AGGREGATES:
+            produced = metric(node, "numOutputRows")
+            largest = max(largest, produced)
+            joined += produced if kind in _JOINS else 0
+        children = node.children()
+        for i in range(children.size()):
+            walk(children.apply(i))
+        subqueries = node.subqueries()
+        for i in range(subqueries.size()):
+            walk(subqueries.apply(i))
+
+    jvm_frame: Any = frame._jdf  # the JVM Dataset: its plan carries the metrics
+    walk(jvm_frame.queryExecution().executedPlan())
+    return PlanWork(scans, rows, files, largest, joined)
+
+
+def measuring(registry: Any, sink: dict[str, list[PlanWork]]) -> Any:
+    """``registry`` with each pipeline's batch transform (as the run would call it: the
+    derived one for a declared pipeline) wrapped to execute its output once more and add
+    its :class:`PlanWork` to ``sink[pipeline]``. For mechanism tests, not timings: the
+    output is computed twice."""
+    import dataclasses
+
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.read.derive import transform_of
+
+    def wrap(name: str, transform: Callable[[Any], DataFrame]) -> Callable[[Any], DataFrame]:
+        def measured(batch: Any) -> DataFrame:
+            output = transform(batch)
+            output.collect()
+            sink.setdefault(name, []).append(plan_work(output))
+            return output
+
+        return measured
+
+    pipelines = [
+        dataclasses.replace(p, declared=None, transform=wrap(p.name, transform_of(p)))
+        for p in registry.pipelines.values()
+    ]
+    return Registry(upstreams=registry.upstreams.values(), pipelines=pipelines)
+
+
+# ---------------------------------------------------------------------------------------
 # The correctness check.
 
 
