@@ -27,6 +27,11 @@ load average; writes JSON (``--out``) and a PNG plot (needs the ``bench`` extra)
     .venv/bin/python -m benchmarks.incremental                  # 0.5M, 2M, 8M rows x 0.1%, 1%, 10%
     .venv/bin/python -m benchmarks.incremental --sizes 500k --changes 0.1%,1% --repeats 3
     .venv/bin/python -m benchmarks.incremental --quick          # 50k rows, 1%, 1 repeat
+    .venv/bin/python -m benchmarks.incremental --declared       # declared vs hand-written
+
+``--declared`` runs :mod:`benchmarks.declared` instead (the demo's declared pipelines
+against the same pipelines hand-written and a full recompute); the options after it are
+that benchmark's (``--declared --help`` lists them).
 
 The module is also the benchmark's code location for ``watermark run --defs
 benchmarks.incremental:defs`` (the spec file is named by ``WATERMARK_BENCH_SPEC``).
@@ -1009,6 +1014,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--declared" in given:
+        from benchmarks import declared
+
+        given.remove("--declared")
+        return declared.main(given)
     args = parse_args(argv)
     out = lambda line: print(line, flush=True)  # noqa: E731
     if args.replot:
