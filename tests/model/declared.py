@@ -534,10 +534,13 @@ class DeclaredCase:
 
     def replay(self) -> None:
         """Re-read an applied range of a random upstream through its consumers (CDF)."""
-        upstream = self.rng.choice(UPSTREAMS)
-        committed = self.store.committed_versions().get(upstream)
-        if committed is None or committed < 1:
+        committed_versions = self.store.committed_versions()
+        replayable = [u for u in UPSTREAMS if (committed_versions.get(u) or 0) >= 1]
+        if not replayable:
             return
+        upstream = self.rng.choice(replayable)
+        committed = committed_versions[upstream]
+        assert committed is not None
         start = self.rng.randint(1, committed)
         end = self.rng.randint(start, committed)
         pipelines = self.consumers[upstream]
@@ -683,6 +686,10 @@ class DeclaredCase:
         assert pinned[1] == latest, self._failure(
             f"the newest batch {pinned[0]} pinned {pinned[1]}, not the latest versions {latest}"
         )
+        self.check_targets()
+        # Every case ends with a replay of an applied range: it must leave every target
+        # equal to the recompute at the latest versions (a replay never regresses a row).
+        self.replay()
         self.check_targets()
         return self.stats
 
