@@ -53,7 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from benchmarks.baselines import build_session
-from benchmarks.incremental import QUICK_CONF, machine, spark_description
+from benchmarks.incremental import QUICK_CONF, fingerprint, machine, spark_description
 
 REPO = Path(__file__).resolve().parents[1]
 OURS = ("declared", "handwritten")
@@ -548,21 +548,6 @@ def measuring(registry: Any, sink: dict[str, list[PlanWork]]) -> Any:
 
 # ---------------------------------------------------------------------------------------
 # The correctness check.
-
-
-def fingerprint(frame: DataFrame, columns: Sequence[str]) -> tuple[int, str]:
-    """Row count and the sum of a 64-bit hash of ``columns``: equal multisets of rows give
-    equal fingerprints."""
-    row = (
-        frame.select(*columns)
-        .agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.xxhash64(*columns).cast("decimal(38,0)")).alias("hash"),
-        )
-        .first()
-    )
-    assert row is not None
-    return int(row["rows"]), str(row["hash"])
 
 
 def check_targets(

@@ -601,14 +601,14 @@ def _timed_child(argv: list[str], env: dict[str, str], what: str) -> tuple[float
 # The correctness check.
 
 
-def fingerprint(frame: DataFrame) -> tuple[int, str]:
-    """Row count and the sum of a 64-bit hash of every target column: equal multisets of
-    rows give equal fingerprints."""
+def fingerprint(frame: DataFrame, columns: Sequence[str] = TARGET_COLUMNS) -> tuple[int, str]:
+    """Row count and the sum of a 64-bit hash of ``columns`` (every target column by
+    default): equal multisets of rows give equal fingerprints."""
     row = (
-        frame.select(*TARGET_COLUMNS)
+        frame.select(*columns)
         .agg(
             F.count(F.lit(1)).alias("rows"),
-            F.sum(F.xxhash64(*TARGET_COLUMNS).cast("decimal(38,0)")).alias("hash"),
+            F.sum(F.xxhash64(*columns).cast("decimal(38,0)")).alias("hash"),
         )
         .first()
     )
