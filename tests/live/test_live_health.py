@@ -29,7 +29,7 @@ from watermark_dagster.store import WatermarkStore
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]
 
-STARTUP_TIMEOUT = 120
+STARTUP_TIMEOUT = 300  # bounds on waiting (two test workers may share the cores)
 BATCH_TIMEOUT = 900  # a Spark run; slow on a loaded 2-core machine
 RETENTION_TIMEOUT = 150  # a cron of every minute, plus a run process's start
 
