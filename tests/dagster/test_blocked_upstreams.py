@@ -33,6 +33,7 @@ from dagster import (
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable, write_deltalake
 
+from tests.console import watermark_main
 from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
 from watermark_dagster.core.planning import UpstreamPosition, plan_batch
 from watermark_dagster.core.ranges import VersionRange
@@ -91,7 +92,16 @@ class Lake:
         )
 
     def json(self, *args: str) -> Any:
-        out = self.cli(*args, "--json")
+        """A reading command's JSON, run in this process (tests/console.py); ``cli`` runs
+        the console script in a child, for ``run`` (whose Spark master cannot start) and
+        the text output."""
+        spec_file = write_spec(self.root / "spec.json", self.spec)
+        env = {
+            **os.environ,
+            "PYTHONPATH": location_path(spec_file),
+            "DAGSTER_HOME": str(self.dagster_home),
+        }
+        out = watermark_main([*args, "--json", "--defs", location_defs(spec_file)], env)
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
 

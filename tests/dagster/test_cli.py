@@ -1,4 +1,5 @@
-"""The `watermark` console script, run in a subprocess against real control tables.
+"""The `watermark` console script against real control tables: each command path once as
+a child process, the other cases in this process (tests/console.py).
 
 The demo code location is pointed at upstream tables written with delta-rs (no JVM); the
 commands here only read, so a rejected command must leave every control table as it was.
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from tests.console import watermark_main
 from watermark_dagster.cli import build_parser
 from watermark_dagster.cli.timespec import TimestampError, parse_when, version_at
 from watermark_dagster.core.planning import UpstreamPosition
@@ -65,6 +67,14 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def watermark(home: Path, *args: str) -> subprocess.CompletedProcess:
+    """``watermark ARGS`` in this process (tests/console.py): what the command prints,
+    returns and writes, without a child's second and a half of imports."""
+    return watermark_main(args, _env(home))
+
+
+def watermark_child(home: Path, *args: str) -> subprocess.CompletedProcess:
+    """``watermark ARGS`` as the console script in a child process: one test per command
+    path (list, get, batches, batch, plan, set, reset, the confirmation) goes this way."""
     env = _env(home)
     return subprocess.run(
         [str(SCRIPT), *args],
@@ -85,7 +95,7 @@ def _versions(home: Path) -> dict[str, int]:
 
 
 def test_list_shows_committed_latest_and_lag(home: Path) -> None:
-    out = watermark(home, "list", "--json")
+    out = watermark_child(home, "list", "--json")
     assert out.returncode == 0, out.stderr
     rows = {r["upstream"]: r for r in json.loads(out.stdout)}
     assert (rows["orders"]["committed"], rows["orders"]["latest"], rows["orders"]["lag"]) == (
@@ -111,7 +121,7 @@ def test_list_shows_committed_latest_and_lag(home: Path) -> None:
 
 
 def test_get_with_history(home: Path) -> None:
-    out = watermark(home, "get", "-t", "orders", "--history", "--json")
+    out = watermark_child(home, "get", "-t", "orders", "--history", "--json")
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert (got["committed"], got["batch_id"], got["how"]) == (2, "b000001", "AUTO")
@@ -119,18 +129,18 @@ def test_get_with_history(home: Path) -> None:
 
 
 def test_batches_and_batch(home: Path) -> None:
-    out = watermark(home, "batches", "--status", "completed", "--json")
+    out = watermark_child(home, "batches", "--status", "completed", "--json")
     assert out.returncode == 0, out.stderr
     [row] = json.loads(out.stdout)
     assert row["ranges"] == {"customers": "[0, 1]", "orders": "[0, 2]", "payments": "[0, 0]"}
-    detail = json.loads(watermark(home, "batch", "b000001", "--json").stdout)
+    detail = json.loads(watermark_child(home, "batch", "b000001", "--json").stdout)
     assert all(u["advanced"] for u in detail["upstreams"])
     assert detail["status"] == "COMPLETED"
 
 
 def test_plan_dry_run_writes_nothing(home: Path) -> None:
     before = _versions(home)
-    out = watermark(home, "plan", "--dry-run", "--json")
+    out = watermark_child(home, "plan", "--dry-run", "--json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     ranges = {u["upstream"]: u["range"] for u in plan["upstreams"]}
@@ -177,7 +187,7 @@ def _commit_times(home: Path, table: str) -> dict[int, datetime]:
 
 
 def test_set_version_round_trip(home: Path) -> None:
-    out = watermark(
+    out = watermark_child(
         home, "set", "-t", "orders", "--version", "1", "--yes", "--reason", "re-read v2",
         "--actor", "alice",
     )  # fmt: skip
@@ -207,7 +217,7 @@ def test_set_version_round_trip(home: Path) -> None:
 
 
 def test_reset_makes_the_next_batch_load_a_snapshot(home: Path) -> None:
-    out = watermark(home, "reset", "-t", "orders", "--yes", "--reason", "table recreated")
+    out = watermark_child(home, "reset", "-t", "orders", "--yes", "--reason", "table recreated")
     assert out.returncode == 0, out.stderr
     assert "orders: committed watermark 2 -> none" in out.stdout
     planned = _plan(home)["orders"]
@@ -275,7 +285,7 @@ def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> N
 
 def test_confirmation_is_refused_off_a_terminal_without_yes(home: Path) -> None:
     before = _versions(home)
-    out = watermark(home, "set", "-t", "orders", "--version", "1")
+    out = watermark_child(home, "set", "-t", "orders", "--version", "1")
     assert out.returncode == 2
     assert "stdin is not a terminal" in out.stderr
     assert "--yes" in out.stderr
