@@ -160,8 +160,12 @@ class Scenario:
             timeout=1800,
         )
 
-    def run_rounds(self, dagster_home: Path, rounds: int = 3) -> None:
-        """``rounds`` times: commit a round of upstream changes, run the batches, check."""
+    def run_rounds(self, dagster_home: Path, rounds: int = 2) -> None:
+        """``rounds`` times: commit a round of upstream changes, run the batches, check.
+
+        Two rounds by default: the first loads of every read mode, then one incremental
+        batch of each (updates, deletes, appends, a reload, a cursor window) on the
+        deployment. Longer histories are the default suite's (tests/spark, tests/model)."""
         for _ in range(rounds):
             self.commit_round()
             outcome = self.run(dagster_home)

@@ -191,8 +191,8 @@ def test_catalog_upstreams_and_targets_run_batches_and_a_recreated_upstream_is_r
 
     # Batch 1: first loads; the target named lake.up_copy is created in the schema's folder.
     assert len(lake.run()["completed"]) == 1
-    # Batches 2 and 3: updates, inserts and deletes.
-    for round_ in (1, 2):
+    # Batch 2: an update, an insert and a delete (longer histories are the default suite's).
+    for round_ in (1,):
         changes = {2: 20 * round_, 6 + round_: round_}
         up_rows.update(changes)
         _commit(ext / "up", changes, delete=[round_])
@@ -212,7 +212,7 @@ def test_catalog_upstreams_and_targets_run_batches_and_a_recreated_upstream_is_r
     }
     assert lake.store.committed_versions() == latest
     batches = lake.store.batches()
-    assert len(batches) == 3
+    assert len(batches) == 2
     assert {b.locations["up"] for b in batches} == {str(ext / "up")}
 
     listed = {r["upstream"]: r for r in json.loads(lake.cli("list", "--json").stdout)}
