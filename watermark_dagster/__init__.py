@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         WatermarkStoreResource,
     )
     from watermark_dagster.dagster_defs.sensors import WatermarkSettings
-    from watermark_dagster.read.changes import recompute
+    from watermark_dagster.read.changes import matching_keys, recompute
     from watermark_dagster.store import WatermarkStore
 
 # Public name -> the module that defines it.
@@ -55,6 +55,7 @@ _API = {
     "SparkSessionResource": "watermark_dagster.dagster_defs.resources",
     "WatermarkStoreResource": "watermark_dagster.dagster_defs.resources",
     "WatermarkSettings": "watermark_dagster.dagster_defs.sensors",
+    "matching_keys": "watermark_dagster.read.changes",
     "recompute": "watermark_dagster.read.changes",
     "WatermarkStore": "watermark_dagster.store",
 }
@@ -77,6 +78,7 @@ __all__ = [
     "build_definitions",
     "build_location",
     "declared_pipeline",
+    "matching_keys",
     "pipeline",
     "recompute",
     "sql_pipeline",

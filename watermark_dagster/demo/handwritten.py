@@ -4,7 +4,8 @@ Kept as a documented example of the hand-written form (``@pipeline`` with a tran
 the batch), for a pipeline the declared form cannot express, and as the baseline the
 incremental benchmark compares the declared form with. Each transform finds the keys a
 batch touched, recomputes them from the pinned snapshots with the same function a full
-recompute uses, and hands back upserts and deletes.
+recompute uses, and hands back upserts and deletes. Touched keys select rows through
+``matching_keys`` (NULL matches NULL), never ``join(..., "left_semi")``.
 """
 
 from pyspark.sql import DataFrame
@@ -17,7 +18,7 @@ from watermark_dagster.demo.pipelines import (
     full_customer_payments,
     full_orders_enriched,
 )
-from watermark_dagster.read.changes import recompute
+from watermark_dagster.read.changes import matching_keys, recompute
 
 
 def build_handwritten_registry(paths: DemoPaths) -> Registry:
@@ -31,12 +32,12 @@ def build_handwritten_registry(paths: DemoPaths) -> Registry:
     def orders_enriched(batch: BatchContext) -> DataFrame:
         """Orders with their customer's name; reads orders and customers."""
         orders, customers = batch["orders"], batch["customers"]
-        by_customer = orders.snapshot.join(
-            customers.changed_keys(["customer_id"]), "customer_id", "left_semi"
+        by_customer = matching_keys(
+            orders.snapshot, customers.changed_keys(["customer_id"]), ["customer_id"]
         ).select("order_id")
         touched = orders.changed_keys(["order_id"]).unionByName(by_customer).distinct()
         current = full_orders_enriched(
-            orders.snapshot.join(touched, "order_id", "left_semi"), customers.snapshot
+            matching_keys(orders.snapshot, touched, ["order_id"]), customers.snapshot
         )
         return recompute(touched, current, ["order_id"])
 
@@ -54,8 +55,8 @@ def build_handwritten_registry(paths: DemoPaths) -> Registry:
             .distinct()
         )
         current = full_customer_payments(
-            customers.snapshot.join(touched, "customer_id", "left_semi"),
-            payments.snapshot.join(touched, "customer_id", "left_semi"),
+            matching_keys(customers.snapshot, touched, ["customer_id"]),
+            matching_keys(payments.snapshot, touched, ["customer_id"]),
         )
         return recompute(touched, current, ["customer_id"])
 

@@ -18,6 +18,11 @@ target keys cut down to the touched keys first (its rows for other keys cannot r
 touched key), and :func:`~watermark_dagster.read.changes.recompute` turns the result into
 upserts for keys that still have a row and deletes for keys that no longer do. A full load
 is the full transform itself.
+
+Every match above is null-safe (:func:`~watermark_dagster.read.changes.matching_keys`): a
+NULL target key (the group of customers without a region) is touched, recomputed and
+deleted like any other. Carrying NULL through a hop may select rows the full transform's
+own ``=`` join would not reach: that can only add keys to recompute, never lose one.
 """
 
 from collections.abc import Mapping
@@ -27,7 +32,7 @@ from pyspark.sql import DataFrame
 from watermark_dagster.config.declared import Declared, KeyPath
 from watermark_dagster.config.pipeline import BatchContext, Pipeline, Transform
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.changes import quoted, recompute
+from watermark_dagster.read.changes import matching_keys, quoted, recompute
 
 
 def transform_of(pipeline: Pipeline) -> Transform:
@@ -56,7 +61,7 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     touched = _touched_keys(declared, batch, snapshots, keys)
     restricted = {
         u: (
-            snapshots[u].join(_as(touched, keys, list(path.start)), list(path.start), "left_semi")
+            matching_keys(snapshots[u], touched, list(path.start), keys)
             if path.direct
             else snapshots[u]
         )
@@ -89,11 +94,9 @@ def _touched_keys(
         for hop in path.hops:
             # No distinct per hop: a semi-join ignores repeats on its right side, and the
             # union of every path is made distinct once, at the end.
-            values = (
-                snapshots[hop.upstream]
-                .join(_as(values, carried, list(hop.match)), list(hop.match), "left_semi")
-                .select(*[quoted(c) for c in hop.carry])
-            )
+            values = matching_keys(
+                snapshots[hop.upstream], values, list(hop.match), carried
+            ).select(*[quoted(c) for c in hop.carry])
             carried = list(hop.carry)
         keyed = _as(values, carried, keys)
         found = keyed if found is None else found.unionByName(keyed)

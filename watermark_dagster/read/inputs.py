@@ -9,12 +9,10 @@ so an unreadable range fails loudly, before any write (I6). Each read mode has i
 :mod:`~watermark_dagster.read.snapshot` and :mod:`~watermark_dagster.read.cursor`.
 """
 
-import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import reduce
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -232,9 +230,13 @@ class UpstreamInput:
 
     def changed_keys(self, columns: Sequence[str]) -> DataFrame:
         """Distinct values of ``columns`` over every change row (pre-images included), e.g.
-        the customer ids whose rows moved, before and after the change."""
-        present = reduce(operator.and_, [F.col(f"`{c}`").isNotNull() for c in columns])
-        return self.changes.select(*[F.col(f"`{c}`") for c in columns]).where(present).distinct()
+        the customer ids whose rows moved, before and after the change.
+
+        NULL is a value like any other: a row that moved into or out of a NULL group (a
+        customer without a region) touches that group. Select rows with them through
+        :func:`~watermark_dagster.read.changes.matching_keys`, which matches NULL to NULL.
+        """
+        return self.changes.select(*[F.col(f"`{c}`") for c in columns]).distinct()
 
 
 _CAUSES = (

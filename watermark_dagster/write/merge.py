@@ -131,7 +131,8 @@ def skipping_condition(
     satisfies: Delta uses it to skip files whose min/max statistics lie outside it.
 
     Per key column, the min..max range of the changes; for the first key, when its
-    changed values were fetched, up to :data:`MAX_INTERVALS` intervals around them. A key
+    changed values were fetched, up to :data:`MAX_INTERVALS` intervals around them; either
+    or'ed with ``IS NULL`` when a change's key is NULL (the MERGE matches NULL keys). A key
     whose type differs in the target is left out (a cast on the target's column would
     defeat skipping, and a value may not fit the target's type).
     """
@@ -150,9 +151,12 @@ def skipping_condition(
                 else ((target >= _literal(a, dtype)) & (target <= _literal(b, dtype)))
                 for a, b in intervals(key_values, MAX_INTERVALS)
             ]
-            parts.append(reduce(operator.or_, spans))
+            part = reduce(operator.or_, spans)
         else:
-            parts.append((target >= _literal(lo, dtype)) & (target <= _literal(hi, dtype)))
+            part = (target >= _literal(lo, dtype)) & (target <= _literal(hi, dtype))
+        if k in summary.null_keys:
+            part = part | target.isNull()
+        parts.append(part)
     return reduce(operator.and_, parts) if parts else None
 
 
@@ -323,7 +327,9 @@ def _merge(
             .save(target)
         )
     deleting = is_delete(_source(CHANGE_TYPE))
-    on = reduce(operator.and_, [quoted(k) == _source(k) for k in keys])
+    # Null-safe, as keys are matched everywhere (read.changes.matching_keys): with `=` a
+    # NULL key's row would never be updated or deleted, and an upsert would add a second.
+    on = reduce(operator.and_, [quoted(k).eqNullSafe(_source(k)) for k in keys])
     values = _first_key_values(prepared, keys, summary)
     skip = skipping_condition(prepared, summary, keys, values, target_schema)
     if skip is not None:

@@ -40,13 +40,17 @@ class OutputSummary:
         rows: rows in the output, deletes included.
         deletes: rows whose ``_change_type`` is ``delete``.
         duplicate: a key with several rows, when duplicates were checked (else None).
-        key_ranges: per range-eligible key column, (min, max) over the output.
+        key_ranges: per range-eligible key column, (min, max) over the output's non-NULL
+            values.
+        null_keys: the range-eligible key columns that are NULL in some output row (a
+            NULL key is a key like any other: a file-skipping range must keep its rows).
     """
 
     rows: int
     deletes: int
     duplicate: dict[str, Any] | None = None
     key_ranges: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    null_keys: frozenset[str] = frozenset()
 
     @property
     def upserts(self) -> int:
@@ -79,17 +83,15 @@ def summarize(
     )
     range_aggs: list[Column] = []
     for i, k in enumerate(ranges):
-        range_aggs.append(F.min(quoted(k)).alias(f"_wm_lo{i}"))
-        range_aggs.append(F.max(quoted(k)).alias(f"_wm_hi{i}"))
+        range_aggs += [
+            F.min(quoted(k)).alias(f"_wm_lo{i}"),
+            F.max(quoted(k)).alias(f"_wm_hi{i}"),
+            F.max(quoted(k).isNull().cast("int")).alias(f"_wm_null{i}"),
+        ]
     if check_duplicates and keys:
         per_key = frame.groupBy(*[quoted(k) for k in keys]).agg(
             F.count(F.lit(1)).alias("_wm_n"), F.sum(delete).alias("_wm_d")
         )
-        for i, k in enumerate(ranges):
-            range_aggs += [
-                F.min(quoted(k)).alias(f"_wm_lo{i}"),
-                F.max(quoted(k)).alias(f"_wm_hi{i}"),
-            ]
         key_struct = F.struct(*[quoted(k) for k in keys])
         row = per_key.agg(
             F.sum("_wm_n").alias("rows"),
@@ -99,11 +101,6 @@ def summarize(
             *range_aggs,
         ).first()
     else:
-        for i, k in enumerate(ranges):
-            range_aggs += [
-                F.min(quoted(k)).alias(f"_wm_lo{i}"),
-                F.max(quoted(k)).alias(f"_wm_hi{i}"),
-            ]
         row = frame.agg(
             F.count(F.lit(1)).alias("rows"),
             F.sum(delete).alias("deletes"),
@@ -125,6 +122,7 @@ def summarize(
         deletes=int(row["deletes"] or 0),
         duplicate=duplicate,
         key_ranges=key_ranges,
+        null_keys=frozenset(k for i, k in enumerate(ranges) if row[f"_wm_null{i}"] == 1),
     )
 
 
