@@ -248,10 +248,11 @@ def test_a_spark_command_sends_what_lies_below_it_to_its_log(
     out = _verify_unknown(noisy_registry)
     log = Path(noisy_registry["WATERMARK_HOME"]) / "logs" / "verify.log"
     assert out.returncode == 2, (out.stdout, out.stderr)
-    # The command's own message and the log's name reach the terminal...
+    # The command's own message reaches the terminal; no pointer at the log, since the
+    # command was refused before it started Spark...
     assert "nope" in out.stderr
-    assert f"what Spark and Dagster printed: {log}" in out.stderr
-    # ...what was written below Python and the warnings go to the log.
+    assert "what Spark and Dagster printed" not in out.stderr
+    # ...while what was written below Python and the warnings went to the log.
     assert "NativeNoise" not in out.stderr + out.stdout
     assert "pandas-like noise" not in out.stderr + out.stdout
     text = log.read_text()
@@ -291,3 +292,36 @@ def test_a_quiet_command_restores_stderr_when_it_returns(
     err = capfd.readouterr().err
     assert "after the command" in err
     assert "NativeNoise" not in err
+
+
+def test_a_quiet_command_that_started_spark_names_its_log_when_it_fails(
+    tmp_path: Path, dagster_home: Path
+) -> None:
+    """``verify`` of a real target starts Spark, whose master here cannot start: the
+    failure names the log where Spark's own output went (no JVM runs: the master is
+    refused, or the no-JVM tiers' java refuses to start)."""
+    from tests.dagster.test_blocked_upstreams import blocked_lake
+    from tests.lakes import location_defs, location_path, write_spec
+
+    lake = blocked_lake(tmp_path, dagster_home)
+    spec_file = write_spec(tmp_path / "spec.json", lake.spec)
+    home = tmp_path / "wm"
+    env = {
+        **os.environ,
+        "PYTHONPATH": location_path(spec_file),
+        "DAGSTER_HOME": str(dagster_home),
+        "WATERMARK_HOME": str(home),
+    }
+    env.pop("WATERMARK_VERBOSE", None)
+    out = subprocess.run(
+        [str(SCRIPT), "verify", "-p", "other_copy", "--defs", location_defs(spec_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode != 0, (out.stdout, out.stderr)
+    assert f"what Spark and Dagster printed: {home / 'logs' / 'verify.log'}" in out.stderr, (
+        out.stderr
+    )

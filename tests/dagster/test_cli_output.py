@@ -253,6 +253,29 @@ def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
     assert got["stuck"]["terminal"] is True
     assert [b["batch_id"] for b in lake.json("batches", "--status", "stuck")] == [batch.batch_id]
 
+    # `list` and `get`, the first commands an operator runs, say STUCK, why, and the fix.
+    fix = LONG_ERROR.split(" Fix: ")[1]
+    [row] = lake.json("list")
+    assert (row["state"], row["fix"], row["blocked"]) == ("stuck", fix, None)
+    assert (row["stuck"]["batch_id"], row["stuck"]["pipelines"]) == (batch.batch_id, ["up_copy"])
+    assert "changed type" in row["stuck"]["reason"]
+    got = lake.json("get", "-t", "up")
+    assert (got["state"], got["fix"], got["stuck"]) == ("stuck", fix, row["stuck"])
+    listed = lake.cli("list").stdout
+    assert f"{batch.batch_id} {batch.inputs['up'].describe()} STUCK" in listed, listed
+    assert f"STUCK up: batch {batch.batch_id} (up_copy) is stuck since" in listed, listed
+    assert f"fix: {fix}" in listed, listed
+    shown = lake.cli("get", "-t", "up").stdout
+    assert "STUCK" in shown, shown
+    assert "changed type" in shown, shown
+    assert fix in " ".join(shown.split()), shown
+    # `plan --dry-run` does not promise a resume: the batch is stuck, and the fix is named.
+    assert lake.json("plan", "--dry-run")["open_batch_stuck"]["fix"] == fix
+    planned = lake.cli("plan", "--dry-run").stdout
+    assert f"batch {batch.batch_id} is open and STUCK" in planned, planned
+    assert "resumes it" not in planned, planned
+    assert f"fix: {fix}" in planned, planned
+
     # Off a terminal nothing is cut: the fix command at the end of the error is there.
     text = lake.cli("batch", batch.batch_id)
     first = text.stdout.splitlines()[0]
@@ -286,6 +309,7 @@ def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
     # Re-executed after it was reported stuck: no longer given up on.
     again = store.begin_checkpoint("up_copy", batch.batch_id, run_id="r2")
     assert lake.json("batch", batch.batch_id)["status"] == "PLANNED"
+    assert [(r["state"], r["stuck"], r["fix"]) for r in lake.json("list")] == [("ok", None, None)]
     # Stuck again, recorded without an error or a fix: the failed attempt's error says it.
     store.finish_checkpoint(
         "up_copy", batch.batch_id, again, CheckpointStatus.FAILED, error=LONG_ERROR

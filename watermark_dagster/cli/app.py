@@ -53,13 +53,17 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, console: Console, *, quiet: bool = False) -> int:
     """The command, its errors turned into exit codes; with ``quiet``, after pointing
-    stderr at its log file (named on the terminal when the command fails)."""
+    stderr at its log file (named on the terminal when the command fails after starting
+    Spark: a command refused before that, such as a bad registry or a BLOCKED upstream,
+    has nothing of Spark's to show there)."""
     log = None
+    sessions_before = 0
     try:
         ctx = Context(args, console)
         if quiet:
             from watermark_dagster.runtime import spark as spark_runtime
 
+            sessions_before = spark_runtime.sessions_started
             log = ctx.log = spark_runtime.output_log = log_path(ctx.home, args.command)
             redirect_stderr(log)
         code = int(args.func(ctx) or 0)
@@ -75,9 +79,15 @@ def _run(args: argparse.Namespace, console: Console, *, quiet: bool = False) -> 
         # The traceback would otherwise land in the log only.
         console.err.write(traceback.format_exc())
         code = EXIT_FAILED
-    if log is not None and code != EXIT_OK:
+    if log is not None and code != EXIT_OK and _sessions_started() > sessions_before:
         console.problem(f"what Spark and Dagster printed: {log} (-v shows it here)", style="dim")
     return code
+
+
+def _sessions_started() -> int:
+    from watermark_dagster.runtime import spark as spark_runtime
+
+    return spark_runtime.sessions_started
 
 
 def _exit_now(code: int) -> None:

@@ -51,6 +51,9 @@ DEFAULT_CONF = {
 # ``output_log`` names: the line tells where the resolver's report went.
 progress_stream: TextIO | None = None
 output_log: Path | None = None
+# How many sessions this process has started (or tried to): a quiet command that started
+# none has nothing from Spark in its log, and does not point at it.
+sessions_started = 0
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 _LOG4J_OPTION = "log4j2.configurationFile"
@@ -188,6 +191,8 @@ def build_spark_session(
         ...     master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}
         ... )
     """
+    global sessions_started
+    sessions_started += 1
     local = not remote and master.startswith("local")
     settings = session_settings(master=master, remote=remote, conf=conf)
     if not remote:

@@ -362,8 +362,11 @@ def cmd_plan(ctx: Context) -> int:
                 "state": "blocked" if name in look.blocked else "unavailable",
             }
         )
+    stuck = stuck_batches(store, [open_batch]).get(open_batch.batch_id) if open_batch else None
     result = {
         "open_batch": open_batch.batch_id if open_batch else None,
+        # The open batch the coordinator gave up resubmitting: why, and what to do.
+        "open_batch_stuck": stuck,
         "would_plan": bool(plan.has_work and open_batch is None),
         "pipelines": list(plan.pipelines),
         "full_load": list(plan.full_load),
@@ -380,7 +383,20 @@ def cmd_plan(ctx: Context) -> int:
     stopped += sorted(
         {p for n in unavailable for p, ups in pipeline_inputs.items() if n in ups} - set(stopped)
     )
-    if open_batch is not None:
+    if open_batch is not None and stuck is not None:
+        console.print(
+            console.paint(
+                f"batch {open_batch.batch_id} is open and STUCK since {stuck['since']}: the "
+                "coordinator no longer resubmits it, and plans nothing new until it completes "
+                "or is abandoned.",
+                "bad",
+            )
+        )
+        if stuck["reason"]:
+            console.print(f"  reason: {_one_line(stuck['reason'])}")
+        console.print(f"  fix: {stuck['fix']}")
+        console.print("The next plan after it would be:")
+    elif open_batch is not None:
         console.print(
             f"batch {open_batch.batch_id} is open: the coordinator resumes it and plans "
             "nothing new until it completes. The next plan after it would be:"

@@ -36,10 +36,15 @@ def _look(ctx: Context, name: str, mark: Any) -> dict[str, Any]:
 
 def status_rows(ctx: Context) -> list[dict[str, Any]]:
     """Every upstream: committed, latest, lag, the open batch's read of it, last change,
-    and what blocks it (``unavailable`` or ``blocked``, with the ``fix``)."""
+    and what holds it: ``unavailable`` or ``blocked`` (its table), or ``stuck`` (the open
+    batch reading it, which the coordinator gave up resubmitting), with the ``fix``;
+    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``)."""
+    from watermark_dagster.operations.status import stuck_batches
+
     store = ctx.read_store
     committed = store.committed()
     open_batch = store.open_batch()
+    stuck = stuck_batches(store, [open_batch]).get(open_batch.batch_id) if open_batch else None
     rows = []
     for name in sorted(ctx.registry.upstreams):
         mark = committed.get(name)
@@ -54,6 +59,16 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
         )
         planned = open_batch.inputs.get(name) if open_batch else None
         upstream = ctx.registry.upstreams[name]
+        held = stuck if open_batch and planned and planned.range is not None else None
+        state = (
+            "blocked"
+            if look["blocked"]
+            else "unavailable"
+            if look["unavailable"]
+            else "stuck"
+            if held
+            else "ok"
+        )
         rows.append(
             {
                 "upstream": name,
@@ -75,12 +90,32 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                     if mark
                     else None
                 ),
+                "state": state,
                 "unavailable": look["unavailable"],
                 "blocked": look["blocked"],
-                "fix": look["fix"],
+                "stuck": (
+                    {
+                        "batch_id": open_batch.batch_id,
+                        "since": held["since"],
+                        "pipelines": held["pipelines"],
+                        "reason": held["reason"],
+                    }
+                    if open_batch and held
+                    else None
+                ),
+                "fix": look["fix"] or (held["fix"] if held else None),
             }
         )
     return rows
+
+
+def _stuck_text(stuck: dict[str, Any]) -> str:
+    pipelines = f" ({', '.join(stuck['pipelines'])})" if stuck["pipelines"] else ""
+    reason = f": {stuck['reason']}" if stuck["reason"] else ""
+    return (
+        f"batch {stuck['batch_id']}{pipelines} is stuck since {stuck['since']}, no longer "
+        f"resubmitted{reason}"
+    )
 
 
 def _without_fix(message: str, fix: str | None) -> str:
@@ -93,12 +128,21 @@ def _lag_cell(row: dict[str, Any]) -> Any:
     return Styled(str(row["lag"]), "warn") if row["lag"] else row["lag"]
 
 
+def _open_batch_cell(row: dict[str, Any]) -> Any:
+    if row["stuck"]:
+        return Styled(f"{row['open_batch']} STUCK", "bad")
+    return row["open_batch"]
+
+
 def blocked_lines(ctx: Context, rows: list[dict[str, Any]]) -> list[str]:
     """Under a table of upstreams: each blocked or unavailable one, why, and the fix."""
     lines = []
     for r in rows:
         if r["blocked"]:
             lines.append(ctx.console.paint(f"BLOCKED {r['upstream']}: {r['blocked']}", "bad"))
+        elif r["stuck"] and not r["unavailable"]:
+            text = f"STUCK {r['upstream']}: {_stuck_text(r['stuck'])}"
+            lines.append(ctx.console.paint(text, "bad"))
         elif r["unavailable"]:
             reason = _without_fix(r["unavailable"], r["fix"])
             lines.append(ctx.console.paint(f"UNAVAILABLE {r['upstream']}: {reason}", "warn"))
@@ -130,7 +174,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
                 _lag_cell(r),
                 r["mode"],
-                r["open_batch"],
+                _open_batch_cell(r),
                 r["last_change"],
             ]
             for r in rows
@@ -222,14 +266,20 @@ def cmd_get(ctx: Context) -> int:
         ("set by", f"{out['how']} {out['batch_id'] or ''}".strip() if mark else None),
         ("latest", row["latest"] if row["unavailable"] is None else Styled("unavailable", "bad")),
         ("lag", _lag_cell(row)),
-        ("open batch", row["open_batch"] or "none"),
+        ("open batch", _open_batch_cell(row) or "none"),
         ("consumers", consumers),
         ("last change", row["last_change"]),
     ]
-    if row["blocked"] or row["unavailable"]:
-        state = "BLOCKED" if row["blocked"] else "UNAVAILABLE"
-        reason = row["blocked"] or _without_fix(str(row["unavailable"]), row["fix"])
-        pairs += [("state", Styled(state, "bad")), ("why", reason), ("fix", row["fix"])]
+    if row["state"] != "ok":
+        if row["blocked"] or row["unavailable"]:
+            reason = row["blocked"] or _without_fix(str(row["unavailable"]), row["fix"])
+        else:
+            reason = _stuck_text(row["stuck"])
+        pairs += [
+            ("state", Styled(row["state"].upper(), "bad")),
+            ("why", reason),
+            ("fix", row["fix"]),
+        ]
     from watermark_dagster.cli.render import fields
 
     ctx.console.print(fields(pairs, colour=ctx.console.colour))
