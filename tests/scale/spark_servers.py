@@ -91,6 +91,12 @@ class Server:
         if group_alive(pgid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
+            # Killed members linger until reaped (by the leader, or by init once the
+            # leader is gone): wait for that too, so "no process left" means it.
+            deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+            while group_alive(pgid) and time.monotonic() < deadline:
+                self.process.poll()
+                time.sleep(0.2)
         self.process.wait()
 
 
