@@ -85,6 +85,13 @@ LONGEST_MODULES = (
     "tests/spark/test_declared.py",  # 99 s
     "tests/spark/test_quiet_output.py",  # 96 s
     "tests/dagster/test_cli.py",  # 91 s
+    # The scale tier (-m scale, -n 2; seconds under -n 2): xdist hands each worker two
+    # modules to start with, the first and third to one and the second and fourth to the
+    # other, so the order pairs them for an even split.
+    "tests/scale/test_catalog.py",  # 364 s
+    "tests/scale/test_connect_remote.py",  # 347 s (a minute of it a server ignoring SIGTERM)
+    "tests/scale/test_cluster.py",  # 208 s
+    "tests/scale/test_s3_end_to_end.py",  # 340 s
 )
 
 
