@@ -60,15 +60,12 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
         planned = open_batch.inputs.get(name) if open_batch else None
         upstream = ctx.registry.upstreams[name]
         held = stuck if open_batch and planned and planned.range is not None else None
-        state = (
-            "blocked"
-            if look["blocked"]
-            else "unavailable"
-            if look["unavailable"]
-            else "stuck"
-            if held
-            else "ok"
-        )
+        if look["blocked"]:
+            state = "blocked"
+        elif look["unavailable"]:
+            state = "unavailable"
+        else:
+            state = "stuck" if held else "ok"
         rows.append(
             {
                 "upstream": name,
@@ -94,12 +91,8 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                 "unavailable": look["unavailable"],
                 "blocked": look["blocked"],
                 "stuck": (
-                    {
-                        "batch_id": open_batch.batch_id,
-                        "since": held["since"],
-                        "pipelines": held["pipelines"],
-                        "reason": held["reason"],
-                    }
+                    {"batch_id": open_batch.batch_id}
+                    | {k: held[k] for k in ("since", "pipelines", "reason")}
                     if open_batch and held
                     else None
                 ),
