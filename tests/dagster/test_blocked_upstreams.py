@@ -44,6 +44,7 @@ from watermark_dagster.dagster_defs.sensors import COORDINATOR
 from watermark_dagster.errors import UpstreamRecreatedError, recreated_fix
 from watermark_dagster.observe.observer import Observer, observe_registry
 from watermark_dagster.read.preflight import check_identity
+from watermark_dagster.read.tables import next_range_fix
 from watermark_dagster.store import WatermarkStore
 
 SCRIPT = Path(sys.executable).with_name("watermark")
@@ -342,3 +343,68 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
         assert evaluation.description == failed.description
     finally:
         instance.dispose()
+
+
+# ------------------------------------------------------------------ next range unreadable
+
+
+def _clean_log(lake: Lake, commits: int) -> None:
+    """``commits`` new commits of ``up``, then what log cleanup does: a checkpoint at the
+    latest version, every older commit file removed."""
+    for i in range(commits):
+        _commit(lake.up, [10 + i])
+    table = DeltaTable(str(lake.up))
+    table.create_checkpoint()
+    for version in range(table.version()):
+        (lake.up / "_delta_log" / f"{version:020d}.json").unlink()
+
+
+def test_a_next_range_whose_commits_are_gone_is_blocked_not_planned(lake: Lake) -> None:
+    """Log cleanup removed commits 3 and 4 of the next range [3, 5] of ``up`` while no batch
+    was open: planning it would give a batch that fails and sticks, so it is refused at
+    planning like a recreated table, with a fix that talks of no open batch; nothing is
+    planned or run; and the fix works (a reset without ``--force``)."""
+    _clean_log(lake, 3)
+    fix = next_range_fix("up", "delta.logRetentionDuration")
+    assert fix.startswith("run `watermark reset -t up`: ")
+    batches_before = len(lake.store.batches())
+
+    plan = lake.json("plan", "--dry-run")
+    held = plan["blocked"]["up"]
+    next_range = "commits 3..4 of its next range [3, 5] (after its committed watermark 2)"
+    assert next_range in held["reason"]
+    assert "no longer in the Delta log" in held["reason"]
+    assert (held["fix"], held["pipelines"]) == (fix, ["up_copy"])
+    by_name = {u["upstream"]: u for u in plan["upstreams"]}
+    assert (by_name["up"]["mode"], by_name["up"]["state"]) == ("BLOCKED", "blocked")
+    assert (plan["would_plan"], plan["pipelines"]) == (False, [])
+
+    up = {r["upstream"]: r for r in lake.json("list")}["up"]
+    assert (up["state"], up["blocked_by"], up["fix"]) == ("blocked", "unreadable_range", fix)
+    assert up["blocked"] == held["reason"]
+    assert up["lag"] == 3  # the table was seen: the lag is real
+    got = lake.json("get", "-t", "up")
+    assert (got["state"], got["blocked"], got["fix"]) == ("blocked", held["reason"], fix)
+
+    text = lake.cli("plan", "--dry-run")
+    assert text.returncode == 0, text.stderr
+    assert "nothing can be planned for ['up_copy']" in text.stdout
+    assert "BLOCKED up: Upstream 'up': commits 3..4 of its next range [3, 5]" in text.stdout
+    assert f"fix: {fix}" in text.stdout
+    assert "open batch" not in text.stdout
+    assert "WARNING" not in text.stdout
+
+    # The coordinator (driven headless by `watermark run`) plans nothing and says why; the
+    # location's Spark master cannot start, so no JVM was needed to know.
+    run = lake.cli("run")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "BLOCKED: upstream up cannot read its next range" in run.stderr
+    assert fix in run.stderr
+    assert len(lake.store.batches()) == batches_before
+
+    # The fix: no batch is open, so the reset needs no --force; the next plan reloads `up`.
+    reset = lake.cli("reset", "-t", "up", "--yes", "--reason", "log cleaned up")
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    plan = lake.json("plan", "--dry-run")
+    assert (plan["blocked"], plan["pipelines"]) == ({}, ["up_copy"])
+    assert {u["upstream"]: u["mode"] for u in plan["upstreams"]}["up"] == "SNAPSHOT"

@@ -141,9 +141,12 @@ def test_plan_in_a_fresh_home_creates_nothing_and_says_why_nothing_is_planned(
     assert not Path(DemoPaths(home).control_root).exists()
 
 
-def test_plan_warns_when_a_planned_ranges_commits_are_gone(
+def test_plan_blocks_a_next_range_whose_commits_are_gone(
     tmp_path: Path, dagster_home: Path
 ) -> None:
+    """No batch is open and log cleanup removed commits 2..3 of the next range: the preview
+    shows the upstream BLOCKED, as the coordinator would leave it (see
+    tests/dagster/test_blocked_upstreams.py), with a fix that abandons no batch."""
     lake = _lake(tmp_path, dagster_home, commits=6)
     _commit(tmp_path / "up_copy", [0])  # a target that exists: no first load
     store = lake.store
@@ -156,16 +159,12 @@ def test_plan_warns_when_a_planned_ranges_commits_are_gone(
         (tmp_path / "up" / "_delta_log" / f"{version:020d}.json").unlink()
 
     got = lake.json("plan", "--dry-run")
-    assert got["would_plan"]
-    assert {u["upstream"]: u["range"] for u in got["upstreams"]} == {"up": "[2, 5]"}
-    [warning] = got["warnings"]
-    assert (warning["upstream"], warning["range"], warning["missing"]) == ("up", "[2, 5]", [2, 3])
-    assert RESET in warning["fix"]
-    text = lake.cli("plan", "--dry-run")
-    assert "WARNING up: Upstream 'up': commits 2..3 of the range that would be planned" in (
-        text.stdout
-    )
-    assert f"fix: run {RESET}" in text.stdout
+    assert not got["would_plan"]
+    assert "warnings" not in got
+    held = got["blocked"]["up"]
+    assert "commits 2..3 of its next range [2, 5]" in held["reason"]
+    assert held["fix"].startswith("run `watermark reset -t up`: ")
+    assert "open batch" not in held["fix"]
 
 
 # ------------------------------------------------------------------ pipelines added later

@@ -6,7 +6,7 @@ pipeline needs a first load and where a new upstream starts are decided here.
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import NamedTuple, Protocol
@@ -21,12 +21,17 @@ from watermark_dagster.core.planning import (
 )
 from watermark_dagster.core.ranges import CursorPosition, ReadMode
 from watermark_dagster.core.records import Watermark
-from watermark_dagster.errors import UpstreamRecreatedError, recreated_error
+from watermark_dagster.errors import TerminalError, UpstreamRecreatedError, recreated_error
 
 
 @dataclass(frozen=True)
 class Observation:
-    """What one look at an upstream found."""
+    """What one look at an upstream found.
+
+    ``oldest_version`` is the oldest commit file still in a local table's log (the listing
+    every look makes): the commits before it were removed by log cleanup. None where no
+    listing was made (object stores, cursor sources).
+    """
 
     upstream: str
     path: str
@@ -35,6 +40,7 @@ class Observation:
     table_id: str
     schema_fingerprint: str
     state: str | None = None
+    oldest_version: int | None = None
 
     @property
     def is_cursor(self) -> bool:
@@ -112,10 +118,12 @@ class RegistryObservation:
 
     Attributes:
         observed: upstream -> what was seen.
-        errors: upstream -> why it cannot be planned (missing, not Delta, recreated).
-        blocked: upstream -> the error of those among ``errors`` that were dropped and
-            recreated since their watermark was committed: they stay blocked until an
-            operator resets them (the error's fix).
+        errors: upstream -> why it cannot be planned (missing, not Delta, recreated, its
+            next range unreadable).
+        blocked: upstream -> the error of those among ``errors`` that stay blocked until an
+            operator acts (the error's fix): dropped and recreated since their watermark
+            was committed, or whose next range can no longer be read (see
+            :meth:`with_blocked`).
         positions: where each observed upstream stands.
         runnable: pipeline -> upstreams, for pipelines whose upstreams were all observed.
         bootstrap: pipelines whose target is missing or empty (their next batch loads
@@ -130,9 +138,7 @@ class RegistryObservation:
     bootstrap: tuple[str, ...] = ()
     overwrite: tuple[str, ...] = ()
     marks: Mapping[str, Watermark] = field(default_factory=dict[str, Watermark])
-    blocked: Mapping[str, UpstreamRecreatedError] = field(
-        default_factory=dict[str, UpstreamRecreatedError]
-    )
+    blocked: Mapping[str, TerminalError] = field(default_factory=dict[str, TerminalError])
 
     @property
     def table_ids(self) -> dict[str, str | None]:
@@ -153,6 +159,24 @@ class RegistryObservation:
     def source_states(self) -> dict[str, str | None]:
         """Upstream -> source state of cursor upstreams."""
         return {n: o.state for n, o in self.observed.items() if o.is_cursor}
+
+    def with_blocked(self, blocked: Mapping[str, TerminalError]) -> "RegistryObservation":
+        """These observations with the upstreams of ``blocked`` refused as a recreated one
+        is: nothing is planned for them or for the pipelines reading them. They stay in
+        ``observed`` (their table was seen, its lag is real) and join ``errors`` and
+        ``blocked``."""
+        if not blocked:
+            return self
+        runnable = {p: ups for p, ups in self.runnable.items() if not blocked.keys() & set(ups)}
+        return replace(
+            self,
+            errors={**self.errors, **{n: str(e) for n, e in blocked.items()}},
+            positions=tuple(p for p in self.positions if p.name not in blocked),
+            runnable=runnable,
+            bootstrap=tuple(p for p in self.bootstrap if p in runnable),
+            overwrite=tuple(p for p in self.overwrite if p in runnable),
+            blocked={**self.blocked, **blocked},
+        )
 
     def plan(self) -> Plan:
         """The plan these observations and committed positions give (for previews; the

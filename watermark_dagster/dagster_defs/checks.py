@@ -7,7 +7,8 @@ On each upstream's observable source asset:
   so an operator can act before VACUUM or log cleanup makes the range unreadable. The
   decision lives in :mod:`watermark_dagster.observe.retention`.
 * ``watermark_continuity`` fails (severity ERROR) while nothing can be planned for the
-  upstream: it was dropped and recreated since its committed watermark, or it is missing.
+  upstream: it was dropped and recreated since its committed watermark, it is missing, or
+  the range it needs next can no longer be read (log cleanup, VACUUM).
   The coordinator sensor reports it whenever it looks at the upstreams (so it needs no
   manual run); it can also be run from the asset's *Checks* tab.
 """
@@ -44,6 +45,7 @@ from watermark_dagster.observe.retention import (
     format_duration,
     margin_for,
 )
+from watermark_dagster.operations.coordinate import unreadable_next_ranges
 from watermark_dagster.store import WatermarkStore
 
 RETENTION_CHECK = "retention_horizon"
@@ -306,7 +308,8 @@ def build_continuity_checks(
     (see :func:`continuity_evaluations`); the definition returned here lets the UI show
     them and run them by hand. A check fails with severity ERROR while the upstream blocks
     its pipelines: dropped and recreated since its committed watermark (another table id,
-    or fewer versions than the watermark), or missing; the description names the fix.
+    or fewer versions than the watermark), missing, or its next range no longer readable
+    (commits or change files gone); the description names the fix.
 
     Args:
         registry: the upstreams and pipelines.
@@ -319,7 +322,8 @@ def build_continuity_checks(
         CONTINUITY_CHECK,
         lambda name: (
             f"Fails while nothing can be planned for '{name}': the table was "
-            "dropped and recreated since its committed watermark, or it is missing. The "
+            "dropped and recreated since its committed watermark, it is missing, or the "
+            "range it needs next can no longer be read (log cleanup, VACUUM). The "
             "coordinator sensor reports it at every look at the upstreams."
         ),
     )
@@ -335,7 +339,9 @@ def build_continuity_checks(
     def continuity_checks(
         context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
     ) -> Iterator[AssetCheckResult]:
-        marks = watermark_store.get_store().committed()
+        store = watermark_store.get_store()
+        marks = store.committed()
+        unreadable = unreadable_next_ranges(registry, observer, store)
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
             upstream = upstreams[key]
             mark = marks.get(upstream.name)
@@ -344,6 +350,7 @@ def build_continuity_checks(
                 problem = recreation(observer.observe(upstream), mark)
             except UpstreamUnavailableError as e:
                 problem = e
+            problem = problem or unreadable.get(upstream.name)
             passed, description, meta = continuity_result(
                 upstream.name, problem, mark.committed_version if mark else None
             )

@@ -50,7 +50,7 @@ from watermark_dagster.dagster_defs.pruning import (
 )
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG, batch_runs
-from watermark_dagster.errors import UpstreamUnavailableError
+from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import (
     finalize_batch,
@@ -238,9 +238,18 @@ def build_coordinator_sensor(
             batch, created = plan_next(store, found, actor=actor)
             if batch is None:
                 reason = "no upstream has new versions"
-                if look.blocked:
+                recreated = sorted(
+                    n for n, e in look.blocked.items() if isinstance(e, UpstreamRecreatedError)
+                )
+                if recreated:
                     reason += (
-                        f"; blocked, dropped and recreated: {sorted(look.blocked)} (see their "
+                        f"; blocked, dropped and recreated: {recreated} (see their "
+                        "watermark_continuity check for the fix)"
+                    )
+                if set(look.blocked) - set(recreated):
+                    reason += (
+                        "; blocked, next range no longer readable: "
+                        f"{sorted(set(look.blocked) - set(recreated))} (see their "
                         "watermark_continuity check for the fix)"
                     )
                 if set(errors) - set(look.blocked):

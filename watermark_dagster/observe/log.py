@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -65,6 +66,13 @@ def latest_commit(names: Sequence[str] | None) -> int | None:
     # Commit names are zero-padded to 20 digits, so the greatest name is the newest.
     newest = max((n for n in names or () if _is_commit(n)), default=None)
     return None if newest is None else int(newest[:20])
+
+
+def oldest_commit(names: Sequence[str] | None) -> int | None:
+    """The oldest commit version among a log folder's file names (None: no commit): the
+    versions before it were removed by log cleanup, or never existed."""
+    oldest = min((n for n in names or () if _is_commit(n)), default=None)
+    return None if oldest is None else int(oldest[:20])
 
 
 def latest_local_version(path: str) -> int | None:
@@ -128,6 +136,21 @@ class DeltaLog:
         return [
             v
             for v, info in zip(versions, infos, strict=True)
+            if info.type == pafs.FileType.NotFound
+        ]
+
+    def missing_files(self, paths: Sequence[str]) -> list[str]:
+        """Those of the data or change files ``paths`` (as a commit names them: relative to
+        the table and URL-encoded) that are not in storage, in the given order. One lookup
+        per file; absolute paths (a shallow clone's) are not looked up."""
+        relative = [p for p in paths if "://" not in p and not p.startswith("/")]
+        if self.local:
+            root = local_path(self.path)
+            return [p for p in relative if not os.path.exists(os.path.join(root, unquote(p)))]
+        infos = self._store.get_file_info([unquote(p) for p in relative])
+        return [
+            p
+            for p, info in zip(relative, infos, strict=True)
             if info.type == pafs.FileType.NotFound
         ]
 

@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from deltalake import DeltaTable, Schema
@@ -50,6 +50,7 @@ from watermark_dagster.observe.log import (
     list_local_log,
     local_path,
     local_stamp,
+    oldest_commit,
     replay_local_log,
 )
 
@@ -174,13 +175,21 @@ class Observer:
         latest = latest_commit(names)
         if names is None or latest is None:
             raise self._unavailable(upstream, "no Delta log found there")
+        # From this look's listing, cached observation or not: log cleanup removes old commit
+        # files without a commit of its own.
+        oldest = oldest_commit(names)
         with self._lock:
             known = self._known.get(path)
         if known is not None and known.snapshot.version == latest:
-            return known.observation
+            if known.observation.oldest_version == oldest:
+                return known.observation
+            obs = replace(known.observation, oldest_version=oldest)
+            with self._lock:
+                self._known[path] = _Known(known.snapshot, obs)
+            return obs
         snapshot = replay_local_log(path, names, known.snapshot if known else None)
         if snapshot is None:
-            return self._load(upstream, None)
+            return self._load(upstream, None, oldest)
         with self._lock:
             accepted = snapshot.protocol in self._accepted
         schema_string = snapshot.metadata.schema_string
@@ -191,7 +200,7 @@ class Observer:
             with self._lock:
                 self._fingerprints[schema_string] = fingerprint
         if not accepted or fingerprint is None:
-            return self._load(upstream, snapshot)
+            return self._load(upstream, snapshot, oldest)
         obs = Observation(
             upstream=upstream.name,
             path=path,
@@ -199,6 +208,7 @@ class Observer:
             cdf_enabled=_cdf_enabled(snapshot.metadata.configuration),
             table_id=snapshot.metadata.table_id,
             schema_fingerprint=fingerprint,
+            oldest_version=oldest,
         )
         with self._lock:
             self._known[path] = _Known(snapshot, obs)
@@ -240,7 +250,9 @@ class Observer:
         except UpstreamUnavailableError as e:
             return e
 
-    def _load(self, upstream: Upstream, replayed: Snapshot | None) -> Observation:
+    def _load(
+        self, upstream: Upstream, replayed: Snapshot | None, oldest: int | None = None
+    ) -> Observation:
         """Observe by loading the table with delta-rs.
 
         Args:
@@ -248,6 +260,7 @@ class Observer:
             replayed: the snapshot read from the log, if any; when the load finds the same
                 version, delta-rs accepted its protocol, and later replays with that
                 protocol need no load.
+            oldest: the oldest commit the log listing found (None: not listed).
         """
         path = upstream.path
         try:
@@ -274,6 +287,7 @@ class Observer:
             cdf_enabled=_cdf_enabled(configuration),
             table_id=str(metadata.id),
             schema_fingerprint=_fingerprint(schema_json),
+            oldest_version=oldest,
         )
         stamp = local_stamp(path, version) if is_local(path) else None
         snapshot = Snapshot(

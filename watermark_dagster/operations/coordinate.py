@@ -23,7 +23,9 @@ from watermark_dagster.core.resuming import (
     resume_step,
     unfinished_pipelines,
 )
+from watermark_dagster.errors import TerminalError, UpstreamUnreadableError
 from watermark_dagster.observe.observer import Observer, observe_registry, starting_points
+from watermark_dagster.read.preflight import next_range_unreadable
 from watermark_dagster.store import WatermarkStore
 
 StartingPoints = Mapping[str, tuple[int | None, CursorPosition | None, str]]
@@ -45,8 +47,11 @@ def look_before_planning(
     actor: str,
     preview: bool = False,
     now: datetime | None = None,
+    check_ranges: bool = True,
 ) -> Look:
-    """Observe, apply ``start_from`` to upstreams that never had a watermark, observe again.
+    """Observe, apply ``start_from`` to upstreams that never had a watermark, observe again,
+    and block the upstreams whose next range can no longer be read (see
+    :func:`block_unreadable_ranges`).
 
     Args:
         registry: the upstreams and the pipelines that read them.
@@ -58,6 +63,8 @@ def look_before_planning(
             committed watermarks only (``watermark plan --dry-run``).
         now: the time ``start_from`` points are resolved against (default: the current
             time).
+        check_ranges: check the next ranges; off while a batch is open (the plan previewed
+            comes after it, from watermarks not yet committed).
     """
     now = now or datetime.now(UTC)
     marks = dict(store.committed())
@@ -75,10 +82,13 @@ def look_before_planning(
             ever_succeeded=lambda p: store.newest_success(p) is not None,
         )
 
+    def ready(found: RegistryObservation, started: StartingPoints) -> Look:
+        return Look(block_unreadable_ranges(registry, found) if check_ranges else found, started)
+
     look = observe(marks)
     points = starting_points(registry, look, now)
     if not points:
-        return Look(look, {})
+        return ready(look, {})
     if preview:
         for name, (version, cursor, _) in points.items():
             marks[name] = Watermark(
@@ -91,9 +101,43 @@ def look_before_planning(
                 committed_cursor=cursor,
                 table_id=look.table_ids.get(name),
             )
-        return Look(observe(marks), points)
+        return ready(observe(marks), points)
     started = store.initialize_watermarks(points, actor=actor, table_ids=look.table_ids)
-    return Look(observe(store.committed()), {n: points[n] for n in started})
+    return ready(observe(store.committed()), {n: points[n] for n in started})
+
+
+def block_unreadable_ranges(registry: Registry, look: RegistryObservation) -> RegistryObservation:
+    """``look`` with the upstreams whose next range can no longer be read blocked (see
+    :meth:`RegistryObservation.with_blocked`): commits gone from the log, or change files
+    vacuumed (:func:`~watermark_dagster.read.preflight.next_range_unreadable`). Planning it
+    would give a batch that fails and sticks; refused here, it shows as BLOCKED with its fix
+    and nothing is planned for it. Ranges that every reader loads as a snapshot are not
+    read, so not checked."""
+    plan = look.plan()
+    full = set(plan.full_load)
+    found: dict[str, TerminalError] = {}
+    for name, planned in sorted(plan.inputs.items()):
+        readers = [p for p in plan.pipelines if name in look.runnable[p]]
+        if not planned.reads or all(p in full for p in readers):
+            continue
+        upstream = registry.upstreams[name]
+        error = next_range_unreadable(upstream, look.observed[name], planned)
+        if error is not None:
+            found[name] = error
+    return look.with_blocked(found)
+
+
+def unreadable_next_ranges(
+    registry: Registry, observer: Observer, store: WatermarkStore
+) -> dict[str, UpstreamUnreadableError]:
+    """Upstream -> why its next range can no longer be read, for the surfaces that show it
+    outside a coordinator tick (``watermark list``/``get``, the continuity check run by
+    hand); empty while a batch is open (the next range comes after it). Records nothing."""
+    if store.open_batch() is not None:
+        return {}
+    look = look_before_planning(registry, observer, store, actor="preview", preview=True)
+    blocked = look.observation.blocked.items()
+    return {n: e for n, e in blocked if isinstance(e, UpstreamUnreadableError)}
 
 
 def plan_next(store: WatermarkStore, look: Look, *, actor: str) -> tuple[Batch | None, bool]:

@@ -4,6 +4,8 @@ Still the same table (:func:`check_identity`), its commits still in the log
 (:func:`require_commits`), its schema still compatible (:func:`check_schema`), and for an
 append-only read, no commit that changes rows (:func:`preflight`): a range that cannot be
 read as planned fails loudly here, before Spark reads it and before anything is written.
+Before planning, :func:`next_range_unreadable` refuses a next range whose commits or change
+files are already gone, so it never becomes a batch.
 """
 
 import json
@@ -13,16 +15,23 @@ from collections.abc import Mapping
 from deltalake import DeltaTable
 
 from watermark_dagster.config.upstream import DeltaUpstream, OnDataChange, SchemaChanges, Upstream
+from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.planning import PlannedInput, recreation_found
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.errors import (
     UpstreamSchemaChangedError,
+    UpstreamUnreadableError,
     recreated_error,
     reset_command,
 )
 from watermark_dagster.observe.log import DeltaLog, is_local
 from watermark_dagster.read.appended import AppendScan, data_changed_error, scan_appends
-from watermark_dagster.read.tables import latest_table, missing_commits_error, table_at
+from watermark_dagster.read.tables import (
+    gone_files_error,
+    latest_table,
+    missing_commits_error,
+    table_at,
+)
 
 log = logging.getLogger("watermark_dagster")
 
@@ -43,6 +52,68 @@ def require_commits(upstream: Upstream, rng: VersionRange) -> None:
     missing = missing_commits(upstream, rng)
     if missing:
         raise missing_commits_error(upstream, rng, missing)
+
+
+def _gone_commits(upstream: Upstream, obs: Observation, rng: VersionRange) -> list[int]:
+    """The commits of ``rng`` gone from the log. Log cleanup removes the oldest commits, so
+    the observation's own listing answers for a local table (no I/O here); elsewhere one
+    lookup of the range's first commit, and the whole range only when that one is gone."""
+    if obs.oldest_version is not None:
+        return list(range(rng.start, min(obs.oldest_version - 1, rng.end) + 1))
+    if not DeltaLog(upstream.path, upstream.storage_options).missing([rng.start]):
+        return []
+    return missing_commits(upstream, rng)
+
+
+def gone_change_files(upstream: Upstream, rng: VersionRange) -> tuple[list[int], list[str]]:
+    """The commits of a CDF range whose change files are gone (VACUUM removed them), and
+    those files, oldest commit first.
+
+    A commit's changes are read from its ``cdc`` files, or, when it has none, from the files
+    it added and removed with ``dataChange`` (Delta's change data feed reads inserts and
+    whole-file deletes from those). Reads the range's commit files and looks up each of
+    those files once: only for a range about to be planned, never per tick for every
+    upstream.
+    """
+    log = DeltaLog(upstream.path, upstream.storage_options)
+    needed: dict[str, int] = {}
+    for version in range(rng.start, rng.end + 1):
+        actions = log.actions(version) or []
+        files = [a["cdc"]["path"] for a in actions if "cdc" in a]
+        if not files:
+            files = [
+                a[kind]["path"]
+                for a in actions
+                for kind in ("add", "remove")
+                if kind in a and a[kind].get("dataChange", True)
+            ]
+        for path in files:
+            needed.setdefault(path, version)
+    gone = log.missing_files(list(needed))
+    return sorted({needed[path] for path in gone}), gone
+
+
+def next_range_unreadable(
+    upstream: Upstream, obs: Observation, planned: PlannedInput
+) -> UpstreamUnreadableError | None:
+    """Why the range the coordinator would plan next for ``upstream`` cannot be read, or
+    None: its commits are gone from the log, or (CDF) its change files were vacuumed.
+
+    Checked before planning, so such a range is refused like a recreated table (nothing is
+    planned for it) instead of becoming a batch that fails and sticks. Cheap: the commits
+    come from the observation's listing; change files are looked up for this range only.
+    """
+    rng = planned.range
+    if rng is None or planned.mode not in (ReadMode.CDF, ReadMode.APPEND_ONLY):
+        return None
+    missing = _gone_commits(upstream, obs, rng)
+    if missing:
+        return missing_commits_error(upstream, rng, missing, planned=False)
+    if planned.mode is ReadMode.CDF:
+        versions, files = gone_change_files(upstream, rng)
+        if files:
+            return gone_files_error(upstream, rng, versions, files)
+    return None
 
 
 def check_identity(upstream: Upstream, rng: VersionRange, planned_table_id: str | None) -> None:

@@ -24,18 +24,66 @@ def _gone_fix(upstream: str) -> str:
     return f"restore the table, or run `{reset_command(upstream)}` once it exists again."
 
 
+def next_range_fix(upstream: str, retention: str) -> str:
+    """The recovery of an upstream whose next range cannot be read, while no batch reads it:
+    nothing is open to abandon, so the reset needs no ``--force``."""
+    return (
+        f"run `{reset_command(upstream, force=False)}`: its watermark is forgotten and every "
+        f"pipeline reading '{upstream}' reloads it from a snapshot; to prevent it, keep "
+        f"{retention} longer than your batch delay."
+    )
+
+
+def _span(versions: Sequence[int]) -> str:
+    """``3``, ``3..5`` (contiguous) or ``3, 5``."""
+    if len(versions) == 1:
+        return str(versions[0])
+    if list(versions) == list(range(versions[0], versions[-1] + 1)):
+        return f"{versions[0]}..{versions[-1]}"
+    return ", ".join(map(str, versions))
+
+
+def _whose(rng: VersionRange, planned: bool) -> str:
+    if planned:
+        return f"the batch's range {rng}"
+    return f"its next range {rng} (after its committed watermark {rng.start - 1})"
+
+
+_NOTHING_PLANNED = " Nothing is planned for it or for the pipelines reading it."
+
+
 def missing_commits_error(
     upstream: Upstream, rng: VersionRange, missing: Sequence[int], *, planned: bool = True
 ) -> UpstreamUnreadableError:
-    """The error of a range whose commits ``missing`` are gone from the log."""
-    whose = "the batch's range" if planned else "the range that would be planned,"
+    """The error of a range whose commits ``missing`` are gone from the log: a batch's
+    (``planned``), or the next range, which is then not planned."""
     return UpstreamUnreadableError(
-        f"Upstream '{upstream.name}': commits {missing[0]}..{missing[-1]} of {whose} {rng} "
+        f"Upstream '{upstream.name}': commits {_span(missing)} of {_whose(rng, planned)} "
         "are no longer in the Delta log (log cleanup removed them after "
-        "delta.logRetentionDuration), so the range cannot be read.",
+        "delta.logRetentionDuration), so the range cannot be read."
+        + ("" if planned else _NOTHING_PLANNED),
         upstream=upstream.name,
-        versions=f"range={rng}, missing={missing[0]}..{missing[-1]}",
-        fix=reset_fix(upstream.name),
+        versions=f"range={rng}, missing={_span(missing)}",
+        fix=reset_fix(upstream.name)
+        if planned
+        else next_range_fix(upstream.name, "delta.logRetentionDuration"),
+    )
+
+
+def gone_files_error(
+    upstream: Upstream, rng: VersionRange, versions: Sequence[int], files: Sequence[str]
+) -> UpstreamUnreadableError:
+    """The error of a next range whose changes are read from files that are gone
+    (``files``, of the commits ``versions``): VACUUM removed them. Nothing is planned."""
+    more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+    return UpstreamUnreadableError(
+        f"Upstream '{upstream.name}': the change files of commits {_span(versions)} of "
+        f"{_whose(rng, False)} are gone (VACUUM removed them after "
+        f"delta.deletedFileRetentionDuration; missing file: {files[0]}{more}), so the range "
+        "cannot be read." + _NOTHING_PLANNED,
+        upstream=upstream.name,
+        versions=f"range={rng}, missing files of={_span(versions)}",
+        fix=next_range_fix(upstream.name, "delta.deletedFileRetentionDuration"),
     )
 
 

@@ -263,37 +263,6 @@ def _window(window: Any) -> dict[str, Any] | None:
     }
 
 
-def _gone_commits(ctx: Context, plan: Any) -> list[dict[str, Any]]:
-    """Planned ranges whose commits are already gone from the Delta log (no JVM): the batch
-    would fail as soon as it runs."""
-    from watermark_dagster.core.ranges import ReadMode
-    from watermark_dagster.read.preflight import missing_commits
-    from watermark_dagster.read.tables import missing_commits_error
-
-    found = []
-    full = set(plan.full_load)
-    for name, planned in sorted(plan.inputs.items()):
-        if planned.mode not in (ReadMode.CDF, ReadMode.APPEND_ONLY) or planned.range is None:
-            continue
-        readers = [p for p, ups in ctx.registry.pipeline_inputs().items() if name in ups]
-        if readers and all(p in full for p in readers):
-            continue  # every reader loads a snapshot: the range's commits are not read
-        upstream = ctx.registry.upstreams[name]
-        missing = missing_commits(upstream, planned.range)
-        if missing:
-            error = missing_commits_error(upstream, planned.range, missing, planned=False)
-            found.append(
-                {
-                    "upstream": name,
-                    "range": str(planned.range),
-                    "missing": [missing[0], missing[-1]],
-                    "reason": error.reason,
-                    "fix": error.fix,
-                }
-            )
-    return found
-
-
 def cmd_plan(ctx: Context) -> int:
     """Preview what the coordinator would plan now, without writing anything.
 
@@ -313,8 +282,15 @@ def cmd_plan(ctx: Context) -> int:
     open_batch = store.open_batch()
     observer = Observer()
     # The coordinator's own look, previewed: start_from points are applied to a copy.
+    # With no batch open, a next range whose commits or change files are gone is BLOCKED,
+    # as the coordinator blocks it.
     found = look_before_planning(
-        ctx.registry, observer, store, actor="watermark plan", preview=True
+        ctx.registry,
+        observer,
+        store,
+        actor="watermark plan",
+        preview=True,
+        check_ranges=open_batch is None,
     )
     look = found.observation
     plan = look.plan()
@@ -329,7 +305,6 @@ def cmd_plan(ctx: Context) -> int:
         for name, error in sorted(look.blocked.items())
     }
     unavailable = {n: e for n, e in sorted(look.errors.items()) if n not in look.blocked}
-    gone = _gone_commits(ctx, plan) if open_batch is None else []
     upstreams = []
     for p in look.positions:
         planned = plan.inputs[p.name]
@@ -373,7 +348,6 @@ def cmd_plan(ctx: Context) -> int:
         "upstreams": upstreams,
         "blocked": held,
         "unavailable": unavailable,
-        "warnings": gone,
     }
     if ctx.args.json:
         ctx.console.json(result)
@@ -435,9 +409,6 @@ def cmd_plan(ctx: Context) -> int:
         notes.append(f"  fix: {h['fix']}")
     for name, message in unavailable.items():
         notes.append(console.paint(f"UNAVAILABLE {name}: {message}", "warn"))
-    for g in gone:
-        notes.append(console.paint(f"WARNING {g['upstream']}: {g['reason']}", "warn"))
-        notes.append(f"  fix: {g['fix']}")
     if notes:
         console.print()
         for line in notes:

@@ -79,7 +79,10 @@ def cmd_run(ctx: Context) -> int:
         for r in failed:
             ctx.console.problem(f"FAILED: batch {r.batch_id} pipelines {r.pipelines}: {r.error}")
     for r in blocked:
-        what = "was dropped and recreated" if r["blocked"] else "is unavailable"
+        what = {
+            "recreated": "was dropped and recreated",
+            "unreadable_range": "cannot read its next range",
+        }.get(r["blocked_by"], "is unavailable")
         ctx.console.problem(
             f"BLOCKED: upstream {r['upstream']} {what}; nothing is planned for "
             f"{list(ctx.registry.consumers(r['upstream']))}. Fix: {r['fix']}"

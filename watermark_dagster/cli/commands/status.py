@@ -10,18 +10,20 @@ from watermark_dagster.errors import WatermarkError
 RECENT_HISTORY = 5
 
 
-def _look(ctx: Context, name: str, mark: Any) -> dict[str, Any]:
+def _look(
+    ctx: Context, name: str, mark: Any, observer: Any, unreadable: WatermarkError | None
+) -> dict[str, Any]:
     """``latest``, ``mode`` and what blocks the upstream: ``unavailable`` (the path holds
-    no readable table) or ``blocked`` (dropped and recreated since its watermark), with
-    the ``fix``. Cursor upstreams have no version but are still checked for availability."""
+    no readable table) or ``blocked`` (dropped and recreated since its watermark, or its
+    next range ``unreadable``: ``blocked_by`` says which), with the ``fix``. Cursor
+    upstreams have no version but are still checked for availability."""
     from watermark_dagster.core.observations import read_mode_of, recreation
-    from watermark_dagster.observe.observer import Observer
 
     upstream = ctx.registry.upstreams[name]
     found: dict[str, Any] = {"latest": None, "mode": str(upstream.mode), "unavailable": None}
-    found.update(blocked=None, fix=None)
+    found.update(blocked=None, blocked_by=None, fix=None)
     try:
-        obs = Observer().observe(upstream)
+        obs = observer.observe(upstream)
     except WatermarkError as e:
         return {**found, "unavailable": str(e), "fix": e.fix}
     found.update(
@@ -30,7 +32,9 @@ def _look(ctx: Context, name: str, mark: Any) -> dict[str, Any]:
     )
     recreated = recreation(obs, mark)
     if recreated is not None:
-        found.update(blocked=recreated.reason, fix=recreated.fix)
+        found.update(blocked=recreated.reason, blocked_by="recreated", fix=recreated.fix)
+    elif unreadable is not None:
+        found.update(blocked=unreadable.reason, blocked_by="unreadable_range", fix=unreadable.fix)
     return found
 
 
@@ -38,23 +42,30 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     """Every upstream: committed, latest, lag, the open batch's read of it, last change,
     and what holds it: ``unavailable`` or ``blocked`` (its table), or ``stuck`` (the open
     batch reading it, which the coordinator gave up resubmitting), with the ``fix``;
-    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``)."""
+    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``). With no batch
+    open, an upstream whose next range can no longer be read (commits or change files gone)
+    is ``blocked`` as the coordinator blocks it (``blocked_by``: ``unreadable_range``, else
+    ``recreated``)."""
+    from watermark_dagster.observe.observer import Observer
+    from watermark_dagster.operations.coordinate import unreadable_next_ranges
     from watermark_dagster.operations.status import stuck_batches
 
     store = ctx.read_store
     committed = store.committed()
     open_batch = store.open_batch()
     stuck = stuck_batches(store, [open_batch]).get(open_batch.batch_id) if open_batch else None
+    observer = Observer()  # one cache: the coordinator's look below sees what _look saw
+    unreadable = {} if open_batch else unreadable_next_ranges(ctx.registry, observer, store)
     rows = []
     for name in sorted(ctx.registry.upstreams):
         mark = committed.get(name)
-        look = _look(ctx, name, mark)
+        look = _look(ctx, name, mark, observer, unreadable.get(name))
         latest = look["latest"]
         version = mark.committed_version if mark else None
         cursor = mark.committed_cursor if mark else None
         lag = (
             None
-            if latest is None or cursor or look["blocked"]
+            if latest is None or cursor or look["blocked_by"] == "recreated"
             else latest - (-1 if version is None else version)
         )
         planned = open_batch.inputs.get(name) if open_batch else None
@@ -90,6 +101,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                 "state": state,
                 "unavailable": look["unavailable"],
                 "blocked": look["blocked"],
+                "blocked_by": look["blocked_by"],
                 "stuck": (
                     {"batch_id": open_batch.batch_id}
                     | {k: held[k] for k in ("since", "pipelines", "reason")}
