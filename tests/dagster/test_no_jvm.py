@@ -69,8 +69,14 @@ def _complete(store: WatermarkStore, versions: dict[str, int], ran: list[str]) -
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    """Two completed batches: b000001 ran both pipelines; b000002 changed only orders, so
-    only orders_enriched ran it. Every upstream is fully committed and every target exists:
+    """The demo home of :func:`applied_home`."""
+    return applied_home(tmp_path)
+
+
+def applied_home(tmp_path: Path) -> Path:
+    """A demo ``WATERMARK_HOME`` (its Dagster home in ``dagster``) with two completed
+    batches: b000001 ran both pipelines; b000002 changed only orders, so only
+    orders_enriched ran it. Every upstream is fully committed and every target exists:
     nothing to plan."""
     paths = DemoPaths(tmp_path / "wm")
     for name in ("customers", "orders", "payments"):

@@ -342,17 +342,29 @@ def replay_hint(batch: Batch, pipeline: Pipeline) -> str:
     )
 
 
-def refuse_manual_reapply(decision: PipelineDecision) -> Failure:
+class ReapplyRefused(Failure):
+    """A run launched by hand of a batch partition the pipeline already applied, refused.
+
+    A :class:`dagster.Failure`, so Dagster records its description and metadata as the step
+    failure's and retries nothing; its own name, so the run's error reads as a refusal and
+    not as a crash (``ReapplyRefused: Not re-applied: ...``). Dagster 1.13 still attaches
+    the raising frames to every ``Failure`` it records; the only one of ours is the raise in
+    the asset's body, before any store write or Spark work.
+    """
+
+
+def refuse_manual_reapply(decision: PipelineDecision) -> ReapplyRefused:
     """The failure of a run launched by hand (a UI backfill or materialization, not the
     coordinator) of a batch the pipeline already applied or that a newer batch superseded:
-    it says so and names ``watermark replay``, before any Spark work."""
+    it says so and names ``watermark replay``, before any Spark work. Its metadata: the
+    batch, its status, the pipeline, why it is not re-applied and the replay command."""
     batch, name = decision.batch, decision.pipeline.name
     hint = replay_hint(batch, decision.pipeline)
     if decision.skip is SkipKind.ALREADY_APPLIED:
         what = f"'{name}' already applied batch {batch.batch_id}; its target holds it"
     else:
         what = str(decision.skipped_reason)
-    return Failure(
+    return ReapplyRefused(
         description=(
             f"Not re-applied: {what}. A backfill or manual materialization of a batch "
             "partition runs only batches the pipeline has not applied yet; nothing was read "
@@ -361,6 +373,7 @@ def refuse_manual_reapply(decision: PipelineDecision) -> Failure:
         ),
         metadata={
             "batch_id": batch.batch_id,
+            "batch_status": batch.status.value,
             "pipeline": name,
             "skip_kind": str(decision.skip),
             "fix": hint,
