@@ -8,6 +8,9 @@ names the one recovery command: ``watermark run`` exits 1, ``list``, ``get`` and
 --dry-run`` show it BLOCKED (text and JSON), and the upstream's ``watermark_continuity``
 asset check fails in a real Dagster instance, reported by the coordinator sensor itself
 (ticked in-process, and by a real ``dagster-daemon``).
+
+A next range that can no longer be read (its commits removed by log cleanup, or its change
+files by VACUUM) is refused at planning the same way, BLOCKED with its own fix.
 """
 
 import json
@@ -408,3 +411,38 @@ def test_a_next_range_whose_commits_are_gone_is_blocked_not_planned(lake: Lake) 
     plan = lake.json("plan", "--dry-run")
     assert (plan["blocked"], plan["pipelines"]) == ({}, ["up_copy"])
     assert {u["upstream"]: u["mode"] for u in plan["upstreams"]}["up"] == "SNAPSHOT"
+
+
+def test_a_next_range_whose_change_files_were_vacuumed_is_blocked_not_planned(
+    lake: Lake,
+) -> None:
+    """VACUUM removed the change file of version 3 (an update of the CDF upstream ``up``)
+    while no batch was open: the next range is refused at planning, BLOCKED with its fix,
+    and the coordinator plans nothing. delta-rs' VACUUM removes change files only with
+    ``full=True``; Spark's always does once they are older than the retention."""
+    DeltaTable(str(lake.up)).update(predicate="id = 1", updates={"value": "-1"})  # v3
+    [change_file] = os.listdir(lake.up / "_change_data")
+    DeltaTable(str(lake.up)).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True
+    )
+    assert not os.listdir(lake.up / "_change_data")
+    latest = DeltaTable(str(lake.up)).version()  # VACUUM's own commits come after v3
+    fix = next_range_fix("up", "delta.deletedFileRetentionDuration")
+    batches_before = len(lake.store.batches())
+
+    plan = lake.json("plan", "--dry-run")
+    held = plan["blocked"]["up"]
+    assert f"the change files of commits 3 of its next range [3, {latest}]" in held["reason"]
+    assert f"missing file: _change_data/{change_file}" in held["reason"]
+    assert "VACUUM" in held["reason"]
+    assert (held["fix"], plan["pipelines"]) == (fix, [])
+    up = {r["upstream"]: r for r in lake.json("list")}["up"]
+    assert (up["state"], up["blocked"], up["fix"]) == ("blocked", held["reason"], fix)
+    got = lake.json("get", "-t", "up")
+    assert (got["state"], got["blocked"], got["fix"]) == ("blocked", held["reason"], fix)
+
+    run = lake.cli("run")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "BLOCKED: upstream up cannot read its next range" in run.stderr
+    assert fix in run.stderr
+    assert len(lake.store.batches()) == batches_before

@@ -1,8 +1,6 @@
 """A table recreated by Spark's CREATE OR REPLACE TABLE ... AS SELECT is blocked like one
-recreated by delta-rs (tests/dagster/test_blocked_upstreams.py), and so is a next range
-whose change files Spark's VACUUM removed (delta-rs' VACUUM keeps change files)."""
+recreated by delta-rs (tests/dagster/test_blocked_upstreams.py)."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +8,6 @@ from deltalake import DeltaTable
 
 from tests.dagster.test_blocked_upstreams import RESET, Lake, blocked_lake
 from watermark_dagster.errors import recreated_fix
-from watermark_dagster.read.tables import next_range_fix
 
 
 @pytest.fixture
@@ -37,37 +34,3 @@ def test_create_or_replace_table_is_blocked(spark, lake: Lake) -> None:
     run = lake.cli("run")
     assert run.returncode == 1, run.stdout + run.stderr
     assert RESET in run.stderr, run.stdout + run.stderr
-
-
-@pytest.mark.spark
-def test_a_next_range_whose_change_files_were_vacuumed_is_blocked_not_planned(
-    spark, lake: Lake
-) -> None:
-    """Spark's VACUUM removed the change file of version 3 (an update of a CDF upstream)
-    while no batch was open: the next range is refused at planning, BLOCKED with its fix,
-    and the coordinator plans nothing."""
-    DeltaTable(str(lake.up)).update(predicate="id = 1", updates={"value": "-1"})  # v3
-    [change_file] = os.listdir(lake.up / "_change_data")
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        spark.sql(f"VACUUM delta.`{lake.up}` RETAIN 0 HOURS")
-    finally:
-        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
-    assert not os.listdir(lake.up / "_change_data")
-    latest = DeltaTable(str(lake.up)).version()  # VACUUM's own commits come after v3
-    fix = next_range_fix("up", "delta.deletedFileRetentionDuration")
-    batches_before = len(lake.store.batches())
-
-    plan = lake.json("plan", "--dry-run")
-    held = plan["blocked"]["up"]
-    assert f"the change files of commits 3 of its next range [3, {latest}]" in held["reason"]
-    assert f"missing file: _change_data/{change_file}" in held["reason"]
-    assert "VACUUM" in held["reason"]
-    assert (held["fix"], plan["pipelines"]) == (fix, [])
-    up = {r["upstream"]: r for r in lake.json("list")}["up"]
-    assert (up["state"], up["blocked"], up["fix"]) == ("blocked", held["reason"], fix)
-
-    run = lake.cli("run")
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "BLOCKED: upstream up cannot read its next range" in run.stderr
-    assert len(lake.store.batches()) == batches_before
