@@ -528,7 +528,23 @@ BAD_FILES = [
         UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
         "    sql: SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders\n",
         8,
-        ["Pipeline 'p': its SQL uses OVER: a window function"],
+        ["Pipeline 'p': its SQL (line 1) uses OVER: a window function"],
+    ),
+    (
+        # The big_spenders: the subquery is on the SQL's line 4, the file's line 11.
+        "sql-global-subquery",
+        "upstreams: {customers: /l/c, orders: /l/o}\npipelines:\n  big_spenders:\n"
+        "    upstreams: {customers: customer_id, orders: customer_id}\n"
+        "    keys: [customer_id]\n    target: /l/t\n    sql: |\n"
+        "      SELECT c.customer_id, SUM(o.amount) AS total\n"
+        "      FROM customers c JOIN orders o ON o.customer_id = c.customer_id\n"
+        "      GROUP BY c.customer_id\n"
+        "      HAVING SUM(o.amount) > (SELECT AVG(amount) * 2 FROM orders)\n",
+        11,
+        [
+            "Pipeline 'big_spenders': its SQL (line 4) reads upstream 'orders' in a subquery "
+            "that is not correlated on its key-path column(s) ['customer_id']",
+        ],
     ),
     (
         "full-not-importable",
@@ -703,7 +719,7 @@ def test_the_code_location_loads_the_file_the_environment_names(lake: Path, cli:
             "upstreams:\n  orders: lake/orders\npipelines:\n"
             "  p:\n    upstreams: {orders: id}\n    target: lake/t\n    keys: [id]\n"
             "    sql: SELECT id, uuid() AS tag FROM orders\n",
-            ":9: Pipeline 'p': its SQL calls uuid, which is non-deterministic",
+            ":9: Pipeline 'p': its SQL (line 1) calls uuid, which is non-deterministic",
         ),
     ],
     ids=["list-unknown-key", "plan-duplicate", "get-unknown-upstream", "set-cycle", "plan-sql"],

@@ -285,7 +285,7 @@ def test_an_aggregate_grouped_by_the_target_key_is_accepted() -> None:
             "SELECT customer_id, COUNT(*) AS order_id FROM orders, customers GROUP BY customer_id",
             "groups rows by something other than the target key(s) ['order_id']",
         ),
-        ("SELECT (order_id FROM orders, customers", "unbalanced parentheses"),
+        ("SELECT (order_id FROM orders, customers", "does not parse (line 1, column"),
         ("   ", "is empty"),
     ],
     ids=[
@@ -310,4 +310,150 @@ def test_sql_that_cannot_be_derived_is_refused_when_it_loads(sql: str, fragment:
     message = str(caught.value)
     assert fragment in message, message
     assert message.startswith("Pipeline 'enriched_sql'"), message
+    assert "Fix: " in message
+
+
+# A pipeline keyed by customer, reading customers and orders by customer_id (both direct):
+# each batch cuts both views down to the touched customers, so anything computed over all
+# orders is computed over the touched customers' orders only.
+PER_CUSTOMER = {"customers": "customer_id", "orders": "customer_id"}
+
+BIG_SPENDERS = """SELECT c.customer_id, SUM(o.amount) AS total
+FROM customers c JOIN orders o ON o.customer_id = c.customer_id
+GROUP BY c.customer_id
+HAVING SUM(o.amount) > (SELECT AVG(amount) * 2 FROM orders)"""
+
+
+def _per_customer(sql: str) -> Pipeline:
+    return _sql(sql, upstreams=PER_CUSTOMER, keys=["customer_id"], name="big_spenders")
+
+
+def test_a_subquery_over_a_whole_upstream_is_refused_naming_its_line() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        _per_customer(BIG_SPENDERS)
+    error = caught.value
+    message = str(error)
+    assert message.startswith("Pipeline 'big_spenders': its SQL (line 4) reads upstream 'orders'")
+    assert "not correlated on its key-path column(s) ['customer_id']" in message
+    assert "correlate the subquery on the key-path column(s) ['customer_id'] of orders" in message
+    assert error.upstream == "orders"
+    assert getattr(error, "sql_line", None) == 4
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT c.customer_id, (SELECT SUM(o.amount) FROM orders o "
+        "WHERE o.customer_id = c.customer_id) AS total FROM customers c",
+        "SELECT c.customer_id FROM customers c WHERE EXISTS "
+        "(SELECT 1 FROM orders WHERE customer_id = c.customer_id AND amount > 100)",
+        "SELECT customer_id FROM customers WHERE customer_id IN "
+        "(SELECT customer_id FROM orders GROUP BY customer_id HAVING SUM(amount) > 100)",
+        BIG_SPENDERS.replace(
+            "FROM orders)", "FROM orders o2 WHERE o2.customer_id <=> c.customer_id)"
+        ),
+        "WITH t AS (SELECT customer_id, SUM(amount) AS total FROM orders GROUP BY 1) "
+        "SELECT c.customer_id, t.total FROM customers c LEFT JOIN t USING (customer_id)",
+        "SELECT c.customer_id, t.n FROM customers c LEFT JOIN (SELECT DISTINCT customer_id, "
+        "1 AS n FROM orders) t ON t.customer_id = c.customer_id",
+        "SELECT customer_id, COUNT(*) AS n FROM customers JOIN orders USING (customer_id) "
+        "GROUP BY ALL",
+    ],
+    ids=[
+        "scalar-correlated",
+        "exists-correlated",
+        "in-grouped-key",
+        "having-correlated",
+        "cte-grouped-ordinal",
+        "derived-distinct",
+        "group-by-all",
+    ],
+)
+def test_aggregates_and_subqueries_per_key_path_are_accepted(sql: str) -> None:
+    assert _per_customer(sql).declared is not None
+
+
+@pytest.mark.parametrize(
+    ("sql", "fragment"),
+    [
+        (
+            "SELECT c.customer_id FROM customers c WHERE EXISTS "
+            "(SELECT 1 FROM orders WHERE amount > 1000)",
+            "reads upstream 'orders' in a subquery that is not correlated",
+        ),
+        (
+            "SELECT customer_id FROM customers WHERE customer_id IN "
+            "(SELECT o.customer_id FROM orders o WHERE o.amount > "
+            "(SELECT AVG(amount) FROM orders))",
+            "reads upstream 'orders' in a subquery that is not correlated",
+        ),
+        (
+            "SELECT c.customer_id FROM customers c WHERE c.customer_id IN "
+            "(SELECT COUNT(*) FROM orders GROUP BY status)",
+            "reads upstream 'orders' in a subquery that is not correlated",
+        ),
+        (
+            "SELECT c.customer_id, a.avg FROM customers c CROSS JOIN "
+            "(SELECT AVG(amount) AS avg FROM orders) a",
+            "aggregates rows of upstream 'orders' over all its rows",
+        ),
+        (
+            "WITH s AS (SELECT status, COUNT(*) AS n FROM orders GROUP BY status) "
+            "SELECT c.customer_id, s.n FROM customers c JOIN orders o USING (customer_id) "
+            "JOIN s ON s.status = o.status",
+            "aggregates rows of upstream 'orders' grouped by ['status']",
+        ),
+        (
+            "SELECT 1 AS customer_id, COUNT(*) AS n FROM customers JOIN orders USING (customer_id)",
+            "aggregates all rows into one",
+        ),
+        (
+            "SELECT customer_id, SUM(amount) AS total FROM customers JOIN orders "
+            "USING (customer_id) GROUP BY ROLLUP (customer_id)",
+            "uses ROLLUP",
+        ),
+        (
+            "SELECT customer_id FROM customers JOIN orders USING (customer_id) QUALIFY amount > 0",
+            "uses QUALIFY",
+        ),
+        (
+            "SELECT customer_id FROM customers TABLESAMPLE (10 PERCENT) JOIN orders "
+            "USING (customer_id)",
+            "uses TABLESAMPLE",
+        ),
+        (
+            "SELECT customer_id, uuid() AS tag FROM customers JOIN orders USING (customer_id)",
+            "calls uuid, which is non-deterministic",
+        ),
+        (
+            "SELECT customer_id, localtimestamp AS at FROM customers JOIN orders "
+            "USING (customer_id)",
+            "calls localtimestamp",
+        ),
+        (
+            "SELECT customer_id FROM customers JOIN orders USING (customer_id) WHERE ts < now()",
+            "calls now",
+        ),
+    ],
+    ids=[
+        "exists-uncorrelated",
+        "nested-scalar-uncorrelated",
+        "in-grouped-other",
+        "derived-global-aggregate",
+        "cte-grouped-other",
+        "top-global-aggregate",
+        "rollup",
+        "qualify",
+        "tablesample",
+        "uuid",
+        "localtimestamp",
+        "now",
+    ],
+)
+def test_aggregates_and_subqueries_across_keys_are_refused(sql: str, fragment: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        _per_customer(sql)
+    message = str(caught.value)
+    assert fragment in message, message
+    assert message.startswith("Pipeline 'big_spenders': its SQL (line 1)"), message
     assert "Fix: " in message

@@ -38,6 +38,7 @@ from typing import Any, cast
 import yaml
 
 from watermark_dagster.config.declared import declare
+from watermark_dagster.config.declared_sql import DeclaredSqlError
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
@@ -56,6 +57,9 @@ class _Mapping(dict[Any, Any]):
     key_lines: dict[Any, int]
     key_text: dict[Any, str]  # each key as written (YAML reads `on:` as True)
     duplicates: list[tuple[Any, int, int]]  # (key, line, line of its first occurrence)
+    # For a literal block value (`key: |`), the file line of the text's first line: the
+    # text keeps its line breaks, so its line n is at `block_lines[key] + n - 1`.
+    block_lines: dict[Any, int]
 
 
 class _Loader(yaml.SafeLoader):
@@ -75,6 +79,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Any:
     loader.flatten_mapping(node)
     data = _Mapping()
     data.line, data.key_lines, data.key_text, data.duplicates = node.start_mark.line + 1, {}, {}, []
+    data.block_lines = {}
     first_at: dict[Any, int] = {}  # explicit keys -> line
     # PyYAML's stubs leave construct_object untyped; it returns plain data of any type.
     construct = cast("Callable[..., object]", loader.construct_object)  # pyright: ignore[reportUnknownMemberType]
@@ -96,6 +101,8 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Any:
         data[key] = construct(value_node, deep=True)
         data.key_lines[key] = line
         data.key_text[key] = str(getattr(key_node, "value", key))
+        if isinstance(value_node, yaml.ScalarNode) and value_node.style == "|":
+            data.block_lines[key] = value_node.start_mark.line + 2  # the line after `|`
 
 
 _Loader.add_constructor(_MAP_TAG, _construct_mapping)
@@ -522,6 +529,12 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
                 kwargs["declared"] = declare(
                     name, paths, keys=kwargs.get("keys", ()), function=function, sql=sql
                 )
+            except DeclaredSqlError as e:
+                # Point at the SQL's own line when the file keeps its line breaks.
+                first = body.block_lines.get("sql")
+                raise reader.rewrap(
+                    first + e.sql_line - 1 if first and e.sql_line else at, e
+                ) from None
             except ConfigurationError as e:
                 raise reader.rewrap(at, e) from None
             if function is not None:
