@@ -827,6 +827,63 @@ def test_force_abandoning_a_batch_that_ran_applies_each_change_once(
         instance.dispose()
 
 
+@pytest.mark.spark
+@pytest.mark.parametrize(
+    ("pipeline", "reads", "forced"),
+    [("log_copy", "log", "orders"), ("orders_copy", "orders", "log")],
+    ids=["append", "merge"],
+)
+def test_a_forced_change_advances_what_a_killed_run_already_wrote(
+    pipeline: str,
+    reads: str,
+    forced: str,
+    spark: SparkSession,
+    templates: dict[str, Lake],
+    tmp_path: Path,
+) -> None:
+    """A run is killed right after ``pipeline``'s target commit, before its checkpoint.
+    An operator then resets the other upstream with --force, which abandons the batch. The
+    target's own record (the append's Delta transaction, the merge's labelled commit)
+    shows the batch was applied: the pipeline is recorded as succeeded and ``reads``
+    advances before the batch is abandoned, so the next batch does not read that range
+    again (an append target would hold it twice, I4)."""
+    lake = _copy(templates["changed"], tmp_path / "lake")
+    instance = lake.instance()
+    try:
+        killed = _run_child(lake, f"after_target_commit@{pipeline}", "cycle")
+        assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+        states = {c.pipeline: c.status for c in lake.store.checkpoints(batch_id="b000002")}
+        assert states[pipeline] is CheckpointStatus.RUNNING
+        assert lake.store.committed_versions() == {"orders": 0, "log": 0}
+
+        argv = [str(SCRIPT), "reset", "-t", forced, "--force", "--yes"]
+        reset = subprocess.run(
+            [*argv, "--defs", location_defs(lake.spec_file)],
+            cwd=REPO,
+            env=lake.env(),
+            capture_output=True,
+            text=True,
+            timeout=WAIT_SECONDS,
+        )
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert f"{pipeline}: its target already holds the batch" in reset.stdout, reset.stdout
+        assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
+        assert lake.store.committed_versions()[reads] == lake.latest()[reads]
+        [recovered] = [h for h in lake.store.history() if h["event"] == "PIPELINE_RECOVERED"]
+        assert recovered["pipeline"] == pipeline
+        assert recovered["batch_id"] == "b000002"
+
+        report = _cycle(lake, instance)
+        assert report.completed == ["b000003"], report
+        assert not report.failed_runs, report
+        again = lake.store.get_batch("b000003").inputs.get(reads)
+        latest = lake.latest()[reads]
+        assert again is None or again.range is None or again.range.start > latest, again
+        _assert_targets_exact(spark, lake)  # log_copy would hold log's rows 5..7 twice
+    finally:
+        instance.dispose()
+
+
 def test_pipelines_of_one_batch_checkpointing_at_once_from_processes(tmp_path: Path) -> None:
     """Four worker processes record attempts of two pipelines of one batch at the same
     moment, two attempts of each (a resubmitted run racing its twin): every attempt gets its

@@ -1,10 +1,11 @@
 """Named fault-injection points for crash tests.
 
 ``fault_point("after_target_commit")`` does nothing unless the environment variable
-``WATERMARK_FAULTS`` names that point (comma-separated), in which case the process kills
-itself with SIGKILL on the spot — no exception, no cleanup, no ``finally`` — exactly like a
-machine dying. Tests set the variable on a child process and check that the next tick
-recovers.
+``WATERMARK_FAULTS`` names that point (comma-separated; ``after_target_commit@orders_copy``
+arms it only where the caller passes ``where="orders_copy"``, e.g. one pipeline of a
+batch), in which case the process kills itself with SIGKILL on the spot — no exception,
+no cleanup, no ``finally`` — exactly like a machine dying. Tests set the variable on a
+child process and check that the next tick recovers.
 """
 
 import os
@@ -25,11 +26,13 @@ FAULT_POINTS = (
 )
 
 
-def fault_point(name: str) -> None:
-    """SIGKILL this process if ``WATERMARK_FAULTS`` names ``name``."""
+def fault_point(name: str, *, where: str | None = None) -> None:
+    """SIGKILL this process if ``WATERMARK_FAULTS`` names ``name`` (or ``name@where``)."""
     armed = os.environ.get(ENV)
-    if armed and name in {p.strip() for p in armed.split(",")}:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if armed:
+        points = {p.strip() for p in armed.split(",")}
+        if name in points or (where is not None and f"{name}@{where}" in points):
+            os.kill(os.getpid(), signal.SIGKILL)
     _simulated_crash(name)
 
 

@@ -4,7 +4,9 @@ A change is previewed first (:func:`preview_change`, which writes nothing), then
 (:func:`apply_change`) with the preview as the compare-and-swap expectation, so a change
 confirmed on an outdated view is refused. The store decides whether an open batch blocks
 the change (it refuses unless ``force``); before a forced change abandons that batch,
-:func:`advance_finished` commits the upstreams it already applied everywhere (I4).
+:func:`recover_applied` records the pipelines whose target already holds the batch (a
+run killed before its checkpoint) and :func:`advance_finished` commits the upstreams it
+already applied everywhere (I4).
 """
 
 from collections.abc import Sequence
@@ -84,6 +86,7 @@ class ChangeResult:
     change: WatermarkChange
     effect: str
     advanced: tuple[str, ...] = ()
+    recovered: tuple[str, ...] = ()
 
 
 def _versions(first: int, last: int) -> str:
@@ -260,7 +263,9 @@ def apply_change(
         TerminalError: the upstream moved since ``preview``.
     """
     advanced: tuple[str, ...] = ()
+    recovered: tuple[str, ...] = ()
     if preview.open_batch is not None and preview.changed:
+        recovered = recover_applied(store, registry, preview.open_batch, actor=preview.actor)
         advanced = advance_finished(
             store, registry, preview.open_batch, skip=preview.upstream, actor=preview.actor
         )
@@ -279,7 +284,52 @@ def apply_change(
         change=change,
         effect=describe_effect(preview.upstream, change.old, preview.new, preview.consumers),
         advanced=advanced,
+        recovered=recovered,
     )
+
+
+def recover_applied(
+    store: "WatermarkStore", registry: "Registry", batch_id: str, *, actor: str
+) -> tuple[str, ...]:
+    """Before a forced change abandons ``batch_id``: record as succeeded each of its
+    pipelines whose run was killed after writing its target and before recording success.
+
+    The target says so itself (:func:`~watermark_dagster.write.targets.applied_by_target`:
+    its Delta transaction, or a commit labelled with the batch). Without this, the batch's
+    ranges would be read again by the next batch under a new position, and an append
+    target would get those rows twice (I4). Each recovery is a SUCCESS checkpoint and a
+    ``PIPELINE_RECOVERED`` history row naming the evidence, so :func:`advance_finished`
+    then advances the upstreams as the finalizer would.
+
+    Returns the pipelines recovered; none when the batch ended meanwhile.
+    """
+    from watermark_dagster.core.records import BatchStatus, CheckpointStatus
+    from watermark_dagster.operations.coordinate import succeeded
+    from watermark_dagster.write.targets import applied_by_target
+
+    batch = store.get_batch(batch_id)
+    if batch.status is not BatchStatus.PLANNED:
+        return ()
+    done = succeeded(store, batch)
+    recovered: list[str] = []
+    for name in batch.pipelines:
+        pipeline = registry.pipelines.get(name)
+        if name in done or pipeline is None:
+            continue
+        evidence = applied_by_target(pipeline, batch_id, batch.write_seq)
+        if evidence is None:
+            continue
+        attempt = store.begin_checkpoint(name, batch_id, run_id=actor)
+        store.finish_checkpoint(name, batch_id, attempt, CheckpointStatus.SUCCESS)
+        store.record(
+            "PIPELINE_RECOVERED",
+            actor=actor,
+            batch_id=batch_id,
+            pipeline=name,
+            detail={"attempt": attempt, "evidence": evidence},
+        )
+        recovered.append(name)
+    return tuple(recovered)
 
 
 def advance_finished(

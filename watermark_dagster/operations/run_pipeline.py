@@ -308,7 +308,7 @@ def run_pipeline(
                 pipeline.table,
                 pipeline.target,
             )
-        fault_point("after_target_commit")
+        fault_point("after_target_commit", where=pipeline_name)
     except BaseException as exc:
         if isinstance(exc, SimulatedCrash):
             raise  # a stand-in for a killed process: nothing gets to record anything

@@ -130,15 +130,32 @@ def applied_transaction(
     return RsDeltaTable(target, storage_options=options).transaction_version(app_id)
 
 
+def labelled_commit(
+    target: str, storage_options: Mapping[str, str] | None, prefix: str, *, newest: int = 100
+) -> int | None:
+    """The version of the newest of the target's last ``newest`` commits whose label
+    starts with ``prefix`` (see :func:`new_label`), or None."""
+    options = dict(storage_options) if storage_options else None
+    for commit in RsDeltaTable(target, storage_options=options).history(newest):
+        if str(commit.get("userMetadata") or "").startswith(prefix):
+            return int(commit.get("version", -1))
+    return None
+
+
 def has_data_files(target: str, storage_options: Mapping[str, str] | None) -> bool:
     """True when the target's current version holds at least one data file."""
     options = dict(storage_options) if storage_options else None
     return len(RsDeltaTable(target, storage_options=options).file_uris()) > 0
 
 
+def label_prefix(pipeline: str, batch_id: str) -> str:
+    """The start of every label of ``pipeline``'s writes for ``batch_id``."""
+    return f"watermark pipeline={pipeline} batch={batch_id} "
+
+
 def new_label(pipeline: str, batch_id: str, write_seq: int) -> str:
     """A label unique to one write: pipeline, batch, position and a nonce."""
-    return f"watermark pipeline={pipeline} batch={batch_id} seq={write_seq} {uuid.uuid4().hex[:12]}"
+    return f"{label_prefix(pipeline, batch_id)}seq={write_seq} {uuid.uuid4().hex[:12]}"
 
 
 @contextmanager

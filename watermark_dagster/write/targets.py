@@ -38,6 +38,8 @@ from watermark_dagster.write.commits import (
     applied_transaction,
     commits_since,
     has_data_files,
+    label_prefix,
+    labelled_commit,
     labelled_commits,
     new_label,
     target_version,
@@ -265,6 +267,31 @@ def recluster(spark: SparkSession, target: str, cluster_by: Sequence[str]) -> No
     spark.sql("ALTER TABLE " + delta_location(target) + " CLUSTER BY (" + columns + ")")
 
 
+def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str | None:
+    """What shows that ``pipeline``'s target already holds its write for batch
+    ``batch_id`` (at position ``write_seq``), or None when nothing does.
+
+    A run killed between its target commit and its SUCCESS checkpoint leaves this evidence:
+    an append or overwrite's Delta transaction (``txnAppId``/``txnVersion``) at the
+    batch's position or later (no later batch is planned while this one is open), or a
+    commit labelled with the pipeline and the batch (a MERGE writes no transaction). A
+    write that committed nothing leaves none, and re-reading its range writes nothing
+    twice either.
+    """
+    options: Mapping[str, str] = dict(pipeline.storage_options or {})
+    if target_version(pipeline.target, options) is None:
+        return None
+    app_id = transaction_app_id(pipeline)
+    applied = applied_transaction(pipeline.target, options, app_id)
+    if applied is not None and applied >= write_seq:
+        return f"the target's Delta transaction {app_id} is at {applied} (batch at {write_seq})"
+    prefix = label_prefix(pipeline.name, batch_id)
+    version = labelled_commit(pipeline.target, options, prefix)
+    if version is not None:
+        return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
+    return None
+
+
 def write_target(
     spark: SparkSession,
     output: DataFrame,
@@ -310,4 +337,9 @@ def write_target(
     )
 
 
-__all__: Sequence[str] = ["WriteResult", "transaction_app_id", "write_target"]
+__all__: Sequence[str] = [
+    "WriteResult",
+    "applied_by_target",
+    "transaction_app_id",
+    "write_target",
+]

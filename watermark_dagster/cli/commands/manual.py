@@ -121,6 +121,8 @@ def _change(
         dry_run=False,
         old=change.old,
         abandoned=list(change.abandoned),
+        recovered=list(done.recovered),
+        advanced=list(done.advanced),
         effect=done.effect,
     )
     if args.json:
@@ -133,6 +135,16 @@ def _change(
         )
         + f" ({how.value} by {actor}{reason})"
     )
+    for pipeline in done.recovered:
+        ctx.console.print(
+            f"  {pipeline}: its target already holds the batch (its run stopped before "
+            "recording success): recorded as succeeded"
+        )
+    if done.advanced:
+        ctx.console.print(
+            f"  advanced first, as the finalizer would (every consumer applied them): "
+            f"{', '.join(done.advanced)}"
+        )
     for batch_id in change.abandoned:
         ctx.console.print(
             f"  batch {batch_id} {ctx.console.paint('ABANDONED', 'bad')}; the next plan starts "
