@@ -12,7 +12,9 @@ suite.
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 from benchmarks.declared import PlanWork, measuring
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
@@ -151,3 +153,102 @@ def test_a_full_transform_without_the_key_column_is_refused_before_writing(
         keys=["order_id"],
     )
     _refused(spark, tmp_path, pipeline, "output has no key column(s) ['order_id']")
+
+
+def _reading_another_table(tiers: str):
+    """A full transform that also reads a table by path, which it was not given."""
+
+    def enriched_with_tiers(orders: DataFrame, customers: DataFrame) -> DataFrame:
+        tier = orders.sparkSession.read.format("delta").load(tiers)
+        return full_orders_enriched(orders, customers).join(tier, "customer_id", "left")
+
+    return enriched_with_tiers
+
+
+def test_a_full_transform_reading_a_table_it_was_not_given_is_refused_before_writing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    tiers = str(tmp_path / "outside" / "tiers")
+    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
+        tiers
+    )
+    pipeline = declared_pipeline(
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=str(tmp_path / "wm" / "never"),
+        keys=["order_id"],
+        name="with_tiers",
+    )(_reading_another_table(tiers))
+    _refused(spark, tmp_path, pipeline, "outside its upstreams ['orders', 'customers']")
+
+
+def test_a_changed_transform_reading_another_table_is_refused_on_an_incremental_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    tiers = str(tmp_path / "outside" / "tiers")
+    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
+        tiers
+    )
+    declare = declared_pipeline(
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=paths.target("enriched"),
+        keys=["order_id"],
+        name="enriched",
+    )
+    store = WatermarkStore(paths.control_root)
+    first = Registry(upstreams=demo_upstreams(paths), pipelines=[declare(full_orders_enriched)])
+    _cycle(spark, first, store)
+    target = DeltaTable.forPath(spark, paths.target("enriched"))
+    version = target.history(1).first()
+    assert version is not None
+    apply_round(spark, paths, 1)
+    changed = Registry(
+        upstreams=demo_upstreams(paths), pipelines=[declare(_reading_another_table(tiers))]
+    )
+    look = look_before_planning(changed, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    with pytest.raises(TerminalError, match="outside its upstreams") as caught:
+        execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=changed,
+            pipeline_name="enriched",
+            batch_id=batch.batch_id,
+            run_id="test",
+        )
+    assert str(Path(tiers)) in str(caught.value)
+    latest = target.history(1).first()
+    assert latest is not None
+    assert latest["version"] == version["version"]  # nothing written
+
+
+def _ranked(orders: DataFrame, customers: DataFrame) -> DataFrame:
+    """Each order's rank among its customer's orders: a window over other keys' rows."""
+    by_customer = Window.partitionBy("customer_id").orderBy(F.col("amount_cents").desc())
+    return full_orders_enriched(orders, customers).withColumn("rank", F.rank().over(by_customer))
+
+
+def _sampled(orders: DataFrame, customers: DataFrame) -> DataFrame:
+    return full_orders_enriched(orders, customers).withColumn("draw", F.rand())
+
+
+@pytest.mark.parametrize(
+    ("function", "fragment"),
+    [
+        (_ranked, "its full transform uses Window: a window function"),
+        (_sampled, "its full transform calls Rand, which is non-deterministic"),
+    ],
+    ids=["window", "rand"],
+)
+def test_a_python_full_transform_mixing_keys_is_refused_before_writing(
+    spark: SparkSession, tmp_path: Path, function, fragment: str
+) -> None:
+    pipeline = declared_pipeline(
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=str(tmp_path / "wm" / "never"),
+        keys=["order_id"],
+        name="mixing",
+    )(function)
+    _refused(spark, tmp_path, pipeline, fragment)

@@ -51,6 +51,11 @@ class PinnedInput(Protocol):
         ...
 
     @property
+    def location(self) -> str:
+        """Where the upstream's data lives (a catalog table's resolved location)."""
+        ...
+
+    @property
     def changes(self) -> "DataFrame":
         """The change rows in the pinned range, with ``_change_type``,
         ``_commit_version`` and ``_commit_timestamp``."""

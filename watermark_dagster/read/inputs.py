@@ -130,6 +130,11 @@ class UpstreamInput:
         )
 
     @property
+    def location(self) -> str:
+        """Where the upstream's data lives (a catalog table's resolved location)."""
+        return self._upstream.path
+
+    @property
     def reads_snapshot(self) -> bool:
         """True when this input is read as a whole snapshot (a full load)."""
         return self.mode is ReadMode.SNAPSHOT
