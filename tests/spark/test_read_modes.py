@@ -35,6 +35,7 @@ from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, c
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.errors import UpstreamUnreadableError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
@@ -853,3 +854,60 @@ def test_every_reader_of_a_batch_sees_a_delta_cursor_source_as_the_batch_planned
     add([(i, t0 + timedelta(minutes=i)) for i in (4, 5)])
     batch_with_late_row((6, t0 + timedelta(minutes=4, seconds=30)))
     assert sorted(lake.rows("log")) == sorted(lake.rows("copy")) == [1, 2, 3, 4, 5]
+
+
+def test_a_vacuumed_delta_cursor_source_fails_naming_the_upstream_version_and_fix(
+    lake: Lake,
+) -> None:
+    """A batch pins a Delta cursor source at the version it was planned at (I3). When the
+    source is rewritten and vacuumed before the batch runs, that version's files are gone:
+    the run fails with the I6 error naming the upstream, the version and the fix, not
+    Spark's raw file error, and nothing is written."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    path = lake.path("clicks")
+
+    def rows(ids: list[int]) -> pa.Table:
+        return pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "value": pa.array([i * 10 for i in ids], pa.int64()),
+                "ts": pa.array(
+                    [t0 + timedelta(minutes=i) for i in ids], pa.timestamp("us", tz="UTC")
+                ),
+            }
+        )
+
+    write_deltalake(path, rows([1, 2, 3]))
+    registry = Registry(
+        upstreams=[CursorUpstream(name="clicks", path=path, cursor="ts", tie_break=("id",))],
+        pipelines=[
+            Pipeline(
+                name="clicks_copy",
+                upstreams=("clicks",),
+                target=lake.path("copy"),
+                keys=("id",),
+                transform=_latest_clicks,
+            )
+        ],
+    )
+    store = lake.store
+    look = look_before_planning(registry, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    pinned_at = RsDeltaTable(path).version()
+    write_deltalake(path, rows([4, 5]), mode="overwrite")  # the pinned files are removed...
+    RsDeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with pytest.raises(UpstreamUnreadableError) as caught:  # ...and vacuumed
+        execute_pipeline(
+            spark=lake.spark,
+            store=store,
+            registry=registry,
+            pipeline_name="clicks_copy",
+            batch_id=batch.batch_id,
+        )
+    message = str(caught.value)
+    assert message.startswith("Upstream 'clicks'"), message
+    assert f"version {pinned_at}" in message, message
+    assert "files the range needs were removed (VACUUM)" in message, message
+    assert "Fix: run `watermark reset -t clicks --force`" in message, message
+    assert not Path(lake.path("copy")).exists()  # nothing written

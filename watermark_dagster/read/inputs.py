@@ -103,14 +103,18 @@ class UpstreamInput:
         window, scan, rows_without_cursor = planned.window, None, 0
         if planned.is_cursor:
             assert window is not None
-            window, rows_without_cursor = pin_window(
-                spark,
-                _cursor_upstream(upstream),
-                window,
-                pin,
-                now or datetime.now(UTC),
-                source_version,
-            )
+            try:
+                window, rows_without_cursor = pin_window(
+                    spark,
+                    _cursor_upstream(upstream),
+                    window,
+                    pin,
+                    now or datetime.now(UTC),
+                    source_version,
+                )
+            except Exception as e:  # Spark's errors are matched by their text
+                at = f"as of version {source_version}" if source_version is not None else ""
+                raise unreadable(upstream, f"of window {window} {at}".strip(), e) from e
             mode = ReadMode.SNAPSHOT if full_load else planned.mode
         else:
             assert planned.snapshot_version is not None
@@ -206,11 +210,13 @@ class UpstreamInput:
             self._changes = None
 
     def describe(self) -> str:
-        """``CDF [3, 5]``, ``SNAPSHOT @5``, ``TIMESTAMP (a .. b]``, ``NOOP``."""
+        """``CDF [3, 5]``, ``SNAPSHOT @5``, ``TIMESTAMP (a .. b] as of version 4`` (a Delta
+        cursor source), ``NOOP``."""
         if self.mode is ReadMode.NOOP:
             return "NOOP"
         if self.window is not None:
-            return f"{self.mode.value} {self.window}"
+            at = f" as of version {self.source_version}" if self.source_version is not None else ""
+            return f"{self.mode.value} {self.window}{at}"
         if self.mode is ReadMode.SNAPSHOT:
             return f"SNAPSHOT @{self.snapshot_version}"
         return f"{self.mode.value} {self.range}"
