@@ -8,14 +8,22 @@ customer, a customer to another region, a payment to another customer), deletes 
 that still have children included: the left joins then give nulls), references to parents
 that do not exist, multi-row MERGE commits that insert, update and delete rows of one
 customer's orders at once, and whole-table rewrites that delete and re-insert every row in
-one commit. Six declared pipelines read them:
+one commit. Join keys are NULL now and then (an order without a customer, a customer
+without a region, a payment without a customer). Seven declared pipelines read them:
 
 * ``oc_fn`` / ``oc_sql``: orders left join customers, keyed ``order_id`` (a two-way join;
   customers reach orders through ``orders.customer_id``);
 * ``ocr_fn`` / ``ocr_sql``: orders left join customers left join regions, keyed
   ``order_id`` (a three-way join; regions reach orders through customers);
 * ``totals_fn`` / ``totals_sql``: customers left join payments grouped by customer,
-  keyed ``customer_id`` (an aggregate).
+  keyed ``customer_id`` (an aggregate);
+* ``by_region_sql``: customers left join payments grouped by ``region_id``, keyed
+  ``region_id`` (an aggregate with a NULL group: the customers without a region, which
+  customers move into and out of; payments reach it through their customer).
+
+Each case also draws one SQL shape that cannot be derived (a subquery or an aggregate over
+a whole upstream, a window, a non-deterministic function, a group by another column) and
+checks it is refused when it loads.
 
 Between commits the system runs cycles through the production functions, as
 :class:`tests.model.harness.Case` does, interrupted by crashes at every fault point, a
@@ -34,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable as RsTable
 from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
@@ -47,7 +56,7 @@ from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus
-from watermark_dagster.errors import BatchStateError
+from watermark_dagster.errors import BatchStateError, ConfigurationError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
@@ -78,6 +87,10 @@ KEY = {"regions": "region_id", "customers": "customer_id", "orders": "order_id"}
 POOL = {"regions": 6, "customers": 10, "orders": 30, "payments": 30}
 UPSTREAMS = tuple(SCHEMAS)
 
+BY_REGION = {
+    "customers": "region_id",
+    "payments": "payments.customer_id -> customers.customer_id -> customers.region_id",
+}
 CUSTOMERS_TO_ORDERS = "customers.customer_id -> orders.customer_id -> orders.order_id"
 REGIONS_TO_ORDERS = (
     "regions.region_id -> customers.region_id -> customers.customer_id -> "
@@ -90,8 +103,15 @@ COLUMNS = {
     "ocr": ("order_id", "customer_id", "name", "region_id", "region_name", "amount_cents")
     + ("status",),
     "totals": ("customer_id", "name", "total_paid_cents", "payment_count"),
+    "by_region": ("region_id", "customer_count", "total_paid_cents", "payment_count"),
 }
-PIPELINES = {f"{kind}_{form}": kind for kind in COLUMNS for form in ("fn", "sql")}
+# The NULL group in SQL only: its function form would add time, not coverage.
+PIPELINES = {
+    f"{kind}_{form}": kind
+    for kind in COLUMNS
+    for form in ("fn", "sql")
+    if (kind, form) != ("by_region", "fn")
+}
 FUNCTION_PIPELINES = tuple(p for p in PIPELINES if p.endswith("_fn"))
 
 OC_SQL = """
@@ -104,6 +124,15 @@ FROM orders o
 LEFT JOIN customers c ON o.customer_id = c.customer_id
 LEFT JOIN regions r ON c.region_id = r.region_id
 """
+BY_REGION_SQL = """
+SELECT c.region_id,
+       COUNT(DISTINCT c.customer_id) AS customer_count,
+       CAST(COALESCE(SUM(p.amount_cents), 0) AS BIGINT) AS total_paid_cents,
+       COUNT(p.payment_id) AS payment_count
+FROM customers c
+LEFT JOIN payments p ON p.customer_id = c.customer_id
+GROUP BY c.region_id
+"""
 TOTALS_SQL = """
 SELECT c.customer_id, c.name,
        CAST(COALESCE(t.total, 0) AS BIGINT) AS total_paid_cents,
@@ -114,6 +143,56 @@ LEFT JOIN (
     FROM payments GROUP BY customer_id
 ) t ON c.customer_id = t.customer_id
 """
+
+OC = {"orders": "order_id", "customers": CUSTOMERS_TO_ORDERS}
+TOTALS = {"customers": "customer_id", "payments": "customer_id"}
+OC_FROM = "FROM orders o LEFT JOIN customers c ON o.customer_id = c.customer_id"
+# (sql, upstreams, keys, what the refusal says): shapes whose rows for one key depend on
+# other keys' rows, or that are not deterministic. Each case draws one.
+REFUSED = [
+    (
+        "SELECT c.customer_id, SUM(p.amount_cents) AS total FROM customers c JOIN payments p "
+        "ON p.customer_id = c.customer_id GROUP BY c.customer_id "
+        "HAVING SUM(p.amount_cents) > (SELECT AVG(amount_cents) * 2 FROM payments)",
+        TOTALS,
+        ["customer_id"],
+        "reads upstream 'payments' in a subquery that is not correlated",
+    ),
+    (
+        "SELECT c.customer_id, t.n FROM customers c CROSS JOIN "
+        "(SELECT COUNT(*) AS n FROM payments) t",
+        TOTALS,
+        ["customer_id"],
+        "aggregates rows of upstream 'payments' over all its rows",
+    ),
+    (
+        "SELECT c.region_id AS customer_id, COUNT(*) AS n FROM customers c "
+        "LEFT JOIN payments p ON p.customer_id = c.customer_id GROUP BY c.region_id",
+        TOTALS,
+        ["customer_id"],
+        "groups rows by something other than the target key(s) ['customer_id']",
+    ),
+    (
+        "SELECT o.order_id, RANK() OVER (PARTITION BY o.customer_id ORDER BY o.amount_cents) "
+        f"AS r {OC_FROM}",
+        OC,
+        ["order_id"],
+        "uses OVER",
+    ),
+    (
+        f"SELECT o.order_id, c.name {OC_FROM} "
+        "WHERE EXISTS (SELECT 1 FROM customers WHERE region_id IS NULL)",
+        OC,
+        ["order_id"],
+        "reads upstream 'customers' in a subquery that is not correlated",
+    ),
+    (
+        f"SELECT o.order_id, rand() AS draw {OC_FROM}",
+        OC,
+        ["order_id"],
+        "calls rand, which is non-deterministic",
+    ),
+]
 
 
 def join_orders_customers(orders: DataFrame, customers: DataFrame) -> DataFrame:
@@ -176,6 +255,16 @@ def reference(kind: str, tables: dict[str, list[dict[str, Any]]]) -> list[Row]:
                     o["status"],
                 )
             )
+    elif kind == "by_region":
+        groups: dict[int | None, list[int]] = {}  # region -> [customers, total, payments]
+        for c in tables["customers"]:
+            group = groups.setdefault(c["region_id"], [0, 0, 0])
+            group[0] += 1
+            for p in tables["payments"]:
+                if p["customer_id"] == c["customer_id"]:
+                    group[1] += p["amount_cents"]
+                    group[2] += 1
+        rows = [(region, *values) for region, values in groups.items()]
     else:
         paid: dict[int, list[int]] = {}
         for p in tables["payments"]:
@@ -184,7 +273,12 @@ def reference(kind: str, tables: dict[str, list[dict[str, Any]]]) -> list[Row]:
         for c in tables["customers"]:
             amounts = paid.get(c["customer_id"], [])
             rows.append((c["customer_id"], c["name"], sum(amounts), len(amounts)))
-    return sorted(rows, key=lambda r: r[0])
+    return sorted(rows, key=_by_key)
+
+
+def _by_key(row: "Row") -> tuple[bool, Any]:
+    """Rows sorted by their key, the NULL key first."""
+    return (row[0] is not None, row[0])
 
 
 def target_rows(path: str, columns: tuple[str, ...]) -> list[Row]:
@@ -194,14 +288,14 @@ def target_rows(path: str, columns: tuple[str, ...]) -> list[Row]:
         QueryBuilder().register("t", RsTable(path)).execute("SELECT * FROM t").read_all()
     )
     picked = table.select(list(columns)).to_pylist()
-    return sorted((tuple(r[c] for c in columns) for r in picked), key=lambda r: r[0])
+    return sorted((tuple(r[c] for c in columns) for r in picked), key=_by_key)
 
 
 def _difference(got: list[Row], want: list[Row]) -> str:
     g, w = {r[0]: r for r in got}, {r[0]: r for r in want}
     lines = [
         f"  key {k}: target {g.get(k)} != recompute {w.get(k)}"
-        for k in sorted(g.keys() | w.keys())
+        for k in sorted(g.keys() | w.keys(), key=lambda k: (k is not None, k))
         if g.get(k) != w.get(k)
     ]
     return "\n".join(lines[:12])
@@ -222,6 +316,8 @@ class Stats:
     replays: int = 0
     backfills: int = 0
     checks: int = 0
+    refused: int = 0
+    null_groups: int = 0  # checks at which by_region_sql held a NULL group
 
     def add(self, other: "Stats") -> None:
         for name in self.__dataclass_fields__:
@@ -293,6 +389,13 @@ class DeclaredCase:
                 keys=["customer_id"],
                 target=t["totals_sql"],
             ),
+            sql_pipeline(
+                name="by_region_sql",
+                sql=BY_REGION_SQL,
+                upstreams=BY_REGION,
+                keys=["region_id"],
+                target=t["by_region_sql"],
+            ),
         ]
 
     # ---------------------------------------------------------------- upstream commits
@@ -333,7 +436,7 @@ class DeclaredCase:
             }
         return {
             "payment_id": key,
-            "customer_id": self._parent("customers"),
+            "customer_id": None if r.random() < 0.1 else self._parent("customers"),
             "amount_cents": r.randint(1, 999),
         }
 
@@ -344,9 +447,12 @@ class DeclaredCase:
         sizes = {"regions": 3, "customers": 6, "orders": 10, "payments": 8}
         for table in UPSTREAMS:  # parents first: children mostly reference real ones
             keys = self.rng.sample(range(POOL[table]), sizes[table])
+            rows = [self._row(table, k) for k in keys]
+            if table == "customers":  # the NULL group exists from the first load
+                rows[0]["region_id"] = rows[1]["region_id"] = None
             write_deltalake(
                 self.paths[table],
-                self._arrow(table, [self._row(table, k) for k in keys]),
+                self._arrow(table, rows),
                 configuration={"delta.enableChangeDataFeed": "true"},
             )
             self.stats.commits += 1
@@ -435,7 +541,9 @@ class DeclaredCase:
             self.log.append(f"move orders of customer {owner} to {target}")
             return
         picked = self.rng.sample(ids, min(len(ids), self.rng.randint(1, 2)))
-        new = None if table != "payments" and self.rng.random() < 0.15 else self._parent(parent)
+        # Customers move into the NULL region group (by_region_sql) more often.
+        no_parent = 0.3 if table == "customers" else 0.15
+        new = None if self.rng.random() < no_parent else self._parent(parent)
         value = "CAST(NULL AS BIGINT)" if new is None else str(new)
         dt.update(predicate=_in(KEY[table], picked), updates={column: value})
         self.log.append(f"move {table} {picked} to {column} {new}")
@@ -641,6 +749,8 @@ class DeclaredCase:
                 f"{pipeline} holds a key twice after {batch_id}"
             )
             want = reference(kind, tables)
+            if kind == "by_region" and any(r[0] is None for r in want):
+                self.stats.null_groups += 1
             assert got == want, self._failure(
                 f"{pipeline} differs from its full recompute at {versions} after {batch_id}:\n"
                 + _difference(got, want)
@@ -653,7 +763,17 @@ class DeclaredCase:
 
     # ---------------------------------------------------------------- the run
 
+    def check_refused_shape(self) -> None:
+        """One shape that cannot be derived, drawn for this case, is refused when it loads."""
+        sql, upstreams, keys, fragment = self.rng.choice(REFUSED)
+        self.log.append(f"refused shape: {fragment}")
+        with pytest.raises(ConfigurationError) as refused:
+            sql_pipeline(name="refused", sql=sql, upstreams=upstreams, keys=keys, target="/never")
+        assert fragment in str(refused.value), self._failure(f"refused otherwise: {refused.value}")
+        self.stats.refused += 1
+
     def run(self) -> Stats:
+        self.check_refused_shape()
         self.seed_tables()
         self.cycle()  # the first load: every target created from the snapshots
         self.check_targets()

@@ -1,6 +1,8 @@
 """Declared pipelines equal their full recompute under random histories (see
 tests/model/declared.py): two- and three-way joins and an aggregate, each as a Python
-function and as SQL, after every batch, through crashes, failures, replays and backfills.
+function and as SQL, and an aggregate with a NULL group in SQL, after every batch, through
+crashes, failures, replays and backfills, with NULL join keys drawn; each case also checks
+that one shape that cannot be derived is refused when it loads.
 
 The default suite runs seed 1 of 3 steps (every case also moves a join key of each child
 table once, and ends with a replay); `WATERMARK_DECLARED_SEEDS=7,8` and
@@ -17,10 +19,10 @@ from tests.model.declared import Stats, run_case
 
 pytestmark = pytest.mark.spark
 
-# One seed in the default suite (each batch runs six pipelines on Spark: a case takes about
+# One seed in the default suite (each batch runs seven pipelines on Spark: a case takes about
 # four minutes on 2 cores); more with the variable, or `-m soak`.
 SEEDS = [int(s) for s in os.environ.get("WATERMARK_DECLARED_SEEDS", "").split(",") if s] or [1]
-# Each batch runs six Spark pipelines: the default suite keeps the histories short.
+# Each batch runs seven Spark pipelines: the default suite keeps the histories short.
 STEPS = int(os.environ.get("WATERMARK_DECLARED_STEPS", "3"))
 
 
@@ -39,6 +41,8 @@ def test_declared_pipelines_equal_their_full_recompute_after_every_batch(
     # The case exercised what it claims to: batches checked, and the history was random.
     assert stats.checks >= 2, vars(stats)
     assert stats.commits > 4, vars(stats)
+    assert stats.refused == 1, vars(stats)
+    assert stats.null_groups >= 2, vars(stats)  # the NULL group checked batch after batch
     totals.add(stats)
 
 
