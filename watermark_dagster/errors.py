@@ -75,7 +75,8 @@ class ConfigurationError(TerminalError):
 
 
 class UpstreamUnavailableError(TerminalError):
-    """An upstream path does not exist or is not a Delta table."""
+    """An upstream path does not exist or is not a Delta table, or no catalog table has the
+    upstream's name."""
 
 
 class UpstreamRecreatedError(TerminalError):
@@ -155,4 +156,23 @@ def recreated_error(
         batch_id=batch_id,
         versions=versions,
         fix=recreated_fix(upstream),
+    )
+
+
+def missing_table_error(upstream: str, table: str) -> UpstreamUnavailableError:
+    """The error for an upstream named by catalog table when no table had that name as the
+    code location loaded: like a path that does not exist, it blocks only the pipelines
+    reading the upstream.
+
+    Args:
+        upstream: the upstream's name.
+        table: its catalog name, quoted as Spark reads it (`` `sales`.`orders` ``).
+    """
+    return UpstreamUnavailableError(
+        f"Upstream '{upstream}': catalog table {table} does not exist (no table had that name "
+        "when the code location loaded). Nothing is planned for it until then.",
+        upstream=upstream,
+        fix=f"create {table} (or correct the name in the registry, or give the table's "
+        "location as path), then reload the code location: catalog names are resolved when "
+        "it loads.",
     )

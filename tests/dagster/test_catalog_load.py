@@ -1,5 +1,6 @@
-"""Catalog names when a code location loads, and the locations a plan records; no JVM
-(resolution against a real metastore is in tests/scale/test_catalog.py)."""
+"""Catalog names when a code location loads, the locations a plan records, and an upstream
+whose table the load did not find; no JVM (resolution against a real metastore is in
+tests/scale/test_catalog.py, against Spark's in-memory catalog in tests/spark/test_catalog.py)."""
 
 from pathlib import Path
 
@@ -9,10 +10,12 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 from deltalake import write_deltalake
 
-from tests.lakes import defs_from
+from tests.lakes import defs_from, registry_from
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
-from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
+from watermark_dagster.observe.observer import Observer, observe_registry
+from watermark_dagster.observe.retention import check_retention
 from watermark_dagster.store import WatermarkStore
 
 
@@ -54,3 +57,33 @@ def test_a_plan_records_where_each_upstream_was_observed(
     batch = WatermarkStore(str(tmp_path / "control")).open_batch()
     assert batch is not None
     assert batch.locations == {"up": str(up)}
+
+
+def test_an_upstream_table_missing_at_load_blocks_only_its_pipelines(tmp_path: Path) -> None:
+    # What the load leaves when the catalog has no table `lake`.`up`: the name unresolved
+    # (the Spark side: tests/spark/test_catalog.py).
+    other = tmp_path / "other"
+    write_deltalake(str(other), pa.table({"id": pa.array([1], pa.int64()), "value": [1]}))
+    registry = registry_from(
+        {
+            "upstreams": [{"name": "up", "table": "lake.up"},
+                          {"name": "other", "path": str(other)}],
+            "pipelines": [
+                {"name": "up_copy", "upstreams": ["up"], "target": str(tmp_path / "a"),
+                 "transform": "copy"},
+                {"name": "other_copy", "upstreams": ["other"], "target": str(tmp_path / "b"),
+                 "transform": "copy"},
+            ],
+        }
+    )  # fmt: skip
+    look = observe_registry(registry, Observer(), {})
+    assert set(look.runnable) == {"other_copy"}
+    assert set(look.observed) == {"other"}
+    error = look.errors["up"]
+    assert error.startswith("Upstream 'up': catalog table `lake`.`up` does not exist"), error
+    assert "Fix: create `lake`.`up`" in error
+    assert "reload the code location" in error
+    # The retention check says the same, not "at ''".
+    with pytest.raises(UpstreamUnavailableError) as raised:
+        check_retention(registry.upstreams["up"], committed=None)
+    assert str(raised.value) == error

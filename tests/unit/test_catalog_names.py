@@ -1,6 +1,7 @@
 """Catalog table names in declarations: validated when the definitions load, never passed
 to Spark unquoted, never beside a path; a registry of paths needs no catalog (no process,
-no JVM). No JVM here: resolution itself is tested in tests/scale/test_catalog.py."""
+no JVM), and the spelling catalog locations are given in (``s3a://`` as ``s3://``). No JVM
+here: resolution itself is tested in tests/scale/test_catalog.py."""
 
 import textwrap
 from pathlib import Path
@@ -13,6 +14,7 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, declare_upstream
 from watermark_dagster.config.yaml_file import load_registry
 from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.read.catalog import catalog_spelling, normalize_location
 from watermark_dagster.runtime.catalog import resolve_catalog_tables
 
 
@@ -210,3 +212,49 @@ def test_a_registry_file_names_the_line_the_value_and_the_fix(
     assert text.startswith(f"{path}:{line}: "), text
     assert expected in text
     assert "Fix: " in text
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("file:/wh/sales.db/orders", "/wh/sales.db/orders"),
+        ("file:///wh/sales.db/orders/", "/wh/sales.db/orders"),
+        ("s3a://lake/wh/sales.db/orders", "s3://lake/wh/sales.db/orders"),
+        ("S3A://lake/wh/orders/", "s3://lake/wh/orders"),
+        ("s3://lake/wh/orders", "s3://lake/wh/orders"),
+        ("abfss://c@acct.dfs.core.windows.net/orders", "abfss://c@acct.dfs.core.windows.net/orders"),
+    ],
+    ids=["file-one-slash", "file-three-slashes", "s3a", "s3a-upper", "s3", "other-scheme"],
+)  # fmt: skip
+def test_a_catalog_location_becomes_the_spelling_tables_are_declared_in(
+    given: str, expected: str
+) -> None:
+    assert normalize_location(given) == expected
+
+
+def test_an_s3a_location_is_the_same_table_as_its_s3_path() -> None:
+    # The catalog stores Hadoop's s3a:// spelling; a target declared by path uses s3://.
+    # Mapped, the registry sees one table: a pipeline writing what it reads is a cycle.
+    registry = Registry(
+        upstreams=[DeltaUpstream(name="orders", table="sales.orders")],
+        pipelines=[Pipeline(name="loop", upstreams=["orders"], target="s3://lake/wh/orders",
+                            keys=["id"], transform=_copy)],
+    )  # fmt: skip
+    location = normalize_location("s3a://lake/wh/orders/")
+    with pytest.raises(ConfigurationError, match="reads its own output through a cycle"):
+        registry.with_locations({"orders": location}, {})
+
+
+@pytest.mark.parametrize(
+    ("location", "schema_location", "expected"),
+    [
+        ("s3://lake/wh/sales.db/t", "s3a://lake/wh/sales.db", "s3a://lake/wh/sales.db/t"),
+        ("s3://lake/wh/sales.db/t", "s3://lake/wh/sales.db", "s3://lake/wh/sales.db/t"),
+        ("/wh/sales.db/t", "file:/wh/sales.db", "/wh/sales.db/t"),
+    ],
+    ids=["s3a-schema", "s3-schema", "local"],
+)  # fmt: skip
+def test_a_target_is_registered_in_its_schemas_spelling(
+    location: str, schema_location: str, expected: str
+) -> None:
+    assert catalog_spelling(location, schema_location) == expected

@@ -22,6 +22,7 @@ from datetime import datetime
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
@@ -38,7 +39,11 @@ from watermark_dagster.core.observations import (
 )
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.records import Watermark
-from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
+from watermark_dagster.errors import (
+    UpstreamRecreatedError,
+    UpstreamUnavailableError,
+    missing_table_error,
+)
 from watermark_dagster.observe.log import (
     DeltaLog,
     Protocol,
@@ -164,8 +169,13 @@ class Observer:
         """Look at one upstream.
 
         Raises:
-            UpstreamUnavailableError: the path does not exist or holds no Delta table.
+            UpstreamUnavailableError: the path does not exist or holds no Delta table, or
+                no catalog table had the upstream's name when the code location loaded.
         """
+        if upstream.table_parts is not None and not upstream.path.strip():
+            # Named by catalog table, and the load found no table of that name
+            # (watermark_dagster.runtime.catalog): blocked like a path that does not exist.
+            raise missing_table_error(upstream.name, quote_table_name(upstream.table_parts))
         if isinstance(upstream, CursorUpstream):
             return self._observe_cursor(upstream)
         path = upstream.path

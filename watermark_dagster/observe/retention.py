@@ -28,10 +28,16 @@ from enum import StrEnum
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode
-from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError, reset_command
+from watermark_dagster.errors import (
+    ConfigurationError,
+    UpstreamUnavailableError,
+    missing_table_error,
+    reset_command,
+)
 from watermark_dagster.observe.log import DeltaLog
 
 DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
@@ -482,7 +488,8 @@ def check_retention(
         margin: fail this long before the horizon: a fraction of it or a duration.
 
     Raises:
-        UpstreamUnavailableError: the table cannot be loaded.
+        UpstreamUnavailableError: the table cannot be loaded, or no catalog table had the
+            upstream's name when the code location loaded.
         ConfigurationError: a retention property or the margin cannot be read.
 
     Example:
@@ -490,6 +497,8 @@ def check_retention(
         >>> status.passed, status.message
     """
     needed = needed_version(committed=committed, open_input=open_input, batch_id=batch_id)
+    if upstream.table_parts is not None and not upstream.path.strip():
+        raise missing_table_error(upstream.name, quote_table_name(upstream.table_parts))
     try:
         dt = DeltaTable(upstream.path, storage_options=dict(upstream.storage_options or {}) or None)
     except TableNotFoundError as e:

@@ -16,14 +16,30 @@ from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.errors import ConfigurationError, UpstreamRecreatedError, reset_command
 
+_S3, _S3A = "s3://", "s3a://"
+
 
 def normalize_location(location: str) -> str:
     """A table location in the spelling delta-rs and the registry use: Spark's
-    ``file:/a/b`` and ``file:///a/b`` become ``/a/b``; other URIs keep their scheme."""
+    ``file:/a/b`` and ``file:///a/b`` become ``/a/b``, and Hadoop's ``s3a://bucket/a``
+    becomes ``s3://bucket/a``, as tables on S3 are declared by path (one table, one
+    spelling: the registry compares locations to find cycles and shared targets); other
+    URIs are kept."""
     text = location.strip()
     if text.startswith("file:"):
         text = "/" + text[len("file:") :].lstrip("/")
+    elif text[: len(_S3A)].lower() == _S3A:
+        text = _S3 + text[len(_S3A) :]
     return text.rstrip("/") or "/"
+
+
+def catalog_spelling(location: str, schema_location: str) -> str:
+    """``location`` (in :func:`normalize_location`'s spelling) in the S3 scheme of its
+    schema's location as the catalog gives it: a catalog that stores ``s3a://`` locations
+    gets one back, which Spark readers knowing only Hadoop's s3a file system can open."""
+    if location.startswith(_S3) and schema_location.strip()[: len(_S3A)].lower() == _S3A:
+        return _S3A + location[len(_S3) :]
+    return location
 
 
 def table_location(spark: SparkSession, parts: tuple[str, ...]) -> str | None:
@@ -84,6 +100,7 @@ def register_table(spark: SparkSession, parts: tuple[str, ...], location: str) -
     """Register the Delta table at ``location`` under the name ``parts`` unless the name
     exists (the first write of a target named by catalog table created it by path). The
     table is external: dropping the name leaves the data, as for a table given by path.
+    On S3 it is registered in the scheme its schema's location has (:func:`catalog_spelling`).
 
     Returns:
         True when this call registered it.
@@ -91,6 +108,10 @@ def register_table(spark: SparkSession, parts: tuple[str, ...], location: str) -
     name = quote_table_name(parts)
     if spark.catalog.tableExists(name):
         return False
+    if location.startswith(_S3):
+        schema = parts[:-1] or (spark.catalog.currentDatabase(),)
+        found = spark.catalog.getDatabase(quote_table_name(schema))
+        location = catalog_spelling(location, found.locationUri or "")
     spark.catalog.createTable(name, path=location, source="delta")
     return True
 

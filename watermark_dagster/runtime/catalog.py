@@ -8,9 +8,15 @@ own Spark settings: its JVM ends with it, so no JVM stays in the code server or 
 command, and an embedded metastore (Derby admits one JVM at a time) is free again for the
 runs. Each run resolves the names again through its own session and refuses a name that
 moved (:func:`watermark_dagster.read.catalog.check_catalog_names`).
+
+An upstream whose table does not exist is left unresolved, as a path that does not exist
+is left as declared: the observer reports it unavailable
+(:func:`~watermark_dagster.errors.missing_table_error`), its pipelines are blocked, and the
+rest of the code location loads and runs.
 """
 
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,7 +24,9 @@ from typing import Any
 
 from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.errors import ConfigurationError, missing_table_error
+
+log = logging.getLogger("watermark_dagster")
 
 _ANSWER = "WATERMARK_CATALOG_LOCATIONS "
 # A first resolution may fetch Delta's jars; a metastore may be slow to answer.
@@ -34,7 +42,9 @@ def resolve_catalog_tables(
     conf: Mapping[str, str],
 ) -> Registry:
     """``registry`` with every catalog table name resolved to its location (the same
-    registry when it names none: no process, no JVM).
+    registry when it names none: no process, no JVM). An upstream whose table does not
+    exist is left unresolved: observing it reports it unavailable, which blocks only the
+    pipelines reading it.
 
     Args:
         registry: the declared upstreams and pipelines.
@@ -44,9 +54,9 @@ def resolve_catalog_tables(
         conf: their Spark settings (the catalog's and the metastore's among them).
 
     Raises:
-        ConfigurationError: an upstream's table does not exist or is not a Delta table, a
-            missing target's schema does not exist, or the catalog could not be reached;
-            the message names the declaration and the table.
+        ConfigurationError: an upstream's table is not a Delta table, a missing target's
+            schema does not exist, or the catalog could not be reached; the message names
+            the declaration and the table.
     """
     upstreams, targets = registry.catalog_names()
     if not upstreams and not targets:
@@ -91,6 +101,8 @@ def resolve_catalog_tables(
     error = answer.get("error")
     if error is not None:
         raise ConfigurationError(error["reason"], fix=error["fix"], **error["names"])
+    for name in answer.get("missing", []):
+        log.warning("%s", missing_table_error(name, quote_table_name(upstreams[name])))
     return registry.with_locations(answer["upstreams"], answer["targets"])
 
 
@@ -99,7 +111,8 @@ def _names(upstreams: Mapping[str, tuple[str, ...]], targets: Mapping[str, tuple
 
 
 def _resolve(request: Mapping[str, Any]) -> dict[str, Any]:
-    """The answer to one request, in the child: name -> location, or the first error."""
+    """The answer to one request, in the child: name -> location, the upstreams whose
+    table does not exist, or the first error."""
     from watermark_dagster.read.catalog import new_table_location, table_location
     from watermark_dagster.runtime.spark import build_spark_session
 
@@ -113,16 +126,14 @@ def _resolve(request: Mapping[str, Any]) -> dict[str, Any]:
     names: dict[str, str] = {}
     try:
         upstreams: dict[str, str] = {}
+        missing: list[str] = []
         for name, raw in request["upstreams"].items():
-            parts = tuple(raw)
             names = {"upstream": name}
-            location = table_location(spark, parts)
+            location = table_location(spark, tuple(raw))
             if location is None:
-                raise ConfigurationError(
-                    f"Upstream '{name}': catalog table {quote_table_name(parts)} does not exist.",
-                    fix="create it, correct the name, or give the table's location as path.",
-                )
-            upstreams[name] = location
+                missing.append(name)
+            else:
+                upstreams[name] = location
         targets: dict[str, str] = {}
         for name, raw in request["targets"].items():
             parts = tuple(raw)
@@ -136,7 +147,7 @@ def _resolve(request: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": {"reason": reason, "fix": e.fix or "", "names": names}}
     finally:
         spark.stop()
-    return {"upstreams": upstreams, "targets": targets}
+    return {"upstreams": upstreams, "targets": targets, "missing": missing}
 
 
 def main() -> None:
