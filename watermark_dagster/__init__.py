@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         sql_pipeline,
     )
     from watermark_dagster.config.registry import Registry
+    from watermark_dagster.config.secrets import EnvRef
     from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
     from watermark_dagster.dagster_defs.assets import WatermarkTranslator
     from watermark_dagster.dagster_defs.definitions import (
@@ -45,6 +46,7 @@ _API = {
     "declared_pipeline": "watermark_dagster.config.pipeline",
     "sql_pipeline": "watermark_dagster.config.pipeline",
     "Registry": "watermark_dagster.config.registry",
+    "EnvRef": "watermark_dagster.config.secrets",
     "CursorUpstream": "watermark_dagster.config.upstream",
     "DeltaUpstream": "watermark_dagster.config.upstream",
     "Upstream": "watermark_dagster.config.upstream",
@@ -64,6 +66,7 @@ __all__ = [
     "BatchContext",
     "CursorUpstream",
     "DeltaUpstream",
+    "EnvRef",
     "PinnedInput",
     "Pipeline",
     "Registry",

@@ -16,10 +16,11 @@ from dagster import Definitions
 
 from watermark_dagster.config import env
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.secrets import StorageOptions
 from watermark_dagster.config.yaml_file import load_registry_file
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.health import HealthSettings
-from watermark_dagster.dagster_defs.resources import SparkSessionResource
+from watermark_dagster.dagster_defs.resources import SparkSessionResource, dagster_values
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.demo import DemoPaths, build_demo_registry
 
@@ -67,7 +68,7 @@ def build_file_definitions(
 def _location(
     registry: Registry,
     control_root: str,
-    storage_options: dict[str, str] | None,
+    storage_options: StorageOptions | None,
     overrides: dict[str, object],
 ) -> WatermarkLocation:
     watermark_settings = WatermarkSettings(
@@ -94,7 +95,7 @@ def _location(
         spark=SparkSessionResource(
             master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"),
             remote=os.environ.get("WATERMARK_SPARK_REMOTE") or None,
-            conf=env.spark_conf(),
+            conf=dagster_values(env.spark_conf()) or {},
             engine=env.engine(),  # type: ignore[arg-type]
         ),
         settings=watermark_settings,

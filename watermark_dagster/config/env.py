@@ -5,7 +5,7 @@
 | ``WATERMARK_HOME`` | ``./.watermark`` | demo tables and control tables live under it |
 | ``WATERMARK_SPARK_MASTER`` | ``local[*]`` | Spark master (``spark://...`` for a cluster) |
 | ``WATERMARK_SPARK_REMOTE`` | unset | Spark Connect URL (``sc://host:port``) |
-| ``WATERMARK_SPARK_CONF`` | ``{}`` | extra Spark settings as a JSON object |
+| ``WATERMARK_SPARK_CONF`` | ``{}`` | Spark settings (JSON); a credential as ``{"env": "VAR"}`` |
 | ``WATERMARK_ENGINE`` | ``process`` | ``resident``: runs use the ``watermark engine`` process |
 | ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
 | ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import cast
 
+from watermark_dagster.config.secrets import OptionValue, as_reference
 from watermark_dagster.errors import ConfigurationError
 
 # The one default of each batching setting: `WatermarkSettings` (a code location built with
@@ -68,8 +69,9 @@ def registry_file() -> Path | None:
     return Path(raw).expanduser().resolve() if raw else None
 
 
-def spark_conf() -> dict[str, str]:
-    """``WATERMARK_SPARK_CONF`` parsed as a JSON object of strings."""
+def spark_conf() -> dict[str, OptionValue]:
+    """``WATERMARK_SPARK_CONF`` parsed as a JSON object of strings; a value may be
+    ``{"env": "VARIABLE"}`` (credentials must be: Dagster records the Spark settings)."""
     raw = os.environ.get("WATERMARK_SPARK_CONF", "{}")
     try:
         conf = json.loads(raw)
@@ -80,7 +82,17 @@ def spark_conf() -> dict[str, str]:
         ) from None
     if not isinstance(conf, dict):
         raise ConfigurationError(f"WATERMARK_SPARK_CONF must be a JSON object, got {raw!r}.")
-    return {str(k): str(v) for k, v in cast("dict[object, object]", conf).items()}
+    settings: dict[str, OptionValue] = {}
+    for key, value in cast("dict[object, object]", conf).items():
+        reference = as_reference(value)
+        if reference is None and isinstance(value, dict | list):
+            raise ConfigurationError(
+                f"WATERMARK_SPARK_CONF sets {key} to {json.dumps(value)}, which is neither "
+                "a value nor an environment reference.",
+                fix='give a string, or {"env": "VARIABLE"} to read it from the environment.',
+            )
+        settings[str(key)] = reference or str(value)
+    return settings
 
 
 def min_batch_interval_seconds() -> float:

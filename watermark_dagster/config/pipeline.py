@@ -19,6 +19,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
+from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import ConfigurationError
@@ -158,7 +159,8 @@ class Pipeline:
         write: ``merge`` (default), ``append`` or ``overwrite`` (:class:`WriteMode`).
         partition_by: partition columns the target is created with.
         cluster_by: liquid clustering columns the target is created with.
-        storage_options: storage options for the target on an object store.
+        storage_options: storage options for the target on an object store (credentials
+            as ``EnvRef("VARIABLE")`` or from the environment, never as text).
     """
 
     name: str
@@ -172,7 +174,7 @@ class Pipeline:
     write: WriteModeValue = "merge"
     partition_by: tuple[str, ...] = ()
     cluster_by: tuple[str, ...] = ()
-    storage_options: Mapping[str, str] | None = None
+    storage_options: StorageOptions | None = None
 
     def __post_init__(self) -> None:
         validate_name("pipeline name", self.name)
@@ -190,6 +192,9 @@ class Pipeline:
                 pipeline=self.name,
             )
         owner = f"Pipeline '{self.name}'"
+        object.__setattr__(
+            self, "storage_options", checked_options(f"{owner} target", self.storage_options)
+        )
         object.__setattr__(self, "write", enum_value(WriteMode, self.write, "write", owner))
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         object.__setattr__(self, "keys", tuple(self.keys))
@@ -296,7 +301,7 @@ def declared_pipeline(
     description: str | None = None,
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> Callable[[FullTransform], Pipeline]:
     """Declare a pipeline by its full transform; the incremental one is derived.
 
@@ -351,7 +356,7 @@ def sql_pipeline(
     description: str | None = None,
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> Pipeline:
     """Declare a pipeline by one Spark SQL query over views named after its upstreams; the
     incremental form is derived as for :func:`declared_pipeline`.
@@ -408,7 +413,7 @@ def pipeline(
     write: WriteModeValue = "merge",
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> Callable[[Transform], Pipeline]:
     """Declare a pipeline with a decorated transform function (the arguments are those of
     :class:`Pipeline`; give ``target`` or ``table``).

@@ -27,6 +27,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
+from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.errors import ConfigurationError
 
 
@@ -119,7 +120,9 @@ class Upstream:
             (``schema.table`` or ``catalog.schema.table``; parts in backticks for other
             characters). It is resolved to its location when the code location loads,
             and each run checks that the name still points there.
-        storage_options: delta-rs / Spark storage options for object stores.
+        storage_options: delta-rs / Spark storage options for object stores; a credential
+            is given as ``EnvRef("VARIABLE")`` (``{env: VARIABLE}`` in YAML) or left to the
+            environment, never as text (see :mod:`watermark_dagster.config.secrets`).
         description: shown in the Dagster UI.
         start_from: where the first batch starts: ``beginning`` (default: each
             pipeline's first batch loads a snapshot of the latest version), ``latest``
@@ -134,7 +137,7 @@ class Upstream:
     name: str
     path: str = ""
     table: str | None = None
-    storage_options: Mapping[str, str] | None = None
+    storage_options: StorageOptions | None = None
     description: str | None = None
     start_from: StartFrom = "beginning"
 
@@ -155,6 +158,9 @@ class Upstream:
                 fix="give the table's location as path=..., or its catalog name as table=...",
             )
         object.__setattr__(self, "start_from", _parse_start(self.start_from, self.owner))
+        object.__setattr__(
+            self, "storage_options", checked_options(self.owner, self.storage_options)
+        )
 
     @property
     def owner(self) -> str:

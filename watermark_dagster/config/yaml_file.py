@@ -42,6 +42,7 @@ from watermark_dagster.config.declared_sql import DeclaredSqlError
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.secrets import StorageOptions, as_reference
 from watermark_dagster.config.upstream import AnyUpstream, declare_upstream
 from watermark_dagster.errors import ConfigurationError
 
@@ -122,7 +123,7 @@ class RegistryFile:
 
     registry: Registry
     control_root: str | None
-    control_storage_options: dict[str, str] | None
+    control_storage_options: StorageOptions | None
     path: Path
 
 
@@ -365,8 +366,30 @@ def _options(_: _Reader, value: Any) -> Any:
     return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
 
 
+def _storage_options(reader: _Reader, value: Any) -> Any:
+    """Like :func:`_options`, and a value may be ``{env: VARIABLE}``: read from the
+    environment when the table is opened (credentials must be given so)."""
+    if not isinstance(value, dict):
+        return _WRONG
+    options = cast("dict[object, object]", value)
+    if getattr(options, "duplicates", None):
+        return _WRONG
+    references = {
+        k: as_reference(cast("dict[object, object]", v))
+        for k, v in options.items()
+        if isinstance(v, dict)
+    }
+    if any(r is None for r in references.values()):
+        return _WRONG
+    plain = _options(reader, {k: v for k, v in options.items() if k not in references})
+    if plain is _WRONG:
+        return _WRONG
+    return {str(k): references[k] if k in references else plain[str(k)] for k in options}
+
+
 _NAMES = "a list of names ([a, b]) or one name"
 _OPTIONS = "a mapping of option: value (scalar values, each key once)"
+_STORAGE_OPTIONS = "a mapping of option: value (scalar values or {env: VARIABLE}, each key once)"
 # key -> (what it must be, converter returning the value or _WRONG)
 UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "path": ("text (the table's location)", _location),
@@ -382,7 +405,7 @@ UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "format": ("text (a Spark source format)", _text),
     "read_options": (_OPTIONS, _options),
     "max_versions_per_batch": ("a whole number of versions", _count),
-    "storage_options": (_OPTIONS, _options),
+    "storage_options": (_STORAGE_OPTIONS, _storage_options),
     "description": ("text", _text),
 }
 PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
@@ -399,14 +422,14 @@ PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "write": ("text (merge, append or overwrite)", _text),
     "partition_by": (_NAMES, _names),
     "cluster_by": (_NAMES, _names),
-    "storage_options": (_OPTIONS, _options),
+    "storage_options": (_STORAGE_OPTIONS, _storage_options),
     "description": ("text", _text),
 }
 TOP_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "upstreams": ("a mapping of name: {path: ..., ...}", lambda _r, v: v),
     "pipelines": ("a mapping of name: {upstreams: [...], target: ..., ...}", lambda _r, v: v),
     "control_root": ("text (where the control tables live)", _location),
-    "control_storage_options": (_OPTIONS, _options),
+    "control_storage_options": (_STORAGE_OPTIONS, _storage_options),
 }
 _OR_TABLE = ("path", "target")
 _REQUIRED = {

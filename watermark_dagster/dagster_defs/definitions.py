@@ -21,6 +21,12 @@ from dagster import (
 )
 
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.secrets import (
+    StorageOptions,
+    check_spark_conf,
+    checked_options,
+    resolved_options,
+)
 from watermark_dagster.dagster_defs.assets import (
     BATCHES_PARTITIONS_NAME,
     WatermarkTranslator,
@@ -37,7 +43,11 @@ from watermark_dagster.dagster_defs.health import (
     build_retention_schedule,
     with_freshness,
 )
-from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
+from watermark_dagster.dagster_defs.resources import (
+    SparkSessionResource,
+    WatermarkStoreResource,
+    dagster_values,
+)
 from watermark_dagster.dagster_defs.runs import check_consumers
 from watermark_dagster.dagster_defs.sensors import (
     WatermarkSettings,
@@ -87,7 +97,8 @@ class WatermarkLocation:
 
     @property
     def storage_options(self) -> dict[str, str] | None:
-        """delta-rs storage options for the control root."""
+        """delta-rs storage options for the control root (credentials as ``EnvVar``; the
+        stores resolve them when they open a table)."""
         return self.store_resource.storage_options
 
     def store(self) -> "WatermarkStore":
@@ -113,7 +124,7 @@ def build_location(
     spark: SparkSessionResource | None = None,
     settings: WatermarkSettings | None = None,
     translator: WatermarkTranslator | None = None,
-    storage_options: dict[str, str] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> WatermarkLocation:
     """Everything a watermark code location needs, from its registry.
 
@@ -145,15 +156,18 @@ def build_location(
             fix="declare at least one pipeline with @pipeline(...).",
         )
     spark = spark or SparkSessionResource()
+    # Dagster records the resources' configuration: credentials only as references.
+    spark_settings = spark.settings()
+    check_spark_conf(spark_settings.conf, where="the Spark resource's settings")
+    storage_options = checked_options("The control root", storage_options)
     # Catalog table names become locations here, once, in a short-lived Spark process:
     # everything below (observation, planning, asset metadata) works by location.
-    spark_settings = spark.settings()
     registry = resolve_catalog_tables(
         registry,
         master=spark_settings.master,
         remote=spark_settings.remote,
         app_name=spark_settings.app_name,
-        conf=spark_settings.conf,
+        conf=resolved_options(spark_settings.conf, "The Spark resource") or {},
     )
     settings = settings or WatermarkSettings()
     translator = translator or WatermarkTranslator()
@@ -218,7 +232,7 @@ def build_location(
         resources={
             SPARK_RESOURCE_KEY: with_s3_settings(spark, registry),
             STORE_RESOURCE_KEY: WatermarkStoreResource(
-                control_root=control_root, storage_options=storage_options
+                control_root=control_root, storage_options=dagster_values(storage_options)
             ),
             REGISTRY_RESOURCE_KEY: registry,
             # Downstream assets load a pipeline's target through it (README, "Reading a
@@ -226,7 +240,7 @@ def build_location(
             TARGETS_IO_MANAGER_KEY: PipelineTargetIOManager(
                 targets={p.name: p.target for p in registry.pipelines.values()},
                 storage_options={
-                    p.name: dict(p.storage_options)
+                    p.name: dagster_values(p.storage_options) or {}
                     for p in registry.pipelines.values()
                     if p.storage_options
                 },
@@ -245,8 +259,8 @@ def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSe
     ``s3://``, endpoint, region, each table's storage options per bucket; see
     :mod:`watermark_dagster.runtime.storage`) under its own ``conf``, which wins. A registry
     with no table on S3 gets ``spark`` back unchanged, so its sessions never load
-    hadoop-aws. Credentials stay in the environment unless a table's storage options hold
-    them (then they are in the resource's configuration, which Dagster records)."""
+    hadoop-aws. Credentials stay in the environment, or are per-bucket settings whose
+    values are environment references (``EnvVar``): Dagster records only the names."""
     tables = [
         (f"upstream '{u.name}'", u.path, u.storage_options) for u in registry.upstreams.values()
     ]
@@ -258,7 +272,7 @@ def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSe
     if not s3:
         return spark
     fields = {name: getattr(spark, name) for name in type(spark).model_fields}
-    return type(spark)(**{**fields, "conf": {**s3, **spark.conf}})
+    return type(spark)(**{**fields, "conf": {**(dagster_values(s3) or {}), **spark.conf}})
 
 
 class LocationOptions(TypedDict, total=False):
@@ -268,7 +282,7 @@ class LocationOptions(TypedDict, total=False):
     spark: SparkSessionResource | None
     settings: WatermarkSettings | None
     translator: WatermarkTranslator | None
-    storage_options: dict[str, str] | None
+    storage_options: StorageOptions | None
 
 
 def build_definitions(registry: Registry, **options: Unpack[LocationOptions]) -> Definitions:

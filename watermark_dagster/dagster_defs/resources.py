@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr, model_validator
 from pyspark.sql import SparkSession
 
+from watermark_dagster.config.secrets import as_reference, resolved_options
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore, shared_store
@@ -73,7 +74,10 @@ def flatten_spark_config(config: Mapping[str, Any]) -> dict[str, str]:
     values as text (booleans as ``true``/``false``, as PySpark's builder writes them)."""
     flat: dict[str, str] = {}
     for key, value in config.items():
-        if isinstance(value, Mapping):
+        reference = as_reference(value)
+        if reference is not None:  # resolved when the session is built
+            flat[key] = EnvVar(reference.name)
+        elif isinstance(value, Mapping):
             nested = flatten_spark_config(cast("Mapping[str, Any]", value))
             flat.update({f"{key}.{k}": v for k, v in nested.items()})
         elif isinstance(value, bool):
@@ -218,7 +222,7 @@ class SparkSessionResource(ConfigurableResource):
                 master=settings.master,
                 remote=settings.remote,
                 app_name=settings.app_name,
-                conf=settings.conf,
+                conf=resolved_options(settings.conf, "The Spark resource") or {},
             )
             self._created = not existed
         return self._session
@@ -252,6 +256,19 @@ class SparkSessionResource(ConfigurableResource):
             self._session = None
 
 
+def dagster_values(options: Mapping[str, object] | None) -> dict[str, str] | None:
+    """``options`` as a resource's configuration: each environment reference
+    (:class:`~watermark_dagster.config.secrets.EnvRef`) as Dagster's ``EnvVar``, which Dagster
+    records by name only and resolves when it builds the resource for a run."""
+    if not options:
+        return None
+    values: dict[str, str] = {}
+    for key, value in options.items():
+        reference = as_reference(value)
+        values[key] = EnvVar(reference.name) if reference is not None else str(value)
+    return values
+
+
 class WatermarkStoreResource(ConfigurableResource):
     """The control tables (batches, committed watermarks, checkpoints, history).
 
@@ -264,7 +281,9 @@ class WatermarkStoreResource(ConfigurableResource):
         "first use."
     )
     storage_options: dict[str, str] | None = Field(
-        default=None, description="delta-rs storage options for object stores."
+        default=None,
+        description="delta-rs storage options for object stores; credentials as EnvVar (or "
+        "left to the environment), so Dagster stores only their variable's name.",
     )
 
     def get_store(self) -> WatermarkStore:

@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pydantic import Field
 
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.dagster_defs.runs import PIPELINE_METADATA
 
 # The resource key build_definitions gives the manager. Downstream assets name it in
@@ -107,7 +108,7 @@ class PipelineTargetIOManager(ConfigurableIOManager):
         """
         target, storage_options = self.target_of(context)
         try:
-            table = DeltaTable(target, storage_options=storage_options)
+            table = DeltaTable(target, storage_options=resolved_options(storage_options))
         except TableNotFoundError:
             key = context.asset_key.to_user_string() if context.has_asset_key else "the input"
             raise ValueError(

@@ -22,6 +22,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.schema import ArrayType, DataType, MapType, PrimitiveType, StructType
 
 from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.secrets import resolved_options
 
 URI_KEY = "dagster/uri"
 TABLE_NAME_KEY = "dagster/table_name"
@@ -120,7 +121,7 @@ def load_target(
     """
     options = storage_options if storage_options is not None else pipeline.storage_options
     try:
-        return DeltaTable(pipeline.target, storage_options=dict(options) if options else None)
+        return DeltaTable(pipeline.target, storage_options=resolved_options(options))
     except TableNotFoundError:
         return None
 

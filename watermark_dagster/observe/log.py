@@ -24,6 +24,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
 
+from watermark_dagster.config.secrets import StorageOptions, resolved_options
+
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 _LOG = "_delta_log"
 # A single-file checkpoint. Multi-part and UUID-named (v2) checkpoints are not read here:
@@ -89,11 +91,12 @@ class DeltaLog:
 
     Attributes:
         path: the table's path or URI.
-        storage_options: delta-rs storage options for an object store.
+        storage_options: delta-rs storage options for an object store (environment
+            references resolved when the log is opened).
     """
 
     path: str
-    storage_options: Mapping[str, str] | None = None
+    storage_options: StorageOptions | None = None
 
     @property
     def local(self) -> bool:
@@ -102,7 +105,7 @@ class DeltaLog:
 
     @cached_property
     def _store(self) -> pafs.PyFileSystem:
-        options = dict(self.storage_options or {}) or None
+        options = resolved_options(self.storage_options)
         return pafs.PyFileSystem(DeltaStorageHandler(self.path, options))
 
     def versions(self) -> set[int]:
@@ -188,7 +191,7 @@ class DeltaLog:
     def history(self) -> list[tuple[int, int]]:
         """``(version, commit timestamp in epoch milliseconds)`` of every commit delta-rs
         reports (its history follows checkpoints, so it needs a table load)."""
-        table = DeltaTable(self.path, storage_options=dict(self.storage_options or {}) or None)
+        table = DeltaTable(self.path, storage_options=resolved_options(self.storage_options))
         return [
             (int(h["version"]), int(h["timestamp"]))
             for h in table.history()

@@ -25,6 +25,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
 from watermark_dagster.core.observations import (
     Observation,
@@ -116,7 +117,7 @@ class Observer:
         """Whether the pipeline's target is missing, empty (no data file) or filled, for
         the first-load rule (cached per target version)."""
         path = pipeline.target
-        options = dict(pipeline.storage_options or {}) or None
+        options = resolved_options(pipeline.storage_options)
         if is_local(path):
             version = latest_local_version(path)
             if version is None:
@@ -143,7 +144,7 @@ class Observer:
             if version is None and is_local(path):
                 raise self._unavailable(upstream, "no Delta log found there")
             if version is None:
-                dt = DeltaTable(path, storage_options=dict(upstream.storage_options or {}) or None)
+                dt = DeltaTable(path, storage_options=resolved_options(upstream.storage_options))
                 version = dt.version()
             state = f"v{version}"
         elif is_local(path):
@@ -274,7 +275,7 @@ class Observer:
         """
         path = upstream.path
         try:
-            dt = DeltaTable(path, storage_options=dict(upstream.storage_options or {}) or None)
+            dt = DeltaTable(path, storage_options=resolved_options(upstream.storage_options))
         except TableNotFoundError as e:
             raise self._unavailable(upstream, str(e).splitlines()[0]) from e
         except (DeltaError, OSError) as e:

@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from watermark_dagster.config.names import quote_table_name
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode
@@ -500,7 +501,7 @@ def check_retention(
     if upstream.table_parts is not None and not upstream.path.strip():
         raise missing_table_error(upstream.name, quote_table_name(upstream.table_parts))
     try:
-        dt = DeltaTable(upstream.path, storage_options=dict(upstream.storage_options or {}) or None)
+        dt = DeltaTable(upstream.path, storage_options=resolved_options(upstream.storage_options))
     except TableNotFoundError as e:
         raise UpstreamUnavailableError(
             f"Upstream '{upstream.name}' at {upstream.path!r} is not a readable Delta table "

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.errors import UsageError
 
@@ -199,7 +200,7 @@ def verify_pipeline(
             f"unknown pipeline {pipeline!r}; the code location has {sorted(registry.pipelines)}."
         )
     versions, basis = versions_to_verify(store, registry, pipeline)
-    storage = dict(found.storage_options or {}) or None
+    storage = resolved_options(found.storage_options)
     comparison = None
     if DeltaTable.is_deltatable(found.target, storage_options=storage):
         spark = open_spark()

@@ -7,6 +7,7 @@ from functools import cache
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnreadableError, reset_command
@@ -94,7 +95,7 @@ def _load_cached(path: str, version: int, options: tuple[tuple[str, str], ...]) 
 
 def table_at(upstream: Upstream, version: int) -> DeltaTable:
     """The upstream as of ``version`` with delta-rs (cached: versions never change)."""
-    options = tuple(sorted((upstream.storage_options or {}).items()))
+    options = tuple(sorted((resolved_options(upstream.storage_options) or {}).items()))
     try:
         return _load_cached(upstream.path, version, options)
     except TableNotFoundError as e:
@@ -118,9 +119,7 @@ def table_at(upstream: Upstream, version: int) -> DeltaTable:
 def latest_table(upstream: Upstream) -> DeltaTable:
     """The upstream's latest version with delta-rs (not cached)."""
     try:
-        return DeltaTable(
-            upstream.path, storage_options=dict(upstream.storage_options or {}) or None
-        )
+        return DeltaTable(upstream.path, storage_options=resolved_options(upstream.storage_options))
     except (TableNotFoundError, DeltaError, OSError) as e:
         raise UpstreamRecreatedError(
             f"Upstream '{upstream.name}' at {upstream.path!r} cannot be loaded ({e}).",

@@ -313,7 +313,8 @@ if __name__ == "__main__":
     # Install step: resolve Delta's jars once and remember them; with --s3, also hadoop-aws
     # and the AWS SDK bundle it declares (several hundred MB), for tables on S3.
     s3 = "--s3" in sys.argv[1:]
-    conf = storage.spark_s3_settings([("--s3", "s3://bucket/", None)], environ={}) if s3 else {}
+    settings = storage.spark_s3_settings([("--s3", "s3://bucket/", None)], environ={})
+    conf = {k: v for k, v in settings.items() if isinstance(v, str)} if s3 else {}
     build_spark_session(master="local[1]", conf=conf).stop()
     extra = storage.s3_packages() if s3 else []
     listed = cached_delta_jars(extra) or []

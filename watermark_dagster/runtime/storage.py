@@ -10,7 +10,9 @@ for a code location with a table or control root on S3 (:func:`spark_s3_settings
 
 Credentials are not written into any setting by default: the s3a credential chain reads
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_SESSION_TOKEN`` from the
-environment of the process (as delta-rs does), or an instance profile.
+environment of the process (as delta-rs does), or an instance profile. A table's credential
+given as an environment reference (``{env: VARIABLE}``) becomes a per-bucket setting whose
+value is that reference, which the Spark resource reads when it builds the session.
 """
 
 import os
@@ -18,6 +20,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
+from watermark_dagster.config.secrets import (
+    EnvRef,
+    OptionValue,
+    StorageOptions,
+    is_credential,
+    resolved_options,
+)
 from watermark_dagster.errors import ConfigurationError
 
 S3_SCHEMES = ("s3", "s3a")
@@ -66,32 +75,37 @@ def _endpoint_settings(prefix: str, endpoint: str) -> dict[str, str]:
     }
 
 
-def _bucket_settings(bucket: str, options: Mapping[str, str]) -> dict[str, str]:
+def _bucket_settings(bucket: str, given: StorageOptions) -> dict[str, OptionValue]:
     """One table's storage options as per-bucket s3a settings (keys delta-rs alone uses,
-    like ``AWS_ALLOW_HTTP``, have no s3a counterpart and are left out)."""
+    like ``AWS_ALLOW_HTTP``, have no s3a counterpart and are left out). A credential given
+    as an environment reference stays one (Dagster records the Spark settings); any other
+    reference is read now."""
     prefix = f"spark.hadoop.fs.s3a.bucket.{bucket}."
-    settings: dict[str, str] = {}
+    credentials = {k: v for k, v in given.items() if isinstance(v, EnvRef) and is_credential(k)}
+    plain = {k: v for k, v in given.items() if k not in credentials}
+    options: dict[str, OptionValue] = {**(resolved_options(plain) or {}), **credentials}
+    settings: dict[str, OptionValue] = {}
     for key, value in options.items():
         lower = key.lower()
         if lower.startswith("fs.s3a."):
             settings[prefix + lower.removeprefix("fs.s3a.")] = value
             continue
         target = _OPTION_TO_S3A.get(lower)
-        if target == "endpoint":
+        if target == "endpoint" and isinstance(value, str):
             settings.update(_endpoint_settings(prefix, value))
         elif target is not None:
             settings[prefix + target] = value
     virtual = {k.lower(): v for k, v in options.items()}.get("aws_virtual_hosted_style_request")
-    if virtual is not None:
+    if isinstance(virtual, str):
         hosted = virtual.strip().lower() in ("1", "true", "yes", "on")
         settings[prefix + "path.style.access"] = str(not hosted).lower()
     return settings
 
 
 def spark_s3_settings(
-    tables: Iterable[tuple[str, str, Mapping[str, str] | None]],
+    tables: Iterable[tuple[str, str, StorageOptions | None]],
     environ: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+) -> dict[str, OptionValue]:
     """The Spark settings for the S3 tables among ``tables``; empty when none is on S3.
 
     Args:
@@ -107,7 +121,7 @@ def spark_s3_settings(
     on_s3 = [(what, uri, options) for what, uri, options in tables if is_s3(uri)]
     if not on_s3:
         return {}
-    settings = {
+    settings: dict[str, OptionValue] = {
         # s3:// paths too: Hadoop has no s3 file system of its own since 3.x.
         "spark.hadoop.fs.s3.impl": S3A_FILE_SYSTEM,
         S3A_IMPL_KEY: S3A_FILE_SYSTEM,

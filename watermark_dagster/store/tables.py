@@ -30,6 +30,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.errors import CommitConflictError
 from watermark_dagster.store import schema
 from watermark_dagster.store.conditional import require_conditional_writes
@@ -138,7 +139,7 @@ class ControlTables:
         if "://" not in root_str:
             root_str = str(Path(root_str).expanduser().resolve())
         self.root = root_str.rstrip("/")
-        self.storage_options = dict(storage_options) if storage_options else None
+        self.storage_options = resolved_options(storage_options, "The control root")
         self.max_commit_attempts = max_commit_attempts
         self.scans = ScanStats()
         # table -> rows rewritten into the bucketed layout by this process (see ensure_tables)

@@ -24,6 +24,7 @@ from pyspark.sql.types import StructType
 
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.columns import (
     BATCH_COLUMN,
     CHANGE_TYPE,
@@ -99,7 +100,7 @@ def _txn_write(
     write_seq: int,
     overwrite: bool,
 ) -> WriteResult:
-    options: Mapping[str, str] = dict(pipeline.storage_options or {})
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     app_id = transaction_app_id(pipeline)
     before = target_version(pipeline.target, options)
     if before is not None:
@@ -165,7 +166,7 @@ def _commit(
     app_id: str,
     write_seq: int,
 ) -> WriteResult:
-    options: Mapping[str, str] = dict(pipeline.storage_options or {})
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     target = pipeline.target
     exists = before is not None
     replace_schema = (
@@ -278,7 +279,7 @@ def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str 
     write that committed nothing leaves none, and re-reading its range writes nothing
     twice either.
     """
-    options: Mapping[str, str] = dict(pipeline.storage_options or {})
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     if target_version(pipeline.target, options) is None:
         return None
     app_id = transaction_app_id(pipeline)
@@ -330,7 +331,7 @@ def write_target(
         batch_seq=write_seq,
         batch_id=batch_id,
         pipeline=pipeline.name,
-        storage_options=dict(pipeline.storage_options) if pipeline.storage_options else None,
+        storage_options=resolved_options(pipeline.storage_options),
         partition_by=pipeline.partition_by,
         cluster_by=pipeline.cluster_by,
         insert_missing=not replay,
