@@ -37,7 +37,7 @@ versions: it shares nothing with Spark or with the derivation under test.
 import random
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ KEY = {"regions": "region_id", "customers": "customer_id", "orders": "order_id"}
 }
 # Ids are drawn from small pools, so deleted ids are reused and parents are often missing.
 POOL = {"regions": 6, "customers": 10, "orders": 30, "payments": 30}
+# Drawn per batch for every pipeline (incremental twice as often: it is the derived form).
+STRATEGIES = ("incremental", "incremental", "full", "auto")
+
 UPSTREAMS = tuple(SCHEMAS)
 
 BY_REGION = {
@@ -318,6 +321,8 @@ class Stats:
     checks: int = 0
     refused: int = 0
     null_groups: int = 0  # checks at which by_region_sql held a NULL group
+    incremental_runs: int = 0  # pipeline runs by strategy (drawn per batch)
+    full_runs: int = 0
 
     def add(self, other: "Stats") -> None:
         for name in self.__dataclass_fields__:
@@ -599,11 +604,20 @@ class DeclaredCase:
             if batch is None:
                 return False
         done = succeeded_pipelines(batch.batch_id, self.store.checkpoints(batch_id=batch.batch_id))
+        # Each batch draws every pipeline's strategy: incremental, full, or auto (which
+        # these small tables resolve to full); the targets must not tell them apart.
+        self.registry = Registry(
+            upstreams=list(self.registry.upstreams.values()),
+            pipelines=[
+                replace(p, strategy=self.rng.choice(STRATEGIES))
+                for p in self.registry.pipelines.values()
+            ],
+        )
         for pipeline in batch.pipelines:
             if pipeline in done:
                 continue
             try:
-                execute_pipeline(
+                outcome = execute_pipeline(
                     spark=self.spark,
                     store=self.store,
                     registry=self.registry,
@@ -614,6 +628,12 @@ class DeclaredCase:
             except RuntimeError as e:
                 if "injected failure" not in str(e):
                     raise
+                continue
+            if outcome.strategy is not None:
+                full = outcome.strategy.strategy == "full"
+                self.stats.full_runs += full
+                self.stats.incremental_runs += not full
+                self.log.append(f"  {pipeline}: {outcome.strategy.strategy}")
         finalize_batch(
             self.store, self.store.get_batch(batch.batch_id), registry=self.registry, actor="model"
         )

@@ -9,6 +9,7 @@ only the touched keys reach the join keeps the derived form incremental in the d
 suite.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,7 @@ def test_sql_and_function_forms_match_a_full_recompute_batch_after_batch(
         target=paths.target("by_function"),
         keys=["order_id"],
         name="by_function",
+        strategy="incremental",  # the derived form (small tables would be recomputed)
     )(full_orders_enriched)
     sql = sql_pipeline(
         name="by_sql",
@@ -79,6 +81,7 @@ def test_sql_and_function_forms_match_a_full_recompute_batch_after_batch(
         upstreams={"orders": "order_id", "customers": JOIN},
         target=paths.target("by_sql"),
         keys=["order_id"],
+        strategy="incremental",
     )
     # Each batch's derived output is executed once more and its plan's metrics kept.
     work: dict[str, list[PlanWork]] = {}
@@ -252,3 +255,164 @@ def test_a_python_full_transform_mixing_keys_is_refused_before_writing(
         name="mixing",
     )(function)
     _refused(spark, tmp_path, pipeline, fragment)
+
+
+# Spark jobs of one incremental batch of each demo pipeline (execute_pipeline: bind and
+# count the inputs, derive, persist and summarize the output, MERGE, record). Where they
+# go (`python -m benchmarks.jobs`): counting the change rows read 6, walking the touched
+# keys 4-7 (one collect per step), the output's one summary 6-7, the MERGE's skipping
+# values 1, Delta's MERGE 15-19 (as many for DeltaTable.merge as for DataFrame.mergeInto),
+# its commit 2. With the touched keys as a plan joined where used it was 59-63.
+DECLARED_BATCH_JOB_BUDGET = 44
+
+
+def test_an_incremental_batch_of_a_declared_pipeline_stays_within_its_job_budget(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from watermark_dagster.demo.pipelines import build_demo_registry
+
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    registry = build_demo_registry(paths)
+    # The incremental form's budget (small tables would have `auto` recompute them).
+    registry = Registry(
+        upstreams=list(registry.upstreams.values()),
+        pipelines=[replace(p, strategy="incremental") for p in registry.pipelines.values()],
+    )
+    store = WatermarkStore(paths.control_root)
+    _cycle(spark, registry, store)  # the first load
+    apply_round(spark, paths, 1)
+    look = look_before_planning(registry, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    assert set(batch.pipelines) == {"orders_enriched", "customer_payments"}
+    context = spark.sparkContext
+    jobs: dict[str, int] = {}
+    try:
+        for name in batch.pipelines:
+            group = f"job-budget-{name}"
+            context.setJobGroup(group, group)
+            outcome = execute_pipeline(
+                spark=spark,
+                store=store,
+                registry=registry,
+                pipeline_name=name,
+                batch_id=batch.batch_id,
+                run_id="test",
+            )
+            assert not outcome.full_load
+            assert outcome.rows_written > 0
+            jobs[name] = len(context.statusTracker().getJobIdsForGroup(group))
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # pyright: ignore[reportArgumentType]
+    assert all(n <= DECLARED_BATCH_JOB_BUDGET for n in jobs.values()), jobs
+
+
+def _effective_changes(spark: SparkSession, target: str, version: int) -> tuple[set, set]:
+    """The keys whose row the commit at ``version`` really changed (inserted, deleted, or
+    updated to other values), and every key its change feed holds."""
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", version)
+        .option("endingVersion", version)
+        .load(target)
+    )
+    rows = feed.drop("_commit_version", "_commit_timestamp", "_wm_seq", "_wm_batch_id").collect()
+    images: dict[tuple, dict[str, tuple]] = {}
+    for row in rows:
+        values = row.asDict()
+        kind = values.pop("_change_type")
+        images.setdefault((values["order_id"],), {})[kind] = tuple(sorted(values.items()))
+    changed = {
+        key
+        for key, kinds in images.items()
+        if kinds.get("update_preimage") != kinds.get("update_postimage")
+        or "insert" in kinds
+        or "delete" in kinds
+    }
+    return changed, set(images)
+
+
+def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_alternate(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+
+    def enriched(name: str, strategy: str) -> Pipeline:
+        return sql_pipeline(
+            name=name,
+            sql=ENRICHED_SQL,
+            upstreams={"orders": "order_id", "customers": JOIN},
+            target=paths.target(name),
+            keys=["order_id"],
+            strategy=strategy,  # type: ignore[arg-type]
+        )
+
+    store = WatermarkStore(paths.control_root)
+    # `switching` changes strategy every batch; the others keep theirs.
+    cycle = ["first load", "full", "incremental", "auto"]
+    for round_no, switch_to in enumerate(cycle):
+        if round_no:
+            apply_round(spark, paths, round_no)
+        pipelines = [
+            enriched("incremental", "incremental"),
+            enriched("full", "full"),
+            enriched("switching", switch_to if round_no else "auto"),
+        ]
+        registry = Registry(upstreams=demo_upstreams(paths), pipelines=pipelines)
+        look = look_before_planning(registry, Observer(), store, actor="test")
+        batch, _ = plan_next(store, look, actor="test")
+        assert batch is not None
+        outcomes = {
+            name: execute_pipeline(
+                spark=spark,
+                store=store,
+                registry=registry,
+                pipeline_name=name,
+                batch_id=batch.batch_id,
+                run_id="test",
+            )
+            for name in batch.pipelines
+        }
+        finalize_batch(store, store.get_batch(batch.batch_id), registry=registry, actor="test")
+        orders = spark.read.format("delta").load(paths.upstream("orders"))
+        customers = spark.read.format("delta").load(paths.upstream("customers"))
+        full = full_orders_enriched(orders, customers)
+        expected = _rows(full, full.columns)
+        for name in ("incremental", "full", "switching"):
+            target = spark.read.format("delta").load(paths.target(name))
+            assert _rows(target, full.columns) == expected, (name, round_no)
+        if not round_no:
+            assert all(o.full_load and o.strategy is None for o in outcomes.values())
+            for name in ("incremental", "full"):  # downstream pipelines would read these
+                DeltaTable.forPath(spark, paths.target(name))  # exists
+                spark.sql(
+                    f"ALTER TABLE delta.`{paths.target(name)}` "
+                    "SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+                )
+            continue
+        # The strategy each ran with is recorded, with its reason and cost.
+        chosen = {n: o.strategy for n, o in outcomes.items()}
+        assert chosen["incremental"] is not None
+        assert chosen["incremental"].strategy == "incremental"
+        assert chosen["full"] is not None
+        assert chosen["full"].strategy == "full"
+        assert chosen["full"].reason == "configured strategy=full"
+        assert chosen["full"].snapshot_bytes
+        assert chosen["full"].seconds is not None
+        meta = chosen["switching"].metadata() if chosen["switching"] else {}
+        assert meta["strategy"] == ("full" if switch_to == "auto" else switch_to), meta
+        # The full recompute rewrote only the rows that changed: its commit's change feed
+        # holds exactly the keys whose rows changed, the same keys an incremental batch
+        # changed, so a downstream reader of either sees the same changes.
+        versions = {n: o.write.target_version for n, o in outcomes.items() if o.write}
+        full_changed, full_fed = _effective_changes(spark, paths.target("full"), versions["full"])
+        incremental_changed, incremental_fed = _effective_changes(
+            spark, paths.target("incremental"), versions["incremental"]
+        )
+        assert full_changed == incremental_changed
+        assert 0 < len(full_changed) < orders.count()
+        assert full_fed == full_changed  # no unchanged row rewritten
+        assert incremental_fed >= incremental_changed

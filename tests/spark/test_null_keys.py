@@ -72,6 +72,7 @@ def _registry(root: Path) -> Registry:
         upstreams={"customers": "region_id", "orders": ORDERS_PATH},
         target=str(root / "by_region_sql"),
         keys=["region_id"],
+        strategy="incremental",  # the derived form (small tables would be recomputed)
     )
 
     @pipeline(

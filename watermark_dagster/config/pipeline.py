@@ -109,6 +109,12 @@ class BatchContext(Protocol):
         """True when the pipeline reloads: every input's ``changes`` is its snapshot."""
         ...
 
+    @property
+    def strategy(self) -> "StrategyChoice | None":
+        """How a declared pipeline computes this batch (None for a hand-written pipeline
+        and for a full load); the derived transform may switch it to ``full``."""
+        ...
+
     def __getitem__(self, upstream: str) -> PinnedInput:
         """The pinned input of ``upstream`` (one of the pipeline's upstreams)."""
         ...
@@ -128,6 +134,59 @@ class WriteMode(StrEnum):
     MERGE = "merge"
     APPEND = "append"
     OVERWRITE = "overwrite"
+
+
+StrategyValue = Literal["auto", "incremental", "full"]
+
+
+class Strategy(StrEnum):
+    """How a declared pipeline brings its target up to a batch (``strategy=``).
+
+    * ``incremental``: recompute only the keys the batch touched (derived from the full
+      transform and the key paths).
+    * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
+      that differ from the target (its change feed carries only keys that changed).
+    * ``auto`` (default): ``full`` when the batch changed a large share of the upstreams'
+      bytes, or touched more keys than the driver collects, else ``incremental``
+      (:mod:`watermark_dagster.read.derive` says how it is decided).
+
+    A replay always runs ``incremental``: its ranges are older than the target.
+    """
+
+    AUTO = "auto"
+    INCREMENTAL = "incremental"
+    FULL = "full"
+
+
+@dataclass
+class StrategyChoice:
+    """The strategy one batch of a declared pipeline runs with, and why.
+
+    Attributes:
+        strategy: ``incremental`` or ``full`` (never ``auto``: that is what was decided).
+        reason: why, in words (shown in the log line and the materialization metadata).
+        changed_bytes: bytes of the files the batch's ranges added, removed or wrote as
+            change data, over every upstream (None when the log cannot say).
+        snapshot_bytes: bytes of the pinned snapshots' files, over every upstream.
+        seconds: what it cost: the transform and the write, once the batch ran.
+    """
+
+    strategy: Strategy
+    reason: str
+    changed_bytes: int | None = None
+    snapshot_bytes: int | None = None
+    seconds: float | None = None
+
+    def metadata(self) -> dict[str, object]:
+        """The choice as materialization metadata."""
+        found: dict[str, object] = {"strategy": str(self.strategy), "strategy_reason": self.reason}
+        if self.changed_bytes is not None:
+            found["changed_bytes"] = self.changed_bytes
+        if self.snapshot_bytes is not None:
+            found["snapshot_bytes"] = self.snapshot_bytes
+        if self.seconds is not None:
+            found["strategy_seconds"] = self.seconds
+        return found
 
 
 Transform = Callable[[BatchContext], "DataFrame"]
@@ -159,6 +218,8 @@ class Pipeline:
         write: ``merge`` (default), ``append`` or ``overwrite`` (:class:`WriteMode`).
         partition_by: partition columns the target is created with.
         cluster_by: liquid clustering columns the target is created with.
+        strategy: for a declared pipeline, ``auto`` (default), ``incremental`` or
+            ``full`` (:class:`Strategy`).
         storage_options: storage options for the target on an object store (credentials
             as ``EnvRef("VARIABLE")`` or from the environment, never as text).
     """
@@ -175,6 +236,7 @@ class Pipeline:
     partition_by: tuple[str, ...] = ()
     cluster_by: tuple[str, ...] = ()
     storage_options: StorageOptions | None = None
+    strategy: StrategyValue = "auto"
 
     def __post_init__(self) -> None:
         validate_name("pipeline name", self.name)
@@ -196,6 +258,16 @@ class Pipeline:
             self, "storage_options", checked_options(f"{owner} target", self.storage_options)
         )
         object.__setattr__(self, "write", enum_value(WriteMode, self.write, "write", owner))
+        strategy = enum_value(Strategy, self.strategy, "strategy", owner)
+        object.__setattr__(self, "strategy", strategy)
+        if self.declared is None and strategy is not Strategy.AUTO:
+            raise ConfigurationError(
+                f"{owner} is hand-written and sets strategy='{strategy}': only a declared "
+                "pipeline can choose between its incremental and full transforms.",
+                pipeline=self.name,
+                fix="drop strategy=, or declare the full transform (declared_pipeline, "
+                "sql_pipeline, or full:/sql: in the registry file).",
+            )
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         object.__setattr__(self, "keys", tuple(self.keys))
         object.__setattr__(self, "partition_by", tuple(self.partition_by))
@@ -302,6 +374,7 @@ def declared_pipeline(
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
     storage_options: StorageOptions | None = None,
+    strategy: StrategyValue = "auto",
 ) -> Callable[[FullTransform], Pipeline]:
     """Declare a pipeline by its full transform; the incremental one is derived.
 
@@ -340,6 +413,7 @@ def declared_pipeline(
             partition_by=tuple(partition_by),
             cluster_by=tuple(cluster_by),
             storage_options=storage_options,
+            strategy=strategy,
         )
 
     return wrap
@@ -357,6 +431,7 @@ def sql_pipeline(
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
     storage_options: StorageOptions | None = None,
+    strategy: StrategyValue = "auto",
 ) -> Pipeline:
     """Declare a pipeline by one Spark SQL query over views named after its upstreams; the
     incremental form is derived as for :func:`declared_pipeline`.
@@ -387,6 +462,7 @@ def sql_pipeline(
         partition_by=tuple(partition_by),
         cluster_by=tuple(cluster_by),
         storage_options=storage_options,
+        strategy=strategy,
     )
 
 

@@ -420,6 +420,7 @@ PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "full": ("text (module:function, the full transform)", _text),
     "sql": ("text (one Spark SQL query over the upstreams)", _text),
     "write": ("text (merge, append or overwrite)", _text),
+    "strategy": ("text (auto, incremental or full)", _text),
     "partition_by": (_NAMES, _names),
     "cluster_by": (_NAMES, _names),
     "storage_options": (_STORAGE_OPTIONS, _storage_options),

@@ -238,6 +238,8 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         "| upstream | mode | versions | rows read |\n|---|---|---|---|\n" + "\n".join(rows)
     )
     meta["full_load"] = outcome.full_load
+    if outcome.strategy is not None:
+        meta.update(outcome.strategy.metadata())
     meta["rows_read"] = outcome.rows_read
     meta["rows_written"] = outcome.rows_written
     if outcome.write is not None:

@@ -5,6 +5,7 @@ No Dagster here: the asset is a thin wrapper, and tests or the command line can 
 """
 
 import logging
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from enum import StrEnum
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.pipeline import Pipeline, StrategyChoice
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
@@ -24,7 +25,7 @@ from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, Checkp
 from watermark_dagster.errors import BatchStateError, TerminalError
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
-from watermark_dagster.read.derive import transform_of
+from watermark_dagster.read.derive import choose_strategy, transform_of
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import WriteResult
@@ -44,6 +45,7 @@ class PinnedBatch:
     inputs: Mapping[str, UpstreamInput]
     spark: SparkSession
     full_load: bool = False
+    strategy: StrategyChoice | None = None
 
     def __getitem__(self, upstream: str) -> UpstreamInput:
         try:
@@ -92,6 +94,7 @@ class PipelineOutcome:
     skipped_reason: str | None = None
     full_load: bool = False
     skip: SkipKind | None = None
+    strategy: StrategyChoice | None = None
 
     @property
     def rows_read(self) -> int:
@@ -266,7 +269,16 @@ def run_pipeline(
                 r.rows_read,
                 f" files_read={r.files_read}" if r.files_read is not None else "",
             )
-        context = PinnedBatch(batch_id, batch.seq, pipeline_name, inputs, spark, full_load)
+        # A declared pipeline's incremental or full form, decided from the log (no job).
+        strategy = (
+            None
+            if full_load
+            else choose_strategy(pipeline, inputs, replay=batch.kind is BatchKind.REPLAY)
+        )
+        context = PinnedBatch(
+            batch_id, batch.seq, pipeline_name, inputs, spark, full_load, strategy
+        )
+        started = time.perf_counter()
         output = transform_of(pipeline)(context)
         # The transform is user code: its annotation promises a DataFrame, this checks it.
         if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -286,8 +298,10 @@ def run_pipeline(
             full_load=full_load,
             replay=batch.kind is BatchKind.REPLAY,
         )
+        if strategy is not None:
+            strategy.seconds = round(time.perf_counter() - started, 3)
         log.info(
-            "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d%s%s",
+            "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d%s%s%s",
             pipeline_name,
             batch_id,
             pipeline.target,
@@ -297,6 +311,9 @@ def run_pipeline(
             write.rows_deleted,
             " (full load)" if full_load else "",
             " (already applied: skipped by Delta)" if write.already_applied else "",
+            f" strategy={strategy.strategy} ({strategy.reason}; {strategy.seconds} s)"
+            if strategy is not None
+            else "",
         )
         target_name = pipeline.table_parts
         if target_name is not None and register_table(spark, target_name, pipeline.target):
@@ -327,7 +344,9 @@ def run_pipeline(
     finally:
         for upstream_input in inputs.values():
             upstream_input.release()
-    outcome = PipelineOutcome(pipeline_name, batch, attempt, reports, write, full_load=full_load)
+    outcome = PipelineOutcome(
+        pipeline_name, batch, attempt, reports, write, full_load=full_load, strategy=strategy
+    )
     store.finish_checkpoint(
         pipeline_name,
         batch_id,

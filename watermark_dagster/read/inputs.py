@@ -13,7 +13,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, cast
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -23,6 +25,7 @@ from watermark_dagster.core.columns import CHANGE_TYPE, PREIMAGE
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError, reset_command
+from watermark_dagster.observe.log import DeltaLog
 from watermark_dagster.read.appended import AppendScan, read_appended
 from watermark_dagster.read.cdf import read_changes
 from watermark_dagster.read.changes import latest_per_key
@@ -36,6 +39,7 @@ from watermark_dagster.read.cursor import (
 from watermark_dagster.read.frames import as_changes
 from watermark_dagster.read.preflight import preflight
 from watermark_dagster.read.snapshot import read_snapshot
+from watermark_dagster.read.tables import table_at
 
 
 def _cursor_upstream(upstream: Upstream) -> CursorUpstream:
@@ -202,6 +206,29 @@ class UpstreamInput:
             return self.changes.count()
         except Exception as e:  # Spark's errors are matched by their text
             raise unreadable(self._upstream, self.describe(), e) from e
+
+    def bytes_estimate(self) -> tuple[int, int] | None:
+        """``(bytes the pinned range changed, bytes of the pinned snapshot)`` from the Delta
+        log alone, before any Spark job: the sizes of the files the range's commits added,
+        removed or wrote as change data, and of the snapshot's files. None for a cursor
+        upstream, whose source has no such log."""
+        if self.window is not None or self.snapshot_version is None:
+            return None
+        files = pa.table(table_at(self._upstream, self.snapshot_version).get_add_actions())
+        snapshot = sum(int(size or 0) for size in files.column("size_bytes").to_pylist())
+        if self.mode is ReadMode.NOOP:
+            return 0, snapshot
+        if self.mode is ReadMode.SNAPSHOT or self.range is None:
+            return snapshot, snapshot
+        log = DeltaLog(self._upstream.path, self._upstream.storage_options)
+        changed = 0
+        for version in range(self.range.start, self.range.end + 1):
+            for action in log.actions(version) or []:
+                for kind in ("add", "remove", "cdc"):
+                    body = action.get(kind)
+                    if isinstance(body, dict):
+                        changed += int(cast("dict[str, Any]", body).get("size") or 0)
+        return changed, snapshot
 
     def release(self) -> None:
         """Drop the cached change rows (called when the pipeline's batch is done)."""

@@ -1,0 +1,153 @@
+"""Where a batch's Spark jobs go: one incremental batch of the declared demo pipelines (or
+the hand-written ones), its jobs listed per pipeline and per phase, each with the call site
+Spark records for it.
+
+    .venv/bin/python -m benchmarks.jobs                  # 20k orders, 1%, declared incremental
+    .venv/bin/python -m benchmarks.jobs --registry declared_full --orders 50k
+
+The upstreams, the first load and the commits are those of :mod:`benchmarks.declared`. The
+phases are the steps of ``run_pipeline`` (bind the inputs, count the rows read, build the
+transform, write the target, record), each run in a job group of its own: a profile of the
+mechanism, not a timing (see ``benchmarks.declared`` for the times).
+"""
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.baselines import build_session
+from benchmarks.declared import KEYS, Lab, _fraction, _rows, build_upstreams, commit_changes
+from benchmarks.incremental import QUICK_CONF
+
+
+class PhaseJobs:
+    """Job groups named ``<pipeline>/<phase>``, and the call sites of their jobs."""
+
+    def __init__(self, spark: Any) -> None:
+        self.context = spark.sparkContext
+        self.tracker = self.context.statusTracker()
+        self.pipeline = "-"
+        self.groups: list[str] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        group = f"{self.pipeline}/{name}"
+        previous = self.context.getLocalProperty("spark.jobGroup.id")
+        self.context.setJobGroup(group, group)
+        if group not in self.groups:
+            self.groups.append(group)
+        try:
+            yield
+        finally:
+            if previous is not None:
+                self.context.setJobGroup(previous, previous)
+
+    def sites(self, group: str) -> list[str]:
+        """The call site of each job of ``group`` (its last stage's name)."""
+        found = []
+        for job in sorted(self.tracker.getJobIdsForGroup(group)):
+            info = self.tracker.getJobInfo(job)
+            stages = sorted(info.stageIds) if info is not None else []
+            stage = self.tracker.getStageInfo(stages[-1]) if stages else None
+            found.append(stage.name if stage is not None else "?")
+        return found
+
+
+def _wrap(owner: Any, name: str, phases: PhaseJobs, phase: str) -> None:
+    original: Callable[..., Any] = getattr(owner, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with phases.phase(phase):
+            return original(*args, **kwargs)
+
+    setattr(owner, name, wrapped)
+
+
+def instrument(phases: PhaseJobs) -> None:
+    """Run each step of ``run_pipeline`` in its phase's job group."""
+    from watermark_dagster.operations import run_pipeline as rp
+    from watermark_dagster.read.inputs import UpstreamInput
+
+    _wrap(rp, "_bind_inputs", phases, "bind inputs")
+    _wrap(UpstreamInput, "count_rows", phases, "count rows read")
+    _wrap(rp, "transform_of", phases, "transform (build)")
+    original_transform_of = rp.transform_of
+
+    def transform_of(pipeline: Any) -> Any:
+        transform = original_transform_of(pipeline)
+
+        def timed(batch: Any) -> Any:
+            with phases.phase("transform (build)"):
+                return transform(batch)
+
+        return timed
+
+    rp.transform_of = transform_of
+    _wrap(rp, "write_target", phases, "write target (other)")
+    from watermark_dagster.write import merge
+
+    _wrap(merge, "summarize", phases, "write: persist + summary")
+    _wrap(merge, "_first_key_values", phases, "write: skipping values")
+    _wrap(merge, "_merge", phases, "write: MERGE")
+    original_execute = rp.execute_pipeline
+
+    def execute(*args: Any, **kwargs: Any) -> Any:
+        phases.pipeline = kwargs["pipeline_name"]
+        with phases.phase("other"):
+            return original_execute(*args, **kwargs)
+
+    rp.execute_pipeline = execute
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--orders", type=_rows, default=20_000)
+    parser.add_argument("--change", type=_fraction, default=0.01)
+    parser.add_argument(
+        "--registry",
+        choices=("declared_incremental", "declared_full", "declared", "handwritten"),
+        default="declared_incremental",
+        help="the demo pipelines declared with strategy incremental (default), full or auto "
+        "(declared), or written by hand",
+    )
+    args = parser.parse_args(argv)
+
+    import watermark_dagster  # noqa: F401 - build_session then uses the project's session
+
+    spark = build_session("local[2]", {"spark.driver.memory": "2g", **QUICK_CONF}, "bench-jobs")
+    spark.sparkContext.setLogLevel("ERROR")
+    root = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
+    from deltalake import DeltaTable as RsTable
+
+    upstreams = root / "upstreams"
+    build_upstreams(spark, upstreams, args.orders)
+    lab = Lab(spark, root, [args.registry])
+    lab.setup(args.registry, {t: RsTable(str(upstreams / t)).version() for t in KEYS})
+    commits = commit_changes(spark, upstreams, fraction=args.change, salt=1)
+    phases = PhaseJobs(spark)
+    instrument(phases)
+    # Ours.cycle imports execute_pipeline from its module when called: patched above.
+    outcome = lab.ours[args.registry].cycle(lab.counter, args.registry)
+    assert outcome is not None
+    versions = {t: c.version for t, c in commits.items()}
+    total = sum(len(phases.sites(g)) for g in phases.groups)
+    print(f"{args.registry}: {args.orders:,} orders, {args.change:.2%} change; upstream "
+          f"versions {versions}; {total} Spark jobs in the pipelines' runs")  # fmt: skip
+    for group in phases.groups:
+        sites = phases.sites(group)
+        if not sites:
+            continue
+        print(f"  {group:<42} {len(sites):3d}")
+        for site, n in Counter(sites).most_common():
+            print(f"      {n:3d} x {site}")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
