@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ class PhaseJobs:
         self.tracker = self.context.statusTracker()
         self.pipeline = "-"
         self.groups: list[str] = []
+        self.seconds: dict[str, float] = {}
+        self._open: list[str] = []
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -41,9 +44,18 @@ class PhaseJobs:
         self.context.setJobGroup(group, group)
         if group not in self.groups:
             self.groups.append(group)
+        started = time.perf_counter()
+        self._open.append(group)
         try:
             yield
         finally:
+            # Seconds spent in this phase and not in a phase nested in it.
+            spent = time.perf_counter() - started
+            self._open.pop()
+            self.seconds[group] = self.seconds.get(group, 0.0) + spent
+            if self._open:
+                outer = self._open[-1]
+                self.seconds[outer] = self.seconds.get(outer, 0.0) - spent
             if previous is not None:
                 self.context.setJobGroup(previous, previous)
 
@@ -140,9 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"versions {versions}; {total} Spark jobs in the pipelines' runs")  # fmt: skip
     for group in phases.groups:
         sites = phases.sites(group)
-        if not sites:
-            continue
-        print(f"  {group:<42} {len(sites):3d}")
+        print(f"  {group:<42} {len(sites):3d} jobs {phases.seconds.get(group, 0.0):7.2f} s")
         for site, n in Counter(sites).most_common():
             print(f"      {n:3d} x {site}")
     spark.stop()
