@@ -10,7 +10,7 @@ so an unreadable range fails loudly, before any write (I6). Each read mode has i
 """
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -209,9 +209,9 @@ class UpstreamInput:
 
     def bytes_estimate(self) -> tuple[int, int] | None:
         """``(bytes the pinned range changed, bytes of the pinned snapshot)`` from the Delta
-        log alone, before any Spark job: the sizes of the files the range's commits added,
-        removed or wrote as change data, and of the snapshot's files. None for a cursor
-        upstream, whose source has no such log."""
+        log alone, before any Spark job (:func:`commit_change_bytes` per commit, and the
+        sizes of the snapshot's files). None for a cursor upstream, whose source has no
+        such log."""
         if self.window is not None or self.snapshot_version is None:
             return None
         files = pa.table(table_at(self._upstream, self.snapshot_version).get_add_actions())
@@ -221,13 +221,10 @@ class UpstreamInput:
         if self.mode is ReadMode.SNAPSHOT or self.range is None:
             return snapshot, snapshot
         log = DeltaLog(self._upstream.path, self._upstream.storage_options)
-        changed = 0
-        for version in range(self.range.start, self.range.end + 1):
-            for action in log.actions(version) or []:
-                for kind in ("add", "remove", "cdc"):
-                    body = action.get(kind)
-                    if isinstance(body, dict):
-                        changed += int(cast("dict[str, Any]", body).get("size") or 0)
+        changed = sum(
+            commit_change_bytes(log.actions(v) or [])
+            for v in range(self.range.start, self.range.end + 1)
+        )
         return changed, snapshot
 
     def release(self) -> None:
@@ -275,6 +272,31 @@ class UpstreamInput:
         :func:`~watermark_dagster.read.changes.matching_keys`, which matches NULL to NULL.
         """
         return self.changes.select(*[F.col(f"`{c}`") for c in columns]).distinct()
+
+
+def commit_change_bytes(actions: Sequence[Mapping[str, Any]]) -> int:
+    """The bytes one commit changed, by its log actions: the sizes of its change data files
+    when it wrote any (an UPDATE, DELETE or MERGE with the change data feed on rewrites
+    whole files, but only its change files hold changed rows), else of the files it added
+    and removed with ``dataChange`` (an append, a delete of whole files, a rewrite without
+    change data). Compactions (``dataChange: false``) change nothing."""
+
+    def sizes(kind: str, *, data_change_only: bool) -> int:
+        total = 0
+        for action in actions:
+            body = action.get(kind)
+            if not isinstance(body, Mapping):
+                continue
+            fields = cast("Mapping[str, Any]", body)
+            if data_change_only and fields.get("dataChange") is False:
+                continue
+            total += int(fields.get("size") or 0)
+        return total
+
+    change_data = sizes("cdc", data_change_only=False)
+    if change_data:
+        return change_data
+    return sizes("add", data_change_only=True) + sizes("remove", data_change_only=True)
 
 
 _CAUSES = (
