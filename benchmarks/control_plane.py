@@ -695,7 +695,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "one listing of each _delta_log (benchmarks/observe.py); '' skips it (50,500,2000)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "control_plane.json")
-    parser.add_argument("--plot", type=Path, default=RESULTS / "control_plane.png")
+    # The docs site shows the plot (docs/benchmarks.md).
+    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "img" / "control_plane.png")
     parser.add_argument("--root", type=Path, default=None, help="work folder (default: a temp)")
     parser.add_argument(
         "--combine",

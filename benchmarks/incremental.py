@@ -985,7 +985,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (4g)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/incremental.json")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: --out .png)")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="PNG path (default: docs/img/<--out name>.png, which the docs site shows)",
+    )
     parser.add_argument(
         "--root",
         type=Path,
@@ -1001,7 +1006,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.replot:
-        args.plot = args.plot or args.replot.with_suffix(".png")
+        args.plot = args.plot or _plot_path(args.replot)
         return args
     if args.quick:
         args.sizes, args.changes, args.repeats = [50_000], [0.01], 1
@@ -1009,8 +1014,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--repeats must be at least 1")
     if not args.sizes or not args.changes or not args.contenders:
         parser.error("--sizes, --changes and --contenders each need at least one value")
-    args.plot = args.plot or args.out.with_suffix(".png")
+    args.plot = args.plot or _plot_path(args.out)
     return args
+
+
+def _plot_path(results: Path) -> Path:
+    """Where the plot of a results JSON goes by default: the docs site's images."""
+    return REPO / "docs" / "img" / results.with_suffix(".png").name
 
 
 def main(argv: Sequence[str] | None = None) -> int:

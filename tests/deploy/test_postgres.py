@@ -1,8 +1,8 @@
-"""The README's Postgres example, as written, against a real PostgreSQL server.
+"""The Postgres example of docs/instance.md, as written, against a real PostgreSQL server.
 
 The test starts Debian's PostgreSQL server on a free loopback port (its own cluster in a
 temporary folder, run by an unprivileged account when the tests run as root), writes the
-shipped dagster.yaml plus the README's `storage:` block into a fresh DAGSTER_HOME, runs the
+shipped dagster.yaml plus that page's `storage:` block into a fresh DAGSTER_HOME, runs the
 demo's first batch through `watermark demo` (one Spark session), and then finds the runs and
 the pipelines' materializations in the database, through a DagsterInstance and with plain
 SQL. The server is stopped at the end and no process of it is left.
@@ -35,7 +35,7 @@ from tests.conftest import REPO
 from watermark_dagster.definitions import build_demo_location
 
 WATERMARK = Path(sys.executable).with_name("watermark")
-README_MARKER = (
+DOCS_MARKER = (
     "<!-- tests/deploy/test_postgres.py runs this block against a real PostgreSQL server -->"
 )
 DB_USER = "watermark"
@@ -54,13 +54,13 @@ def _pg_bin() -> Path | None:
     return Path(on_path).parent if on_path else None
 
 
-def _readme_block() -> str:
-    """The YAML block the README shows right after its marker comment."""
-    text = (REPO / "README.md").read_text()
-    assert README_MARKER in text, "the README's Postgres example lost its marker"
-    after = text.split(README_MARKER, 1)[1]
+def _docs_block() -> str:
+    """The YAML block docs/instance.md shows right after its marker comment."""
+    text = (REPO / "docs" / "instance.md").read_text()
+    assert DOCS_MARKER in text, "docs/instance.md's Postgres example lost its marker"
+    after = text.split(DOCS_MARKER, 1)[1]
     match = re.match(r"\s*```yaml\n(.*?)```", after, re.DOTALL)
-    assert match, "no ```yaml block right after the README's Postgres marker"
+    assert match, "no ```yaml block right after docs/instance.md's Postgres marker"
     return match.group(1)
 
 
@@ -197,7 +197,7 @@ def postgres() -> Iterator[Server]:
 
 
 def test_readme_example_matches_the_shipped_comment() -> None:
-    readme = yaml.safe_load(_readme_block())
+    readme = yaml.safe_load(_docs_block())
     assert readme == yaml.safe_load(_shipped_comment_block())
     db = readme["storage"]["postgres"]["postgres_db"]
     assert db["scheme"] == "postgresql+psycopg2"
@@ -213,7 +213,7 @@ def test_readme_postgres_example_stores_a_demo_batch(
 
     dagster_home = tmp_path / "dagster_home"
     dagster_home.mkdir()
-    config = (REPO / "dagster.yaml").read_text() + "\n" + _readme_block()
+    config = (REPO / "dagster.yaml").read_text() + "\n" + _docs_block()
     (dagster_home / "dagster.yaml").write_text(config)
     assert postgres.password not in config  # the password comes from the environment
     watermark_home = tmp_path / "watermark_home"

@@ -2,7 +2,7 @@
 imports no engine, no module reaches into another's private names, no import cycles, and
 Dagster's private modules only where no public API covers them.
 
-The layers, lowest first (README, "Architecture"):
+The layers, lowest first (docs/architecture.md):
 
     errors < core < config < observe, store < read, write < operations < runtime
     < dagster_defs, demo < cli < definitions, the package itself
@@ -116,7 +116,7 @@ def test_every_module_belongs_to_a_layer() -> None:
     modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
     unplaced = sorted(m for m in modules if m != ROOT and _layer(m) not in LAYERS)
     assert not unplaced, (
-        f"modules outside the layers (add them to LAYERS and the README): {unplaced}"
+        f"modules outside the layers (add them to LAYERS and docs/architecture.md): {unplaced}"
     )
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 DEFAULT_DEFS = "watermark_dagster.definitions:defs"
 
-# Exit codes, documented in `watermark --help` and the README.
+# Exit codes, documented in `watermark --help` and docs/cli.md.
 EXIT_OK = 0
 EXIT_FAILED = 1  # a pipeline failed, a batch is stuck, a target differs from its recompute
 EXIT_REFUSED = 2  # bad input or configuration, or a refused write: nothing was written

@@ -104,8 +104,8 @@ class SparkSessionResource(ConfigurableResource):
     settings go in ``spark_config`` (flat or nested keys), ``spark.master`` and
     ``spark.app.name`` included. On top of that it adds Delta's jars and extensions, the
     defaults of :func:`~watermark_dagster.runtime.spark.spark_defaults`, Spark Connect
-    (``remote``), stopping the session it created, and the resident engine. README, "Why not
-    dagster-pyspark's PySparkResource", says why it is not built on that class.
+    (``remote``), stopping the session it created, and the resident engine. docs/configuration.md,
+    "Why not dagster-pyspark's PySparkResource", says why it is not built on that class.
 
     Steps that never touch Spark start no JVM. With the in-process executor a run is one
     process, so every pipeline asset of a run shares one session; it is stopped when the

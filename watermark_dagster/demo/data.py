@@ -1,7 +1,7 @@
 """Demo upstreams: customers, orders and payments, with change data feed on.
 
 ``seed`` creates them; each ``apply_round`` commits inserts, updates and deletes over
-several versions, deterministically from the round number, so tests and the README's
+several versions, deterministically from the round number, so tests and the docs'
 demo see the same history.
 """
 

@@ -310,9 +310,20 @@ def _remember_delta_jars(spark_jars: str | None, extra: Sequence[str] = ()) -> N
 
 
 if __name__ == "__main__":
-    # Install step: resolve Delta's jars once and remember them; with --s3, also hadoop-aws
-    # and the AWS SDK bundle it declares (several hundred MB), for tables on S3.
-    s3 = "--s3" in sys.argv[1:]
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m watermark_dagster.runtime.spark",
+        description="Install step: resolve Delta's Spark jars once and remember them, so "
+        "later sessions start without resolving.",
+    )
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="also hadoop-aws and the AWS SDK bundle it declares (several hundred MB), "
+        "for tables on S3",
+    )
+    s3 = parser.parse_args().s3
     settings = storage.spark_s3_settings([("--s3", "s3://bucket/", None)], environ={})
     conf = {k: v for k, v in settings.items() if isinstance(v, str)} if s3 else {}
     build_spark_session(master="local[1]", conf=conf).stop()

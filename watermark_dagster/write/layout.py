@@ -12,7 +12,7 @@
 
 Existing targets keep the layout and properties they were created with: turning deletion
 vectors on upgrades a table's protocol (reader version 3), which locks out readers that do
-not support them, so it is the owner's call (see the README).
+not support them, so it is the owner's call (docs/upstreams-and-targets.md).
 """
 
 import math

@@ -264,7 +264,7 @@ def merge_into_target(
             elif not deletion_vectors_enabled(target, storage_options):
                 log.info(
                     "target=%s has no deletion vectors: a MERGE rewrites every file holding a "
-                    "changed key (see the README to enable them)",
+                    "changed key (docs/upstreams-and-targets.md says how to enable them)",
                     target,
                 )
             if summary.rows:
