@@ -18,13 +18,13 @@ def headless_executor(ctx: Context) -> BatchExecutor:
     def execute(batch_id: str, pipelines: Sequence[str]) -> list[str | None]:
         from dagster import DagsterInstance, RunRequest, SensorResult
 
-        from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
         from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
         from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
 
         instance = DagsterInstance.get()
-        instance.add_dynamic_partitions(BATCHES_PARTITIONS_NAME, [batch_id])
-        runner = HeadlessRunner(ctx.defs, instance)
+        names = ctx.location.names
+        instance.add_dynamic_partitions(names.batches_partitions, [batch_id])
+        runner = HeadlessRunner(ctx.defs, instance, name=names.prefix)
         report = CycleReport()
         keys = [runner.pipeline_key(p) for p in pipelines]
         spark = ctx.spark()

@@ -29,6 +29,14 @@ from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import Batch
+from watermark_dagster.dagster_defs.names import (
+    BATCHES_PARTITIONS_NAME as BATCHES_PARTITIONS_NAME,
+)
+from watermark_dagster.dagster_defs.names import (
+    DEFAULT_NAMES,
+    UPSTREAMS_OP,
+    LocationNames,
+)
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     ATTEMPT_TAG,
@@ -40,7 +48,6 @@ from watermark_dagster.dagster_defs.runs import (
     terminal_error_tags,
     worker_identity,
 )
-from watermark_dagster.dagster_defs.target_io import TARGETS_IO_MANAGER_KEY
 from watermark_dagster.dagster_defs.targets import TARGET_VERSION_KEY, target_metadata
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.observer import Observer
@@ -53,8 +60,6 @@ from watermark_dagster.operations.run_pipeline import (
 )
 from watermark_dagster.runtime.engine import EngineUnavailableError, run_on_engine
 from watermark_dagster.store import WatermarkStore
-
-BATCHES_PARTITIONS_NAME = "watermark_batches"
 
 
 class WatermarkTranslator:
@@ -157,9 +162,13 @@ def observation_event(obs: Observation, key: AssetKey, committed: int | None) ->
 
 
 def build_upstream_assets(
-    registry: Registry, translator: WatermarkTranslator, observer: Observer
+    registry: Registry,
+    translator: WatermarkTranslator,
+    observer: Observer,
+    names: LocationNames = DEFAULT_NAMES,
 ) -> AssetsDefinition:
-    """One observable source asset per upstream (observed without a JVM)."""
+    """One observable source asset per upstream (observed without a JVM); ``names`` gives
+    its op name and the key of the control tables' resource."""
     keys = {translator.get_asset_key(u): u for u in registry.upstreams.values()}
     specs = [
         AssetSpec(
@@ -172,9 +181,8 @@ def build_upstream_assets(
         for key, u in keys.items()
     ]
 
-    def observe_upstreams(
-        context: AssetExecutionContext, watermark_store: WatermarkStoreResource
-    ) -> Iterator[ObserveResult]:
+    def observe_upstreams(context: AssetExecutionContext) -> Iterator[ObserveResult]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         committed = watermark_store.get_store().committed_versions()
         for key in context.selected_asset_keys:
             upstream = keys[key]
@@ -192,7 +200,10 @@ def build_upstream_assets(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BetaWarning)
         return multi_observable_source_asset(
-            specs=specs, can_subset=True, name="watermark_upstreams"
+            specs=specs,
+            can_subset=True,
+            name=names.of(UPSTREAMS_OP),
+            required_resource_keys={names.store_resource},
         )(observe_upstreams)
 
 
@@ -431,8 +442,10 @@ def build_pipeline_asset(
     registry: Registry,
     translator: WatermarkTranslator,
     partitions_def: DynamicPartitionsDefinition,
+    names: LocationNames = DEFAULT_NAMES,
 ) -> AssetsDefinition:
-    """The batch-partitioned asset that runs ``pipeline`` on one batch."""
+    """The batch-partitioned asset that runs ``pipeline`` on one batch; ``names`` gives the
+    keys of its resources and I/O manager."""
     deps = [translator.get_asset_key(registry.upstreams[u]) for u in pipeline.upstreams]
 
     @asset(
@@ -448,13 +461,12 @@ def build_pipeline_asset(
         output_required=False,
         pool=WATERMARK_POOL,
         # Plain downstream assets load the target whole through dagster-deltalake's types.
-        io_manager_key=TARGETS_IO_MANAGER_KEY,
+        io_manager_key=names.targets_io_manager,
+        required_resource_keys={names.spark_resource, names.store_resource},
     )
-    def _pipeline_asset(
-        context: AssetExecutionContext,
-        spark: SparkSessionResource,
-        watermark_store: WatermarkStoreResource,
-    ) -> Iterator[MaterializeResult]:
+    def _pipeline_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
+        spark: SparkSessionResource = names.resource(context, names.spark_resource)
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         context.instance.add_run_tags(context.run.run_id, {WORKER_TAG: worker_identity()})
         store = watermark_store.get_store()
         # Runs the coordinator requested carry their attempt; any other run of a batch

@@ -35,6 +35,12 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import RegistryObservation, recreation
 from watermark_dagster.core.records import Batch
+from watermark_dagster.dagster_defs.names import (
+    CONTINUITY_CHECKS_OP,
+    DEFAULT_NAMES,
+    RETENTION_CHECKS_OP,
+    LocationNames,
+)
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.observer import Observer
@@ -128,6 +134,7 @@ def build_retention_checks(
     registry: Registry,
     upstream_keys: Mapping[str, AssetKey],
     settings: RetentionCheckSettings | None = None,
+    names: LocationNames = DEFAULT_NAMES,
 ) -> list[AssetChecksDefinition]:
     """One ``retention_horizon`` check per versioned upstream that a pipeline reads.
 
@@ -143,6 +150,7 @@ def build_retention_checks(
         registry: the upstreams and pipelines.
         upstream_keys: upstream name -> its asset key (from the translator).
         settings: the warning margin.
+        names: the op name and the control tables' resource key.
 
     Returns:
         A list holding the checks' definition, or an empty list when no pipeline reads a
@@ -169,12 +177,12 @@ def build_retention_checks(
     @multi_asset_check(
         specs=specs,
         can_subset=True,
-        name="watermark_retention_checks",
+        name=names.of(RETENTION_CHECKS_OP),
         description="Retention horizon of each upstream's oldest needed version.",
+        required_resource_keys={names.store_resource},
     )
-    def retention_checks(
-        context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
-    ) -> Iterator[AssetCheckResult]:
+    def retention_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         committed, batch = store.committed_versions(), store.open_batch()
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
@@ -300,7 +308,10 @@ def continuity_evaluations(
 
 
 def build_continuity_checks(
-    registry: Registry, upstream_keys: Mapping[str, AssetKey], observer: Observer
+    registry: Registry,
+    upstream_keys: Mapping[str, AssetKey],
+    observer: Observer,
+    names: LocationNames = DEFAULT_NAMES,
 ) -> list[AssetChecksDefinition]:
     """One ``watermark_continuity`` check per upstream that a pipeline reads.
 
@@ -315,6 +326,7 @@ def build_continuity_checks(
         registry: the upstreams and pipelines.
         upstream_keys: upstream name -> its asset key (from the translator).
         observer: the code location's observer (its cache is shared with the sensors).
+        names: the op name and the control tables' resource key.
     """
     upstreams, specs = per_upstream_check_specs(
         registry.consumed_upstreams(),
@@ -333,12 +345,12 @@ def build_continuity_checks(
     @multi_asset_check(
         specs=specs,
         can_subset=True,
-        name="watermark_continuity_checks",
+        name=names.of(CONTINUITY_CHECKS_OP),
         description="Whether each upstream still continues from its committed watermark.",
+        required_resource_keys={names.store_resource},
     )
-    def continuity_checks(
-        context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
-    ) -> Iterator[AssetCheckResult]:
+    def continuity_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         marks = store.committed()
         unreadable = unreadable_next_ranges(registry, observer, store)

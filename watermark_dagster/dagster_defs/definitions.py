@@ -6,7 +6,9 @@ The ``watermark`` command line needs the registry behind a code location, which 
 :class:`WatermarkLocation` holding both; the ``Definitions`` carry the registry as a
 resource as well, so :func:`location_of` recovers the whole location from a plain
 ``Definitions`` built here (a module that exposes only ``defs``), with no process-wide
-lookup.
+lookup. Several locations merged into one ``Definitions`` (one per component) each carry
+a name that prefixes their jobs, sensors and resource keys (:mod:`.names`);
+:func:`locations_in` finds them all.
 """
 
 from dataclasses import dataclass
@@ -28,7 +30,6 @@ from watermark_dagster.config.secrets import (
     resolved_options,
 )
 from watermark_dagster.dagster_defs.assets import (
-    BATCHES_PARTITIONS_NAME,
     WatermarkTranslator,
     build_pipeline_asset,
     build_upstream_assets,
@@ -43,6 +44,15 @@ from watermark_dagster.dagster_defs.health import (
     build_retention_schedule,
     with_freshness,
 )
+from watermark_dagster.dagster_defs.names import BATCH_JOB as BATCH_JOB
+from watermark_dagster.dagster_defs.names import (
+    DEFAULT_NAMES,
+    LocationNames,
+    prefix_of_registry_key,
+)
+from watermark_dagster.dagster_defs.names import REGISTRY_RESOURCE_KEY as REGISTRY_RESOURCE_KEY
+from watermark_dagster.dagster_defs.names import SPARK_RESOURCE_KEY as SPARK_RESOURCE_KEY
+from watermark_dagster.dagster_defs.names import STORE_RESOURCE_KEY as STORE_RESOURCE_KEY
 from watermark_dagster.dagster_defs.resources import (
     SparkSessionResource,
     WatermarkStoreResource,
@@ -54,10 +64,7 @@ from watermark_dagster.dagster_defs.sensors import (
     build_coordinator_sensor,
     build_finalizer_sensor,
 )
-from watermark_dagster.dagster_defs.target_io import (
-    TARGETS_IO_MANAGER_KEY,
-    PipelineTargetIOManager,
-)
+from watermark_dagster.dagster_defs.target_io import PipelineTargetIOManager
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.runtime.catalog import resolve_catalog_tables
@@ -67,13 +74,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from watermark_dagster.store import WatermarkStore
-
-BATCH_JOB = "watermark_batch_job"
-# Resource keys of a code location built here. The registry is a resource so that it
-# travels with the Definitions (merges keep resources); no asset requires it.
-SPARK_RESOURCE_KEY = "spark"
-STORE_RESOURCE_KEY = "watermark_store"
-REGISTRY_RESOURCE_KEY = "watermark_registry"
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,12 @@ class WatermarkLocation:
     store_resource: WatermarkStoreResource
     spark_resource: SparkSessionResource
     definitions: Definitions
+    names: LocationNames = DEFAULT_NAMES
+
+    @property
+    def name(self) -> str | None:
+        """The location's name, the prefix of its Dagster names (None: unprefixed)."""
+        return self.names.prefix
 
     @property
     def control_root(self) -> str:
@@ -125,6 +131,7 @@ def build_location(
     settings: WatermarkSettings | None = None,
     translator: WatermarkTranslator | None = None,
     storage_options: StorageOptions | None = None,
+    name: str | None = None,
 ) -> WatermarkLocation:
     """Everything a watermark code location needs, from its registry.
 
@@ -142,6 +149,10 @@ def build_location(
         settings: sensor and batching settings.
         translator: asset keys and groups.
         storage_options: delta-rs storage options for the control root.
+        name: prefixes the location's job, sensors, batch partitions, resource keys and op
+            names (``sales`` gives ``sales_watermark_coordinator``), so that several
+            locations merge into one ``Definitions``; None keeps the plain names. Asset keys
+            are the translator's: locations merged together must not share one.
 
     Returns:
         the location; Dagster loads its ``definitions``.
@@ -171,35 +182,38 @@ def build_location(
     )
     settings = settings or WatermarkSettings()
     translator = translator or WatermarkTranslator()
+    names = LocationNames(name)
     observer = Observer()
-    partitions_def = DynamicPartitionsDefinition(name=BATCHES_PARTITIONS_NAME)
+    partitions_def = DynamicPartitionsDefinition(name=names.batches_partitions)
     upstream_keys = {n: translator.get_asset_key(u) for n, u in registry.upstreams.items()}
     pipeline_keys = {n: translator.get_asset_key(p) for n, p in registry.pipelines.items()}
     # Each pipeline gets the freshness policy of the settings (Dagster's freshness daemon
     # evaluates it), attached to its spec here rather than in its @asset.
     pipeline_assets = [
         with_freshness(
-            build_pipeline_asset(p, registry, translator, partitions_def), settings.health
+            build_pipeline_asset(p, registry, translator, partitions_def, names),
+            settings.health,
         )
         for p in registry.pipelines.values()
     ]
-    retention_checks = build_retention_checks(registry, upstream_keys)
+    retention_checks = build_retention_checks(registry, upstream_keys, names=names)
     retention_jobs, retention_schedules = build_retention_schedule(
         [k for c in retention_checks for k in c.check_keys if k.name == RETENTION_CHECK],
         settings.health,
+        names,
     )
     job = define_asset_job(
-        BATCH_JOB,
+        names.batch_job,
         # Without the checks on the pipelines (watermark_stuck_batch): the coordinator
         # reports those; a batch run executes the pipelines alone.
         selection=AssetSelection.assets(*pipeline_keys.values()).without_checks(),
         description="Runs the pipelines of one batch partition (one process, one JVM).",
     )
     defs = Definitions(
-        assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
+        assets=[build_upstream_assets(registry, translator, observer, names), *pipeline_assets],
         asset_checks=[
             *retention_checks,
-            *build_continuity_checks(registry, upstream_keys, observer),
+            *build_continuity_checks(registry, upstream_keys, observer, names),
             *build_health_checks(
                 registry,
                 upstream_keys=upstream_keys,
@@ -207,6 +221,7 @@ def build_location(
                 observer=observer,
                 settings=settings.health,
                 max_attempts=settings.max_attempts,
+                names=names,
             ),
         ],
         jobs=[job, *retention_jobs],
@@ -220,6 +235,7 @@ def build_location(
                 upstream_keys=upstream_keys,
                 pipeline_keys=pipeline_keys,
                 settings=settings,
+                names=names,
             ),
             build_finalizer_sensor(
                 registry=registry,
@@ -227,17 +243,18 @@ def build_location(
                 upstream_keys=upstream_keys,
                 pipeline_keys=pipeline_keys,
                 settings=settings,
+                names=names,
             ),
         ],
         resources={
-            SPARK_RESOURCE_KEY: with_s3_settings(spark, registry),
-            STORE_RESOURCE_KEY: WatermarkStoreResource(
+            names.spark_resource: with_s3_settings(spark, registry),
+            names.store_resource: WatermarkStoreResource(
                 control_root=control_root, storage_options=dagster_values(storage_options)
             ),
-            REGISTRY_RESOURCE_KEY: registry,
+            names.registry_resource: registry,
             # Downstream assets load a pipeline's target through it (README, "Reading a
             # target from your own assets"); pipeline assets write without it.
-            TARGETS_IO_MANAGER_KEY: PipelineTargetIOManager(
+            names.targets_io_manager: PipelineTargetIOManager(
                 targets={p.name: p.target for p in registry.pipelines.values()},
                 storage_options={
                     p.name: dagster_values(p.storage_options) or {}
@@ -251,7 +268,7 @@ def build_location(
     # The finalizer's consumers are the registry's; the graph the UI shows and backfills
     # follow must say the same (a translator or a merge could make them differ).
     check_consumers(registry, defs.resolve_all_asset_specs(), upstream_keys)
-    return location_of(defs)
+    return location_of(defs, name)
 
 
 def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSessionResource:
@@ -283,6 +300,7 @@ class LocationOptions(TypedDict, total=False):
     settings: WatermarkSettings | None
     translator: WatermarkTranslator | None
     storage_options: StorageOptions | None
+    name: str | None
 
 
 def build_definitions(registry: Registry, **options: Unpack[LocationOptions]) -> Definitions:
@@ -294,31 +312,70 @@ def build_definitions(registry: Registry, **options: Unpack[LocationOptions]) ->
     return build_location(registry, **options).definitions
 
 
-def location_of(defs: Any) -> WatermarkLocation:
+def locations_in(defs: Any) -> dict[str | None, WatermarkLocation]:
+    """Every location in ``defs``, by name (None for the unprefixed one): a
+    :class:`WatermarkLocation` as it is, or the ``Definitions`` of one or several (built by
+    :func:`build_location`, merged, or loaded from components)."""
+    if isinstance(defs, WatermarkLocation):
+        return {defs.name: defs}
+    resources = (defs.resources if isinstance(defs, Definitions) else None) or {}
+    found: dict[str | None, WatermarkLocation] = {}
+    for key, registry in resources.items():
+        try:
+            prefix = prefix_of_registry_key(key)
+        except ValueError:
+            continue
+        names = LocationNames(prefix)
+        store = resources.get(names.store_resource)
+        spark = resources.get(names.spark_resource)
+        if (
+            isinstance(registry, Registry)
+            and isinstance(store, WatermarkStoreResource)
+            and isinstance(spark, SparkSessionResource)
+        ):
+            found[prefix] = WatermarkLocation(
+                registry=registry,
+                store_resource=store,
+                spark_resource=spark,
+                definitions=defs,
+                names=names,
+            )
+    return found
+
+
+def location_of(defs: Any, name: str | None = None) -> WatermarkLocation:
     """The location behind ``defs``: a :class:`WatermarkLocation` as it is, or the
     ``Definitions`` of one (built by :func:`build_definitions` or :func:`build_location`,
-    merges included).
+    merges included). When ``defs`` holds several (components), ``name`` picks one; the
+    only one is taken when ``name`` is None.
 
     Raises:
-        ConfigurationError: ``defs`` is neither, so it carries no registry.
+        ConfigurationError: ``defs`` is neither, so it carries no registry; or it holds no
+            location named ``name``, or several and no name was given.
     """
-    if isinstance(defs, WatermarkLocation):
+    if isinstance(defs, WatermarkLocation) and name in (None, defs.name):
         return defs
-    resources = defs.resources if isinstance(defs, Definitions) else None
-    registry = (resources or {}).get(REGISTRY_RESOURCE_KEY)
-    store = (resources or {}).get(STORE_RESOURCE_KEY)
-    spark = (resources or {}).get(SPARK_RESOURCE_KEY)
-    if not (
-        isinstance(registry, Registry)
-        and isinstance(store, WatermarkStoreResource)
-        and isinstance(spark, SparkSessionResource)
-    ):
+    found = locations_in(defs)
+    if not found:
         raise ConfigurationError(
             f"{type(defs).__name__} was not built by watermark_dagster's build_location or "
             "build_definitions, so it carries no registry of upstreams and pipelines.",
             fix="point --defs at a module:attribute holding build_location(...) or "
             "build_definitions(...).",
         )
-    return WatermarkLocation(
-        registry=registry, store_resource=store, spark_resource=spark, definitions=defs
+    if name in found:
+        return found[name]
+    listed = sorted(str(n) for n in found)
+    if name is None and len(found) == 1:
+        return next(iter(found.values()))
+    if name is None:
+        raise ConfigurationError(
+            f"These definitions hold {len(found)} watermark locations ({listed}); which one "
+            "is meant is ambiguous.",
+            fix="name one (location_of(defs, name), HeadlessRunner(..., name=...)), or point "
+            "at one component's definitions.",
+        )
+    raise ConfigurationError(
+        f"These definitions hold no watermark location named {name!r}; they hold {listed}.",
+        fix="use one of those names (the component's name: attribute).",
     )

@@ -26,7 +26,7 @@ from dagster import (
 )
 
 from watermark_dagster.core.resuming import ResumeAction
-from watermark_dagster.dagster_defs.definitions import BATCH_JOB, location_of
+from watermark_dagster.dagster_defs.definitions import location_of
 from watermark_dagster.dagster_defs.resources import held_spark_sessions
 from watermark_dagster.dagster_defs.runs import (
     ERROR_METADATA,
@@ -35,8 +35,6 @@ from watermark_dagster.dagster_defs.runs import (
     pipeline_keys_of,
 )
 from watermark_dagster.dagster_defs.sensors import (
-    COORDINATOR,
-    FINALIZER,
     CoordinatorCursor,
     resume_request,
 )
@@ -108,6 +106,8 @@ class HeadlessRunner:
         log: where progress lines go (default: nowhere).
         run_log_level: level of Dagster's console log inside executed runs (``"DEBUG"`` shows
             every step event; the event log in the instance is complete either way).
+        name: which location of ``defs`` to run, when it holds several (components); its
+            prefixed job and sensors are the ones ticked and executed.
     """
 
     def __init__(
@@ -117,19 +117,28 @@ class HeadlessRunner:
         *,
         log: Callable[[str], None] | None = None,
         run_log_level: str = "INFO",
+        name: str | None = None,
     ) -> None:
         self.run_log_level = run_log_level
         self.defs = defs
+        self.location = location_of(defs, name)
+        self.names = self.location.names
         self.instance = instance
         self.log = log or (lambda _msg: None)
         self._cursors: dict[str, str | None] = {}
         self._instance_ref = instance.get_ref()
-        self._job = defs.resolve_job_def(BATCH_JOB)
+        self._job = defs.resolve_job_def(self.names.batch_job)
 
     @cached_property
     def pipeline_keys(self) -> dict[str, AssetKey]:
-        """Pipeline name -> its asset key (whatever the translator made of it)."""
-        return pipeline_keys_of(self.defs.resolve_all_asset_specs())
+        """Pipeline name -> its asset key (whatever the translator made of it); only the
+        location's own pipelines, those on its batch partitions."""
+        partitions = self.names.batches_partitions
+        return pipeline_keys_of(
+            s
+            for s in self.defs.resolve_all_asset_specs()
+            if getattr(s.partitions_def, "name", None) == partitions
+        )
 
     def pipeline_key(self, name: str) -> AssetKey:
         """The asset key of pipeline ``name`` (whatever the translator made of it).
@@ -245,7 +254,11 @@ class HeadlessRunner:
         step = resume_batch(
             store,
             batch,
-            batch_runs(self.instance, batch.batch_id).facts,
+            batch_runs(
+                self.instance,
+                batch.batch_id,
+                pipeline_keys=frozenset(self.pipeline_keys.values()) if self.names.prefix else None,
+            ).facts,
             known=self.pipeline_keys.keys(),
             max_attempts=0,  # not consulted: a retry runs whatever the failed runs
             actor="watermark run --retry",
@@ -279,7 +292,7 @@ class HeadlessRunner:
             return self._run_until_idle(max_ticks, max_batches, retry)
 
     def _run_until_idle(self, max_ticks: int, max_batches: int | None, retry: bool) -> CycleReport:
-        store = location_of(self.defs).store()
+        store = self.location.store()
         report = CycleReport()
         if retry:
             again = self.retry_request(store)
@@ -287,10 +300,10 @@ class HeadlessRunner:
                 self.execute_requests(again, report)
         for _ in range(max_ticks):
             report.ticks += 1
-            coordinated = self.tick(COORDINATOR)
+            coordinated = self.tick(self.names.coordinator)
             self.execute_requests(coordinated, report)
             before = store.open_batch()
-            self.tick(FINALIZER)
+            self.tick(self.names.finalizer)
             after = store.open_batch()
             if before is not None and (after is None or after.batch_id != before.batch_id):
                 report.completed.append(before.batch_id)

@@ -23,6 +23,7 @@ The ``retention_horizon`` check runs on a schedule shipped RUNNING
 """
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -66,8 +67,16 @@ from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep, resume_step
 from watermark_dagster.dagster_defs.checks import per_upstream_check_specs
+from watermark_dagster.dagster_defs.names import (
+    DEFAULT_NAMES,
+    LAG_CHECKS_OP,
+    STUCK_CHECKS_OP,
+    LocationNames,
+)
+from watermark_dagster.dagster_defs.names import RETENTION_JOB as RETENTION_JOB
+from watermark_dagster.dagster_defs.names import RETENTION_SCHEDULE as RETENTION_SCHEDULE
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
-from watermark_dagster.dagster_defs.runs import BATCH_TAG, batch_runs
+from watermark_dagster.dagster_defs.runs import BATCH_TAG, batch_runs, owns_run
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.observe.retention import commit_time, format_duration
@@ -75,8 +84,6 @@ from watermark_dagster.operations.coordinate import unfinished
 
 LAG_CHECK = "watermark_lag"
 STUCK_CHECK = "watermark_stuck_batch"
-RETENTION_JOB = "watermark_retention_check_job"
-RETENTION_SCHEDULE = "watermark_retention_schedule"
 # The longest run error a stuck-batch check quotes.
 ERROR_CHARS = 500
 # Dagster refuses a time-window freshness policy shorter than this.
@@ -283,12 +290,21 @@ def lag_result(lag: Lag, settings: HealthSettings) -> tuple[bool, str, str, dict
     return False, "over:" + "+".join(over), f"{state} {limits}{fix}", meta
 
 
-def last_failure(instance: DagsterInstance, batch_id: str) -> str | None:
+def last_failure(
+    instance: DagsterInstance,
+    batch_id: str,
+    *,
+    pipeline_keys: AbstractSet[AssetKey] | None = None,
+) -> str | None:
     """The error of the newest failed run the coordinator launched for ``batch_id``: its
-    first step failure's message (else the run failure's), None when there is none."""
+    first step failure's message (else the run failure's), None when there is none.
+    ``pipeline_keys``, when given, keeps only runs of those assets (see
+    :func:`~watermark_dagster.dagster_defs.runs.batch_runs`)."""
     runs = instance.get_runs(
-        RunsFilter(tags={BATCH_TAG: batch_id}, statuses=[DagsterRunStatus.FAILURE]), limit=1
+        RunsFilter(tags={BATCH_TAG: batch_id}, statuses=[DagsterRunStatus.FAILURE]),
+        limit=1 if pipeline_keys is None else None,
     )
+    runs = [r for r in runs if owns_run(r, pipeline_keys)][:1]
     if not runs:
         return None
     for kind in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE):
@@ -508,6 +524,7 @@ def build_health_checks(
     observer: Observer,
     settings: HealthSettings,
     max_attempts: int,
+    names: LocationNames = DEFAULT_NAMES,
 ) -> list[AssetChecksDefinition]:
     """The ``watermark_lag`` checks of the consumed versioned upstreams and the
     ``watermark_stuck_batch`` checks of the pipelines, runnable from the UI (the
@@ -520,8 +537,11 @@ def build_health_checks(
         observer: the code location's observer.
         settings: the lag thresholds.
         max_attempts: failed runs after which the coordinator calls a batch stuck.
+        names: the op names and the control tables' resource key; a prefixed location
+            counts only the runs of its own pipelines (batch ids repeat across locations).
     """
     checks: list[AssetChecksDefinition] = []
+    scope = frozenset(pipeline_keys.values()) if names.prefix else None
     lagging, specs = per_upstream_check_specs(
         _versioned(registry.consumed_upstreams()),
         upstream_keys,
@@ -537,12 +557,12 @@ def build_health_checks(
         @multi_asset_check(
             specs=specs,
             can_subset=True,
-            name="watermark_lag_checks",
+            name=names.of(LAG_CHECKS_OP),
             description="How far each upstream is ahead of its committed watermark.",
+            required_resource_keys={names.store_resource},
         )
-        def lag_checks(
-            context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
-        ) -> Iterator[AssetCheckResult]:
+        def lag_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+            watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
             committed = watermark_store.get_store().committed_versions()
             now = datetime.now(UTC)
             for key in _sorted(context.selected_asset_check_keys):
@@ -578,21 +598,21 @@ def build_health_checks(
             for key, p in stuck_keys.items()
         ],
         can_subset=True,
-        name="watermark_stuck_batch_checks",
+        name=names.of(STUCK_CHECKS_OP),
         description="Whether the open batch is stuck.",
+        required_resource_keys={names.store_resource},
     )
-    def stuck_checks(
-        context: AssetCheckExecutionContext, watermark_store: WatermarkStoreResource
-    ) -> Iterator[AssetCheckResult]:
+    def stuck_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         batch = store.open_batch()
         step = None
         if batch is not None:
-            facts = batch_runs(context.instance, batch.batch_id).facts
+            facts = batch_runs(context.instance, batch.batch_id, pipeline_keys=scope).facts
             todo = unfinished(store, batch, pipeline_keys.keys())
             step = resume_step(batch.batch_id, todo, facts, max_attempts=max_attempts)
         error = (
-            last_failure(context.instance, step.batch_id)
+            last_failure(context.instance, step.batch_id, pipeline_keys=scope)
             if step is not None and step.action is ResumeAction.STUCK
             else None
         )
@@ -623,7 +643,9 @@ def _result(
 
 
 def build_retention_schedule(
-    check_keys: Sequence[AssetCheckKey], settings: HealthSettings
+    check_keys: Sequence[AssetCheckKey],
+    settings: HealthSettings,
+    names: LocationNames = DEFAULT_NAMES,
 ) -> tuple[list[Any], list[ScheduleDefinition]]:
     """The job running only the ``retention_horizon`` checks and its schedule, RUNNING by
     default, so the checks are evaluated with nobody clicking.
@@ -638,12 +660,12 @@ def build_retention_schedule(
     if not check_keys:
         return [], []
     job = define_asset_job(
-        RETENTION_JOB,
+        names.retention_job,
         selection=AssetSelection.checks(*check_keys),
         description="Runs the retention_horizon checks of the upstreams (no pipeline, no JVM).",
     )
     schedule = ScheduleDefinition(
-        name=RETENTION_SCHEDULE,
+        name=names.retention_schedule,
         job=job,
         cron_schedule=settings.retention_check_cron,
         default_status=DefaultScheduleStatus.RUNNING,

@@ -36,7 +36,7 @@ from dagster import DagsterInstance, DagsterRunStatus, DeleteDynamicPartitionsRe
 from dagster._core.execution.backfill import BulkActionStatus
 
 from watermark_dagster.core.planning import prunable_batch_partitions
-from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
+from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.runs import FINISHED, PARTITION_NAME_TAG
 from watermark_dagster.errors import ConfigurationError
 
@@ -78,16 +78,18 @@ class Pruning:
         delete: the partition keys to delete, oldest first.
         held: keys beyond retention kept for now: their batch is open (PLANNED), a
             Dagster run of the partition is in flight or a running backfill targets it.
+        partitions_name: the dynamic partitions definition they belong to.
     """
 
     delete: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
+    partitions_name: str = BATCHES_PARTITIONS_NAME
 
     def request(self) -> DeleteDynamicPartitionsRequest | None:
         """The sensor's request deleting :attr:`delete` (None when there is nothing)."""
         if not self.delete:
             return None
-        return DeleteDynamicPartitionsRequest(BATCHES_PARTITIONS_NAME, list(self.delete))
+        return DeleteDynamicPartitionsRequest(self.partitions_name, list(self.delete))
 
 
 def stale_batch_partitions(
@@ -97,6 +99,7 @@ def stale_batch_partitions(
     keep: int,
     open_batch_ids: Callable[[], Collection[str]],
     limit: int = PRUNE_PER_TICK,
+    partitions_name: str = BATCHES_PARTITIONS_NAME,
 ) -> Pruning:
     """The batch partitions to delete now that batch ``newest_seq`` ended: among the
     ``limit`` oldest partition keys, those of batches beyond the newest ``keep`` sequence
@@ -110,11 +113,13 @@ def stale_batch_partitions(
         open_batch_ids: the ids of the open batches; called only when some key is beyond
             retention (it reads the control tables).
         limit: the most keys read, and so deleted, in this pass.
+        partitions_name: the location's batch partitions (runs of another location's
+            batch with the same id only hold a key a little longer).
     """
     if keep <= 0 or newest_seq <= keep:
         return Pruning()
     oldest = instance.get_paginated_dynamic_partitions(
-        BATCHES_PARTITIONS_NAME, limit=limit, ascending=True
+        partitions_name, limit=limit, ascending=True
     ).results
     beyond = prunable_batch_partitions(oldest, newest_seq=newest_seq, keep=keep)
     if not beyond:
@@ -127,7 +132,7 @@ def stale_batch_partitions(
     }
     held = set(open_batch_ids()) | running | _backfill_targets(instance, beyond)
     delete = prunable_batch_partitions(beyond, newest_seq=newest_seq, keep=keep, held=held)
-    return Pruning(tuple(delete), tuple(k for k in beyond if k in held))
+    return Pruning(tuple(delete), tuple(k for k in beyond if k in held), partitions_name)
 
 
 def _backfill_targets(instance: DagsterInstance, keys: Collection[str]) -> set[str]:

@@ -8,10 +8,18 @@ import json
 import os
 import socket
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import AssetKey, AssetSpec, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import (
+    AssetKey,
+    AssetSpec,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    RunsFilter,
+)
 
 # Private, and kept: Dagster 1.13 exports no constant for the "dagster/partition" run tag
 # and no public run filter by partition; runs launched from the UI (re-executions,
@@ -124,12 +132,30 @@ class BatchRuns:
     dead: tuple[str, ...] = ()
 
 
-def batch_runs(instance: DagsterInstance, batch_id: str) -> BatchRuns:
+def owns_run(run: DagsterRun, pipeline_keys: AbstractSet[AssetKey] | None) -> bool:
+    """Whether ``run`` belongs to the code location whose pipeline assets are
+    ``pipeline_keys``: any run when that is None (one location per instance), else a run
+    that materializes one of them. Batch ids (``b000001``, ...) repeat across the control
+    roots of several locations in one instance; their runs tell them apart only by assets.
+    """
+    if pipeline_keys is None:
+        return True
+    return bool(run.asset_selection) and not run.asset_selection.isdisjoint(pipeline_keys)
+
+
+def batch_runs(
+    instance: DagsterInstance,
+    batch_id: str,
+    *,
+    pipeline_keys: AbstractSet[AssetKey] | None = None,
+) -> BatchRuns:
     """Classify the runs of a batch partition; runs whose worker died are marked failed.
 
     ``facts.terminal`` is set when the newest finished run failed with a terminal error.
+    ``pipeline_keys``, when given, keeps only the runs of those assets (:func:`owns_run`).
     """
     runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: batch_id}))  # newest first
+    runs = [r for r in runs if owns_run(r, pipeline_keys)]
     in_flight: list[str] = []
     dead: list[str] = []
     failed = 0

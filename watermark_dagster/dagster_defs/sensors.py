@@ -37,13 +37,12 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.planning import batch_is_due
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep
-from watermark_dagster.dagster_defs.assets import (
-    BATCHES_PARTITIONS_NAME,
-    nothing_to_do_events,
-    observation_event,
-)
+from watermark_dagster.dagster_defs.assets import nothing_to_do_events, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
 from watermark_dagster.dagster_defs.health import HealthReporter, HealthSettings
+from watermark_dagster.dagster_defs.names import COORDINATOR as COORDINATOR
+from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, LocationNames
+from watermark_dagster.dagster_defs.names import FINALIZER as FINALIZER
 from watermark_dagster.dagster_defs.pruning import (
     check_keep_batch_partitions,
     stale_batch_partitions,
@@ -59,9 +58,6 @@ from watermark_dagster.operations.coordinate import (
     record_dead_runs,
     resume_batch,
 )
-
-COORDINATOR = "watermark_coordinator"
-FINALIZER = "watermark_finalizer"
 
 
 @dataclass(frozen=True)
@@ -167,9 +163,13 @@ def build_coordinator_sensor(
     upstream_keys: Mapping[str, AssetKey],
     pipeline_keys: Mapping[str, AssetKey],
     settings: WatermarkSettings,
+    names: LocationNames = DEFAULT_NAMES,
 ):
-    """The sensor that plans batches and (re)submits their runs."""
-    actor = f"sensor:{COORDINATOR}"
+    """The sensor that plans batches and (re)submits their runs; ``names`` gives its name,
+    the batch partitions' and the control tables' resource key."""
+    actor = f"sensor:{names.coordinator}"
+    # Batch ids repeat across the control roots of several locations in one instance.
+    scope = frozenset(pipeline_keys.values()) if names.prefix else None
     health = HealthReporter(
         registry=registry,
         observer=observer,
@@ -180,16 +180,16 @@ def build_coordinator_sensor(
     )
 
     @sensor(
-        name=COORDINATOR,
+        name=names.coordinator,
         job=job,
+        required_resource_keys={names.store_resource},
         minimum_interval_seconds=settings.sensor_interval_seconds,
         default_status=settings.default_status,
         description="Plans a batch when upstreams have new versions and no batch is open; "
         "resumes the open batch by requesting its unfinished pipelines.",
     )
-    def watermark_coordinator(
-        context: SensorEvaluationContext, watermark_store: WatermarkStoreResource
-    ) -> SensorResult | SkipReason:
+    def watermark_coordinator(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         cursor = CoordinatorCursor.parse(context.cursor)
         cursor.stuck_reason = None
@@ -270,10 +270,10 @@ def build_coordinator_sensor(
         cursor.plan_recorded = batch.batch_id
 
         add_partition = []
-        if not context.instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, batch.batch_id):
+        if not context.instance.has_dynamic_partition(names.batches_partitions, batch.batch_id):
             add_partition = [partitions_def.build_add_request([batch.batch_id])]
 
-        runs = batch_runs(context.instance, batch.batch_id)
+        runs = batch_runs(context.instance, batch.batch_id, pipeline_keys=scope)
         if runs.dead:
             context.log.warning(f"batch {batch.batch_id}: runs {list(runs.dead)} lost their worker")
             record_dead_runs(store, batch, runs.dead, actor=actor)
@@ -324,8 +324,10 @@ def build_finalizer_sensor(
     upstream_keys: Mapping[str, AssetKey],
     pipeline_keys: Mapping[str, AssetKey],
     settings: WatermarkSettings,
+    names: LocationNames = DEFAULT_NAMES,
 ):
-    """The sensor that advances committed watermarks and completes batches.
+    """The sensor that advances committed watermarks and completes batches (``names``
+    gives its name, the batch partitions' and the control tables' resource key).
 
     When it completes a batch it also records, for each pipeline the batch did not need, a
     materialization of the batch partition that says so (done, nothing to do).
@@ -333,18 +335,18 @@ def build_finalizer_sensor(
     Consumers come from the registry (:meth:`Registry.consumers`), which the asset graph
     is checked against (:func:`watermark_dagster.dagster_defs.runs.check_consumers`).
     """
-    actor = f"sensor:{FINALIZER}"
+    actor = f"sensor:{names.finalizer}"
 
     @sensor(
-        name=FINALIZER,
+        name=names.finalizer,
+        required_resource_keys={names.store_resource},
         minimum_interval_seconds=settings.sensor_interval_seconds,
         default_status=settings.default_status,
         description="Advances each upstream's committed watermark once every pipeline reading "
         "it succeeded for the open batch; then completes the batch.",
     )
-    def watermark_finalizer(
-        context: SensorEvaluationContext, watermark_store: WatermarkStoreResource
-    ) -> SensorResult | SkipReason:
+    def watermark_finalizer(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         batch = store.open_batch()
         if batch is None:
@@ -385,6 +387,7 @@ def build_finalizer_sensor(
             newest_seq=batch.seq,
             keep=settings.keep_batch_partitions,
             open_batch_ids=lambda: {b.batch_id for b in store.open_batches()},
+            partitions_name=names.batches_partitions,
         )
         if pruning.delete:
             context.log.info(

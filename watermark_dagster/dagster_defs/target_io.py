@@ -24,11 +24,14 @@ from deltalake.exceptions import TableNotFoundError
 from pydantic import Field
 
 from watermark_dagster.config.secrets import resolved_options
-from watermark_dagster.dagster_defs.runs import PIPELINE_METADATA
 
-# The resource key build_definitions gives the manager. Downstream assets name it in
-# ``AssetIn(input_manager_key=...)`` (a pipeline asset bound to it needs no AssetIn).
-TARGETS_IO_MANAGER_KEY = "watermark_targets"
+# The resource key build_definitions gives the manager (behind the location's prefix, if
+# any). Downstream assets name it in ``AssetIn(input_manager_key=...)`` (a pipeline asset
+# bound to it needs no AssetIn).
+from watermark_dagster.dagster_defs.names import (
+    TARGETS_IO_MANAGER_KEY as TARGETS_IO_MANAGER_KEY,
+)
+from watermark_dagster.dagster_defs.runs import PIPELINE_METADATA
 
 
 class PipelineTargetIOManager(ConfigurableIOManager):
