@@ -130,9 +130,9 @@ class RegistryFile:
 class _Reader:
     """Turns one parsed file into checked keyword arguments, raising with file and line."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, base: Path | None = None) -> None:
         self.path = path
-        self.base = path.parent
+        self.base = path.parent if base is None else base
 
     # -- errors
 
@@ -483,7 +483,78 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
         ) from None
     if document is None:
         raise reader.fail(None, "the file is empty.", fix="declare upstreams: and pipelines:.")
-    top = reader.mapping(document, "the file", 1)
+    return _read_document(reader, document, "the file")
+
+
+def load_registry_mapping(
+    data: Mapping[str, Any],
+    *,
+    source: Path,
+    base: Path,
+    line_of: Callable[[tuple[str | int, ...]], int | None] = lambda _path: None,
+    block_start: Callable[[tuple[str | int, ...]], int | None] = lambda _path: None,
+    what: str = "the file",
+) -> RegistryFile:
+    """Check a registry given as plain data (a component's attributes) exactly as a registry
+    file is checked, with the same errors.
+
+    Args:
+        data: the mapping a registry file holds (``upstreams:``, ``pipelines:``,
+            ``control_root:``, ``control_storage_options:``).
+        source: the file errors name (``source:line``).
+        base: the folder relative paths are taken from.
+        line_of: the line of the key at a path of keys and list indexes in ``data``
+            (``("pipelines", "orders_clean", "target")``), None when unknown.
+        block_start: for a text value written as a literal block (``sql: |``), the line of
+            its first line of text.
+        what: how errors name the mapping itself.
+
+    Returns:
+        The registry, with its control root and storage options.
+
+    Raises:
+        ConfigurationError: as :func:`load_registry_file`, each message starting with
+            ``source:line`` when ``line_of`` knows the line.
+    """
+    return _read_document(
+        _Reader(source, base), _with_lines(data, (), line_of, block_start, 1), what
+    )
+
+
+def _with_lines(
+    value: Any,
+    at: tuple[str | int, ...],
+    line_of: Callable[[tuple[str | int, ...]], int | None],
+    block_start: Callable[[tuple[str | int, ...]], int | None],
+    line: int,
+) -> Any:
+    """Plain data as the loader would have built it: each mapping a :class:`_Mapping`
+    knowing its keys' lines (a key whose line is unknown gets its mapping's)."""
+    if isinstance(value, list):
+        items = cast("list[object]", value)
+        return [
+            _with_lines(v, (*at, i), line_of, block_start, line_of((*at, i)) or line)
+            for i, v in enumerate(items)
+        ]
+    if not isinstance(value, Mapping):
+        return value
+    entries = cast("Mapping[Any, Any]", value)
+    made = _mapping_at(line)
+    for key, item in entries.items():
+        path = (*at, str(key))
+        key_line = line_of(path) or line
+        made[key] = _with_lines(item, path, line_of, block_start, key_line)
+        made.key_lines[key] = key_line
+        made.key_text[key] = str(key)
+        first = block_start(path) if isinstance(item, str) and "\n" in item else None
+        if first is not None:
+            made.block_lines[key] = first
+    return made
+
+
+def _read_document(reader: _Reader, document: Any, what: str) -> RegistryFile:
+    """The registry of a parsed document (its mappings are :class:`_Mapping`)."""
+    top = reader.mapping(document, what, 1)
     reader.known_keys(top, TOP_KEYS, "top level", "the file")
     for section in ("upstreams", "pipelines"):
         if section not in top:
@@ -596,7 +667,7 @@ def load_registry_file(path: str | os.PathLike[str]) -> RegistryFile:
         registry=registry,
         control_root=options.get("control_root"),
         control_storage_options=options.get("control_storage_options"),
-        path=file,
+        path=reader.path,
     )
 
 
@@ -618,6 +689,7 @@ def _mapping_at(line: int, items: dict[str, Any] | None = None) -> _Mapping:
     made = _Mapping(items or {})
     made.line, made.duplicates = line, []
     made.key_lines, made.key_text = dict.fromkeys(made, line), {k: k for k in made}
+    made.block_lines = {}
     return made
 
 
