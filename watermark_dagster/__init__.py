@@ -1,6 +1,7 @@
 """watermark-dagster: exactly-once, replayable incremental processing over Delta Lake tables.
 
-The public API: declare upstreams and pipelines, build the code location's definitions.
+The public API: declare upstreams and pipelines, build the code location's definitions
+(in Python, or in ``defs.yaml`` through :class:`WatermarkComponent`).
 Each name is imported from its module on first use, so ``import watermark_dagster`` (and
 the ``watermark`` command before it loads a code location) costs no Dagster, Spark or
 delta-rs import.
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from watermark_dagster.config.secrets import EnvRef
     from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
     from watermark_dagster.dagster_defs.assets import WatermarkTranslator
+    from watermark_dagster.dagster_defs.component import WatermarkComponent
     from watermark_dagster.dagster_defs.definitions import (
         WatermarkLocation,
         build_definitions,
@@ -51,6 +53,7 @@ _API = {
     "DeltaUpstream": "watermark_dagster.config.upstream",
     "Upstream": "watermark_dagster.config.upstream",
     "WatermarkTranslator": "watermark_dagster.dagster_defs.assets",
+    "WatermarkComponent": "watermark_dagster.dagster_defs.component",
     "build_definitions": "watermark_dagster.dagster_defs.definitions",
     "build_location": "watermark_dagster.dagster_defs.definitions",
     "WatermarkLocation": "watermark_dagster.dagster_defs.definitions",
@@ -72,6 +75,7 @@ __all__ = [
     "Registry",
     "SparkSessionResource",
     "Upstream",
+    "WatermarkComponent",
     "WatermarkLocation",
     "WatermarkSettings",
     "WatermarkStore",

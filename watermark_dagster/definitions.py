@@ -18,10 +18,11 @@ from watermark_dagster.config import env
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import StorageOptions
 from watermark_dagster.config.yaml_file import load_registry_file
+from watermark_dagster.dagster_defs.component import (
+    settings_from_environment,
+    spark_from_environment,
+)
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
-from watermark_dagster.dagster_defs.health import HealthSettings
-from watermark_dagster.dagster_defs.resources import SparkSessionResource, dagster_values
-from watermark_dagster.dagster_defs.sensors import WatermarkSettings
 from watermark_dagster.demo import DemoPaths, build_demo_registry
 
 
@@ -71,19 +72,8 @@ def _location(
     storage_options: StorageOptions | None,
     overrides: dict[str, object],
 ) -> WatermarkLocation:
-    watermark_settings = WatermarkSettings(
-        min_batch_interval_seconds=env.min_batch_interval_seconds(),
-        sensor_interval_seconds=env.sensor_interval_seconds(),
-        max_attempts=env.max_attempts(),
-        keep_batch_partitions=env.keep_batch_partitions(),
-        health=HealthSettings(
-            lag_max_versions=env.lag_max_versions(),
-            lag_max_seconds=env.lag_max_seconds(),
-            observe_every_seconds=env.observe_every_seconds(),
-            freshness_fail_after_seconds=env.freshness_fail_after_seconds(),
-            retention_check_cron=env.retention_check_cron(),
-        ),
-    )
+    # Every setting from WATERMARK_... variables, as a component's left-out settings are.
+    watermark_settings = settings_from_environment()
     if overrides:
         from dataclasses import replace
 
@@ -92,12 +82,7 @@ def _location(
         registry,
         control_root=control_root,
         storage_options=storage_options,
-        spark=SparkSessionResource(
-            master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"),
-            remote=os.environ.get("WATERMARK_SPARK_REMOTE") or None,
-            conf=dagster_values(env.spark_conf()) or {},
-            engine=env.engine(),  # type: ignore[arg-type]
-        ),
+        spark=spark_from_environment(),
         settings=watermark_settings,
     )
 
