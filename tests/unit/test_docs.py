@@ -7,7 +7,8 @@ configure; the Spark suites run the batches they describe):
   README's ``registry.yaml`` and ``my_pkg/transforms.py``, the user's package the examples
   import (provided here, as a reader would have their own).
 - ``yaml``: a registry file is loaded by ``load_registry_file``, with every check a code
-  location makes when it loads; a Dagster instance block (``storage:``, ``concurrency:``) is
+  location makes when it loads; a component's ``defs.yaml`` by Dagster's
+  ``load_from_defs_folder``, as ``dg`` loads it; a Dagster instance block (``storage:``, ``concurrency:``) is
   merged into the shipped ``dagster.yaml`` and validated by Dagster's schema; a workspace
   (``load_from:``) by Dagster's workspace schema. A block after
   ``<!-- docs-test: refused PHRASE -->`` must be refused, with PHRASE in the message.
@@ -169,7 +170,9 @@ INSTANCE_KEYS = {"storage", "concurrency", "run_monitoring", "run_queue", "telem
 def test_yaml_blocks_load(block: Block, workdir: Path, tmp_path: Path) -> None:
     data = yaml.safe_load(block.body)
     assert isinstance(data, dict), f"{block.where}: not a mapping"
-    if set(data) & INSTANCE_KEYS:
+    if "type" in data and "attributes" in data:
+        _check_component(block, tmp_path)
+    elif set(data) & INSTANCE_KEYS:
         _check_instance(block, tmp_path)
     elif "load_from" in data:
         _check_workspace(block, data)
@@ -195,6 +198,35 @@ def _check_registry(block: Block, workdir: Path, tmp_path: Path) -> None:
             assert loaded.registry.pipelines or loaded.registry.upstreams
     finally:
         sys.path.remove(str(workdir))
+
+
+def _check_component(block: Block, tmp_path: Path) -> None:
+    """A ``defs.yaml``: loaded by Dagster from a project's defs folder, as ``dg`` does."""
+    import warnings
+
+    from dagster import load_from_defs_folder
+
+    from watermark_dagster.dagster_defs.definitions import locations_in
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "docs_project"\nversion = "0"\n\n[tool.dg]\n'
+        'directory_type = "project"\n\n[tool.dg.project]\nroot_module = "docs_project"\n'
+    )
+    package = tmp_path / "docs_project"
+    (package / "defs" / "example").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "example" / "defs.yaml").write_text(block.body)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            defs = load_from_defs_folder(path_within_project=package)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("docs_project", None)
+    locations = locations_in(defs)
+    assert locations, f"{block.where}: the component built no watermark location"
+    assert all(loc.registry.pipelines for loc in locations.values()), block.where
 
 
 def _check_instance(block: Block, tmp_path: Path) -> None:

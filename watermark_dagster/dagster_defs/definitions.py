@@ -252,8 +252,8 @@ def build_location(
                 control_root=control_root, storage_options=dagster_values(storage_options)
             ),
             names.registry_resource: registry,
-            # Downstream assets load a pipeline's target through it (README, "Reading a
-            # target from your own assets"); pipeline assets write without it.
+            # Downstream assets load a pipeline's target through it
+            # (docs/reading-targets.md); pipeline assets write without it.
             names.targets_io_manager: PipelineTargetIOManager(
                 targets={p.name: p.target for p in registry.pipelines.values()},
                 storage_options={
