@@ -18,6 +18,7 @@ import logging
 import operator
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
@@ -293,6 +294,27 @@ def _source(name: str) -> Column:
     return F.col(quoted_identifier(SOURCE_PREFIX + name))
 
 
+@dataclass(frozen=True)
+class MergeForm:
+    """What our MERGE adds to a plain one, each on by default (the production form).
+    ``benchmarks/merge_forms.py`` turns them off one at a time to price each; turning one off
+    here changes what the write guarantees, so production code never does.
+
+    Attributes:
+        null_safe: keys matched with ``<=>`` (NULL keys are keys), else with ``=``.
+        skipping: the target-only key-range condition Delta skips files with.
+        broadcast: the broadcast hint on a source under Spark's broadcast threshold.
+        schema_evolution: new output columns are added to the target.
+        guard: changes apply only over rows no newer than the batch (``_wm_seq``).
+    """
+
+    null_safe: bool = True
+    skipping: bool = True
+    broadcast: bool = True
+    schema_evolution: bool = True
+    guard: bool = True
+
+
 def _merge(
     spark: SparkSession,
     prepared: DataFrame,
@@ -301,6 +323,7 @@ def _merge(
     target: str,
     keys: Sequence[str],
     insert_missing: bool,
+    form: MergeForm = MergeForm(),
 ) -> None:
     """One MERGE through PySpark's ``DataFrame.mergeInto`` (Spark's own MERGE plan, which
     Delta's analyzer runs), so the same code runs on a local session, a cluster and a
@@ -329,23 +352,25 @@ def _merge(
     deleting = is_delete(_source(CHANGE_TYPE))
     # Null-safe, as keys are matched everywhere (read.changes.matching_keys): with `=` a
     # NULL key's row would never be updated or deleted, and an upsert would add a second.
-    on = reduce(operator.and_, [quoted(k).eqNullSafe(_source(k)) for k in keys])
-    values = _first_key_values(prepared, keys, summary)
+    equal = Column.eqNullSafe if form.null_safe else Column.__eq__
+    on = reduce(operator.and_, [equal(quoted(k), _source(k)) for k in keys])
+    values = _first_key_values(prepared, keys, summary) if form.skipping else []
     skip = skipping_condition(prepared, summary, keys, values, target_schema)
-    if skip is not None:
+    if skip is not None and form.skipping:
         # Target-only conditions are what Delta's MERGE prunes target files with.
         on = on & skip
-    not_older = _source(SEQ_COLUMN) >= quoted(SEQ_COLUMN)
+    not_older = _source(SEQ_COLUMN) >= quoted(SEQ_COLUMN) if form.guard else F.lit(True)
     assignments: dict[str, Column] = {quoted_identifier(c): _source(c) for c in data_columns}
     source = prepared.select(*[quoted(c).alias(SOURCE_PREFIX + c) for c in prepared.columns])
-    if _broadcastable(spark, prepared, summary.rows):
+    if form.broadcast and _broadcastable(spark, prepared, summary.rows):
         # Delta materializes a MERGE's source, which hides its size from the planner: without
         # the hint a few changed rows are joined by shuffling every row of the touched files.
         source = F.broadcast(source)
+    merge = source.mergeInto(delta_location(target), on)
+    if form.schema_evolution:
+        merge = merge.withSchemaEvolution()
     merge = (
-        source.mergeInto(delta_location(target), on)
-        .withSchemaEvolution()
-        .whenMatched(deleting & not_older)
+        merge.whenMatched(deleting & not_older)
         .delete()
         .whenMatched(~deleting & not_older)
         .update(assignments)
