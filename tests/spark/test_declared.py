@@ -105,6 +105,46 @@ def test_sql_and_function_forms_match_a_full_recompute_batch_after_batch(
                 assert 0 < largest < orders.count(), (name, round_no, work[name][-1])
 
 
+def test_past_the_inline_keys_limit_the_derivation_joins_and_matches_a_recompute(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More touched keys than the driver holds (``INLINE_KEYS_LIMIT``, made tiny here):
+    the touched keys stay a plan, joined where they are used, and the target is exact."""
+    from watermark_dagster.read import derive
+
+    monkeypatch.setattr(derive, "INLINE_KEYS_LIMIT", 2)
+    joined: list[str] = []
+    by_joins = derive._derived_by_joins
+
+    def counted(pipeline, *args, **kwargs):
+        joined.append(pipeline.name)
+        return by_joins(pipeline, *args, **kwargs)
+
+    monkeypatch.setattr(derive, "_derived_by_joins", counted)
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    pipeline = sql_pipeline(
+        name="by_joins",
+        sql=ENRICHED_SQL,
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=paths.target("by_joins"),
+        keys=["order_id"],
+        strategy="incremental",
+    )
+    registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
+    store = WatermarkStore(paths.control_root)
+    for round_no in range(3):
+        if round_no:
+            apply_round(spark, paths, round_no)  # renames, moved and deleted orders
+        _cycle(spark, registry, store)
+        orders = spark.read.format("delta").load(paths.upstream("orders"))
+        customers = spark.read.format("delta").load(paths.upstream("customers"))
+        full = full_orders_enriched(orders, customers)
+        target = spark.read.format("delta").load(paths.target("by_joins"))
+        assert _rows(target, full.columns) == _rows(full, full.columns), round_no
+    assert joined == ["by_joins", "by_joins"]  # both incremental batches took the joins
+
+
 def _refused(spark: SparkSession, tmp_path: Path, pipeline: Pipeline, fragment: str) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
