@@ -4,13 +4,10 @@ and the control root at s3:// URIs through a registry file, batches run headless
 targets equal to a recompute, watermarks at the upstreams' latest versions, and the
 credentials written nowhere. Each step runs in its own process (one JVM each)."""
 
-import contextlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import yaml
 from deltalake import DeltaTable
 
 from tests.conftest import REPO
+from tests.leaks import leaks
 from tests.scale.s3_demo import KEY_PATHS, KEYS, UPSTREAMS, S3DemoPaths
 from tests.scale.s3server import S3Server, running_s3_server
 from watermark_dagster.store import WatermarkStore
@@ -85,31 +83,6 @@ def _registry(path: Path, s3: S3Server, paths: S3DemoPaths) -> None:
     path.write_text(yaml.safe_dump(spec))
 
 
-def _leaks(folder: Path) -> list[str]:
-    """Files under ``folder`` holding the secret, in plain bytes or in the zlib-compressed
-    blobs Dagster's SQLite storage keeps (run and job snapshots)."""
-    found = []
-    for file in folder.rglob("*"):
-        if not file.is_file():
-            continue
-        if SECRET.encode() in file.read_bytes():
-            found.append(str(file))
-        elif file.suffix == ".db":
-            with sqlite3.connect(file) as db:
-                tables = [
-                    r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-                ]
-                for table in tables:
-                    for row in db.execute(f'SELECT * FROM "{table}"'):
-                        for value in row:
-                            if isinstance(value, bytes):
-                                with contextlib.suppress(zlib.error):
-                                    value = zlib.decompress(value)
-                                if SECRET.encode() in value:
-                                    found.append(f"{file}:{table}")
-    return found
-
-
 def test_demo_pipelines_on_s3_run_headless_and_match_a_recompute(
     s3: S3Server, tmp_path: Path
 ) -> None:
@@ -160,6 +133,6 @@ def test_demo_pipelines_on_s3_run_headless_and_match_a_recompute(
     finally:
         for key in s3.environ():
             os.environ.pop(key, None)
-    assert _leaks(home) == []
+    assert leaks(home, SECRET) == []
     assert SECRET not in log.read_text()
     assert SECRET not in registry.read_text()

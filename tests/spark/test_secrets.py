@@ -11,15 +11,12 @@ are searched for the secret the way the S3 test searches for its key, and a Grap
 server over the same instance is asked for its resources, runs and assets.
 """
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +33,7 @@ from dagster_graphql.test.utils import (
 from deltalake import write_deltalake
 
 from tests.conftest import REPO
+from tests.leaks import blobs_holding, leaks
 from tests.spark.secret_probe import PROBE_SETTING
 from watermark_dagster import definitions
 
@@ -66,38 +64,6 @@ query Assets {
   assetNodes { assetKey { path } description metadataEntries { label __typename } }
 }
 """
-
-
-def _leaks(folder: Path) -> list[str]:
-    """Files under ``folder`` holding the secret, in plain bytes or in the zlib-compressed
-    blobs Dagster's SQLite storage keeps (run and job snapshots)."""
-    found = []
-    for file in folder.rglob("*"):
-        if not file.is_file():
-            continue
-        if SECRET.encode() in file.read_bytes():
-            found.append(str(file))
-        elif file.suffix == ".db":
-            found += [f"{file}:{table}" for table in _blobs_holding(file, SECRET.encode())]
-    return found
-
-
-def _blobs_holding(db_file: Path, needle: bytes) -> list[str]:
-    """Tables of a SQLite file with a value (zlib-compressed or not) holding ``needle``."""
-    tables: list[str] = []
-    with sqlite3.connect(db_file) as db:
-        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        for table in names:
-            for row in db.execute(f'SELECT * FROM "{table}"'):
-                for value in row:
-                    if isinstance(value, str):
-                        value = value.encode()
-                    if isinstance(value, bytes):
-                        with contextlib.suppress(zlib.error):
-                            value = zlib.decompress(value)
-                        if needle in value and table not in tables:
-                            tables.append(table)
-    return tables
 
 
 @pytest.fixture
@@ -163,13 +129,13 @@ def test_a_referenced_credential_is_used_and_stored_nowhere(spark: Any, lake: Pa
     # Stored nowhere: Dagster's run and job snapshots, event logs, run storage, logs,
     # the control tables, the target's log, the command's output.
     home = lake / "home"
-    assert _leaks(home) == []
-    assert _leaks(lake / "control") == []
-    assert _leaks(lake / "probed") == []
+    assert leaks(home, SECRET) == []
+    assert leaks(lake / "control", SECRET) == []
+    assert leaks(lake / "probed", SECRET) == []
     assert SECRET not in run.stdout + run.stderr
     # ... while the reference itself is in the snapshots: the check above searched the
     # storage the resources' configuration is written to.
-    assert _blobs_holding(home / "dagster" / "history" / "runs.db", VARIABLE.encode())
+    assert blobs_holding(home / "dagster" / "history" / "runs.db", VARIABLE.encode())
 
     # Shown nowhere: the UI's GraphQL answers about resources, runs and assets.
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(os.environ["DAGSTER_HOME"]))
