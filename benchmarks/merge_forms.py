@@ -151,7 +151,7 @@ def forms() -> dict[str, Any]:
         "ours without broadcast hint": replace(ours, broadcast=False),
         "ours without schema evolution": replace(ours, schema_evolution=False),
         "ours without _wm_seq guard": replace(ours, guard=False),
-        "ours, all four off": MergeForm(
+        "ours without all four": MergeForm(
             null_safe=False, skipping=False, broadcast=False, schema_evolution=False, guard=True
         ),
     }
@@ -171,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated subset of the forms' names (default: all; 'plain' always runs)",
     )
     args = parser.parse_args(argv)
+    known = ["plain", *forms(), *(f"{n} without adaptive execution" for n in ("plain", "ours"))]
+    unknown = [f for f in args.forms or [] if f not in known]
+    if unknown:
+        parser.error(f"unknown form(s) {unknown}; known: {known}")
 
     from watermark_dagster.write.merge import _merge, merge_into_target, prepare_changes
     from watermark_dagster.write.summary import range_keys, summarize
@@ -204,11 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark, prepared, summary, target=target, keys=KEYS, insert_missing=True, form=form
         )
     for name in ("plain", "ours"):
-        contenders[f"{name}, adaptive execution off"] = _without_aqe(spark, contenders[name])
+        contenders[f"{name} without adaptive execution"] = _without_aqe(spark, contenders[name])
     if args.forms:
-        unknown = [f for f in args.forms if f not in contenders]
-        if unknown:
-            parser.error(f"unknown form(s) {unknown}; known: {list(contenders)}")
         contenders = {n: c for n, c in contenders.items() if n == "plain" or n in args.forms}
     runs: dict[str, list[Run]] = {name: [] for name in contenders}
     expected: set[tuple[Any, ...]] | None = None
