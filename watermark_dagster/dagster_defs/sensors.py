@@ -220,7 +220,9 @@ def build_coordinator_sensor(
                 observed_at=cursor.observed_at,
                 outcomes=cursor.outcomes,
             )
-            events += health.stuck_events(None, outcomes=cursor.outcomes)
+            events += health.stuck_events(
+                None, outcomes=cursor.outcomes, after=cursor.plan_recorded
+            )
             events += checks
             if not cursor.retention_reported:
                 # Evaluated at once on a new deployment, not only at the schedule's first
