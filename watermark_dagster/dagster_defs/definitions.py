@@ -43,6 +43,7 @@ from watermark_dagster.dagster_defs.health import (
     build_retention_schedule,
     with_freshness,
 )
+from watermark_dagster.dagster_defs.replay_job import build_replay_job
 from watermark_dagster.dagster_defs.resources import (
     SparkSessionResource,
     WatermarkStoreResource,
@@ -209,7 +210,7 @@ def build_location(
                 max_attempts=settings.max_attempts,
             ),
         ],
-        jobs=[job, *retention_jobs],
+        jobs=[job, build_replay_job(registry, pipeline_keys), *retention_jobs],
         schedules=retention_schedules,
         sensors=[
             build_coordinator_sensor(
