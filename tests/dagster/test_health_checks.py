@@ -483,3 +483,19 @@ def test_the_stuck_check_passes_again_after_each_batch_so_it_is_never_not_evalua
         assert record.create_timestamp > materialized.timestamp
     # Then quiet until something changes.
     assert not _checks(_tick(defs, lake.instance, after.cursor), STUCK_CHECK)
+
+
+def test_the_ui_lists_the_coordinator_as_the_automation_of_every_upstream(lake: Lake) -> None:
+    from dagster._core.remote_representation.external import RemoteRepository
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._core.remote_representation.handle import RepositoryHandle
+
+    # What the UI's "Automations" of an asset reads (AssetNode.targetingInstigators).
+    repository = RemoteRepository(
+        RepositorySnap.from_def(lake.defs().get_repository_def()),
+        repository_handle=RepositoryHandle.for_test(),
+        auto_materialize_use_sensors=True,
+    )
+    for asset in ("up1", "up2", *PIPELINES):
+        sensors = repository.get_sensors_targeting(AssetKey(asset))
+        assert {s.name for s in sensors} == {COORDINATOR}, asset

@@ -70,6 +70,9 @@ if TYPE_CHECKING:
     from watermark_dagster.store import WatermarkStore
 
 BATCH_JOB = "watermark_batch_job"
+# Observes every upstream (a click in the UI); the coordinator targets it too, so the UI
+# shows the coordinator as each upstream's automation (the coordinator observes them).
+OBSERVE_JOB = "watermark_observe_upstreams"
 # Resource keys of a code location built here. The registry is a resource so that it
 # travels with the Definitions (merges keep resources); no asset requires it.
 SPARK_RESOURCE_KEY = "spark"
@@ -196,6 +199,12 @@ def build_location(
         selection=AssetSelection.assets(*pipeline_keys.values()).without_checks(),
         description="Runs the pipelines of one batch partition (one process, one JVM).",
     )
+    observe_job = define_asset_job(
+        OBSERVE_JOB,
+        selection=AssetSelection.assets(*upstream_keys.values()).without_checks(),
+        description="Observes every upstream's Delta version (no JVM). The coordinator sensor "
+        "observes them on each tick; this job does it on demand.",
+    )
     defs = Definitions(
         assets=[build_upstream_assets(registry, translator, observer), *pipeline_assets],
         asset_checks=[
@@ -210,13 +219,14 @@ def build_location(
                 max_attempts=settings.max_attempts,
             ),
         ],
-        jobs=[job, build_replay_job(registry, pipeline_keys), *retention_jobs],
+        jobs=[job, observe_job, build_replay_job(registry, pipeline_keys), *retention_jobs],
         schedules=retention_schedules,
         sensors=[
             build_coordinator_sensor(
                 registry=registry,
                 observer=observer,
                 job=job,
+                observe_job=observe_job,
                 partitions_def=partitions_def,
                 upstream_keys=upstream_keys,
                 pipeline_keys=pipeline_keys,
