@@ -119,6 +119,16 @@ def _wait_for_orders_only_batch(home: Path, dev: subprocess.Popen, timeout: floa
     raise SystemExit("the daemon did not complete the orders-only batch in time")
 
 
+def _wait_until_loaded(page, name: str, timeout: float = 120) -> None:
+    """Wait until no element of the page reads "Loading" (the asset graph's nodes show
+    "Loading…" until their live data arrives, after the network went idle)."""
+    deadline = time.monotonic() + timeout
+    while page.get_by_text("Loading", exact=False).count():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: the UI still shows 'Loading' after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
@@ -137,6 +147,7 @@ def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float
             page.get_by_role("button", name="Skip").click(timeout=20_000)
         for name, path, what in pages:
             page.goto(url + path, wait_until="networkidle", timeout=120_000)
+            _wait_until_loaded(page, name)
             time.sleep(settle)  # the UI renders after its GraphQL answers
             page.screenshot(path=str(out / name))
             print(f"{out / name}: {what}", flush=True)

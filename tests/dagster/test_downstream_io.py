@@ -14,10 +14,13 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from dagster import (
+    AssetExecutionContext,
     AssetIn,
     AssetKey,
+    AssetMaterialization,
     DagsterInstance,
     Definitions,
+    DynamicPartitionsDefinition,
     MaterializeResult,
     asset,
     define_asset_job,
@@ -114,7 +117,9 @@ def test_a_downstream_asset_reads_the_whole_target_at_its_current_version(
     assert metadata["ids"].value == [1, 3, 4]
     assert metadata["total"].value == 80
     target = tmp_path / "orders_enriched"
-    assert f"Loading {target} at Delta version 2" in _messages(instance, result.run_id)
+    assert f"Loading {target} at Delta version 2 (the current version)" in _messages(
+        instance, result.run_id
+    )
 
 
 def test_other_forms_and_a_column_subset(tmp_path: Path, instance: DagsterInstance) -> None:
@@ -216,3 +221,47 @@ def test_a_plain_input_loads_the_target_through_the_pipeline_assets_manager(
     assert event is not None
     assert event.asset_materialization is not None
     assert event.asset_materialization.metadata["rows"].value == 3
+
+
+def test_a_downstream_partition_reads_the_target_as_its_batch_left_it(
+    tmp_path: Path, instance: DagsterInstance
+) -> None:
+    seen: dict[str, list[int]] = {}
+
+    @asset(
+        partitions_def=DynamicPartitionsDefinition(name=BATCHES_PARTITIONS_NAME),
+        ins={
+            "orders_enriched": AssetIn(key=PIPELINE_KEY, input_manager_key=TARGETS_IO_MANAGER_KEY)
+        },
+    )
+    def batch_report(context: AssetExecutionContext, orders_enriched: pa.Table) -> None:
+        seen[context.partition_key] = sorted(orders_enriched.column("id").to_pylist())
+
+    defs = _location_defs(tmp_path, batch_report)
+    target = _write_target(tmp_path)  # batch 1 wrote version 0, batch 2 versions 1 and 2
+    instance.add_dynamic_partitions(BATCHES_PARTITIONS_NAME, ["b-000003"])
+    # The pipeline's materializations, as its runs record them: batch 1's, batch 2's, a
+    # later replay of batch 1 (version 3), and batch 3, which did not need the pipeline.
+    for batch_id, meta in (
+        ("b-000001", {"target_version": 0, "batch_seq": 1}),
+        ("b-000002", {"target_version": 2, "batch_seq": 2}),
+        ("b-000001", {"target_version": 3, "batch_seq": 1, "replay_batch_id": "b-000004"}),
+        ("b-000003", {"batch_seq": 3, "skip_kind": "not_in_batch"}),
+    ):
+        instance.report_runless_asset_event(
+            AssetMaterialization(PIPELINE_KEY, partition=batch_id, metadata=meta)
+        )
+    write_deltalake(  # version 3: what the replay wrote, and what an unpartitioned input reads
+        str(target),
+        pa.table({"id": pa.array([5], pa.int64()), "amount": pa.array([50], pa.int64())}),
+        mode="append",
+    )
+
+    job = defs.resolve_job_def("downstream")
+    runs = {}
+    for partition in ("b-000001", "b-000002", "b-000003"):
+        runs[partition] = job.execute_in_process(instance=instance, partition_key=partition)
+        assert runs[partition].success
+    assert seen == {"b-000001": [1, 2, 3], "b-000002": [1, 3, 4], "b-000003": [1, 3, 4]}
+    messages = _messages(instance, runs["b-000001"].run_id)
+    assert f"Loading {target} at Delta version 0 (as batch b-000001 left it)" in messages

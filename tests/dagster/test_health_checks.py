@@ -15,6 +15,9 @@ import pyarrow as pa
 import pytest
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetKey,
+    AssetMaterialization,
     AssetObservation,
     AssetSelection,
     DagsterInstance,
@@ -446,3 +449,53 @@ def test_a_stuck_batch_names_the_error_of_its_last_failed_run(lake: Lake) -> Non
     assert not failing.passed
     assert "RuntimeError: the transform broke: no column 'amount'" in (failing.description or "")
     assert "the transform broke" in str(failing.metadata["error"].value)
+
+
+def test_the_stuck_check_passes_again_after_each_batch_so_it_is_never_not_evaluated(
+    lake: Lake,
+) -> None:
+    defs = lake.defs()
+    first = _tick(defs, lake.instance)  # plans b000001
+    assert {k: e.passed for k, e in _checks(first, STUCK_CHECK).items()} == {
+        "pipeline_a": True,
+        "pipeline_b": True,
+    }
+    # The batch's runs materialize its partitions (stood in for), then it ends.
+    lake.instance.add_dynamic_partitions("watermark_batches", ["b000001"])
+    for pipeline in PIPELINES:
+        lake.instance.report_runless_asset_event(
+            AssetMaterialization(pipeline, partition="b000001")
+        )
+    _finish(lake.store)
+
+    after = _tick(defs, lake.instance, first.cursor)
+    checks = _checks(after, STUCK_CHECK)
+    assert {k: e.passed for k, e in checks.items()} == {"pipeline_a": True, "pipeline_b": True}
+    assert "b000001 ended" in (checks["pipeline_a"].description or "")
+    # Recorded as the daemon records a tick's events, each is newer than the pipeline's
+    # latest materialization: the UI shows it for that one, not "Not evaluated".
+    for evaluation in checks.values():
+        lake.instance.report_runless_asset_event(evaluation)
+    for pipeline in PIPELINES:
+        key = AssetCheckKey(AssetKey(pipeline), STUCK_CHECK)
+        record = lake.instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
+        [materialized] = lake.instance.fetch_materializations(AssetKey(pipeline), limit=1).records
+        assert record.create_timestamp > materialized.timestamp
+    # Then quiet until something changes.
+    assert not _checks(_tick(defs, lake.instance, after.cursor), STUCK_CHECK)
+
+
+def test_the_ui_lists_the_coordinator_as_the_automation_of_every_upstream(lake: Lake) -> None:
+    from dagster._core.remote_representation.external import RemoteRepository
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._core.remote_representation.handle import RepositoryHandle
+
+    # What the UI's "Automations" of an asset reads (AssetNode.targetingInstigators).
+    repository = RemoteRepository(
+        RepositorySnap.from_def(lake.defs().get_repository_def()),
+        repository_handle=RepositoryHandle.for_test(),
+        auto_materialize_use_sensors=True,
+    )
+    for asset in ("up1", "up2", *PIPELINES):
+        sensors = repository.get_sensors_targeting(AssetKey(asset))
+        assert {s.name for s in sensors} == {COORDINATOR}, asset

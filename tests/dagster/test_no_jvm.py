@@ -129,18 +129,41 @@ def test_watermark_run_with_nothing_to_do_starts_no_jvm(home: Path, tmp_path: Pa
 
 # Executes run requests the way the coordinator's do (through HeadlessRunner, with the
 # attempt tag) and then as a UI backfill does (the batch job on one partition, by hand),
-# printing what the caller checks.
+# printing what the caller checks. With a third argument, the by-hand run is of a location
+# where the pipeline writes with that mode instead (its replay is refused).
 _BACKFILL = textwrap.dedent(
     """
     import json, sys
+    from dataclasses import replace
     from dagster import AssetKey, DagsterInstance, RunRequest, SensorResult
+    from watermark_dagster.config.pipeline import WriteMode
+    from watermark_dagster.config.registry import Registry
     from watermark_dagster.dagster_defs.assets import SKIPPED_TAG
+    from watermark_dagster.dagster_defs.definitions import build_definitions
     from watermark_dagster.dagster_defs.resources import held_spark_sessions, spark_was_started
     from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG
-    from watermark_dagster.definitions import defs
+    from watermark_dagster.definitions import defs, location
     from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 
     partition, pipeline = sys.argv[1], sys.argv[2]
+    by_hand_defs = defs
+    if len(sys.argv) > 3:
+        registry = location.registry
+        changed = replace(
+            registry.pipelines[pipeline],
+            write=WriteMode(sys.argv[3]),
+            declared=None,
+            transform=lambda batch: batch.spark.range(0),
+        )
+        by_hand_defs = build_definitions(
+            Registry(
+                upstreams=registry.upstreams.values(),
+                pipelines=[
+                    changed if p.name == pipeline else p for p in registry.pipelines.values()
+                ],
+            ),
+            control_root=location.control_root,
+        )
     instance = DagsterInstance.get()
     instance.add_dynamic_partitions("watermark_batches", ["b000001", "b000002"])
     lines = []
@@ -154,7 +177,7 @@ _BACKFILL = textwrap.dedent(
     )
     with held_spark_sessions():
         runner.execute_requests(SensorResult(run_requests=[request]), report)
-    job = defs.resolve_job_def("watermark_batch_job")
+    job = by_hand_defs.resolve_job_def("watermark_batch_job")
     direct = job.execute_in_process(
         instance=instance,
         partition_key=partition,
@@ -199,10 +222,10 @@ _BACKFILL = textwrap.dedent(
 )
 
 
-def _run_both(home: Path, tmp_path: Path, partition: str, pipeline: str) -> dict:
+def _run_both(home: Path, tmp_path: Path, partition: str, pipeline: str, *write: str) -> dict:
     java_home, launches = _java_shim(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-c", _BACKFILL, partition, pipeline],
+        [sys.executable, "-c", _BACKFILL, partition, pipeline, *write],
         env=_env(home, java_home),
         cwd=REPO,
         capture_output=True,
@@ -217,16 +240,16 @@ def _run_both(home: Path, tmp_path: Path, partition: str, pipeline: str) -> dict
 
 
 @pytest.mark.parametrize(
-    "partition",
+    ("partition", "write"),
     [
-        pytest.param("b000001", id="older-batch"),
-        pytest.param("b000002", id="newest-batch"),
+        pytest.param("b000001", "overwrite", id="older-batch-overwrite"),
+        pytest.param("b000002", "append", id="newest-batch-append"),
     ],
 )
-def test_a_batch_already_applied_is_skipped_quietly_or_refused_by_hand(
-    home: Path, tmp_path: Path, partition: str
+def test_a_batch_already_applied_is_skipped_quietly_or_its_replay_refused_by_hand(
+    home: Path, tmp_path: Path, partition: str, write: str
 ) -> None:
-    out = _run_both(home, tmp_path, partition, "orders_enriched")
+    out = _run_both(home, tmp_path, partition, "orders_enriched", write)
     # The coordinator's retry of a batch the pipeline already applied skips it: no write,
     # no materialization (the partition keeps the one of the run that applied it).
     assert out["success"] == [True, False]
@@ -237,14 +260,15 @@ def test_a_batch_already_applied_is_skipped_quietly_or_refused_by_hand(
     assert "SKIPPED (already applied)" in log
     assert out["materialized"] == [0, 0]
     assert out["tags"] == ["orders_enriched=already_applied", None]
-    # A backfill by hand fails before any Spark work, naming the replay of its ranges for
-    # this pipeline's upstreams only.
+    # A backfill by hand replays a merge pipeline's batch; one that overwrites or appends
+    # is refused before any Spark work or store write, saying why.
     [failure] = out["failures"]
-    assert "Not re-applied" in failure
-    version = 0 if partition == "b000001" else 1
-    assert f"watermark replay -t orders --from-version {version} --to-version {version}" in failure
-    assert "-p orders_enriched" in failure
-    assert "payments" not in failure
+    assert failure.startswith("Not replayed: 'orders_enriched' on batch"), failure
+    assert f"write with ['{write}']" in failure
+    assert "an overwrite target would go back in time" in failure
+    assert "Nothing was read or written" in failure
+    store = WatermarkStore(DemoPaths(home).control_root)
+    assert [b.kind.value for b in store.batches()] == ["SCHEDULED", "SCHEDULED"]
 
 
 def test_a_pipeline_the_batch_did_not_need_is_done_with_nothing_to_do(

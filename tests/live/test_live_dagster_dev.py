@@ -26,7 +26,7 @@ import pytest
 import requests
 from deltalake.exceptions import DeltaError
 
-from watermark_dagster.core.records import Batch, BatchStatus
+from watermark_dagster.core.records import Batch, BatchKind, BatchStatus
 from watermark_dagster.demo import (
     DemoPaths,
     apply_round,
@@ -547,16 +547,6 @@ mutation Backfill($params: LaunchBackfillParams!) {
 }
 """
 
-FAILURE_QUERY = """
-query Failure($runId: ID!) {
-  logsForRun(runId: $runId) {
-    ... on EventConnection {
-      events { __typename ... on ExecutionStepFailureEvent { error { message } } }
-    }
-  }
-}
-"""
-
 
 def _partition_states(dev: DagsterDev, asset: str, partitions: list[str]) -> dict[str, Any]:
     """Sync status of ``partitions`` (FRESH, STALE, MISSING) and the asset's partition
@@ -568,6 +558,24 @@ def _partition_states(dev: DagsterDev, asset: str, partitions: list[str]) -> dic
         "stale": dict(zip(partitions, node["staleStatusByPartition"], strict=True)),
         **node["assetPartitionStatuses"],
     }
+
+
+FRESHNESS_QUERY = """
+query Freshness($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode { freshnessStatusInfo { freshnessStatus } }
+  }
+}
+"""
+
+
+def _freshness(dev: DagsterDev, asset: str) -> str | None:
+    """The asset's freshness status as the UI shows it (HEALTHY, WARNING, DEGRADED, UNKNOWN)."""
+    node = dev.graphql(FRESHNESS_QUERY, {"key": {"path": [asset]}})["assetNodeOrError"]
+    assert node["__typename"] == "AssetNode", node
+    info = node["freshnessStatusInfo"]
+    return info["freshnessStatus"] if info else None
 
 
 def _backfill_runs(dev: DagsterDev, asset: str, partition: str) -> list[dict[str, Any]]:
@@ -583,11 +591,6 @@ def _backfill_runs(dev: DagsterDev, asset: str, partition: str) -> list[dict[str
         return runs if runs and all(r["status"] in done for r in runs) else None
 
     return dev.wait_for(f"the backfill of {asset} {partition} to finish", finished, 180)
-
-
-def _step_failures(dev: DagsterDev, run_id: str) -> list[str]:
-    events = dev.graphql(FAILURE_QUERY, {"runId": run_id})["logsForRun"]["events"]
-    return [e["error"]["message"] for e in events if e["__typename"] == "ExecutionStepFailureEvent"]
 
 
 def _run_events(dev: DagsterDev, run_id: str) -> list[dict[str, Any]]:
@@ -935,21 +938,42 @@ def test_dagster_dev_runs_batches_by_itself(
             assert set(states["stale"].values()) == {"FRESH"}, (pipeline, states)
             assert states["unmaterializedPartitions"] == [], (pipeline, states)
 
-        # ---- a UI backfill of the first batch is refused before any Spark work, naming
-        # `watermark replay`; the partition keeps the materialization with its ranges
-        [refused] = _backfill_runs(dev, "orders_enriched", first.batch_id)
-        assert refused["status"] == "FAILURE", refused
-        messages = _step_failures(dev, refused["runId"])
-        assert any("watermark replay -t orders" in m for m in messages), messages
-        [latest_mat, *_] = _materializations(dev, "orders_enriched", first.batch_id)
-        assert latest_mat["runId"] in run_pids, latest_mat
-        assert _metadata(latest_mat)["orders/end_version"] == 0, _metadata(latest_mat)
-        timings["backfill refused"] = time.monotonic() - began
-
-        # The refused backfill's failure is the one expected traceback.
-        problems = _watermark_problems(
-            dev.log_text(), expected_raises=("raise refuse_manual_reapply(decision)",)
+        # ---- freshness is evaluated by Dagster's daemon and shown: both pipelines fresh
+        dev.wait_for(
+            "both pipelines' freshness evaluated HEALTHY",
+            lambda: all(_freshness(dev, p) == "HEALTHY" for p in PIPELINES),
+            120,
         )
+        timings["freshness healthy"] = time.monotonic() - began
+
+        # ---- a UI backfill of the first batch replays its ranges: a REPLAY batch at its
+        # position, named by the partition's new materialization; no watermark moves and
+        # the targets still equal a full recompute
+        committed = _store(paths).committed_versions()  # type: ignore[union-attr]
+        [replayed] = _backfill_runs(dev, "orders_enriched", first.batch_id)
+        assert replayed["status"] == "SUCCESS", replayed
+        # A replay is a batch run like the others: one process (its steps are the pipeline
+        # and, as for any UI backfill, the pipeline's checks), one JVM (checked at the end).
+        [engine] = [
+            e["message"]
+            for e in _run_events(dev, replayed["runId"])
+            if e.get("eventType") == "ENGINE_EVENT" and "Executing steps" in (e["message"] or "")
+        ]
+        found = re.fullmatch(r"Executing steps in process \(pid: (\d+)\)", engine)
+        assert found, engine
+        run_pids[replayed["runId"]] = int(found.group(1))
+        [latest_mat, *_] = _materializations(dev, "orders_enriched", first.batch_id)
+        assert latest_mat["runId"] == replayed["runId"], latest_mat
+        meta = _metadata(latest_mat)
+        replay = _store(paths).get_batch(meta["replay_batch_id"])  # type: ignore[union-attr]
+        assert replay.kind is BatchKind.REPLAY, replay
+        assert replay.order_seq == first.seq, replay
+        assert meta["orders/end_version"] == 0, meta
+        assert _store(paths).committed_versions() == committed  # type: ignore[union-attr]
+        _assert_targets_match_full_recompute(spark, paths, latest)
+        timings["backfill replayed"] = time.monotonic() - began
+
+        problems = _watermark_problems(dev.log_text())
         assert not problems, dev.explain(
             "dagster dev log shows tracebacks or DeprecationWarnings from watermark_dagster:\n"
             + "\n".join(problems[:40])

@@ -2,22 +2,35 @@
 instance (SQLite in a temporary DAGSTER_HOME), driven tick by tick like the daemon would."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    RunsFilter,
+)
+from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.instance.ref import InstanceRef
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.core.records import BatchStatus, CheckpointStatus
+from watermark_dagster.core.ranges import ReadMode
+from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus
+from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
@@ -33,6 +46,10 @@ from watermark_dagster.store import WatermarkStore
 pytestmark = pytest.mark.spark
 
 UPSTREAMS = ("customers", "orders", "payments")
+PIPELINES = {
+    "orders_enriched": ("customers", "orders"),
+    "customer_payments": ("customers", "payments"),
+}
 
 
 @dataclass
@@ -281,33 +298,201 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     _assert_targets_exact(spark, location.paths)
 
 
-def test_backfill_of_an_older_batch_never_overwrites_newer_state(spark, location: Location) -> None:
+# Runs start at once and execute in the launching process: no daemon, no run worker.
+_SYNC_RUNS = """
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: DefaultRunCoordinator
+run_launcher:
+  module: dagster._core.launcher.sync_in_memory_run_launcher
+  class: SyncInMemoryRunLauncher
+"""
+
+BACKFILL = """
+mutation Backfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+LAUNCH = """
+mutation Launch($executionParams: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+@contextmanager
+def _ui(location: Location, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The demo code location over ``location``'s tables, served by a real code server to
+    Dagster's GraphQL API (what the UI calls), on an instance whose runs execute
+    synchronously in this process (so they reuse this process's Spark session)."""
+    from dagster_graphql.test.utils import define_out_of_process_context
+
+    from watermark_dagster import definitions
+
+    home = Path(os.environ["DAGSTER_HOME"])
+    with open(home / "dagster.yaml", "a") as f:
+        f.write(_SYNC_RUNS)
+    monkeypatch.setenv("WATERMARK_HOME", str(location.paths.home))
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+    try:
+        with define_out_of_process_context(definitions.__file__, "defs", instance) as context:
+            yield context
+    finally:
+        instance.dispose()
+
+
+def _ui_backfill(context: Any, assets: list[str], partition: str) -> list[DagsterRun]:
+    """Backfill ``partition`` of ``assets`` as the UI does (the ``launchPartitionBackfill``
+    mutation), then run the backfill daemon's iterations; the backfill's runs."""
+    from dagster._daemon.backfill import execute_backfill_iteration
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    params = {"partitionNames": [partition], "assetSelection": [{"path": [a]} for a in assets]}
+    launched = execute_dagster_graphql(context, BACKFILL, {"params": params}).data
+    answer = launched["launchPartitionBackfill"]
+    assert answer["__typename"] == "LaunchBackfillSuccess", answer
+    instance = context.instance
+    for _ in range(5):
+        list(execute_backfill_iteration(context.process_context, logging.getLogger("backfill")))
+        backfill = instance.get_backfill(answer["backfillId"])
+        assert backfill is not None
+        if backfill.status is not BulkActionStatus.REQUESTED:
+            break
+    assert backfill.status is BulkActionStatus.COMPLETED_SUCCESS, backfill
+    return list(instance.get_runs(RunsFilter(tags={"dagster/backfill": answer["backfillId"]})))
+
+
+def _ui_launch(context: Any, job: str, run_config: dict[str, Any]) -> DagsterRun:
+    """Launch ``job`` with ``run_config`` as the launchpad does; the finished run."""
+    from dagster_graphql.test.utils import execute_dagster_graphql, infer_repository_selector
+
+    params = {
+        "selector": {**infer_repository_selector(context), "pipelineName": job},
+        "runConfigData": run_config,
+    }
+    launched = execute_dagster_graphql(context, LAUNCH, {"executionParams": params}).data
+    answer = launched["launchPipelineExecution"]
+    assert answer["__typename"] == "LaunchRunSuccess", answer
+    run = context.instance.get_run_by_id(answer["run"]["runId"])
+    assert run is not None
+    return run
+
+
+def _target_rows(spark, path: str) -> dict[tuple, int]:
+    """The target's rows (with the batch position ``_wm_seq`` each carries, not the label
+    of the batch that last wrote it) and that position."""
+    frame = spark.read.format("delta").load(path)
+    frame = frame.drop(*[c for c in frame.columns if c.startswith("_wm_") and c != "_wm_seq"])
+    return {tuple(r): r["_wm_seq"] for r in frame.collect()}
+
+
+def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
+    spark, location: Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
     location.runner.run_until_idle()
     apply_round(spark, location.paths, 1)  # deletes an order and a payment, among others
     location.runner.run_until_idle()
-    targets = {p: location.paths.target(p) for p in ("orders_enriched", "customer_payments")}
-    versions = {p: latest_local_version(t) for p, t in targets.items()}
+    pipelines = tuple(PIPELINES)
+    targets = {p: location.paths.target(p) for p in pipelines}
+    before = {p: _target_rows(spark, t) for p, t in targets.items()}
+    committed = location.store.committed_versions()
+    first = location.store.get_batch("b000001")
 
-    # An operator backfills batch 1 (as the UI's asset backfill would): same job, old partition.
-    before = _materialization_metadata(location.instance, "orders_enriched", "b000001")
-    job = location.runner.defs.resolve_job_def("watermark_batch_job")
-    result = job.execute_in_process(
-        instance=location.instance, partition_key="b000001", raise_on_error=False
+    # An operator backfills batch 1, the first load, from the UI: both pipelines.
+    with _ui(location, monkeypatch) as ui:
+        runs = _ui_backfill(ui, list(pipelines), "b000001")
+        assert [r.status for r in runs] == [DagsterRunStatus.SUCCESS] * len(runs), runs
+        # Then an operator replays batch 2's orders range from the launchpad.
+        second = location.store.get_batch("b000002").inputs["orders"].range
+        assert second is not None
+        config = {
+            "upstream": "orders",
+            "from_version": second.start,
+            "to_version": second.end,
+            "pipelines": ["orders_enriched"],
+        }
+        launched = _ui_launch(
+            ui, "watermark_replay_job", {"ops": {"watermark_replay": {"config": config}}}
+        )
+    assert launched.status is DagsterRunStatus.SUCCESS, launched
+
+    # It replayed: one REPLAY batch per pipeline, re-reading batch 1's ranges (the first
+    # load's snapshots as the changes of [0, v]), written at batch 1's position, completed.
+    *replays, by_launchpad = sorted(
+        (b for b in location.store.batches() if b.kind is BatchKind.REPLAY), key=lambda b: b.seq
     )
-    # Refused loudly, naming the replay of the batch's ranges; nothing written.
-    assert not result.success
-    failures = [
-        e.event_specific_data.user_failure_data.description  # type: ignore[union-attr]
-        for e in result.all_events
-        if e.is_step_failure
-    ]
-    assert failures
-    assert all("watermark replay -t " in f for f in failures), failures
-    assert {p: latest_local_version(t) for p, t in targets.items()} == versions  # untouched
-    # The partition keeps the materialization that applied it, with its ranges.
-    meta = _materialization_metadata(location.instance, "orders_enriched", "b000001")
-    assert meta == before
-    assert "skipped" not in meta
-    assert "orders/end_version" in meta
+    assert sorted(b.pipelines for b in replays) == [(p,) for p in sorted(pipelines)]
+    for replay in replays:
+        assert replay.status is BatchStatus.COMPLETED
+        assert replay.order_seq == first.seq
+        for upstream in PIPELINES[replay.pipelines[0]]:
+            assert replay.inputs[upstream].mode is ReadMode.CDF
+            assert replay.inputs[upstream].range == first.inputs[upstream].range
+        [done] = location.store.checkpoints(batch_id=replay.batch_id)
+        assert done.status is CheckpointStatus.SUCCESS
+        assert done.rows_read > 0
+        # The backfilled partition's materialization says it was this replay.
+        [pipeline] = replay.pipelines
+        meta = _materialization_metadata(location.instance, pipeline, "b000001")
+        assert meta["replay_batch_id"] == replay.batch_id, meta
+        assert meta["batch_id"] == "b000001"
+        assert meta["replay"].startswith("replayed: batch b000001's ranges re-read as REPLAY")
+    # No watermark moved, no newer row regressed, no deleted row came back: every row
+    # batch 2 wrote is as it was (both replays), and the targets equal a full recompute.
+    assert location.store.committed_versions() == committed
+    for pipeline, rows in before.items():
+        after = _target_rows(spark, targets[pipeline])
+        newer = {row for row, seq in rows.items() if seq == 2}
+        assert newer, pipeline
+        assert newer <= set(after), pipeline
+        assert len(after) == len(rows), pipeline
+    # The launchpad's replay is recorded as `watermark replay` records it: a REPLAY batch at
+    # batch 2's position whose partition shows the pipeline's materialization.
+    assert by_launchpad.pipelines == ("orders_enriched",)
+    assert by_launchpad.status is BatchStatus.COMPLETED
+    assert by_launchpad.order_seq == 2
+    assert by_launchpad.inputs["orders"].range == second
+    assert by_launchpad.inputs["customers"].mode is ReadMode.NOOP
+    meta = _materialization_metadata(location.instance, "orders_enriched", by_launchpad.batch_id)
+    assert meta["orders/read_mode"] == "CDF"
+    assert meta["rows_read"] > 0
+    assert launched.tags[REPLAY_TAG] == by_launchpad.batch_id
+    _assert_targets_exact(spark, location.paths)
+    # The coordinator has nothing to do: a replay is no open batch.
+    report = location.runner.run_until_idle()
+    assert report.runs == []
+    assert report.completed == []
+
+
+def test_backfill_of_the_open_batch_runs_it_as_the_coordinator_would(
+    spark, location: Location
+) -> None:
+    location.fail_flag.touch()
+    _one_cycle(location)  # orders_enriched applies b000001, customer_payments fails
+    location.fail_flag.unlink()
+    [applied] = location.store.checkpoints(pipeline="orders_enriched")
+
+    # An operator backfills the open batch by hand (no coordinator attempt tag).
+    job = location.runner.defs.resolve_job_def("watermark_batch_job")
+    result = job.execute_in_process(instance=location.instance, partition_key="b000001")
+    assert result.success
+    # orders_enriched skips the batch it applied; customer_payments runs it.
+    assert location.store.checkpoints(pipeline="orders_enriched") == [applied]
+    statuses = [c.status for c in location.store.checkpoints(pipeline="customer_payments")]
+    assert statuses == [CheckpointStatus.FAILED, CheckpointStatus.SUCCESS]
+    assert not [b for b in location.store.batches() if b.kind is BatchKind.REPLAY]
+    # The finalizer completes it as after the coordinator's own retry.
+    location.runner.tick(FINALIZER)
     assert location.store.get_batch("b000001").status is BatchStatus.COMPLETED
+    assert location.store.committed_versions() == location.latest()
     _assert_targets_exact(spark, location.paths)

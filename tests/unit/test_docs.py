@@ -8,9 +8,11 @@ configure; the Spark suites run the batches they describe):
   import (provided here, as a reader would have their own).
 - ``yaml``: a registry file is loaded by ``load_registry_file``, with every check a code
   location makes when it loads; a component's ``defs.yaml`` by Dagster's
-  ``load_from_defs_folder``, as ``dg`` loads it; a Dagster instance block (``storage:``, ``concurrency:``) is
-  merged into the shipped ``dagster.yaml`` and validated by Dagster's schema; a workspace
-  (``load_from:``) by Dagster's workspace schema. A block after
+  ``load_from_defs_folder``, as ``dg`` loads it; a Dagster instance block (``storage:``,
+  ``concurrency:``) is merged into the shipped ``dagster.yaml`` and validated by Dagster's
+  schema; a workspace
+  (``load_from:``) by Dagster's workspace schema; a run config (``ops:``) by the config schema
+  of the demo location's job its op belongs to. A block after
   ``<!-- docs-test: refused PHRASE -->`` must be refused, with PHRASE in the message.
 - ``bash``: every command is checked against the program it names, without running its
   work: ``watermark`` command lines are parsed by the command's own parser; every
@@ -176,6 +178,8 @@ def test_yaml_blocks_load(block: Block, workdir: Path, tmp_path: Path) -> None:
         _check_instance(block, tmp_path)
     elif "load_from" in data:
         _check_workspace(block, data)
+    elif "ops" in data:
+        _check_run_config(block, data, tmp_path)
     else:
         _check_registry(block, workdir, tmp_path)
 
@@ -227,6 +231,22 @@ def _check_component(block: Block, tmp_path: Path) -> None:
     locations = locations_in(defs)
     assert locations, f"{block.where}: the component built no watermark location"
     assert all(loc.registry.pipelines for loc in locations.values()), block.where
+
+
+def _check_run_config(block: Block, data: dict, tmp_path: Path) -> None:
+    from dagster import validate_run_config
+
+    from watermark_dagster.definitions import build_demo_definitions
+
+    defs = build_demo_definitions(tmp_path)
+    ops = set(data["ops"])
+    jobs = [
+        job
+        for job in defs.resolve_all_job_defs()
+        if ops <= {node.name for node in job.graph.node_defs}
+    ]
+    assert jobs, f"{block.where}: no job of the demo location has the ops {sorted(ops)}"
+    validate_run_config(jobs[0], data)  # raises DagsterInvalidConfigError
 
 
 def _check_instance(block: Block, tmp_path: Path) -> None:

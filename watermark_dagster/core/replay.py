@@ -6,7 +6,7 @@ upstreams where the scheduled batch that applied the range's end pinned them, an
 at that batch's position, so a merge target takes nothing older than what it holds (I5).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from watermark_dagster.core.planning import PlannedInput
@@ -112,6 +112,52 @@ def plan_replay(
         elif (pinned := origin.inputs.get(name)) is not None:
             inputs[name] = _pinned(pinned)
     return ReplayPlan(origin=origin, inputs=inputs, order_seq=order_seq)
+
+
+def plan_batch_replay(
+    batch: Batch,
+    upstreams: Iterable[str],
+    *,
+    modes: Mapping[str, ReadMode],
+    committed: Mapping[str, int | None],
+) -> ReplayPlan:
+    """Plan the replay of ``batch``'s version ranges of ``upstreams`` (a backfill of an
+    applied batch partition): each range ``batch`` pinned is re-read in ``modes[upstream]``,
+    the other upstreams stay where ``batch`` pinned them (NOOP), and the replay writes at
+    ``batch``'s position, so a merge target takes nothing older than what it holds (I5).
+
+    It is ``watermark replay`` of every one of those ranges at once, with ``batch`` as the
+    origin: a first load's snapshot ``[0, v]`` is re-read as the changes of ``[0, v]``.
+
+    Args:
+        batch: the batch whose ranges are replayed (scheduled, or a replay itself).
+        upstreams: the upstreams the replayed pipeline reads.
+        modes: the read mode of each versioned upstream with a range in ``batch``.
+        committed: each upstream's committed version.
+
+    Raises:
+        BatchStateError: a range goes beyond the committed watermark (the batch is not
+            applied yet), or ``batch`` pins no version range for any of ``upstreams``.
+    """
+    wanted = sorted(u for u in set(upstreams) if u in batch.inputs)
+    ranged = [u for u in wanted if batch.inputs[u].range is not None]
+    if not ranged:
+        raise BatchStateError(
+            f"Batch {batch.batch_id} pins no version range of {wanted}: there is nothing "
+            "to replay (a cursor window cannot be re-read).",
+            batch_id=batch.batch_id,
+            fix=f"list its ranges with `watermark batch {batch.batch_id}` and replay a "
+            "batch that read versions.",
+        )
+    inputs: dict[str, PlannedInput] = {}
+    for name in wanted:
+        planned = batch.inputs[name]
+        if planned.range is None:
+            inputs[name] = _pinned(planned)
+            continue
+        check_replay_range(name, planned.range, committed.get(name))
+        inputs[name] = PlannedInput(name, modes[name], planned.range, planned.range.end)
+    return ReplayPlan(origin=batch, inputs=inputs, order_seq=batch.write_seq)
 
 
 def _pinned(planned: PlannedInput) -> PlannedInput:

@@ -28,7 +28,7 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.ranges import ReadMode
-from watermark_dagster.core.records import Batch
+from watermark_dagster.core.records import Batch, BatchStatus
 from watermark_dagster.dagster_defs.names import (
     BATCHES_PARTITIONS_NAME as BATCHES_PARTITIONS_NAME,
 )
@@ -340,59 +340,100 @@ def nothing_to_do_events(
     ]
 
 
-def replay_hint(batch: Batch, pipeline: Pipeline) -> str:
-    """The ``watermark replay`` commands that re-read ``batch``'s version ranges of the
-    upstreams ``pipeline`` reads."""
-    commands = [
-        f"watermark replay -t {u} --from-version {i.range.start} --to-version {i.range.end} "
-        f"-p {pipeline.name}"
-        for u, i in sorted(batch.inputs.items())
-        if u in pipeline.upstreams and i.range is not None and not i.is_cursor
-    ]
-    return "; ".join(commands) or (
-        f"`watermark replay -t UPSTREAM --from-version A --to-version B -p {pipeline.name}` "
-        "(this batch pins no version range for it)"
-    )
+# Run tag naming the REPLAY batch a backfill of an applied batch partition recorded.
+REPLAY_TAG = "watermark/replay_batch"
 
 
 class ReapplyRefused(Failure):
-    """A run launched by hand of a batch partition the pipeline already applied, refused.
+    """A backfill (or manual materialization) of an applied batch partition whose replay
+    is refused: the pipeline does not merge, or the batch pins nothing to replay.
 
     A :class:`dagster.Failure`, so Dagster records its description and metadata as the step
     failure's and retries nothing; its own name, so the run's error reads as a refusal and
-    not as a crash (``ReapplyRefused: Not re-applied: ...``). Dagster 1.13 still attaches
-    the raising frames to every ``Failure`` it records; the only one of ours is the raise in
-    the asset's body, before any store write or Spark work.
+    not as a crash (``ReapplyRefused: Not replayed: ...``). It is raised in the asset's body
+    before any store write or Spark work.
     """
 
 
-def refuse_manual_reapply(decision: PipelineDecision) -> ReapplyRefused:
-    """The failure of a run launched by hand (a UI backfill or materialization, not the
-    coordinator) of a batch the pipeline already applied or that a newer batch superseded:
-    it says so and names ``watermark replay``, before any Spark work. Its metadata: the
-    batch, its status, the pipeline, why it is not re-applied and the replay command."""
+def refuse_replay(decision: PipelineDecision, error: WatermarkError) -> ReapplyRefused:
+    """The failure of a backfill of a batch ``decision``'s pipeline already applied (or
+    that a newer batch superseded) when its replay is refused by ``error``: it says why,
+    nothing having been read or written. Its metadata: the batch, its status, the pipeline,
+    why it was not replayed and the fix."""
     batch, name = decision.batch, decision.pipeline.name
-    hint = replay_hint(batch, decision.pipeline)
-    if decision.skip is SkipKind.ALREADY_APPLIED:
-        what = f"'{name}' already applied batch {batch.batch_id}; its target holds it"
-    else:
-        what = str(decision.skipped_reason)
     return ReapplyRefused(
         description=(
-            f"Not re-applied: {what}. A backfill or manual materialization of a batch "
-            "partition runs only batches the pipeline has not applied yet; nothing was read "
-            "or written, and the partition keeps its materialization. To re-read this "
-            f"batch's versions, replay them: {hint}"
+            f"Not replayed: '{name}' on batch {batch.batch_id} ({decision.skipped_reason}). "
+            f"{error.reason} Nothing was read or written, and the partition keeps its "
+            "materialization."
         ),
         metadata={
             "batch_id": batch.batch_id,
             "batch_status": batch.status.value,
             "pipeline": name,
             "skip_kind": str(decision.skip),
-            "fix": hint,
+            "error": type(error).__name__,
+            **({"fix": error.fix} if error.fix else {}),
         },
         allow_retries=False,
     )
+
+
+def start_replay(
+    context: AssetExecutionContext,
+    store: WatermarkStore,
+    registry: Registry,
+    decision: PipelineDecision,
+) -> PipelineDecision:
+    """A backfill of an ended batch the pipeline already applied (or that a newer batch
+    superseded) replays it: records a REPLAY batch re-reading that batch's ranges of the
+    pipeline's upstreams, written at its position (newer rows are left alone, no watermark
+    moves; what ``watermark replay`` does for each range), and returns the decision to run
+    it. Decided without Spark; refused with :class:`ReapplyRefused` before anything is
+    written when the replay cannot be made safe."""
+    from watermark_dagster.operations.replay import plan_backfill_replay, start_backfill_replay
+
+    name, batch = decision.pipeline.name, decision.batch
+    run_id = context.run.run_id
+    try:
+        plan = plan_backfill_replay(store, registry, batch, name)
+    except WatermarkError as e:
+        raise refuse_replay(decision, e) from None
+    replay = start_backfill_replay(
+        store,
+        registry,
+        plan,
+        actor=run_id,
+        reason=f"backfill of batch {batch.batch_id} (Dagster run {run_id})",
+    )
+    context.instance.add_run_tags(run_id, {REPLAY_TAG: replay.batch_id})
+    context.log.info(
+        f"{name} on batch {batch.batch_id}: {decision.skipped_reason}. Replaying its ranges "
+        f"as REPLAY batch {replay.batch_id} ("
+        + ", ".join(f"{u} {i.describe()}" for u, i in sorted(replay.inputs.items()) if i.reads)
+        + f"), written at the position of batch seq {replay.order_seq}: newer rows are left "
+        "as they are and no committed watermark moves."
+    )
+    return decide_pipeline(
+        store=store, registry=registry, pipeline_name=name, batch_id=replay.batch_id
+    )
+
+
+def replay_metadata(replayed: Batch, replay: Batch) -> dict[str, Any]:
+    """What the materialization of a backfilled partition says on top of the replay's
+    ranges and write figures: it was a replay, of which batch, as which REPLAY batch."""
+    return {
+        "batch_id": replayed.batch_id,
+        "batch_seq": replayed.seq,
+        PLAN_ID_METADATA: replayed.plan_id,
+        "replay": (
+            f"replayed: batch {replayed.batch_id}'s ranges re-read as REPLAY batch "
+            f"{replay.batch_id}, written at the position of batch seq {replay.order_seq}; "
+            "newer rows untouched, no committed watermark moved"
+        ),
+        "replay_batch_id": replay.batch_id,
+        "replay_batch_seq": replay.seq,
+    }
 
 
 # Run tag naming where a run's pipelines ran: "resident:<pid>" or "process".
@@ -472,6 +513,7 @@ def build_pipeline_asset(
         # Runs the coordinator requested carry their attempt; any other run of a batch
         # partition was launched by hand (a UI backfill or materialization).
         by_hand = ATTEMPT_TAG not in context.run.tags
+        replayed: Batch | None = None
         try:
             # Decide from the control tables first: a run that skips asks for no Spark
             # session, so it starts no JVM (the resource creates the session on first use).
@@ -489,11 +531,29 @@ def build_pipeline_asset(
                 )
                 return
             if decision.skip is not None:
-                if by_hand:
-                    raise refuse_manual_reapply(decision)
-                report_skip(context, decision)
-                return
-            outcome = _run(context, spark, store, registry, decision)
+                if not by_hand or decision.batch.status is BatchStatus.PLANNED:
+                    # The coordinator's retry, or a backfill of the open batch: as the
+                    # coordinator's run would, it skips what the pipeline applied already.
+                    report_skip(context, decision)
+                    return
+                # A backfill of an ended batch: a version-guarded replay of its ranges.
+                replayed = decision.batch
+                decision = start_replay(context, store, registry, decision)
+            try:
+                outcome = _run(context, spark, store, registry, decision)
+            except BaseException as e:
+                if replayed is not None:
+                    store.set_batch_status(
+                        decision.batch.batch_id,
+                        BatchStatus.FAILED,
+                        actor=context.run.run_id,
+                        error=f"{type(e).__name__}: {e}"[:4000],
+                    )
+                raise
+            if replayed is not None:
+                store.set_batch_status(
+                    decision.batch.batch_id, BatchStatus.COMPLETED, actor=context.run.run_id
+                )
         except WatermarkError as e:
             # Our own error reaches Dagster as a Failure naming it (table, versions, fix),
             # which the UI shows and the headless runner reports as is.
@@ -515,8 +575,11 @@ def build_pipeline_asset(
         version = outcome.write.target_version if outcome.write is not None else None
         if version is None and TARGET_VERSION_KEY in table:
             version = table[TARGET_VERSION_KEY].value
+        metadata = {**table, **outcome_metadata(outcome)}
+        if replayed is not None:
+            metadata.update(replay_metadata(replayed, outcome.batch))
         yield MaterializeResult(
-            metadata={**table, **outcome_metadata(outcome)},
+            metadata=metadata,
             data_version=DataVersion(str(version)) if version is not None else None,
         )
 

@@ -53,6 +53,7 @@ from watermark_dagster.dagster_defs.names import (
 from watermark_dagster.dagster_defs.names import REGISTRY_RESOURCE_KEY as REGISTRY_RESOURCE_KEY
 from watermark_dagster.dagster_defs.names import SPARK_RESOURCE_KEY as SPARK_RESOURCE_KEY
 from watermark_dagster.dagster_defs.names import STORE_RESOURCE_KEY as STORE_RESOURCE_KEY
+from watermark_dagster.dagster_defs.replay_job import build_replay_job
 from watermark_dagster.dagster_defs.resources import (
     SparkSessionResource,
     WatermarkStoreResource,
@@ -209,6 +210,12 @@ def build_location(
         selection=AssetSelection.assets(*pipeline_keys.values()).without_checks(),
         description="Runs the pipelines of one batch partition (one process, one JVM).",
     )
+    observe_job = define_asset_job(
+        names.observe_job,
+        selection=AssetSelection.assets(*upstream_keys.values()).without_checks(),
+        description="Observes every upstream's Delta version (no JVM). The coordinator sensor "
+        "observes them on each tick; this job does it on demand.",
+    )
     defs = Definitions(
         assets=[build_upstream_assets(registry, translator, observer, names), *pipeline_assets],
         asset_checks=[
@@ -224,13 +231,14 @@ def build_location(
                 names=names,
             ),
         ],
-        jobs=[job, *retention_jobs],
+        jobs=[job, observe_job, build_replay_job(registry, pipeline_keys, names), *retention_jobs],
         schedules=retention_schedules,
         sensors=[
             build_coordinator_sensor(
                 registry=registry,
                 observer=observer,
                 job=job,
+                observe_job=observe_job,
                 partitions_def=partitions_def,
                 upstream_keys=upstream_keys,
                 pipeline_keys=pipeline_keys,

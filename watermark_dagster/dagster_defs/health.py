@@ -322,13 +322,29 @@ def last_failure(
 
 
 def stuck_result(
-    pipeline: str, step: ResumeStep | None, error: str | None = None
+    pipeline: str, step: ResumeStep | None, error: str | None = None, *, after: str | None = None
 ) -> tuple[bool, str, str, dict[str, Any]]:
     """``(passed, outcome, description, metadata)`` of one pipeline's stuck-batch check,
-    from the coordinator's decision for the open batch (None: no batch is open) and the
-    error of its newest failed run (see :func:`last_failure`)."""
+    from the coordinator's decision for the open batch (None: no batch is open; ``after``
+    the last batch it saw, ended since) and the error of its newest failed run (see
+    :func:`last_failure`)."""
     if step is None:
-        return True, "ok", f"No batch is open; '{pipeline}' is not held.", {"pipeline": pipeline}
+        if after is None:
+            return (
+                True,
+                "ok",
+                f"No batch is open; '{pipeline}' is not held.",
+                {"pipeline": pipeline},
+            )
+        # The outcome names the batch that ended: a passing result is reported again after
+        # each batch, so it is newer than the batch's materializations, which the UI needs
+        # to show it for the latest one (not "Not evaluated").
+        return (
+            True,
+            f"ok:after:{after}",
+            f"No batch is open (batch {after} ended); '{pipeline}' is not held.",
+            {"pipeline": pipeline, "last_batch_id": after},
+        )
     meta: dict[str, Any] = {"pipeline": pipeline, "batch_id": step.batch_id}
     if step.action is not ResumeAction.STUCK or pipeline not in step.pipelines:
         return True, "ok", f"Batch {step.batch_id} is not stuck on '{pipeline}'.", meta
@@ -443,22 +459,28 @@ class HealthReporter:
         *,
         outcomes: dict[str, str],
         instance: DagsterInstance | None = None,
+        after: str | None = None,
     ) -> list[AssetCheckEvaluation]:
         """The stuck-batch checks whose outcome changed since ``outcomes`` (updated), from
-        the coordinator's decision ``step`` for the open batch (None: none is open); with
-        ``instance``, a newly stuck batch's check names its last run's error."""
+        the coordinator's decision ``step`` for the open batch (None: none is open, and
+        ``after`` is the last batch the coordinator saw open); with ``instance``, a newly
+        stuck batch's check names its last run's error.
+
+        Every check gets a result at the first tick, and a passing one again once each
+        batch ended (after its materializations), so a healthy pipeline never shows its
+        check "Not evaluated" for its latest materialization."""
         events: list[AssetCheckEvaluation] = []
         error: str | None = None
         looked = False
         for name, key in self._pipeline_keys.items():
-            passed, outcome, _, _ = stuck_result(name, step)
+            passed, outcome, _, _ = stuck_result(name, step, after=after)
             check = AssetCheckKey(key, STUCK_CHECK).to_user_string()
             if outcomes.get(check) == outcome:
                 continue
             if not passed and not looked and instance is not None and step is not None:
                 # Read once per newly stuck state: one run lookup and its failure events.
                 error, looked = last_failure(instance, step.batch_id), True
-            passed, outcome, description, meta = stuck_result(name, step, error)
+            passed, outcome, description, meta = stuck_result(name, step, error, after=after)
             if outcomes.get(check) != outcome:
                 outcomes[check] = outcome
                 events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))

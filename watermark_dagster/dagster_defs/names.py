@@ -16,6 +16,12 @@ BATCHES_PARTITIONS_NAME = "watermark_batches"
 COORDINATOR = "watermark_coordinator"
 FINALIZER = "watermark_finalizer"
 RETENTION_JOB = "watermark_retention_check_job"
+# Observes every upstream (a click in the UI); the coordinator targets it too, so the UI
+# shows the coordinator as each upstream's automation (the coordinator observes them).
+OBSERVE_JOB = "watermark_observe_upstreams"
+# `watermark replay` from the launchpad (dagster_defs/replay_job.py), and its op.
+REPLAY_JOB = "watermark_replay_job"
+REPLAY_OP = "watermark_replay"
 RETENTION_SCHEDULE = "watermark_retention_schedule"
 # Resource keys. The registry is a resource so that it travels with the Definitions (merges
 # keep resources); no asset requires it.
@@ -81,6 +87,16 @@ class LocationNames:
     def retention_job(self) -> str:
         """The job of the retention checks."""
         return self.of(RETENTION_JOB)
+
+    @property
+    def observe_job(self) -> str:
+        """The job observing every upstream."""
+        return self.of(OBSERVE_JOB)
+
+    @property
+    def replay_job(self) -> str:
+        """The job replaying an applied version range (launchpad config)."""
+        return self.of(REPLAY_JOB)
 
     @property
     def retention_schedule(self) -> str:

@@ -136,13 +136,16 @@ class CoordinatorCursor:
         return json.dumps(asdict(self))
 
 
-def resume_request(step: ResumeStep, keys: Mapping[str, AssetKey]) -> RunRequest:
+def resume_request(
+    step: ResumeStep, keys: Mapping[str, AssetKey], *, job_name: str | None = None
+) -> RunRequest:
     """The run of a RUN step: it (re)materializes the step's pipelines for its batch; its
     run key carries the attempt, since Dagster never launches a run key twice (failed runs
-    included)."""
+    included). ``job_name`` names the batch job for a sensor that targets several jobs."""
     assert step.action is ResumeAction.RUN
     assert step.attempt is not None
     return RunRequest(
+        job_name=job_name,
         run_key=f"{step.batch_id}:{step.attempt}",
         partition_key=step.batch_id,
         asset_selection=[keys[p] for p in step.pipelines],
@@ -164,9 +167,14 @@ def build_coordinator_sensor(
     pipeline_keys: Mapping[str, AssetKey],
     settings: WatermarkSettings,
     names: LocationNames = DEFAULT_NAMES,
+    observe_job: Any = None,
 ):
-    """The sensor that plans batches and (re)submits their runs; ``names`` gives its name,
-    the batch partitions' and the control tables' resource key."""
+    """The sensor that plans batches and (re)submits their runs of ``job``; ``names`` gives
+    its name, the batch partitions' and the control tables' resource key.
+
+    It observes the upstreams too (reporting their observations itself): with
+    ``observe_job`` (the job that observes them) among its targets, the UI lists it as the
+    automation of each upstream. It never requests a run of that job."""
     actor = f"sensor:{names.coordinator}"
     # Batch ids repeat across the control roots of several locations in one instance.
     scope = frozenset(pipeline_keys.values()) if names.prefix else None
@@ -181,7 +189,7 @@ def build_coordinator_sensor(
 
     @sensor(
         name=names.coordinator,
-        job=job,
+        jobs=[job, observe_job] if observe_job is not None else [job],
         required_resource_keys={names.store_resource},
         minimum_interval_seconds=settings.sensor_interval_seconds,
         default_status=settings.default_status,
@@ -220,7 +228,9 @@ def build_coordinator_sensor(
                 observed_at=cursor.observed_at,
                 outcomes=cursor.outcomes,
             )
-            events += health.stuck_events(None, outcomes=cursor.outcomes)
+            events += health.stuck_events(
+                None, outcomes=cursor.outcomes, after=cursor.plan_recorded
+            )
             events += checks
             if not cursor.retention_reported:
                 # Evaluated at once on a new deployment, not only at the schedule's first
@@ -296,7 +306,7 @@ def build_coordinator_sensor(
             context.log.info(
                 f"batch {batch.batch_id} attempt {step.attempt}: requesting {list(step.pipelines)}"
             )
-            requests = [resume_request(step, pipeline_keys)]
+            requests = [resume_request(step, pipeline_keys, job_name=job.name)]
         if look is None:  # the batch was open already: nothing was observed above
             events += health.upstream_events(
                 health.observe(),

@@ -2,9 +2,11 @@
 
 Pipeline assets write their targets themselves, through Spark, and return a
 ``MaterializeResult`` (no value goes through an I/O manager). A downstream asset that takes
-a pipeline asset as an input gets the pipeline's whole target table at its current Delta
-version from :class:`PipelineTargetIOManager`, read with delta-rs and converted with
-dagster-deltalake's Arrow type handler: no Spark session, no JVM.
+a pipeline asset as an input gets the pipeline's whole target table from
+:class:`PipelineTargetIOManager`, read with delta-rs and converted with dagster-deltalake's
+Arrow type handler: no Spark session, no JVM. An unpartitioned downstream asset reads the
+current Delta version; one partitioned by the batch partitions reads, for its partition,
+the version that batch left the target at (Delta time travel), so it is reproducible.
 
 Why not dagster-deltalake's ``DeltaLakePyarrowIOManager`` as it is: it places a table at
 ``root_uri/<key prefix>/<asset name>`` and reads a partitioned input as the slice of a
@@ -17,7 +19,7 @@ manager reads with ``DeltaTable.scan``, which applies deletion vectors.
 from typing import Any
 
 import pyarrow as pa
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import AssetRecordsFilter, ConfigurableIOManager, InputContext, OutputContext
 from dagster_deltalake import DeltaLakePyArrowTypeHandler
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -33,13 +35,23 @@ from watermark_dagster.dagster_defs.names import (
 )
 from watermark_dagster.dagster_defs.runs import PIPELINE_METADATA
 
+# The materialization metadata that holds the target's Delta version after a batch (written
+# by the pipeline asset: watermark_dagster.dagster_defs.targets.TARGET_VERSION_KEY).
+_TARGET_VERSION = "target_version"
+# How many materializations of a pipeline asset a load looks through, newest first, for the
+# version a batch that wrote nothing (done with nothing to do) left the target at.
+_LOOK_BACK = 100
+
 
 class PipelineTargetIOManager(ConfigurableIOManager):
     """Hands a downstream asset the whole target table of the pipeline asset it depends on.
 
-    The table is read at its current Delta version, whatever partitions of the pipeline
-    asset the input maps to: a batch partition names the batch that wrote to the target,
-    not a slice of it. The input's annotation picks the form: ``pyarrow.Table`` (also when
+    A batch partition names the batch that wrote to the target, not a slice of it, so the
+    whole table is read. An input that maps to one batch partition (a downstream asset
+    partitioned by the batch partitions) reads it as of the Delta version that batch left
+    it at (the ``target_version`` its materialization recorded; for a batch that did not
+    need the pipeline, the version the batch before it left); any other input reads the
+    current version. The input's annotation picks the form: ``pyarrow.Table`` (also when
     unannotated), ``pyarrow.RecordBatchReader`` (streamed), ``pandas.DataFrame`` or
     ``deltalake.DeltaTable`` (the opened table, to read as you like). ``AssetIn(metadata=
     {"columns": [...]})`` reads only those columns, as with dagster-deltalake.
@@ -102,16 +114,61 @@ class PipelineTargetIOManager(ConfigurableIOManager):
             )
         return self.targets[pipeline], self.storage_options.get(pipeline) or None
 
+    def version_of(self, context: InputContext) -> tuple[int | None, str]:
+        """The Delta version to read (None: the current one) and why.
+
+        An input mapped to one batch partition reads the version that batch left the
+        target at: the ``target_version`` of the partition's materialization by the batch
+        itself (not by a later replay); for a batch the pipeline had nothing to do in, the
+        version of the newest earlier batch that recorded one.
+
+        Raises:
+            ValueError: no materialization of the partition records where the batch left
+                the target.
+        """
+        if not context.has_asset_partitions or len(context.asset_partition_keys) != 1:
+            return None, "the current version"
+        [batch_id] = context.asset_partition_keys
+        key = context.asset_key
+        records = context.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=key, asset_partitions=[batch_id]), limit=_LOOK_BACK
+        ).records
+        own = [r for r in records if _batch_version(r) is not None]
+        if own:
+            return _batch_version(own[-1]), f"as batch {batch_id} left it"
+        if records:
+            # Done with nothing to do: the target is as the batch before left it.
+            seq = _metadata_value(records[-1], "batch_seq")
+            before = context.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=key, before_storage_id=records[-1].storage_id),
+                limit=_LOOK_BACK,
+            ).records
+            for record in before:
+                version = _batch_version(record)
+                earlier = _metadata_value(record, "batch_seq")
+                if version is not None and (seq is None or (earlier or 0) < seq):
+                    return version, f"batch {batch_id} wrote nothing; as the batch before left it"
+        raise ValueError(
+            f"{key.to_user_string()}: no materialization of batch partition {batch_id} "
+            f"records the target's Delta version ({_TARGET_VERSION}), so the target cannot be "
+            f"read as that batch left it. Materialize {batch_id} of the pipeline first, or "
+            "read the current version from an unpartitioned asset."
+        )
+
     def load_input(self, context: InputContext) -> Any:
-        """The pipeline's whole target table at its current version, in the form the
-        input's annotation asks for.
+        """The pipeline's whole target table, as of its batch partition's version or at
+        its current version (see :meth:`version_of`), in the form the input's annotation
+        asks for.
 
         Raises:
             ValueError: the upstream is not a pipeline, or its target does not exist yet.
         """
         target, storage_options = self.target_of(context)
+        version, why = self.version_of(context)
         try:
-            table = DeltaTable(target, storage_options=resolved_options(storage_options))
+            table = DeltaTable(
+                target, version=version, storage_options=resolved_options(storage_options)
+            )
         except TableNotFoundError:
             key = context.asset_key.to_user_string() if context.has_asset_key else "the input"
             raise ValueError(
@@ -121,7 +178,7 @@ class PipelineTargetIOManager(ConfigurableIOManager):
             ) from None
         # A log line, not add_input_metadata: that would record an observation on the
         # pipeline asset (and fails for an input spanning several batch partitions).
-        context.log.info(f"Loading {target} at Delta version {table.version()}")
+        context.log.info(f"Loading {target} at Delta version {table.version()} ({why})")
         wanted = context.dagster_type.typing_type
         if wanted is DeltaTable:
             return table
@@ -139,6 +196,22 @@ class PipelineTargetIOManager(ConfigurableIOManager):
             "the input as pyarrow.Table, pyarrow.RecordBatchReader, pandas.DataFrame or "
             "deltalake.DeltaTable."
         )
+
+
+def _metadata_value(record: Any, name: str) -> Any:
+    """The value of ``name`` in a materialization record's metadata, or None."""
+    materialization = record.asset_materialization
+    entry = materialization.metadata.get(name) if materialization is not None else None
+    return getattr(entry, "value", entry)
+
+
+def _batch_version(record: Any) -> int | None:
+    """The target version a batch's own run recorded (None for a replay's or a
+    materialization with nothing written)."""
+    if _metadata_value(record, "replay_batch_id") is not None:
+        return None
+    version = _metadata_value(record, _TARGET_VERSION)
+    return version if isinstance(version, int) else None
 
 
 def _is_pandas_frame(wanted: object) -> bool:

@@ -1,7 +1,9 @@
 """Running an applied version range of one upstream through its pipelines again.
 
 :func:`plan_replay` checks a request and says what a replay would do (nothing written);
-:func:`run_replay` records the REPLAY batch, has it executed and ends it. The store pins
+:func:`run_replay` records the REPLAY batch, has it executed and ends it.
+:func:`plan_backfill_replay` and :func:`start_backfill_replay` do the same for every range
+of one applied batch through one pipeline: what a backfill of its partition runs. The store pins
 the range, pins the other upstreams where the scheduled batch that applied the range's
 end pinned them, and gives the batch that batch's position, so newer rows in the targets
 are left alone (I5); no committed watermark moves.
@@ -10,7 +12,7 @@ Executing a batch is the caller's: a :class:`BatchExecutor` (the command line ha
 headless Dagster runner, so the replay's materializations show in the UI).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -68,17 +70,11 @@ class ReplayResult:
         return self.status is BatchStatus.FAILED
 
 
-def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None) -> list[str]:
-    """The pipelines to replay through, checked: merge pipelines reading ``upstream``."""
+def _refuse_non_merge(registry: "Registry", chosen: Sequence[str], fix: str) -> None:
+    """Refuse pipelines that do not merge: a replay only re-applies changes to a merge
+    target (its rows carry the batch position that guards newer state)."""
     from watermark_dagster.config.pipeline import WriteMode
 
-    consumers = list(registry.consumers(upstream))
-    chosen = list(wanted or consumers)
-    unknown = [p for p in chosen if p not in consumers]
-    if unknown:
-        raise UsageError(
-            f"pipeline(s) {unknown} do not read {upstream!r}; pipelines reading it: {consumers}."
-        )
     refused = {
         p: WriteMode(registry.pipelines[p].write).value
         for p in chosen
@@ -89,8 +85,25 @@ def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None
             f"pipeline(s) {sorted(refused)} write with {sorted(set(refused.values()))}: a replay "
             "can only re-apply changes to a merge target (an append target has the rows "
             "already and Delta would skip them; an overwrite target would go back in time). "
-            f"Leave them out with -p, or rebuild with `watermark reset -t {upstream}`."
+            f"{fix}",
+            pipeline=sorted(refused)[0],
         )
+
+
+def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None) -> list[str]:
+    """The pipelines to replay through, checked: merge pipelines reading ``upstream``."""
+    consumers = list(registry.consumers(upstream))
+    chosen = list(wanted or consumers)
+    unknown = [p for p in chosen if p not in consumers]
+    if unknown:
+        raise UsageError(
+            f"pipeline(s) {unknown} do not read {upstream!r}; pipelines reading it: {consumers}."
+        )
+    _refuse_non_merge(
+        registry,
+        chosen,
+        f"Leave them out with -p, or rebuild with `watermark reset -t {upstream}`.",
+    )
     return sorted(chosen)
 
 
@@ -166,4 +179,85 @@ def run_replay(
     )
     return ReplayResult(
         plan=plan, batch=batch, status=status, error=error, checkpoints=finished, actor=who
+    )
+
+
+@dataclass(frozen=True)
+class BackfillReplayPlan:
+    """A checked replay of ``batch``'s ranges through ``pipeline``: each upstream in
+    ``modes`` is re-read over the range ``batch`` pinned, in that mode."""
+
+    batch: Batch
+    pipeline: str
+    modes: Mapping[str, ReadMode]
+
+
+def plan_backfill_replay(
+    store: "WatermarkStore", registry: "Registry", batch: Batch, pipeline: str
+) -> BackfillReplayPlan:
+    """Check the replay a backfill of ``batch``'s partition runs for ``pipeline`` (a batch
+    the pipeline already applied, or one a newer batch superseded). Writes nothing and
+    starts no JVM (upstreams are observed with delta-rs).
+
+    Raises:
+        UsageError: the pipeline does not merge (an overwrite target would go back to the
+            batch's snapshot, an append target holds the rows already), or an upstream is
+            snapshot-only.
+        BatchStateError: a range is beyond the committed watermark, or the batch pins no
+            version range for the pipeline.
+        WatermarkError: an upstream cannot be observed.
+    """
+    from watermark_dagster.core.observations import read_mode_of
+    from watermark_dagster.core.replay import check_replay_range
+    from watermark_dagster.observe.observer import Observer
+
+    reads = registry.pipelines[pipeline].upstreams
+    _refuse_non_merge(
+        registry,
+        [pipeline],
+        f"Batch {batch.batch_id} is not replayed and nothing was written; to rebuild the "
+        "target from the current upstreams, materialize the newest batch partition or run "
+        "`watermark reset` on its upstreams.",
+    )
+    committed = store.committed_versions()
+    modes: dict[str, ReadMode] = {}
+    for name in sorted(reads):
+        planned = batch.inputs.get(name)
+        if planned is None or planned.range is None:
+            continue
+        check_replay_range(name, planned.range, committed.get(name))
+        table = registry.upstreams[name]
+        mode = read_mode_of(table, Observer().observe(table))
+        if mode is ReadMode.SNAPSHOT:
+            raise UsageError(
+                f"upstream {name!r} is snapshot-only: there are no changes to replay for "
+                f"batch {batch.batch_id}; nothing was written.",
+                upstream=name,
+                batch_id=batch.batch_id,
+            )
+        modes[name] = mode
+    return BackfillReplayPlan(batch=batch, pipeline=pipeline, modes=modes)
+
+
+def start_backfill_replay(
+    store: "WatermarkStore",
+    registry: "Registry",
+    plan: BackfillReplayPlan,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> Batch:
+    """Record the REPLAY batch of ``plan`` (PLANNED); the caller runs its pipeline and
+    ends it with ``store.set_batch_status``.
+
+    Raises:
+        BatchStateError: the store refused it (see ``WatermarkStore.create_batch_replay``).
+    """
+    return store.create_batch_replay(
+        plan.batch.batch_id,
+        pipeline=plan.pipeline,
+        upstreams=list(registry.pipelines[plan.pipeline].upstreams),
+        modes=plan.modes,
+        actor=actor or default_actor(),
+        reason=reason,
     )

@@ -62,7 +62,7 @@ from watermark_dagster.core.records import (
     start_point,
     version_text,
 )
-from watermark_dagster.core.replay import check_replay_range, plan_replay
+from watermark_dagster.core.replay import check_replay_range, plan_batch_replay, plan_replay
 from watermark_dagster.errors import BatchStateError
 from watermark_dagster.store import codec
 from watermark_dagster.store.schema import NO_BATCH_BUCKET, bucket_of
@@ -421,6 +421,62 @@ class WatermarkStore(ControlTables):
             detail={
                 "kind": BatchKind.REPLAY.value,
                 "range": str(rng),
+                "pipelines": list(batch.pipelines),
+                "order_seq": batch.order_seq,
+                "reason": reason,
+            },
+        )
+        return batch
+
+    def create_batch_replay(
+        self,
+        batch_id: str,
+        *,
+        pipeline: str,
+        upstreams: Sequence[str],
+        modes: Mapping[str, ReadMode],
+        actor: str,
+        reason: str | None = None,
+    ) -> Batch:
+        """Record a REPLAY batch that re-reads every version range batch ``batch_id``
+        pinned for ``upstreams`` through ``pipeline`` (a backfill of an applied batch
+        partition; see :func:`~watermark_dagster.core.replay.plan_batch_replay`).
+
+        It writes at that batch's position, pins the other upstreams where it pinned them,
+        and, like :meth:`create_replay_batch`, never moves a committed watermark.
+
+        Raises:
+            BatchStateError: the batch is unknown, a range is not applied yet (beyond the
+                committed watermark), or the batch pins no version range to replay.
+        """
+        replayed = self.get_batch(batch_id)
+
+        def decide(dt: DeltaTable) -> Batch:
+            committed = self.committed_versions()
+            plan = plan_batch_replay(replayed, upstreams, modes=modes, committed=committed)
+            batch = codec.new_batch(
+                self._next_seq(dt),
+                BatchKind.REPLAY,
+                plan.inputs,
+                pipelines=[pipeline],
+                actor=actor,
+                order_seq=plan.order_seq,
+                table_ids={u: replayed.table_ids.get(u) for u in plan.inputs},
+                schema_fingerprints={u: replayed.schema_fingerprints.get(u) for u in plan.inputs},
+                locations={u: replayed.locations.get(u) for u in plan.inputs},
+            )
+            return self._insert_batch(dt, batch, committed=committed, latest={}, error=reason)
+
+        batch = self._cas(_BATCHES, decide)
+        self.record(
+            "BATCH_PLANNED",
+            actor=actor,
+            batch_id=batch.batch_id,
+            pipeline=pipeline,
+            detail={
+                "kind": BatchKind.REPLAY.value,
+                "replays": batch_id,
+                "ranges": {u: i.describe() for u, i in batch.inputs.items()},
                 "pipelines": list(batch.pipelines),
                 "order_seq": batch.order_seq,
                 "reason": reason,
