@@ -56,7 +56,7 @@ from benchmarks.baselines import build_session
 from benchmarks.incremental import QUICK_CONF, fingerprint, machine, spark_description
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("declared", "declared_incremental", "declared_full", "handwritten")
+OURS = ("declared", "declared_incremental", "declared_full", "declared_no_aqe", "handwritten")
 CONTENDERS = {
     "declared": "the demo's declared pipelines (strategy auto: incremental or full, chosen "
     "per batch), production cycle on the warm session: plan, execute_pipeline per pipeline, "
@@ -65,6 +65,9 @@ CONTENDERS = {
     "transform every batch), the same cycle",
     "declared_full": "the declared pipelines with strategy=full (the full transform diffed "
     "against the target, only the differences merged), the same cycle",
+    "declared_no_aqe": "the declared pipelines (strategy auto) with Spark's adaptive query "
+    "execution off for the cycle: each shuffle or broadcast stage runs inside its job instead "
+    "of as a job of its own",
     "handwritten": "the same pipelines written by hand (demo/handwritten.py), the same cycle",
     "recompute": "full_orders_enriched and full_customer_payments over the pinned snapshots, "
     "overwrite",
@@ -76,6 +79,7 @@ RATIOS = (
     ("declared/recompute", "declared", "recompute"),
     ("declared_incremental/recompute", "declared_incremental", "recompute"),
     ("declared_full/recompute", "declared_full", "recompute"),
+    ("declared_no_aqe/declared", "declared_no_aqe", "declared"),
     ("handwritten/recompute", "handwritten", "recompute"),
 )
 # The target columns the correctness check compares (what the full transforms produce).
@@ -324,20 +328,40 @@ class Ours:
     """One of our registries with its own control tables, driven cycle by cycle through
     the production functions, as the sensors and the run drive them."""
 
-    def __init__(self, spark: SparkSession, registry: Any, control_root: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        registry: Any,
+        control_root: str,
+        conf: dict[str, str] | None = None,
+    ) -> None:
         from watermark_dagster.observe.observer import Observer
         from watermark_dagster.store import WatermarkStore
 
-        self.spark, self.registry = spark, registry
+        self.spark, self.registry, self.conf = spark, registry, conf or {}
         self.store = WatermarkStore(control_root)
         self.observer = Observer()
 
     def cycle(self, counter: JobCounter, label: str) -> Outcome | None:
-        """Plan, run every pipeline of the batch, finalize. None when nothing was planned.
+        """Plan, run every pipeline of the batch, finalize, with this contender's session
+        settings. None when nothing was planned.
 
         Raises:
             CycleError: the batch did not complete.
         """
+        saved = {k: self.spark.conf.get(k, None) for k in self.conf}
+        for k, v in self.conf.items():
+            self.spark.conf.set(k, v)
+        try:
+            return self._cycle(counter, label)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    self.spark.conf.unset(k)
+                else:
+                    self.spark.conf.set(k, v)
+
+    def _cycle(self, counter: JobCounter, label: str) -> Outcome | None:
         from watermark_dagster.core.records import BatchStatus
         from watermark_dagster.operations.coordinate import (
             finalize_batch,
@@ -436,10 +460,12 @@ class Lab:
             "declared": build_demo_registry,
             "declared_incremental": with_strategy("incremental"),
             "declared_full": with_strategy("full"),
+            "declared_no_aqe": build_demo_registry,
             "handwritten": build_handwritten_registry,
         }
+        confs = {"declared_no_aqe": {"spark.sql.adaptive.enabled": "false"}}
         self.ours = {
-            n: Ours(spark, builders[n](self.paths[n]), self.paths[n].control_root)
+            n: Ours(spark, builders[n](self.paths[n]), self.paths[n].control_root, confs.get(n))
             for n in self.names
             if n in OURS
         }
