@@ -397,18 +397,13 @@ class WatermarkStore(ControlTables):
             check_replay_range(upstream, rng, committed.get(upstream))
             scheduled = codec.batches(self._rows(dt, _where(kind=BatchKind.SCHEDULED.value)))
             plan = plan_replay(scheduled, upstream, rng, mode=mode, upstreams=all_upstreams)
-            batch = codec.new_batch(
+            batch = _replay_batch(
                 self._next_seq(dt),
-                BatchKind.REPLAY,
                 plan.inputs,
-                pipelines=sorted(pipelines),
-                actor=actor,
-                order_seq=plan.order_seq,
-                table_ids={u: plan.origin.table_ids.get(u) for u in plan.inputs},
-                schema_fingerprints={
-                    u: plan.origin.schema_fingerprints.get(u) for u in plan.inputs
-                },
-                locations={u: plan.origin.locations.get(u) for u in plan.inputs},
+                sorted(pipelines),
+                actor,
+                plan.order_seq,
+                plan.origin,
             )
             return self._insert_batch(dt, batch, committed=committed, latest={}, error=reason)
 
@@ -454,16 +449,8 @@ class WatermarkStore(ControlTables):
         def decide(dt: DeltaTable) -> Batch:
             committed = self.committed_versions()
             plan = plan_batch_replay(replayed, upstreams, modes=modes, committed=committed)
-            batch = codec.new_batch(
-                self._next_seq(dt),
-                BatchKind.REPLAY,
-                plan.inputs,
-                pipelines=[pipeline],
-                actor=actor,
-                order_seq=plan.order_seq,
-                table_ids={u: replayed.table_ids.get(u) for u in plan.inputs},
-                schema_fingerprints={u: replayed.schema_fingerprints.get(u) for u in plan.inputs},
-                locations={u: replayed.locations.get(u) for u in plan.inputs},
+            batch = _replay_batch(
+                self._next_seq(dt), plan.inputs, [pipeline], actor, plan.order_seq, replayed
             )
             return self._insert_batch(dt, batch, committed=committed, latest={}, error=reason)
 
@@ -931,3 +918,27 @@ def shared_store(root: str, *, storage_options: Mapping[str, str] | None = None)
 
 
 __all__ = ["WatermarkStore", "shared_store"]
+
+
+def _replay_batch(
+    seq: int,
+    inputs: Mapping[str, Any],
+    pipelines: list[str],
+    actor: str,
+    order_seq: int,
+    origin: Batch,
+) -> Batch:
+    """A REPLAY batch of ``inputs`` written at ``order_seq``, each upstream carrying the
+    table id, schema fingerprint and location ``origin`` (the batch that applied the range)
+    pinned for it."""
+    return codec.new_batch(
+        seq,
+        BatchKind.REPLAY,
+        inputs,
+        pipelines=pipelines,
+        actor=actor,
+        order_seq=order_seq,
+        table_ids={u: origin.table_ids.get(u) for u in inputs},
+        schema_fingerprints={u: origin.schema_fingerprints.get(u) for u in inputs},
+        locations={u: origin.locations.get(u) for u in inputs},
+    )
