@@ -6,6 +6,7 @@ by Dagster run records (failed attempts) and SUCCESS checkpoints, as in test_sen
 Time is controlled through the settings (thresholds and cadence), never by sleeping.
 """
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +33,7 @@ from dagster import (
     op,
 )
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.loader import LoadingContextForTest
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
 from deltalake import DeltaTable, write_deltalake
@@ -472,15 +474,22 @@ def test_the_stuck_check_passes_again_after_each_batch_so_it_is_never_not_evalua
     checks = _checks(after, STUCK_CHECK)
     assert {k: e.passed for k, e in checks.items()} == {"pipeline_a": True, "pipeline_b": True}
     assert "b000001 ended" in (checks["pipeline_a"].description or "")
-    # Recorded as the daemon records a tick's events, each is newer than the pipeline's
-    # latest materialization: the UI shows it for that one, not "Not evaluated".
+    # Recorded as the daemon records a tick's events, each names the pipeline's latest
+    # materialization: the UI shows it for that one, not "Not evaluated". (Matched by
+    # timestamp instead, a result within the second of the materialization would not be:
+    # SQLite keeps a check execution's time to the second.)
     for evaluation in checks.values():
         lake.instance.report_runless_asset_event(evaluation)
     for pipeline in PIPELINES:
         key = AssetCheckKey(AssetKey(pipeline), STUCK_CHECK)
         record = lake.instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
         [materialized] = lake.instance.fetch_materializations(AssetKey(pipeline), limit=1).records
-        assert record.create_timestamp > materialized.timestamp
+        target = record.evaluation and record.evaluation.target_materialization_data
+        assert target is not None
+        assert target.storage_id == materialized.storage_id
+        # What the UI's executionForLatestMaterialization asks.
+        context = LoadingContextForTest(lake.instance)
+        assert asyncio.run(record.targets_latest_materialization(context))
     # Then quiet until something changes.
     assert not _checks(_tick(defs, lake.instance, after.cursor), STUCK_CHECK)
 

@@ -54,6 +54,9 @@ from dagster import (
     define_asset_job,
     multi_asset_check,
 )
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,  # not exported; the UI's match key
+)
 
 from watermark_dagster.config.env import (
     DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS,
@@ -464,7 +467,8 @@ class HealthReporter:
         """The stuck-batch checks whose outcome changed since ``outcomes`` (updated), from
         the coordinator's decision ``step`` for the open batch (None: none is open, and
         ``after`` is the last batch the coordinator saw open); with ``instance``, a newly
-        stuck batch's check names its last run's error.
+        stuck batch's check names its last run's error, and every result points at its
+        pipeline's latest materialization.
 
         Every check gets a result at the first tick, and a passing one again once each
         batch ended (after its materializations), so a healthy pipeline never shows its
@@ -484,7 +488,42 @@ class HealthReporter:
             if outcomes.get(check) != outcome:
                 outcomes[check] = outcome
                 events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))
+        if events and instance is not None:
+            events = targeting_latest_materialization(instance, events)
         return events
+
+
+def targeting_latest_materialization(
+    instance: DagsterInstance, events: Sequence[AssetCheckEvaluation]
+) -> list[AssetCheckEvaluation]:
+    """``events`` each pointed at its asset's latest materialization (read in one query).
+
+    Without the pointer the UI matches a check to a materialization by timestamp, and a
+    check execution's timestamp is kept to the second on SQLite: a result reported within
+    the second of the materialization would show as "Not evaluated" for it."""
+    latest: dict[AssetKey, AssetCheckEvaluationTargetMaterializationData] = {}
+    for record in instance.get_asset_records(list({e.asset_key for e in events})):
+        found = record.asset_entry.last_materialization_record
+        if found is not None:
+            latest[record.asset_entry.asset_key] = AssetCheckEvaluationTargetMaterializationData(
+                storage_id=found.storage_id,
+                run_id=found.run_id,
+                timestamp=found.timestamp,
+            )
+    return [
+        AssetCheckEvaluation(
+            asset_key=e.asset_key,
+            check_name=e.check_name,
+            passed=e.passed,
+            metadata=e.metadata,
+            target_materialization_data=latest.get(e.asset_key),
+            severity=e.severity,
+            description=e.description,
+            blocking=e.blocking,
+            partition=e.partition,
+        )
+        for e in events
+    ]
 
 
 class CommitTimes:

@@ -229,7 +229,10 @@ def build_coordinator_sensor(
                 outcomes=cursor.outcomes,
             )
             events += health.stuck_events(
-                None, outcomes=cursor.outcomes, after=cursor.plan_recorded
+                None,
+                outcomes=cursor.outcomes,
+                instance=context.instance,
+                after=cursor.plan_recorded,
             )
             events += checks
             if not cursor.retention_reported:
