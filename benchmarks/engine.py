@@ -1,31 +1,44 @@
-"""What a long-lived Spark engine saves: one demo batch through `watermark run` (a new
-process, a new JVM) against the same batch sent to the resident engine (`watermark engine`)
-and in a process whose JVM is already warm.
+"""What a long-lived Spark saves: one demo batch through `watermark run` with its own JVM,
+on the home's Spark Connect engine (`watermark engine`), on the former resident engine,
+in a process whose JVM is warm, and launched by the daemon under `watermark dev`.
 
-    .venv/bin/python benchmarks/engine.py --rounds 3 [--out engine.json]
+    .venv/bin/python -m benchmarks.engine --rounds 3 [--out engine.json] [--no-resident]
 
 Steps, on a fresh demo home (WATERMARK_HOME in a temporary folder):
 
 1. ``watermark demo --rounds 0`` seeds the upstreams and runs the first loads (not timed).
-2. ``watermark run`` with nothing to do, timed: the fixed cost of a cycle without a JVM
+2. ``watermark run`` with nothing to do, timed: the fixed cost of a process without a JVM
    (Python, Dagster, observing and planning).
-3. ``--rounds`` times: one round of demo changes is committed (by this process, not timed),
-   then ``watermark run`` is timed: a cold process that starts a JVM and runs the batch.
-4. ``watermark engine`` is started; after one untimed batch, ``--rounds`` times: commit a
-   round, time ``watermark run`` with ``WATERMARK_ENGINE=resident`` (the run process starts
-   no JVM; the engine runs the pipelines on its warm session).
-5. ``--rounds`` times, in this process with its JVM warmed by one untimed batch: commit a
-   round, time ``HeadlessRunner.run_until_idle()``: the same batch with no process start
-   at all (the floor).
+3. Both engines are started (the Connect server and, unless ``--no-resident``, the former
+   resident engine, ``benchmarks/resident_engine.py``); each runs one untimed batch.
+4. ``--rounds`` repeats, the contenders in an order rotated from repeat to repeat; for each
+   contender one round of demo changes is committed (not timed), then its batch is timed:
 
-Prints medians and min-max, and writes JSON with ``--out``. Measured against a baseline in
-the same run; never asserted in tests.
+   * ``process``: ``watermark run`` (``WATERMARK_ENGINE=process``): a new process and a JVM;
+   * ``connect``: ``watermark run`` (``WATERMARK_ENGINE=connect``): no JVM in the process,
+     the pipelines on the Connect server;
+   * ``resident``: ``watermark run`` (``WATERMARK_ENGINE=resident``): the pipelines sent to
+     the resident engine over its socket;
+   * ``warm``: ``HeadlessRunner.run_until_idle()`` in this process, its JVM warm: the same
+     batch with no process start at all (the floor).
+5. ``watermark dev`` (its engine on, sensors every second): ``--rounds`` times a round is
+   committed and the time until the control tables show its batch COMPLETED is taken
+   (sensor ticks, the daemon's run launch, the run on the engine, the finalizer).
+6. The incremental benchmark's cycle (``benchmarks.incremental`` with ``--incremental-size``
+   rows, 1% change, ``--rounds`` paired repeats): ``ours_warm``, ``ours_connect`` and
+   ``ours_engine`` (the resident engine), each ``watermark run`` checked against a recompute.
+
+Prints medians and min-max, the ratios the issue sets targets for, and the load average;
+writes JSON with ``--out``. Measured against baselines in the same run; never asserted in
+tests.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("watermark")
+CONTENDERS = ("process", "connect", "resident", "warm")
 
 
 def _timed_cli(env: dict[str, str], *args: str) -> tuple[float, dict]:
@@ -59,13 +73,58 @@ def _summary(values: list[float]) -> dict[str, float]:
         "median": round(statistics.median(values), 2),
         "min": round(min(values), 2),
         "max": round(max(values), 2),
+        "n": len(values),
     }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], env: dict[str, str], log: Path, ready, what: str):
+    """``argv`` in its own process group until ``ready()``; stopped with SIGTERM after."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not ready():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{what} did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="timed batches per side (3)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed batches per contender (3)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument(
+        "--no-resident", action="store_true", help="leave out the former resident engine"
+    )
+    parser.add_argument(
+        "--incremental-size",
+        default="500k",
+        help="rows of the incremental benchmark's cycle (500k; 0 leaves it out)",
+    )
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="bench-engine-"))
@@ -75,8 +134,10 @@ def main() -> None:
         "DAGSTER_HOME": str(home / "dagster"),
         "NO_COLOR": "1",
     }
+    env.pop("WATERMARK_ENGINE", None)
     os.environ.update({k: env[k] for k in ("WATERMARK_HOME", "DAGSTER_HOME")})
-    _timed_cli(env, "demo", "--rounds", "0", "--quiet")
+    os.environ["WATERMARK_ENGINE"] = "process"  # this process's own runs: its warm JVM
+    _timed_cli({**env, "WATERMARK_ENGINE": "process"}, "demo", "--rounds", "0", "--quiet")
     noop = [_timed_cli(env, "run")[0] for _ in range(args.rounds)]
 
     from dagster import DagsterInstance
@@ -84,8 +145,9 @@ def main() -> None:
     from watermark_dagster.dagster_defs.headless import HeadlessRunner
     from watermark_dagster.definitions import build_demo_definitions
     from watermark_dagster.demo import DemoPaths, apply_round
-    from watermark_dagster.runtime.engine import EngineAddress
+    from watermark_dagster.runtime.connect import engine_folder, live_engine
     from watermark_dagster.runtime.spark import build_spark_session
+    from watermark_dagster.store import ReadOnlyWatermarkStore
 
     spark = build_spark_session(master=os.environ.get("WATERMARK_SPARK_MASTER", "local[*]"))
     spark.sparkContext.setLogLevel("ERROR")
@@ -97,65 +159,121 @@ def main() -> None:
         round_no += 1
         apply_round(spark, paths, round_no)
 
-    cold = []
-    for _ in range(args.rounds):
-        commit_round()
-        seconds, out = _timed_cli(env, "run")
-        assert len(out["completed"]) == 1, out
-        cold.append(seconds)
-
-    # The resident engine: `watermark engine` in its own process, runs sent to it.
-    engine_env = {**env, "WATERMARK_ENGINE": "resident"}
-    address = EngineAddress.under(home)
-    with (home / "engine.log").open("w") as out:
-        engine = subprocess.Popen(
-            [str(SCRIPT), "engine"], env=engine_env, cwd=REPO, stdout=out, stderr=out
-        )
-    resident = []
-    try:
-        while not address.socket.exists():
-            if engine.poll() is not None:
-                raise SystemExit(f"watermark engine exited: {(home / 'engine.log').read_text()}")
-            time.sleep(0.5)
-        commit_round()
-        _timed_cli(engine_env, "run")  # the engine's first batch warms its JIT; not timed
-        for _ in range(args.rounds):
-            commit_round()
-            seconds, out = _timed_cli(engine_env, "run")
-            assert len(out["completed"]) == 1, out
-            resident.append(seconds)
-    finally:
-        engine.send_signal(signal.SIGTERM)
-        engine.wait(timeout=120)
-
+    contenders = [c for c in CONTENDERS if not (args.no_resident and c == "resident")]
     runner = HeadlessRunner(build_demo_definitions(home), DagsterInstance.get())
-    commit_round()
-    runner.run_until_idle()  # warms the JIT and Delta's caches; not timed
-    warm = []
-    for _ in range(args.rounds):
-        commit_round()
-        began = time.perf_counter()
-        report = runner.run_until_idle()
-        warm.append(time.perf_counter() - began)
-        assert len(report.completed) == 1, report
-        assert not report.failed_runs, report
+    times: dict[str, list[float]] = {c: [] for c in contenders}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(
+            _process(
+                [str(SCRIPT), "engine"],
+                env,
+                home / "connect-engine.out",
+                lambda: live_engine(engine_folder(home)) is not None,
+                "watermark engine",
+            )
+        )
+        if "resident" in contenders:
+            socket_path = home / "engine" / "engine.sock"
+            stack.enter_context(
+                _process(
+                    [sys.executable, "-m", "benchmarks.resident_engine"],
+                    env,
+                    home / "resident-engine.out",
+                    socket_path.exists,
+                    "the resident engine",
+                )
+            )
+
+        def batch(contender: str) -> float:
+            commit_round()
+            if contender == "warm":
+                began = time.perf_counter()
+                report = runner.run_until_idle()
+                seconds = time.perf_counter() - began
+                assert len(report.completed) == 1, report
+                assert not report.failed_runs, report
+                return seconds
+            seconds, out = _timed_cli({**env, "WATERMARK_ENGINE": contender}, "run")
+            assert len(out["completed"]) == 1, out
+            return seconds
+
+        for contender in contenders:
+            if contender != "process":
+                batch(contender)  # warms the engine's (or this process's) JIT; not timed
+        for repeat in range(args.rounds):
+            shift = repeat % len(contenders)
+            for contender in contenders[shift:] + contenders[:shift]:
+                times[contender].append(batch(contender))
+                print(f"repeat {repeat + 1}: {contender} {times[contender][-1]:.1f} s", flush=True)
+
+    # The daemon under `watermark dev`: commit, then wait for the batch to complete.
+    store = ReadOnlyWatermarkStore(str(home / "control"))
+    dev_env = {**env, "WATERMARK_SENSOR_INTERVAL_SECONDS": "1"}
+    port = _free_port()
+    dev_times: list[float] = []
+
+    def completed() -> int:
+        return sum(1 for b in store.batches(limit=1000) if b.status.name == "COMPLETED")
+
+    with _process(
+        [str(SCRIPT), "dev", "--host", "127.0.0.1", "--port", str(port)],
+        dev_env,
+        home / "watermark-dev.out",
+        lambda: live_engine(engine_folder(home)) is not None,
+        "watermark dev",
+    ):
+        for n in range(args.rounds + 1):
+            done = completed()
+            commit_round()
+            began = time.perf_counter()
+            deadline = began + 900
+            while completed() <= done:
+                if time.perf_counter() > deadline:
+                    raise SystemExit(f"no batch completed under watermark dev in 900 s ({home})")
+                time.sleep(0.2)
+            if n:  # the first batch warms the engine and the daemon; not timed
+                dev_times.append(time.perf_counter() - began)
+                print(f"watermark dev batch {n}: {dev_times[-1]:.1f} s", flush=True)
     spark.stop()
 
-    figures = {
+    incremental = None
+    if args.incremental_size not in ("0", ""):
+        out = home / "incremental.json"
+        contenders = ["ours_warm", "ours_connect"] + ([] if args.no_resident else ["ours_engine"])
+        argv = [sys.executable, "-m", "benchmarks.incremental", "--sizes", args.incremental_size]
+        argv += ["--changes", "1%", "--repeats", str(args.rounds), "--contenders"]
+        argv += [",".join(contenders), "--out", str(out)]
+        print("incremental cycle: " + " ".join(argv[1:]), flush=True)
+        subprocess.run(argv, cwd=REPO, check=True, env={**env, "WATERMARK_ENGINE": "process"})
+        [size] = json.loads(out.read_text())["sizes"]
+        [change] = size["changes"]
+        incremental = {"rows": size["rows"], **change["summary"]}
+
+    figures: dict = {
         "machine": f"{os.cpu_count()} cores",
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "rounds": args.rounds,
         "noop_watermark_run_s": _summary(noop),
-        "cold_watermark_run_batch_s": _summary(cold),
-        "warm_in_process_batch_s": _summary(warm),
-        "resident_engine_watermark_run_batch_s": _summary(resident),
-        "resident_engine_estimate_s": round(statistics.median(noop) + statistics.median(warm), 2),
+        **{f"{c}_batch_s": _summary(times[c]) for c in contenders},
+        "watermark_dev_daemon_batch_s": _summary(dev_times),
+        "incremental_cycle_1pct": incremental,
         "home": str(home),
     }
-    figures["cold_over_resident"] = round(
-        figures["cold_watermark_run_batch_s"]["median"]
-        / figures["resident_engine_watermark_run_batch_s"]["median"],
-        2,
-    )
+    med = {c: statistics.median(times[c]) for c in contenders}
+    ratios = {
+        "process/connect": med["process"] / med["connect"],
+        "connect/warm": med["connect"] / med["warm"],
+        "connect/(warm+noop)": med["connect"] / (med["warm"] + statistics.median(noop)),
+        "dev_daemon/warm": statistics.median(dev_times) / med["warm"],
+    }
+    if "resident" in med:
+        ratios["connect/resident"] = med["connect"] / med["resident"]
+    if incremental is not None and "ours_engine" in incremental["seconds"]:
+        seconds = incremental["seconds"]
+        ratios["incremental connect/resident"] = (
+            seconds["ours_connect"]["median"] / seconds["ours_engine"]["median"]
+        )
+    figures["ratios"] = {k: round(v, 2) for k, v in ratios.items()}
     print(json.dumps(figures, indent=2))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")

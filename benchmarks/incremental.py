@@ -11,9 +11,11 @@ commit, in an order rotated from repeat to repeat:
   transforms, merges and checkpoints, finalizer tick that advances and completes);
 * ``ours_cold``: the same through ``watermark run`` in a fresh process (Python, Dagster and
   JVM start included);
-* ``ours_engine``: ``watermark run`` in a fresh process with ``WATERMARK_ENGINE=resident``:
-  the run process starts no JVM and sends its pipelines to ``watermark engine``, a
-  long-lived process started once per size (its first batch is the first load);
+* ``ours_connect``: ``watermark run`` in a fresh process on the home's Spark Connect engine
+  (``watermark engine``, started once per size; its first batch is the first load): the
+  run process starts no JVM, its pipelines run on the server;
+* ``ours_engine``: the same on the former resident engine (``benchmarks/resident_engine.py``,
+  ``WATERMARK_ENGINE=resident``), kept for the one comparison with the Connect engine;
 * ``recompute_warm`` / ``recompute_cold``: read the snapshot, same projection, overwrite;
 * ``streaming_warm`` / ``streaming_cold``: Structured Streaming of the change feed,
   ``availableNow``, checkpointed, ``foreachBatch`` MERGE of the latest change per key.
@@ -78,8 +80,10 @@ CONTENDERS = {
     "ours_warm": "our batch in-process, warm Spark: headless cycle = plan tick + Dagster run "
     "(read, transform, MERGE, checkpoint) + finalize tick",
     "ours_cold": "our batch as `watermark run` in a fresh process (Python, Dagster, JVM start)",
+    "ours_connect": "our batch as `watermark run` in a fresh process (Python, Dagster, no JVM) "
+    "on the home's Spark Connect engine `watermark engine` (warm server, started per size)",
     "ours_engine": "our batch as `watermark run` in a fresh process (Python, Dagster, no JVM) "
-    "whose pipelines run on the resident engine `watermark engine` (warm JVM, started per size)",
+    "whose pipelines run on the former resident engine (warm JVM, started per size)",
     "recompute_warm": "full recompute, warm Spark: snapshot, same projection, overwrite",
     "recompute_cold": "full recompute in a fresh Python process with its own JVM",
     "streaming_warm": "Structured Streaming, warm Spark: change feed, availableNow, "
@@ -91,6 +95,8 @@ RATIOS = (
     ("recompute/ours warm", "recompute_warm", "ours_warm"),
     ("recompute/ours cold", "recompute_cold", "ours_cold"),
     ("recompute cold/ours engine", "recompute_cold", "ours_engine"),
+    ("recompute cold/ours connect", "recompute_cold", "ours_connect"),
+    ("ours connect/ours engine", "ours_connect", "ours_engine"),
     ("ours/streaming warm", "ours_warm", "streaming_warm"),
     ("ours/streaming cold", "ours_cold", "streaming_cold"),
     ("ours engine/streaming cold", "ours_engine", "streaming_cold"),
@@ -366,28 +372,28 @@ class Contenders:
         self.names = list(names)
         self.targets = {n: str(root / "targets" / n) for n in self.names}
         self._runners: dict[str, tuple[Any, Any]] = {}
-        self._engine: subprocess.Popen[bytes] | None = None
+        self._engines: dict[str, subprocess.Popen[bytes]] = {}
 
     def close(self) -> None:
         """Release the Dagster instances of the in-process runners; stop the engine."""
         for instance, _ in self._runners.values():
             instance.dispose()
         self._runners.clear()
-        if self._engine is not None:
-            self._engine.send_signal(signal.SIGTERM)
+        for engine in self._engines.values():
+            engine.send_signal(signal.SIGTERM)
             try:
-                self._engine.wait(timeout=120)
+                engine.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                self._engine.kill()
-                self._engine.wait()
-            self._engine = None
+                engine.kill()
+                engine.wait()
+        self._engines.clear()
 
     def setup(self, name: str, version: int) -> Outcome:
         """The first load of ``name``'s target, in this process; timed for the record."""
         started = time.perf_counter()
-        if name == "ours_engine":
+        if name in ("ours_engine", "ours_connect"):
             # The engine is started once; its first batch (this first load) warms its JIT.
-            self._start_engine()
+            self._start_engine(name)
             self._watermark_run(name, version)
             detail = None
         elif name.startswith("ours"):
@@ -410,7 +416,7 @@ class Contenders:
             started = time.perf_counter()
             detail = self._headless(name, version)
             outcome = Outcome(time.perf_counter() - started, detail=detail)
-        elif name in ("ours_cold", "ours_engine"):
+        elif name in ("ours_cold", "ours_engine", "ours_connect"):
             outcome = self._watermark_run(name, version)
         elif name == "recompute_warm":
             started = time.perf_counter()
@@ -443,7 +449,7 @@ class Contenders:
             "upstream": self.upstream,
             "target": self.targets[name],
             "control_root": str(self.root / "control" / name),
-            "engine": "resident" if name == "ours_engine" else "process",
+            "engine": {"ours_engine": "resident", "ours_connect": "connect"}.get(name, "process"),
         }
 
     def _cli_env(self, name: str) -> dict[str, str]:
@@ -458,25 +464,34 @@ class Contenders:
             }
         )
 
-    def _start_engine(self) -> None:
-        """``watermark engine`` for the ``ours_engine`` code location; returns when it listens.
+    def _start_engine(self, name: str) -> None:
+        """The engine of ``name``'s code location (the Connect engine, ``watermark engine``,
+        for ``ours_connect``; the former resident one for ``ours_engine``); returns when it
+        accepts runs.
 
         Raises:
-            CycleError: the engine exited before it listened.
+            CycleError: the engine exited before it was ready.
         """
-        from watermark_dagster.runtime.engine import EngineAddress
+        from watermark_dagster.runtime.connect import engine_folder, live_engine
 
-        env = self._cli_env("ours_engine")
-        address = EngineAddress.under(Path(env["WATERMARK_HOME"]))
-        log_path = self.root / "engine.log"
-        argv = [*_watermark_command(), "engine", "--defs", "benchmarks.incremental:defs"]
+        env = self._cli_env(name)
+        home = Path(env["WATERMARK_HOME"])
+        log_path = self.root / f"{name}-engine.log"
+        if name == "ours_connect":
+            argv = [*_watermark_command(), "engine", "--defs", "benchmarks.incremental:defs"]
+            ready = lambda: live_engine(engine_folder(home)) is not None  # noqa: E731
+        else:
+            argv = [sys.executable, "-m", "benchmarks.resident_engine"]
+            argv += ["--defs", "benchmarks.incremental:defs"]
+            ready = (home / "engine" / "engine.sock").exists
         with log_path.open("w") as log_file:
-            self._engine = subprocess.Popen(
+            engine = subprocess.Popen(
                 argv, env=env, cwd=REPO, stdout=log_file, stderr=log_file, stdin=subprocess.DEVNULL
             )
-        while not address.socket.exists():
-            if self._engine.poll() is not None:
-                raise CycleError(f"watermark engine exited: {log_path.read_text()[-3000:]}")
+        self._engines[name] = engine
+        while not ready():
+            if engine.poll() is not None:
+                raise CycleError(f"{name}'s engine exited: {log_path.read_text()[-3000:]}")
             time.sleep(0.2)
 
     def _dagster_home(self, name: str) -> Path:
@@ -527,25 +542,26 @@ class Contenders:
         problems = [f"{r['batch_id']}: {r['error']}" for r in report["runs"] if not r["success"]]
         if report.get("stuck"):
             problems.append(report["stuck"])
-        if name == "ours_engine":
-            problems += self._off_engine([r["run_id"] for r in report["runs"]])
+        if name in ("ours_engine", "ours_connect"):
+            problems += self._off_engine(name, [r["run_id"] for r in report["runs"]])
         self._check_ours(name, version, report["completed"], problems)
         return Outcome(seconds)
 
-    def _off_engine(self, run_ids: Sequence[str]) -> list[str]:
-        """The runs among ``run_ids`` that did not run on the resident engine (read after
-        the timed process, from the runs' ``watermark/engine`` tag)."""
+    def _off_engine(self, name: str, run_ids: Sequence[str]) -> list[str]:
+        """The runs among ``run_ids`` that did not run on ``name``'s engine (read after the
+        timed process, from the runs' ``watermark/engine`` tag)."""
         from dagster import DagsterInstance
 
         from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 
-        with DagsterInstance.from_config(str(self._dagster_home("ours_engine"))) as instance:
+        prefix = "resident:" if name == "ours_engine" else "connect:"
+        with DagsterInstance.from_config(str(self._dagster_home(name))) as instance:
             runs = {i: instance.get_run_by_id(i) for i in run_ids}
             tags = {i: run.tags.get(ENGINE_TAG) if run else None for i, run in runs.items()}
         return [
-            f"run {i} ran on {tag!r}, not the resident engine"
+            f"run {i} ran on {tag!r}, not {name}'s engine"
             for i, tag in tags.items()
-            if not str(tag).startswith("resident:")
+            if not str(tag).startswith(prefix)
         ]
 
     def _check_ours(

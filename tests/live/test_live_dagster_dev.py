@@ -823,7 +823,53 @@ def instance_reader(dagster_home: Path) -> Iterator[Callable[[], Any]]:
         instance.dispose()
 
 
+@contextlib.contextmanager
+def _engine(env: dict[str, str], output: Path) -> Iterator[dict[str, Any]]:
+    """``watermark engine`` for the home of ``env``; yields its ready object."""
+    with output.open("w") as err:
+        process = subprocess.Popen(
+            [str(SCRIPT), "engine", "--json"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        assert process.stdout is not None
+        text, ready = "", None
+        for line in process.stdout:
+            text += line
+            with contextlib.suppress(json.JSONDecodeError):
+                ready = json.loads(text)
+                break
+        assert ready, f"watermark engine exited {process.wait()}: {output.read_text()[-3000:]}"
+        yield ready
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 def test_dagster_dev_runs_batches_by_itself(
+    spark: Any,
+    tmp_path: Path,
+    dagster_home: Path,
+    watermark_home: Path,
+    instance_reader: Callable[[], Any],
+) -> None:
+    with contextlib.ExitStack() as stack:
+        _dagster_dev_runs_batches_by_itself(
+            stack, spark, tmp_path, dagster_home, watermark_home, instance_reader
+        )
+
+
+def _dagster_dev_runs_batches_by_itself(
+    stack: contextlib.ExitStack,
     spark: Any,
     tmp_path: Path,
     dagster_home: Path,
@@ -838,6 +884,9 @@ def test_dagster_dev_runs_batches_by_itself(
     assert (dagster_home / "dagster.yaml").is_file()
 
     env = _dev_env(dagster_home, watermark_home)
+    # The home's engine, as `watermark dev` starts it: every run is its Spark Connect client.
+    engine_ready = stack.enter_context(_engine(env, tmp_path / "engine.out"))
+    env["WATERMARK_ENGINE"] = "connect"
 
     dev = DagsterDev(cwd=REPO, env=env, port=_free_port(), log_path=tmp_path / "dagster_dev.log")
     timings: dict[str, float] = {}
@@ -990,30 +1039,32 @@ def test_dagster_dev_runs_batches_by_itself(
     assert not dev.leftovers, "processes left alive after stopping dagster dev:\n" + "\n".join(
         dev.leftovers
     )
-    # One JVM per run, not per asset: each run's process started exactly one Spark driver,
-    # and nothing else under dagster dev (webserver, daemon, code server, sensors) started one.
+    # No JVM under dagster dev: every run (and the UI backfill's) was a client of the
+    # engine, and nothing else (webserver, daemon, code server, sensors) started Spark.
     jvms, chains = dev.jvms_by_run(set(run_pids.values()))
     print(f"Spark driver JVMs by run process: {jvms}; runs: {run_pids}\n{chains}")
-    expected = {pid: jvms.get(pid) for pid in run_pids.values()}
-    assert jvms == expected, f"JVMs by run process {jvms}, runs {run_pids}:\n{chains}"
-    assert all(len(j or ()) == 1 for j in jvms.values()), f"{jvms}:\n{chains}"
+    assert jvms == {}, f"JVMs by run process {jvms}, runs {run_pids}:\n{chains}"
+    tags = {r.run_id: r.tags.get("watermark/engine") for r in instance_reader().get_runs()}
+    batch_runs = {run: tags[run] for run in run_pids}
+    assert batch_runs == {run: f"connect:{engine_ready['url']}" for run in run_pids}, batch_runs
 
 
-def test_watermark_dev_engine_runs_every_pipeline_on_one_warm_jvm(
+def test_watermark_dev_runs_every_run_on_its_connect_engine_and_starts_no_jvm_in_runs(
     spark: Any,
     tmp_path: Path,
     dagster_home: Path,
     watermark_home: Path,
     instance_reader: Callable[[], Any],
 ) -> None:
-    """``watermark dev --engine``: the engine starts beside ``dagster dev``, the batch's runs
-    send their pipelines to it (tagged with its pid) and start no JVM themselves, the only
-    Spark driver is the engine's, and stopping ``watermark dev`` stops the engine too."""
+    """``watermark dev`` (no flag): the home's Spark Connect engine starts beside ``dagster
+    dev``, every run of the batch is its client (tagged with its URL) and starts no JVM,
+    the only Spark driver is the engine's server, and stopping ``watermark dev`` stops the
+    engine and its server too."""
     paths = DemoPaths(watermark_home)
     assert seed(spark, paths)
     seeded = _latest_versions(paths)
     port = _free_port()
-    command = [str(SCRIPT), "dev", "--engine", "--host", "127.0.0.1", "--port", str(port)]
+    command = [str(SCRIPT), "dev", "--host", "127.0.0.1", "--port", str(port)]
     dev = DagsterDev(
         cwd=REPO,
         env=_dev_env(dagster_home, watermark_home),
@@ -1024,10 +1075,11 @@ def test_watermark_dev_engine_runs_every_pipeline_on_one_warm_jvm(
     try:
         ready = dev.wait_for(
             "the engine's ready line",
-            lambda: re.search(r"engine ready at \S+ \(pid (\d+)\)", dev.log_text()),
+            lambda: re.search(r"engine ready at (sc://\S+) \(pid (\d+);", dev.log_text()),
             STARTUP_TIMEOUT,
         )
-        engine_pid = int(ready.group(1))
+        url, engine_pid = ready.group(1), int(ready.group(2))
+        assert "WATERMARK_ENGINE=connect" in dev.log_text(), dev.explain("no engine setting")
         dev.wait_for(
             "the code location to load", lambda: _sensors(dev, loading=True), STARTUP_TIMEOUT
         )
@@ -1040,16 +1092,20 @@ def test_watermark_dev_engine_runs_every_pipeline_on_one_warm_jvm(
         runs = _runs_of_partition(dev, first.batch_id)
         engines = {r["runId"]: {t["key"]: t["value"] for t in r["tags"]} for r in runs}
         assert {run: tags.get("watermark/engine") for run, tags in engines.items()} == {
-            run: f"resident:{engine_pid}" for run in engines
-        }, dev.explain("runs did not use the resident engine")
+            run: f"connect:{url}" for run in engines
+        }, dev.explain("runs did not use the engine")
         _assert_targets_match_full_recompute(spark, paths, seeded)
+        record = json.loads((watermark_home / "engine" / "connect.json").read_text())
+        assert (record["url"], record["pid"]) == (url, engine_pid), record
+        assert (watermark_home / "logs" / "spark-connect.log").is_file()
     finally:
         dev.stop()
     assert dev.proc.returncode is not None
     assert not dev.leftovers, "processes left alive after stopping watermark dev:\n" + "\n".join(
         dev.leftovers
     )
-    # The engine's JVM is the only Spark driver: no run process started one.
+    assert not (watermark_home / "engine" / "connect.json").exists()
+    # The engine's server is the only Spark driver: no run process started one.
     jvms, chains = dev.jvms_by_run(set(run_pids.values()))
     assert set(jvms) == {None}, f"{jvms}:\n{chains}"
     assert len(jvms[None]) == 1, f"{jvms}:\n{chains}"

@@ -1,9 +1,12 @@
-"""The resident engine: `watermark engine` keeps one warm Spark session and the runs of
-`watermark run` (WATERMARK_ENGINE=resident) send their pipelines to it, starting no JVM of
-their own; without an engine, runs fall back to their own session.
+"""The home's engine: `watermark engine` runs a Spark Connect server with Delta, and the runs
+of that home use it as clients, starting no JVM of their own; it restarts a server that
+died, and without it runs start their own JVM again.
 
 Real processes throughout: the engine and every `watermark run` are console-script
-subprocesses; the run processes get a JAVA_HOME shim that records any JVM launch.
+subprocesses, the run processes get a JAVA_HOME shim that records any JVM launch, and the
+server is killed with SIGKILL. Connect clients run in subprocesses only: a process that has
+used Spark Connect is in Connect mode for good, which the classic session of this test
+process must not be.
 """
 
 import contextlib
@@ -13,7 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,14 +32,102 @@ from tests.dagster.test_no_jvm import _java_shim
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 from watermark_dagster.demo import DemoPaths, apply_round, seed
 from watermark_dagster.demo.verify import compare_with_full_recompute
-from watermark_dagster.runtime.engine import EngineAddress
+from watermark_dagster.runtime.connect import EngineRecord, free_port, live_engine, read_record
 
 pytestmark = pytest.mark.spark
 
 SCRIPT = Path(sys.executable).with_name("watermark")
+START_TIMEOUT = 600
 
 
-def _run(env: dict[str, str]) -> dict:
+@dataclass
+class Engine:
+    """A `watermark engine` process for one home."""
+
+    process: subprocess.Popen
+    home: Path
+    env: dict[str, str]
+    ready: dict
+    output: Path
+
+    @property
+    def folder(self) -> Path:
+        return self.home / "engine"
+
+    def record(self) -> EngineRecord:
+        found = read_record(self.folder)
+        assert found is not None, self.output.read_text()[-3000:]
+        return found
+
+    def stop(self) -> int:
+        """SIGTERM, as `watermark dev` and an operator stop it; its exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # anything left in its group
+
+
+def _server_storage(ui_port: int) -> list:
+    """The RDDs the server's Spark holds persisted, from its web UI's REST API."""
+    base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+    with urllib.request.urlopen(base, timeout=30) as reply:
+        [app] = json.load(reply)
+    with urllib.request.urlopen(f"{base}/{app['id']}/storage/rdd", timeout=30) as reply:
+        return json.load(reply)
+
+
+def _env(home: Path, conf: dict[str, str] | None = None) -> dict[str, str]:
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dagster.yaml", dagster_home / "dagster.yaml")
+    env = {
+        **os.environ,
+        "WATERMARK_HOME": str(home),
+        "DAGSTER_HOME": str(dagster_home),
+        "WATERMARK_SPARK_MASTER": "local[2]",
+        "WATERMARK_SPARK_CONF": json.dumps({**SPARK_TEST_CONF, **(conf or {})}),
+        "NO_COLOR": "1",
+    }
+    for name in ("WATERMARK_ENGINE", "WATERMARK_SPARK_REMOTE", "WATERMARK_REGISTRY"):
+        env.pop(name, None)
+    return env
+
+
+@contextlib.contextmanager
+def _engine(home: Path, env: dict[str, str], output: Path) -> Iterator[Engine]:
+    with output.open("w") as out:
+        process = subprocess.Popen(
+            [str(SCRIPT), "engine", "--json"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        assert process.stdout is not None
+        text, ready = "", None
+        for line in process.stdout:  # the ready object, once the server listens
+            text += line
+            with contextlib.suppress(json.JSONDecodeError):
+                ready = json.loads(text)
+                break
+        assert ready, f"engine exited {process.wait()}: {output.read_text()[-3000:]}"
+        yield Engine(process, home, env, ready, output)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _run(env: dict[str, str], *, ok: bool = True) -> dict:
     proc = subprocess.run(
         [str(SCRIPT), "run", "--json"],
         env=env,
@@ -42,7 +137,8 @@ def _run(env: dict[str, str]) -> dict:
         timeout=900,
         stdin=subprocess.DEVNULL,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
@@ -59,72 +155,266 @@ def _assert_exact(spark, paths: DemoPaths) -> None:
         assert check.ok, (check.target, check.missing, check.unexpected)
 
 
-def test_runs_use_the_resident_engine_then_fall_back_without_it(
-    spark,
-    tmp_path: Path,
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _wait(what: str, condition, timeout: float = START_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+    return found
+
+
+def test_runs_use_the_home_engine_start_no_jvm_survive_its_restart_and_run_alone_after(
+    spark, tmp_path: Path
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
-    dagster_home = paths.home / "dagster"
-    dagster_home.mkdir(parents=True)
-    shutil.copy(REPO / "dagster.yaml", dagster_home / "dagster.yaml")
-    env = {
-        **os.environ,
-        "WATERMARK_HOME": str(paths.home),
-        "DAGSTER_HOME": str(dagster_home),
-        "WATERMARK_ENGINE": "resident",
-        "WATERMARK_SPARK_MASTER": "local[2]",
-        "WATERMARK_SPARK_CONF": json.dumps(SPARK_TEST_CONF),
-        "NO_COLOR": "1",
-    }
-    address = EngineAddress.under(paths.home)
-    log = tmp_path / "engine.log"
-    with log.open("w") as out:
-        engine = subprocess.Popen(
+    ui_port = free_port()
+    # The server's web UI on, for its storage page (below).
+    ui = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
+    env = _env(paths.home, ui)
+    java_home, launches = _java_shim(tmp_path)
+    run_env = {**env, "JAVA_HOME": str(java_home)}
+    with _engine(paths.home, env, tmp_path / "engine.out") as engine:
+        record = engine.record()
+        assert engine.ready == {
+            "url": record.url,
+            "pid": engine.process.pid,
+            "server_pid": record.server_pid,
+            "log": str(paths.home / "logs" / "spark-connect.log"),
+        }
+        assert record.url == f"sc://127.0.0.1:{record.port}"
+        assert Path(record.log).is_file()
+
+        # A second engine for the same home is refused, naming the first; nothing started.
+        second = subprocess.run(
             [str(SCRIPT), "engine"],
             env=env,
             cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            capture_output=True,
+            text=True,
+            timeout=300,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
         )
-    try:
-        deadline = time.monotonic() + 600
-        while not address.socket.exists():
-            assert engine.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
-        assert address.key_file.stat().st_mode & 0o077 == 0  # the key is the user's only
+        assert second.returncode == 2, second.stderr
+        assert f"An engine is already up for this home: {record.url}" in second.stderr
+        assert engine.record() == record
 
-        java_home, launches = _java_shim(tmp_path)
-        run_env = {**env, "JAVA_HOME": str(java_home)}
+        # WATERMARK_ENGINE unset ("auto"): the runs find the engine and start no JVM.
         first = _run(run_env)  # the first loads
         apply_round(spark, paths, 1)
-        second = _run(run_env)  # an incremental batch
-        assert len(first["completed"]) == 1
-        assert len(second["completed"]) == 1
-        assert not launches.exists(), launches.read_text()  # no JVM in any run process
-        tags = _engine_tags(dagster_home)
-        assert tags, tags
-        assert set(tags) == {f"resident:{engine.pid}"}, tags
+        second_run = _run(run_env)  # an incremental batch
+        assert len(first["completed"]) == len(second_run["completed"]) == 1
+        assert not launches.exists(), launches.read_text()
+        assert set(_engine_tags(paths.home / "dagster")) == {f"connect:{record.url}"}
         _assert_exact(spark, paths)
-        assert "on batch b000002: done" in log.read_text()
-    finally:
-        engine.send_signal(signal.SIGTERM)  # the engine stops its Spark session and exits
-        try:
-            engine.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(engine.pid, signal.SIGKILL)  # anything left in its group
-    assert engine.returncode == 0, log.read_text()[-3000:]
-    assert not address.socket.exists()
+        # The runs released every frame they persisted: the server holds no cached data
+        # but Delta's own cached log states (its storage page lists every persisted RDD).
+        cached = [r["name"] for r in _server_storage(ui_port)]
+        assert [n for n in cached if not n.startswith("Delta Table State")] == [], cached
+        assert cached, "the storage page lists nothing: it would not show a leak either"
 
-    # Without an engine, the next batch runs in the run process's own Spark session.
-    apply_round(spark, paths, 2)
-    third = _run(run_env)
-    assert len(third["completed"]) == 1
-    assert launches.exists()
+        # The server dies: the engine starts it again and rewrites the record; the next
+        # run (engine "connect": the engine only) uses the new server.
+        os.kill(record.server_pid, signal.SIGKILL)
+        restarted = _wait(
+            "the engine to restart its server",
+            lambda: (r := live_engine(engine.folder)) and r.restarts == 1 and r,
+        )
+        assert restarted.server_pid != record.server_pid
+        apply_round(spark, paths, 2)
+        third = _run({**run_env, "WATERMARK_ENGINE": "connect"})
+        assert len(third["completed"]) == 1
+        assert not launches.exists(), launches.read_text()
+        assert _engine_tags(paths.home / "dagster")[-1] == f"connect:{restarted.url}"
+        _assert_exact(spark, paths)
+        assert "started again" in engine.output.read_text()
+
+        # Stopped, it leaves no server and no record behind.
+        assert engine.stop() == 0, engine.output.read_text()[-3000:]
+        assert not _alive(restarted.server_pid)
+        assert read_record(engine.folder) is None
+
+    # Without an engine the next batch runs in the run process's own Spark session.
+    apply_round(spark, paths, 3)
+    fourth = _run(run_env)
+    assert len(fourth["completed"]) == 1
     assert "SparkSubmit" in launches.read_text()
-    assert _engine_tags(dagster_home)[-1] == "process"
+    assert _engine_tags(paths.home / "dagster")[-1] == "process"
     _assert_exact(spark, paths)
+
+
+ISOLATION = textwrap.dedent(
+    """
+    import json, sys, threading
+    from watermark_dagster.runtime.spark import build_spark_session
+    from watermark_dagster.write.commits import USER_METADATA_CONF, labelled_commits
+
+    url, table = sys.argv[1], sys.argv[2]
+    a = build_spark_session(remote=url, new_session=True)
+    b = build_spark_session(remote=url, new_session=True)
+    seen = {"sessions": len({a.client._session_id, b.client._session_id})}
+    a.range(3).createOrReplaceTempView("only_in_a")
+    seen["a_sees_its_view"] = a.catalog.tableExists("only_in_a")
+    seen["b_sees_a_view"] = b.catalog.tableExists("only_in_a")
+    a.conf.set("spark.sql.shuffle.partitions", "7")
+    seen["b_partitions"] = b.conf.get("spark.sql.shuffle.partitions")
+    cached = a.range(10).cache()
+    cached.count()
+    seen["b_cached"] = b.range(10).storageLevel.useMemory
+
+    def write(session, who):
+        # As a pipeline's write labels its commits: a session setting around the write.
+        for i in range(4):
+            with labelled_commits(session, who):
+                session.createDataFrame([(who, i)], "who string, i int").write.format(
+                    "delta"
+                ).mode("append").save(table)
+
+    threads = [threading.Thread(target=write, args=(s, w)) for s, w in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seen["label_left_in_b"] = b.conf.get(USER_METADATA_CONF, None)
+    a.stop()
+    c = build_spark_session(remote=url, new_session=True)
+    seen["view_after_release"] = c.catalog.tableExists("only_in_a")
+    seen["cached_after_release"] = c.range(10).storageLevel.useMemory
+    for session in (b, c):
+        session.stop()  # released, as a run's resource does (else grpc may hang at exit)
+    print(json.dumps(seen), flush=True)
+    """
+)
+
+
+def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
+    spark, tmp_path: Path
+) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    home = tmp_path / "wm"
+    env = _env(home)
+    table = tmp_path / "shared"
+    spark.createDataFrame([], "who string, i int").write.format("delta").save(str(table))
+    with _engine(home, env, tmp_path / "engine.out") as engine:
+        proc = subprocess.run(
+            [sys.executable, "-c", ISOLATION, engine.record().url, str(table)],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {
+        "sessions": 2,
+        "a_sees_its_view": True,
+        "b_sees_a_view": False,
+        "b_partitions": SPARK_TEST_CONF["spark.sql.shuffle.partitions"],
+        "label_left_in_b": None,
+        "view_after_release": False,
+        # Spark's cache is the server's, shared by its sessions and kept past a release:
+        # what a run caches it must unpersist itself (the first test checks that the
+        # pipelines' runs leave nothing cached).
+        "b_cached": True,
+        "cached_after_release": True,
+    }
+    # Eight commits from two sessions at once: each is labelled by the session that made
+    # it, which is also who wrote its row.
+    history = DeltaTable.forPath(spark, str(table)).history().collect()
+    commits = {h.version: h.userMetadata for h in history if h.version > 0}
+    assert sorted(commits.values()) == ["a"] * 4 + ["b"] * 4, commits
+    rows = spark.read.format("delta").option("readChangeFeed", "false").load(str(table))
+    for version, label in commits.items():
+        now = spark.read.format("delta").option("versionAsOf", version).load(str(table))
+        before = spark.read.format("delta").option("versionAsOf", version - 1).load(str(table))
+        added = {r.who for r in now.exceptAll(before).collect()}
+        assert added == {label}, (version, label, added)
+    assert rows.groupBy("who").agg(F.count("*").alias("n")).orderBy("who").collect() == [
+        ("a", 4),
+        ("b", 4),
+    ]
+
+
+KILLER = '''
+"""A transform that kills its engine's server once, before its run writes."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+
+def events_log(batch):
+    rows = batch["events"].changes.select("id", "amount")
+    marker = Path(os.environ["WM_KILLED_MARK"])
+    if not marker.exists():
+        marker.write_text("killed")
+        record = Path(os.environ["WATERMARK_HOME"]) / "engine" / "connect.json"
+        os.kill(json.loads(record.read_text())["server_pid"], signal.SIGKILL)
+    return rows
+'''
+
+
+def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_once(
+    spark, tmp_path: Path
+) -> None:
+    home = tmp_path / "wm"
+    env = _env(home)
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "wm_engine_killer.py").write_text(KILLER)
+    events, target = tmp_path / "events", tmp_path / "events_log"
+    spark.createDataFrame([(i, 10 * i) for i in range(5)], "id long, amount long").write.format(
+        "delta"
+    ).option("delta.enableChangeDataFeed", "true").save(str(events))
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(
+        textwrap.dedent(
+            f"""\
+            upstreams:
+              events: {{path: {events}}}
+            pipelines:
+              events_log:
+                upstreams: [events]
+                target: {target}
+                write: append
+                transform: wm_engine_killer:events_log
+            """
+        )
+    )
+    mark = tmp_path / "killed"
+    # The engine is started for the default code location; the runs load this registry
+    # themselves: plans are built in the run process, the server only executes them.
+    with _engine(home, env, tmp_path / "engine.out") as engine:
+        original = engine.record()
+        run_env = {
+            **env,
+            "WATERMARK_REGISTRY": str(registry),
+            "WATERMARK_ENGINE": "connect",
+            "WM_KILLED_MARK": str(mark),
+            "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
+        }
+        report = _run(run_env, ok=False)
+        assert mark.exists(), json.dumps(report["runs"])
+        failed = [r for r in report["runs"] if not r["success"]]
+        assert len(failed) == 1, report["runs"]
+        assert "EngineUnavailableError" in failed[0]["error"], failed[0]["error"]
+        assert str(original.server_pid) in failed[0]["error"], failed[0]["error"]
+        # The coordinator retried the batch on the restarted server: applied once.
+        assert report["completed"] == ["b000001"], report
+        assert engine.record().server_pid != original.server_pid
+    appended = spark.read.format("delta").load(str(target))
+    assert sorted((r.id, r.amount) for r in appended.collect()) == [(i, 10 * i) for i in range(5)]

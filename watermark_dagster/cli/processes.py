@@ -1,5 +1,5 @@
 """Child process trees that stop as a whole: ``watermark dev`` runs ``dagster dev`` (and the
-resident engine) this way.
+home's Spark Connect engine) this way.
 
 Each child is started in its own session, so it leads a process group that every process
 it starts joins: ``dagster dev``'s webserver, daemon and code servers, the run processes

@@ -6,7 +6,7 @@
 | ``WATERMARK_SPARK_MASTER`` | ``local[*]`` | Spark master (``spark://...`` for a cluster) |
 | ``WATERMARK_SPARK_REMOTE`` | unset | Spark Connect URL (``sc://host:port``) |
 | ``WATERMARK_SPARK_CONF`` | ``{}`` | Spark settings (JSON); a credential as ``{"env": "VAR"}`` |
-| ``WATERMARK_ENGINE`` | ``process`` | ``resident``: runs use the ``watermark engine`` process |
+| ``WATERMARK_ENGINE`` | ``auto`` | ``auto``/``connect``/``process``: where a run's Spark runs |
 | ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
 | ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
 | ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
@@ -156,20 +156,21 @@ def retention_check_cron() -> str:
     )
 
 
-ENGINES = ("process", "resident")
+ENGINES = ("auto", "connect", "process", "resident")
 
 
 def engine() -> str:
-    """``WATERMARK_ENGINE``: ``process`` (a Spark session per run process) or ``resident``.
+    """``WATERMARK_ENGINE``: ``auto`` (the home's engine when one is up, else a Spark session
+    in the run process), ``connect`` (the engine only) or ``process``.
 
     Raises:
         ConfigurationError: any other value.
     """
-    raw = os.environ.get("WATERMARK_ENGINE", "").strip() or "process"
+    raw = os.environ.get("WATERMARK_ENGINE", "").strip() or "auto"
     if raw not in ENGINES:
         raise ConfigurationError(
             f"WATERMARK_ENGINE={raw!r} is not an engine.",
-            fix="set it to 'process' (a Spark session in each run) or 'resident' (the engine "
-            "`watermark engine` runs), or unset it.",
+            fix="set it to 'auto' (the home's engine when one is up), 'connect' (the engine "
+            "only) or 'process' (a Spark session in each run), or unset it.",
         )
     return raw

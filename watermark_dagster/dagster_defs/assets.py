@@ -58,7 +58,7 @@ from watermark_dagster.operations.run_pipeline import (
     decide_pipeline,
     run_pipeline,
 )
-from watermark_dagster.runtime.engine import EngineUnavailableError, run_on_engine
+from watermark_dagster.runtime.connect import EngineUnavailableError
 from watermark_dagster.store import WatermarkStore
 
 
@@ -436,7 +436,8 @@ def replay_metadata(replayed: Batch, replay: Batch) -> dict[str, Any]:
     }
 
 
-# Run tag naming where a run's pipelines ran: "resident:<pid>" or "process".
+# Run tag naming where a run's Spark ran: "connect:<url>" (the home's engine), "remote:<url>"
+# or "process".
 ENGINE_TAG = "watermark/engine"
 
 
@@ -447,34 +448,62 @@ def _run(
     registry: Registry,
     decision: PipelineDecision,
 ) -> PipelineOutcome:
-    """Run a decided pipeline on the resident engine when one is configured and answers,
-    else on this run process's own session."""
-    address = spark.engine_address()
-    if address is not None:
-        try:
-            outcome, pid = run_on_engine(
-                address,
-                pipeline=decision.pipeline.name,
-                batch_id=decision.batch.batch_id,
-                run_id=context.run.run_id,
-                control_root=store.root,
-            )
-        except EngineUnavailableError as e:
-            context.log.warning(
-                f"{decision.pipeline.name}: the resident engine is not running ({e}); running "
-                "in this process with its own Spark session. Start it with `watermark engine`."
-            )
-        else:
-            context.log.info(f"{decision.pipeline.name}: ran on the resident engine (pid {pid})")
-            context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: f"resident:{pid}"})
-            return outcome
-    context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: "process"})
-    return run_pipeline(
-        spark=spark.get_session(),
-        store=store,
-        registry=registry,
-        decision=decision,
-        run_id=context.run.run_id,
+    """Run a decided pipeline on the run's session: a Connect session on the home's engine
+    when one is used, else this process's own (the run's ``watermark/engine`` tag says
+    which).
+
+    Raises:
+        EngineUnavailableError: the engine went away under the run (retryable: the write is
+            one Delta commit, and a retry skips what that commit applied).
+    """
+    if spark.engine == "resident":
+        from watermark_dagster.runtime.engine import EngineAddress, run_on_engine
+
+        outcome, pid = run_on_engine(
+            EngineAddress.under(spark.engine_record_folder().parent),
+            pipeline=decision.pipeline.name,
+            batch_id=decision.batch.batch_id,
+            run_id=context.run.run_id,
+            control_root=store.root,
+        )
+        context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: f"resident:{pid}"})
+        return outcome
+    session = spark.get_session()
+    context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: spark.engine_label()})
+    try:
+        return run_pipeline(
+            spark=session,
+            store=store,
+            registry=registry,
+            decision=decision,
+            run_id=context.run.run_id,
+        )
+    except Exception as e:
+        lost = engine_lost(e, spark)
+        if lost is None:
+            raise
+        raise lost from e
+
+
+def engine_lost(error: BaseException, spark: SparkSessionResource) -> WatermarkError | None:
+    """``error`` as an :class:`EngineUnavailableError` when the run's session was on the
+    home's engine and that server is gone or was replaced since (it died under the run),
+    else None (the error is the pipeline's own)."""
+    used = spark.used_engine()
+    if used is None:
+        return None
+    from watermark_dagster.runtime.connect import live_engine
+
+    now = live_engine(spark.engine_record_folder())
+    if now is not None and now.server_pid == used.server_pid:
+        return None
+    return EngineUnavailableError(
+        f"The engine's Spark Connect server ({used.url}, pid {used.server_pid}) went away "
+        f"during the run ({type(error).__name__}); its log is {used.log}. The target is "
+        "written in one Delta commit, so it is either applied or untouched; a retry skips "
+        "what was applied.",
+        fix="the coordinator retries the run once the engine is back (`watermark engine` "
+        "restarts a server that died); read the engine's log if it keeps failing.",
     )
 
 

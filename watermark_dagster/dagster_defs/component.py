@@ -128,7 +128,7 @@ class SparkSpec(Resolvable, Model):
     spark_config: dict[str, OptionValue] | None = Field(
         None, description="Spark settings over WATERMARK_SPARK_CONF's; secrets as {env: VAR}."
     )
-    engine: Literal["process", "resident"] | None = None
+    engine: Literal["auto", "connect", "process"] | None = None
 
 
 @dataclass(frozen=True)

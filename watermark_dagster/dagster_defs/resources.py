@@ -16,7 +16,7 @@ from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore, shared_store
 
 if TYPE_CHECKING:
-    from watermark_dagster.runtime.engine import EngineAddress
+    from watermark_dagster.runtime.connect import EngineRecord
 
 # Sessions created by runs while a `held_spark_sessions()` scope is open; None when no scope
 # is open. A list, not a flag: the scope stops exactly the sessions that runs created in it.
@@ -104,7 +104,7 @@ class SparkSessionResource(ConfigurableResource):
     settings go in ``spark_config`` (flat or nested keys), ``spark.master`` and
     ``spark.app.name`` included. On top of that it adds Delta's jars and extensions, the
     defaults of :func:`~watermark_dagster.runtime.spark.spark_defaults`, Spark Connect
-    (``remote``), stopping the session it created, and the resident engine. docs/configuration.md,
+    (``remote``) and the home's engine, and stopping the session it created. docs/configuration.md,
     "Why not dagster-pyspark's PySparkResource", says why it is not built on that class.
 
     Steps that never touch Spark start no JVM. With the in-process executor a run is one
@@ -151,16 +151,17 @@ class SparkSessionResource(ConfigurableResource):
         default=True,
         description="Stop the session when the run ends (only if this resource created it).",
     )
-    engine: Literal["process", "resident"] = Field(
-        default="process",
-        description="Where pipelines run: 'process' (a Spark session in each run process) or "
-        "'resident' (the long-lived engine `watermark engine` started, with a warm JVM; a "
-        "run falls back to its own session when no engine answers).",
+    engine: Literal["auto", "connect", "process", "resident"] = Field(
+        default="auto",
+        description="Where a run's Spark runs when no remote is set: 'auto' (the home's "
+        "Spark Connect engine that `watermark engine` or `watermark dev` started, when one is "
+        "up; else a Spark session in the run process), 'connect' (that engine only: a run "
+        "waits for it while it restarts, then fails as retryable) or 'process' (a Spark "
+        "session in each run process).",
     )
     engine_folder: str | None = Field(
         default=None,
-        description="Folder of the resident engine's socket and key (default: "
-        "$WATERMARK_HOME/engine).",
+        description="Folder of the engine's record (default: $WATERMARK_HOME/engine).",
     )
 
     @model_validator(mode="after")
@@ -211,32 +212,68 @@ class SparkSessionResource(ConfigurableResource):
 
     _session: SparkSession | None = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
+    _engine: "EngineRecord | None" = PrivateAttr(default=None)
 
     def get_session(self) -> SparkSession:
         """The run's session, created on first use: a step that never calls this starts
-        no JVM."""
+        no JVM. Without a remote, the home's engine is used as :attr:`engine` says (a
+        Connect session of the run's own), else a session in this process.
+
+        Raises:
+            EngineUnavailableError: ``engine="connect"`` and no engine came up in time.
+        """
         if self._session is None:
             existed = SparkSession.getActiveSession() is not None
             settings = self.settings()
+            remote, conf = settings.remote, settings.conf
+            self._engine = self.find_engine() if remote is None else None
+            if self._engine is not None:
+                # The server has the location's settings already; its sessions take SQL
+                # settings only, and this run sets its own as it goes.
+                remote, conf = self._engine.url, {}
             self._session = build_spark_session(
                 master=settings.master,
-                remote=settings.remote,
+                remote=remote,
                 app_name=settings.app_name,
-                conf=resolved_options(settings.conf, "The Spark resource") or {},
+                conf=resolved_options(conf, "The Spark resource") or {},
+                new_session=self._engine is not None,
             )
-            self._created = not existed
+            self._created = not existed or self._engine is not None
         return self._session
 
-    def engine_address(self) -> "EngineAddress | None":
-        """The resident engine to send work to, or None for ``engine="process"``."""
-        if self.engine != "resident":
-            return None
-        from watermark_dagster.config import env
-        from watermark_dagster.runtime.engine import EngineAddress
+    def find_engine(self) -> "EngineRecord | None":
+        """The home's engine this resource uses: None with ``engine="process"`` or (with
+        ``"auto"``) when none is up.
 
-        if self.engine_folder:
-            return EngineAddress(Path(self.engine_folder))
-        return EngineAddress.under(env.home())
+        Raises:
+            EngineUnavailableError: ``engine="connect"`` and none came up in time.
+        """
+        if self.engine in ("process", "resident"):
+            return None
+        from watermark_dagster.runtime.connect import live_engine, wait_for_engine
+
+        folder = self.engine_record_folder()
+        return wait_for_engine(folder) if self.engine == "connect" else live_engine(folder)
+
+    def engine_record_folder(self) -> Path:
+        """Where the home's engine is recorded."""
+        from watermark_dagster.config import env
+        from watermark_dagster.runtime.connect import engine_folder
+
+        return Path(self.engine_folder) if self.engine_folder else engine_folder(env.home())
+
+    def used_engine(self) -> "EngineRecord | None":
+        """The home's engine this run's session is on (as recorded when it was created),
+        None when the session is not on it (or not created yet)."""
+        return self._engine
+
+    def engine_label(self) -> str:
+        """Where this run's session runs, for the run's ``watermark/engine`` tag:
+        ``connect:<url>`` (the home's engine), ``remote:<url>`` or ``process``."""
+        if self._engine is not None:
+            return f"connect:{self._engine.url}"
+        remote = self.settings().remote
+        return f"remote:{remote}" if remote else "process"
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator["SparkSessionResource"]:
@@ -244,16 +281,23 @@ class SparkSessionResource(ConfigurableResource):
 
         Only a session this resource created is stopped, and only with ``stop_on_teardown``;
         inside :func:`held_spark_sessions` it is kept open until that scope ends instead.
+        A session on the home's engine is always released when the run ends: each run has
+        its own, so no temporary view, setting or cached frame outlives it on the server.
         """
         try:
             yield self
         finally:
-            if self._session is not None and self._created and self.stop_on_teardown:
-                if _held is not None:
+            if self._session is not None and self._created:
+                if self._engine is not None:
+                    self._session.stop()  # releases the server's session; no JVM to keep
+                elif not self.stop_on_teardown:
+                    pass
+                elif _held is not None:
                     _held.append(self._session)  # stopped when the held scope ends
                 else:
                     self._session.stop()
             self._session = None
+            self._engine = None
 
 
 def dagster_values(options: Mapping[str, object] | None) -> dict[str, str] | None:

@@ -1,5 +1,5 @@
-"""Where pipelines run: the Spark session (local, cluster or Spark Connect) and the resident
-engine that keeps one warm for every run.
+"""Where pipelines run: the Spark session (local, cluster or Spark Connect) and the home's
+engine, a local Spark Connect server every run uses.
 
 Kept apart from ``operations`` because it is infrastructure the adapters choose, not a use
 case: an operation receives a Spark session and never builds one."""

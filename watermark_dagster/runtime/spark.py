@@ -172,6 +172,7 @@ def build_spark_session(
     remote: str | None = None,
     app_name: str = "watermark-dagster",
     conf: Mapping[str, str] | None = None,
+    new_session: bool = False,
 ) -> SparkSession:
     """Get or create a Spark session with Delta Lake configured.
 
@@ -185,6 +186,8 @@ def build_spark_session(
         remote: Spark Connect URL; takes precedence over ``master``.
         app_name: the Spark application name.
         conf: extra Spark settings, applied last.
+        new_session: with ``remote``, always a new Connect session (its own temporary
+            views, settings and cache on the server), never this process's current one.
 
     Example:
         >>> spark = build_spark_session(
@@ -216,7 +219,7 @@ def build_spark_session(
         builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
         session = _resolving(builder)
     else:
-        session = builder.getOrCreate()
+        session = builder.create() if remote and new_session else builder.getOrCreate()
     if remote:
         require_delta_connect(session, remote)
     if resolve and not cached:

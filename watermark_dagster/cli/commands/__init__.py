@@ -6,6 +6,7 @@ the arguments, call an operation, render the result) and add a :class:`Command` 
 in the table's order.
 """
 
+import argparse
 import textwrap
 
 from watermark_dagster.cli.command import Arg, Command, arg
@@ -244,7 +245,7 @@ COMMANDS: tuple[Command, ...] = (
             "SIGTERM stops everything it started (webserver, daemon, code servers, runs and\n"
             "their JVMs) within seconds."
         ),
-        example="watermark dev --port 3000\nwatermark dev --engine",
+        example="watermark dev --port 3000\nwatermark dev --no-engine",
         json_help="print the command and environment as JSON before starting",
         arguments=(
             arg(
@@ -255,28 +256,31 @@ COMMANDS: tuple[Command, ...] = (
             arg("--port", type=int, default=3000, help="default: 3000"),
             arg(
                 "--engine",
-                action="store_true",
-                help="also start the resident engine (`watermark engine`) and have runs use it "
-                "(WATERMARK_ENGINE=resident): no JVM start per run; stopped with dagster dev",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="start the home's Spark Connect engine (`watermark engine`) beside "
+                "dagster dev and run every run's Spark on it (WATERMARK_ENGINE=connect): no "
+                "JVM in a run process. --no-engine: each run starts its own JVM "
+                "(WATERMARK_ENGINE=process). Default: --engine, unless the code location's "
+                "Spark is remote or a cluster",
             ),
         ),
     ),
     Command(
         "engine",
         engine.cmd_engine,
-        spark=True,
-        help="run the resident engine: one warm Spark session for every run",
+        help="run the home's Spark Connect engine, which runs use instead of a JVM each",
         description=(
-            "Run the resident engine in the foreground: one long-lived Spark session that\n"
-            "runs the pipelines of every run of this code location, so runs pay no JVM\n"
-            "start. Runs use it with WATERMARK_ENGINE=resident (SparkSessionResource(\n"
-            'engine="resident")); without an engine they run Spark themselves. Stop it with\n'
-            "Ctrl-C or SIGTERM."
+            "Run the home's engine in the foreground: a Spark Connect server with Delta\n"
+            "and the code location's Spark settings, on a free loopback port recorded in\n"
+            "$WATERMARK_HOME/engine/connect.json, with its log in\n"
+            "$WATERMARK_HOME/logs/spark-connect.log. Runs of this home (watermark run,\n"
+            "watermark demo, runs Dagster launches) use it while it is up and start no\n"
+            "JVM; a server that dies is started again. `watermark dev` starts one itself.\n"
+            "Stop it with Ctrl-C or SIGTERM."
         ),
-        example=(
-            "export WATERMARK_ENGINE=resident\nwatermark engine &\nwatermark run   # no JVM start"
-        ),
-        json_help="print the socket and pid as JSON when ready (progress goes to stderr)",
+        example="watermark engine &\nwatermark run   # no JVM start",
+        json_help="print the URL, pids and log as JSON when ready (restarts go to stderr)",
     ),
 )
 

@@ -189,7 +189,8 @@ def cmd_dev(ctx: Context) -> int:
     """Start ``dagster dev`` on the code location with this Dagster and watermark home, from
     any directory: the workspace is generated under DAGSTER_HOME unless ``--workspace``.
 
-    ``dagster dev`` (and with ``--engine`` a resident engine) runs in its own process group;
+    ``dagster dev`` (and, unless ``--no-engine``, the home's Spark Connect engine, which every
+    run uses) runs in its own process group;
     SIGINT or SIGTERM stops the whole tree (webserver, daemon, code servers, runs, JVMs)
     within seconds (:func:`.processes.stop_groups`). Returns ``dagster dev``'s exit code
     when it ends by itself, 0 after a clean stop on a signal.
@@ -214,8 +215,10 @@ def cmd_dev(ctx: Context) -> int:
     if registry:
         # Absolute, so a code server started in another working directory finds it too.
         env["WATERMARK_REGISTRY"] = str(Path(registry).expanduser().resolve())
-    if args.engine:
-        env["WATERMARK_ENGINE"] = "resident"
+    engine = args.engine and _engine_applies(ctx)
+    # Set either way: runs then use the engine `watermark dev` started, or start their own
+    # JVM, whatever the shell's WATERMARK_ENGINE says.
+    env["WATERMARK_ENGINE"] = "connect" if engine else "process"
     if args.json:
         ctx.console.json({"argv": argv, "env": env, "workspace": str(workspace)})
     else:
@@ -224,7 +227,24 @@ def cmd_dev(ctx: Context) -> int:
     sys.stdout.flush()
     # Every other WATERMARK_* setting reaches the code server and the runs by inheritance.
     os.environ.update(env)
-    return _supervise_dev(ctx, argv)
+    return _supervise_dev(ctx, argv, engine=engine)
+
+
+def _engine_applies(ctx: Context) -> bool:
+    """Whether the code location's runs can use a local engine: not when its Spark is a
+    Spark Connect server already or a cluster (said on stderr)."""
+    if ctx.args.defs != DEFAULT_DEFS:
+        return True  # `watermark engine --defs` reads that location's settings (and refuses)
+    remote = os.environ.get("WATERMARK_SPARK_REMOTE", "").strip()
+    master = os.environ.get("WATERMARK_SPARK_MASTER", "").strip() or "local[*]"
+    where = remote or (None if master.startswith("local") else master)
+    if where is None:
+        return True
+    ctx.console.problem(
+        f"no local engine: the code location's Spark is {where}, which its runs use",
+        style="warn",
+    )
+    return False
 
 
 # The code location's name in the generated workspace: the one the repository's
@@ -262,8 +282,8 @@ def write_workspace(dagster_home: Path, defs: str) -> Path:
     return path
 
 
-def _supervise_dev(ctx: Context, argv: list[str]) -> int:
-    """Run ``dagster dev`` (beside a resident engine with ``--engine``) until it ends or
+def _supervise_dev(ctx: Context, argv: list[str], *, engine: bool) -> int:
+    """Run ``dagster dev`` (beside the home's engine with ``engine``) until it ends or
     SIGINT/SIGTERM arrives, then stop every process either started.
 
     Raises:
@@ -273,10 +293,12 @@ def _supervise_dev(ctx: Context, argv: list[str]) -> int:
     code: int | None = None
     try:
         with interrupts_raise():
-            if ctx.args.engine:
-                engine = _start_engine()
-                groups.append((engine, signal.SIGTERM))  # the engine stops on SIGTERM
-                _wait_until_ready(ctx, engine)
+            if engine:
+                server = _start_engine(ctx.args.defs)
+                # On SIGTERM the engine stops its server; both are in its group, so the
+                # escalation reaches the JVM too.
+                groups.append((server, signal.SIGTERM))
+                _wait_until_ready(ctx, server)
             # The interrupt a terminal's Ctrl-C sends: dagster dev, its services and the
             # runs shut down as they do on Ctrl-C (JVMs ignore it and end with their run).
             dev = ProcessGroup(argv, stdin=subprocess.DEVNULL)
@@ -296,14 +318,14 @@ def _supervise_dev(ctx: Context, argv: list[str]) -> int:
     return EXIT_OK if code is None else code
 
 
-def _start_engine() -> ProcessGroup:
-    """Start ``watermark engine`` in its own process group."""
+def _start_engine(defs: str) -> ProcessGroup:
+    """Start ``watermark engine`` for the code location ``defs`` in its own process group."""
     script = Path(sys.executable).with_name("watermark")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "watermark_dagster.cli"]
     # --json: the engine's ready message is one JSON object on stdout (its progress goes to
     # stderr); it is read until it parses.
     engine = ProcessGroup(
-        [*command, "engine", "--json"],
+        [*command, "engine", "--defs", defs, "--json"],
         stdout=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
@@ -329,13 +351,13 @@ def _wait_until_ready(ctx: Context, engine: ProcessGroup) -> None:
         code = engine.proc.wait()
         raise UsageError(
             f"watermark engine exited ({code}) before it was ready (its error is above); "
-            "nothing was started. Run `watermark engine` alone to see it, or drop --engine."
+            "nothing was started. Run `watermark engine` alone to see it, or use --no-engine."
         )
     if ctx.args.json:
         ctx.console.json({"engine": ready})
     else:
         ctx.console.print(
-            f"engine ready at {ready['socket']} (pid {ready['pid']}); runs send their "
-            "pipelines to it"
+            f"engine ready at {ready['url']} (pid {ready['pid']}; Spark's log {ready['log']}); "
+            "runs use it and start no JVM"
         )
     sys.stdout.flush()
