@@ -1,24 +1,24 @@
 """What a long-lived Spark saves: one demo batch through `watermark run` with its own JVM,
-on the home's Spark Connect engine (`watermark engine`), on the former resident engine,
-in a process whose JVM is warm, and launched by the daemon under `watermark dev`.
+on the home's Spark Connect engine (`watermark engine`), in a process whose JVM is warm,
+and launched by the daemon under `watermark dev`.
 
-    .venv/bin/python -m benchmarks.engine --rounds 3 [--out engine.json] [--no-resident]
+    .venv/bin/python -m benchmarks.engine --rounds 3 [--out engine.json]
+
+The run that compared the Connect engine with the former resident engine (a socket
+protocol of ours, removed after it) is ``benchmarks/results/engine-connect.json``.
 
 Steps, on a fresh demo home (WATERMARK_HOME in a temporary folder):
 
 1. ``watermark demo --rounds 0`` seeds the upstreams and runs the first loads (not timed).
 2. ``watermark run`` with nothing to do, timed: the fixed cost of a process without a JVM
    (Python, Dagster, observing and planning).
-3. Both engines are started (the Connect server and, unless ``--no-resident``, the former
-   resident engine, ``benchmarks/resident_engine.py``); each runs one untimed batch.
+3. The Connect engine is started; it runs one untimed batch.
 4. ``--rounds`` repeats, the contenders in an order rotated from repeat to repeat; for each
    contender one round of demo changes is committed (not timed), then its batch is timed:
 
    * ``process``: ``watermark run`` (``WATERMARK_ENGINE=process``): a new process and a JVM;
    * ``connect``: ``watermark run`` (``WATERMARK_ENGINE=connect``): no JVM in the process,
      the pipelines on the Connect server;
-   * ``resident``: ``watermark run`` (``WATERMARK_ENGINE=resident``): the pipelines sent to
-     the resident engine over its socket;
    * ``warm``: ``HeadlessRunner.run_until_idle()`` in this process, its JVM warm: the same
      batch with no process start at all (the floor).
 5. ``watermark dev`` (its engine on, sensors every second): ``--rounds`` times a round is
@@ -26,7 +26,7 @@ Steps, on a fresh demo home (WATERMARK_HOME in a temporary folder):
    (sensor ticks, the daemon's run launch, the run on the engine, the finalizer).
 6. The incremental benchmark's cycle (``benchmarks.incremental`` with ``--incremental-size``
    rows, 1% change, ``--rounds`` paired repeats): ``ours_warm``, ``ours_connect`` and
-   ``ours_engine`` (the resident engine), each ``watermark run`` checked against a recompute.
+   ``ours_cold``, each ``watermark run`` checked against a recompute.
 
 Prints medians and min-max, the ratios the issue sets targets for, and the load average;
 writes JSON with ``--out``. Measured against baselines in the same run; never asserted in
@@ -48,7 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("watermark")
-CONTENDERS = ("process", "connect", "resident", "warm")
+CONTENDERS = ("process", "connect", "warm")
 
 
 def _timed_cli(env: dict[str, str], *args: str) -> tuple[float, dict]:
@@ -118,9 +118,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed batches per contender (3)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument(
-        "--no-resident", action="store_true", help="leave out the former resident engine"
-    )
-    parser.add_argument(
         "--incremental-size",
         default="500k",
         help="rows of the incremental benchmark's cycle (500k; 0 leaves it out)",
@@ -159,7 +156,7 @@ def main() -> None:
         round_no += 1
         apply_round(spark, paths, round_no)
 
-    contenders = [c for c in CONTENDERS if not (args.no_resident and c == "resident")]
+    contenders = list(CONTENDERS)
     runner = HeadlessRunner(build_demo_definitions(home), DagsterInstance.get())
     times: dict[str, list[float]] = {c: [] for c in contenders}
     with contextlib.ExitStack() as stack:
@@ -172,17 +169,6 @@ def main() -> None:
                 "watermark engine",
             )
         )
-        if "resident" in contenders:
-            socket_path = home / "engine" / "engine.sock"
-            stack.enter_context(
-                _process(
-                    [sys.executable, "-m", "benchmarks.resident_engine"],
-                    env,
-                    home / "resident-engine.out",
-                    socket_path.exists,
-                    "the resident engine",
-                )
-            )
 
         def batch(contender: str) -> float:
             commit_round()
@@ -239,10 +225,10 @@ def main() -> None:
     incremental = None
     if args.incremental_size not in ("0", ""):
         out = home / "incremental.json"
-        contenders = ["ours_warm", "ours_connect"] + ([] if args.no_resident else ["ours_engine"])
+        names = ["ours_warm", "ours_connect", "ours_cold"]
         argv = [sys.executable, "-m", "benchmarks.incremental", "--sizes", args.incremental_size]
         argv += ["--changes", "1%", "--repeats", str(args.rounds), "--contenders"]
-        argv += [",".join(contenders), "--out", str(out)]
+        argv += [",".join(names), "--out", str(out)]
         print("incremental cycle: " + " ".join(argv[1:]), flush=True)
         subprocess.run(argv, cwd=REPO, check=True, env={**env, "WATERMARK_ENGINE": "process"})
         [size] = json.loads(out.read_text())["sizes"]
@@ -266,12 +252,13 @@ def main() -> None:
         "connect/(warm+noop)": med["connect"] / (med["warm"] + statistics.median(noop)),
         "dev_daemon/warm": statistics.median(dev_times) / med["warm"],
     }
-    if "resident" in med:
-        ratios["connect/resident"] = med["connect"] / med["resident"]
-    if incremental is not None and "ours_engine" in incremental["seconds"]:
+    if incremental is not None:
         seconds = incremental["seconds"]
-        ratios["incremental connect/resident"] = (
-            seconds["ours_connect"]["median"] / seconds["ours_engine"]["median"]
+        ratios["incremental connect/warm"] = (
+            seconds["ours_connect"]["median"] / seconds["ours_warm"]["median"]
+        )
+        ratios["incremental cold/connect"] = (
+            seconds["ours_cold"]["median"] / seconds["ours_connect"]["median"]
         )
     figures["ratios"] = {k: round(v, 2) for k, v in ratios.items()}
     print(json.dumps(figures, indent=2))

@@ -14,8 +14,6 @@ commit, in an order rotated from repeat to repeat:
 * ``ours_connect``: ``watermark run`` in a fresh process on the home's Spark Connect engine
   (``watermark engine``, started once per size; its first batch is the first load): the
   run process starts no JVM, its pipelines run on the server;
-* ``ours_engine``: the same on the former resident engine (``benchmarks/resident_engine.py``,
-  ``WATERMARK_ENGINE=resident``), kept for the one comparison with the Connect engine;
 * ``recompute_warm`` / ``recompute_cold``: read the snapshot, same projection, overwrite;
 * ``streaming_warm`` / ``streaming_cold``: Structured Streaming of the change feed,
   ``availableNow``, checkpointed, ``foreachBatch`` MERGE of the latest change per key.
@@ -82,8 +80,6 @@ CONTENDERS = {
     "ours_cold": "our batch as `watermark run` in a fresh process (Python, Dagster, JVM start)",
     "ours_connect": "our batch as `watermark run` in a fresh process (Python, Dagster, no JVM) "
     "on the home's Spark Connect engine `watermark engine` (warm server, started per size)",
-    "ours_engine": "our batch as `watermark run` in a fresh process (Python, Dagster, no JVM) "
-    "whose pipelines run on the former resident engine (warm JVM, started per size)",
     "recompute_warm": "full recompute, warm Spark: snapshot, same projection, overwrite",
     "recompute_cold": "full recompute in a fresh Python process with its own JVM",
     "streaming_warm": "Structured Streaming, warm Spark: change feed, availableNow, "
@@ -94,12 +90,10 @@ CONTENDERS = {
 RATIOS = (
     ("recompute/ours warm", "recompute_warm", "ours_warm"),
     ("recompute/ours cold", "recompute_cold", "ours_cold"),
-    ("recompute cold/ours engine", "recompute_cold", "ours_engine"),
     ("recompute cold/ours connect", "recompute_cold", "ours_connect"),
-    ("ours connect/ours engine", "ours_connect", "ours_engine"),
     ("ours/streaming warm", "ours_warm", "streaming_warm"),
     ("ours/streaming cold", "ours_cold", "streaming_cold"),
-    ("ours engine/streaming cold", "ours_engine", "streaming_cold"),
+    ("ours connect/streaming cold", "ours_connect", "streaming_cold"),
 )
 MERGE_METRICS = (
     "numTargetRowsCopied",
@@ -391,7 +385,7 @@ class Contenders:
     def setup(self, name: str, version: int) -> Outcome:
         """The first load of ``name``'s target, in this process; timed for the record."""
         started = time.perf_counter()
-        if name in ("ours_engine", "ours_connect"):
+        if name == "ours_connect":
             # The engine is started once; its first batch (this first load) warms its JIT.
             self._start_engine(name)
             self._watermark_run(name, version)
@@ -416,7 +410,7 @@ class Contenders:
             started = time.perf_counter()
             detail = self._headless(name, version)
             outcome = Outcome(time.perf_counter() - started, detail=detail)
-        elif name in ("ours_cold", "ours_engine", "ours_connect"):
+        elif name in ("ours_cold", "ours_connect"):
             outcome = self._watermark_run(name, version)
         elif name == "recompute_warm":
             started = time.perf_counter()
@@ -449,7 +443,7 @@ class Contenders:
             "upstream": self.upstream,
             "target": self.targets[name],
             "control_root": str(self.root / "control" / name),
-            "engine": {"ours_engine": "resident", "ours_connect": "connect"}.get(name, "process"),
+            "engine": "connect" if name == "ours_connect" else "process",
         }
 
     def _cli_env(self, name: str) -> dict[str, str]:
@@ -465,9 +459,8 @@ class Contenders:
         )
 
     def _start_engine(self, name: str) -> None:
-        """The engine of ``name``'s code location (the Connect engine, ``watermark engine``,
-        for ``ours_connect``; the former resident one for ``ours_engine``); returns when it
-        accepts runs.
+        """The Connect engine (``watermark engine``) of ``name``'s code location; returns
+        when it accepts runs.
 
         Raises:
             CycleError: the engine exited before it was ready.
@@ -477,19 +470,13 @@ class Contenders:
         env = self._cli_env(name)
         home = Path(env["WATERMARK_HOME"])
         log_path = self.root / f"{name}-engine.log"
-        if name == "ours_connect":
-            argv = [*_watermark_command(), "engine", "--defs", "benchmarks.incremental:defs"]
-            ready = lambda: live_engine(engine_folder(home)) is not None  # noqa: E731
-        else:
-            argv = [sys.executable, "-m", "benchmarks.resident_engine"]
-            argv += ["--defs", "benchmarks.incremental:defs"]
-            ready = (home / "engine" / "engine.sock").exists
+        argv = [*_watermark_command(), "engine", "--defs", "benchmarks.incremental:defs"]
         with log_path.open("w") as log_file:
             engine = subprocess.Popen(
                 argv, env=env, cwd=REPO, stdout=log_file, stderr=log_file, stdin=subprocess.DEVNULL
             )
         self._engines[name] = engine
-        while not ready():
+        while live_engine(engine_folder(home)) is None:
             if engine.poll() is not None:
                 raise CycleError(f"{name}'s engine exited: {log_path.read_text()[-3000:]}")
             time.sleep(0.2)
@@ -542,7 +529,7 @@ class Contenders:
         problems = [f"{r['batch_id']}: {r['error']}" for r in report["runs"] if not r["success"]]
         if report.get("stuck"):
             problems.append(report["stuck"])
-        if name in ("ours_engine", "ours_connect"):
+        if name == "ours_connect":
             problems += self._off_engine(name, [r["run_id"] for r in report["runs"]])
         self._check_ours(name, version, report["completed"], problems)
         return Outcome(seconds)
@@ -554,7 +541,7 @@ class Contenders:
 
         from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 
-        prefix = "resident:" if name == "ours_engine" else "connect:"
+        prefix = "connect:"
         with DagsterInstance.from_config(str(self._dagster_home(name))) as instance:
             runs = {i: instance.get_run_by_id(i) for i in run_ids}
             tags = {i: run.tags.get(ENGINE_TAG) if run else None for i, run in runs.items()}

@@ -64,7 +64,7 @@ def test_quick_run_has_every_contender_apply_the_same_commit(tmp_path: Path) -> 
         "equal": sorted(CONTENDERS),
     }
     # Delta's own metrics: each merging contender applied exactly that commit, once.
-    for name in ("ours_warm", "ours_cold", "ours_engine", "streaming_warm", "streaming_cold"):
+    for name in ("ours_warm", "ours_cold", "ours_connect", "streaming_warm", "streaming_cold"):
         merge = repeat["merge"][name]
         assert merge["merge_commits"] >= 1, name
         assert merge["numTargetRowsUpdated"] == 200, name

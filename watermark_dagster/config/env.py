@@ -156,7 +156,7 @@ def retention_check_cron() -> str:
     )
 
 
-ENGINES = ("auto", "connect", "process", "resident")
+ENGINES = ("auto", "connect", "process")
 
 
 def engine() -> str:

@@ -456,18 +456,6 @@ def _run(
         EngineUnavailableError: the engine went away under the run (retryable: the write is
             one Delta commit, and a retry skips what that commit applied).
     """
-    if spark.engine == "resident":
-        from watermark_dagster.runtime.engine import EngineAddress, run_on_engine
-
-        outcome, pid = run_on_engine(
-            EngineAddress.under(spark.engine_record_folder().parent),
-            pipeline=decision.pipeline.name,
-            batch_id=decision.batch.batch_id,
-            run_id=context.run.run_id,
-            control_root=store.root,
-        )
-        context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: f"resident:{pid}"})
-        return outcome
     session = spark.get_session()
     context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: spark.engine_label()})
     try:

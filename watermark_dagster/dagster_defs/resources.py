@@ -151,7 +151,7 @@ class SparkSessionResource(ConfigurableResource):
         default=True,
         description="Stop the session when the run ends (only if this resource created it).",
     )
-    engine: Literal["auto", "connect", "process", "resident"] = Field(
+    engine: Literal["auto", "connect", "process"] = Field(
         default="auto",
         description="Where a run's Spark runs when no remote is set: 'auto' (the home's "
         "Spark Connect engine that `watermark engine` or `watermark dev` started, when one is "
@@ -248,7 +248,7 @@ class SparkSessionResource(ConfigurableResource):
         Raises:
             EngineUnavailableError: ``engine="connect"`` and none came up in time.
         """
-        if self.engine in ("process", "resident"):
+        if self.engine == "process":
             return None
         from watermark_dagster.runtime.connect import live_engine, wait_for_engine
 
