@@ -239,10 +239,10 @@ def main() -> None:
     incremental = None
     if args.incremental_size not in ("0", ""):
         out = home / "incremental.json"
-        contenders = ["ours_warm", "ours_connect"] + ([] if args.no_resident else ["ours_engine"])
+        names = ["ours_warm", "ours_connect"] + ([] if args.no_resident else ["ours_engine"])
         argv = [sys.executable, "-m", "benchmarks.incremental", "--sizes", args.incremental_size]
         argv += ["--changes", "1%", "--repeats", str(args.rounds), "--contenders"]
-        argv += [",".join(contenders), "--out", str(out)]
+        argv += [",".join(names), "--out", str(out)]
         print("incremental cycle: " + " ".join(argv[1:]), flush=True)
         subprocess.run(argv, cwd=REPO, check=True, env={**env, "WATERMARK_ENGINE": "process"})
         [size] = json.loads(out.read_text())["sizes"]
