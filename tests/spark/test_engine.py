@@ -287,6 +287,14 @@ ISOLATION = textwrap.dedent(
     for t in threads:
         t.join()
     seen["label_left_in_b"] = b.conf.get(USER_METADATA_CONF, None)
+    # What a full transform reads, told from the client's own plan (no round trip): the
+    # I6 check of declared pipelines over Connect; SQL text only the server can resolve.
+    from watermark_dagster.read.derive import _relation_roots
+
+    local = b.createDataFrame([("a", 1)], "who string, i int")
+    joined = b.read.format("delta").load(table).join(local, "who").groupBy("who").count()
+    seen["roots"] = _relation_roots(joined)
+    seen["roots_of_sql"] = _relation_roots(b.sql("SELECT * FROM range(3)"))
     a.stop()
     c = build_spark_session(remote=url, new_session=True)
     seen["view_after_release"] = c.catalog.tableExists("only_in_a")
@@ -324,6 +332,8 @@ def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
         "b_sees_a_view": False,
         "b_partitions": SPARK_TEST_CONF["spark.sql.shuffle.partitions"],
         "label_left_in_b": None,
+        "roots": [str(table)],
+        "roots_of_sql": None,
         "view_after_release": False,
         # Spark's cache is the server's, shared by its sessions and kept past a release:
         # what a run caches it must unpersist itself (the first test checks that the

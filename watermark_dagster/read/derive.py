@@ -38,7 +38,7 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 import json
 import operator
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import reduce
 from typing import cast
 from urllib.parse import unquote, urlsplit
@@ -378,8 +378,9 @@ def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataF
     A table the transform is not given is not pinned to the batch's versions, and its
     changes touch no key, so the target would silently drift from a full recompute. The
     check compares where Spark's plan reads with the upstreams' locations: the root paths
-    of the analyzed plan's file relations (no Spark job), or, where those cannot be told
-    (Spark Connect, a relation that is not file-based), the files of
+    of the analyzed plan's file relations, or over Spark Connect the paths of the client's
+    plan's reads (no Spark job either way), or, where those cannot be told (a relation
+    that is not file-based, a table name or SQL text over Connect), the files of
     ``DataFrame.inputFiles()``. A frame built from local data reads nothing and passes. It
     cannot tell an upstream read again at another version from its pinned snapshot (both
     are under the same location).
@@ -411,11 +412,13 @@ _READS_NOTHING = frozenset({"LocalRelation", "LogicalRDD", "Range", "OneRowRelat
 
 
 def _relation_roots(output: DataFrame) -> list[str] | None:
-    """The root paths every leaf of ``output``'s analyzed plan reads, or None when some
-    leaf's location cannot be told here (a Connect DataFrame, a relation without files)."""
+    """The root paths every leaf of ``output``'s plan reads, or None when some leaf's
+    location cannot be told here (a relation without files, a table name, SQL text): the
+    analyzed plan's leaves in a classic session, the client's own plan over Spark Connect
+    (no round trip to the server)."""
     jdf = getattr(output, "_jdf", None)
     if jdf is None:
-        return None
+        return _connect_read_roots(output)
     leaves = jdf.queryExecution().analyzed().collectLeaves()
     roots: list[str] = []
     for i in range(leaves.size()):
@@ -430,6 +433,51 @@ def _relation_roots(output: DataFrame) -> list[str] | None:
         except Py4JError:  # not a file-based relation
             return None
         roots += [paths.apply(j).toString() for j in range(paths.size())]
+    return roots
+
+
+# Leaves of a Spark Connect plan that read no storage.
+_CONNECT_READS_NOTHING = frozenset({"local_relation", "cached_local_relation", "range"})
+
+
+def _connect_read_roots(output: DataFrame) -> list[str] | None:
+    """The paths the leaves of a Spark Connect DataFrame's plan read, from the plan the
+    client holds, or None when a leaf is not a read of files by path (a table name, SQL
+    text, a relation cached on the server...), which only the server can resolve."""
+    plan = getattr(output, "_plan", None)
+    session = getattr(output, "sparkSession", None)
+    if plan is None or session is None:
+        return None
+    from google.protobuf.message import Message
+    from pyspark.sql.connect.proto import relations_pb2
+
+    roots: list[str] = []
+    pending = [plan.plan(session.client)]
+    while pending:
+        relation = pending.pop()
+        kind = relation.WhichOneof("rel_type")
+        if kind is None:
+            return None
+        node = getattr(relation, kind)
+        children = []
+        for _, value in node.ListFields():  # every relation it holds, lists included
+            if isinstance(value, relations_pb2.Relation):
+                children.append(value)
+            elif not isinstance(value, (Message, str, bytes)) and isinstance(value, Iterable):
+                children.extend(v for v in value if isinstance(v, relations_pb2.Relation))
+        if children:
+            pending.extend(children)
+        elif kind in _CONNECT_READS_NOTHING:
+            continue
+        elif kind == "read" and node.WhichOneof("read_type") == "data_source":
+            paths = list(node.data_source.paths) or [
+                v for k, v in node.data_source.options.items() if k.lower() == "path"
+            ]
+            if not paths:
+                return None
+            roots += paths
+        else:
+            return None
     return roots
 
 
