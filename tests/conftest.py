@@ -63,8 +63,12 @@ JVM_MARKERS = ("spark", "live", "slow", "soak", "scale")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Spark's Python workers use this interpreter."""
+    """Spark's Python workers use this interpreter, and runs in the test processes start
+    their own session: an engine that `watermark dev` keeps up for the default home would
+    otherwise turn a worker into a Spark Connect client for good (tests that use an engine
+    set WATERMARK_ENGINE for their own processes)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("WATERMARK_ENGINE", "process")
 
 
 # The default suite's longest modules, longest first (seconds in a fresh-clone run on 2

@@ -801,7 +801,7 @@ def _dev_env(dagster_home: Path, watermark_home: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.pop("WATERMARK_SPARK_REMOTE", None)
-    env.pop("WATERMARK_ENGINE", None)  # `watermark dev --engine` sets it for its children
+    env.pop("WATERMARK_ENGINE", None)  # `watermark dev` sets it for its children
     return env
 
 

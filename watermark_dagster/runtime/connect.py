@@ -5,16 +5,17 @@ a watermark home uses as a client, so a run process starts no JVM and finds Spar
 Spark settings: Delta's jars and SQL extension, the driver memory and the shuffle
 partitions a run's own session would get, on a free loopback port. It records where it
 listens in ``<WATERMARK_HOME>/engine/connect.json`` and logs to
-``<WATERMARK_HOME>/logs/spark-connect.log``. A server that dies is started again on the same port
-by the ``watermark engine`` process that watches it, which rewrites the record.
+``<WATERMARK_HOME>/logs/spark-connect.log``. A server that dies is started again on the
+same port by the ``watermark engine`` process that watches it, which rewrites the record.
 
 A run's Spark resource (:class:`~watermark_dagster.dagster_defs.resources.SparkSessionResource`)
 reads the record: with ``engine="auto"`` (the default) it uses the server when one is up
 for its home and starts its own JVM otherwise; with ``engine="connect"`` (what ``watermark
 dev`` sets) it waits a while for a server that is restarting, then fails as retryable with
-:class:`EngineUnavailableError`. Each run is its own Connect session: its temporary views,
-settings and cached frames are the server's for that session only, and are released when
-the run ends. Plans are built in the run process, so a registry change needs no restart.
+:class:`EngineUnavailableError`. Each run is a Connect session of its own: its temporary
+views and settings are its own and go when the run releases it at its end. Spark's cache
+is the server's, shared by its sessions: the pipelines unpersist every frame they persist.
+Plans are built in the run process, so a registry change needs no restart.
 """
 
 import contextlib
@@ -41,8 +42,9 @@ _POLL_SECONDS = 0.2
 
 
 class EngineUnavailableError(WatermarkError):
-    """No engine is up for the home (or it stopped answering); nothing was written. A run
-    failing with it is retried like any run whose worker died."""
+    """No engine is up for the home, or the run's server went away under it. A run failing
+    with it is retried like any run whose worker died: its write is one Delta commit,
+    applied or not, and the retry skips what was applied."""
 
 
 @dataclass(frozen=True)
