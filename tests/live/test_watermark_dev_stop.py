@@ -1,10 +1,11 @@
 """``watermark dev`` started outside the repository serves the code location and stops on
-SIGTERM or SIGINT, leaving no process behind, even with a run and its Spark JVM in flight.
+SIGTERM or SIGINT, leaving no process behind, even with a run in flight on its engine's JVM.
 
 The code location is a registry file (``WATERMARK_REGISTRY``) over a Delta table written
 with delta-rs; its one pipeline's transform never returns, so when the signal arrives a run
-process and its JVM are alive under ``dagster dev``. Every process seen under
-``watermark dev`` before the signal must be gone when it exits.
+process and the engine's Spark JVM (the run's Connect server) are alive under
+``watermark dev``. Every process seen under ``watermark dev`` before the signal must be
+gone when it exits.
 """
 
 import os
