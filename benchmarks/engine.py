@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -75,12 +74,6 @@ def _summary(values: list[float]) -> dict[str, float]:
         "max": round(max(values), 2),
         "n": len(values),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -142,7 +135,7 @@ def main() -> None:
     from watermark_dagster.dagster_defs.headless import HeadlessRunner
     from watermark_dagster.definitions import build_demo_definitions
     from watermark_dagster.demo import DemoPaths, apply_round
-    from watermark_dagster.runtime.connect import engine_folder, live_engine
+    from watermark_dagster.runtime.connect import engine_folder, free_port, live_engine
     from watermark_dagster.runtime.spark import build_spark_session
     from watermark_dagster.store import ReadOnlyWatermarkStore
 
@@ -195,7 +188,7 @@ def main() -> None:
     # The daemon under `watermark dev`: commit, then wait for the batch to complete.
     store = ReadOnlyWatermarkStore(str(home / "control"))
     dev_env = {**env, "WATERMARK_SENSOR_INTERVAL_SECONDS": "1"}
-    port = _free_port()
+    port = free_port()
     dev_times: list[float] = []
 
     def completed() -> int:

@@ -26,6 +26,7 @@ import pytest
 import requests
 from deltalake.exceptions import DeltaError
 
+from tests.spark.test_engine import _engine
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus
 from watermark_dagster.demo import (
     DemoPaths,
@@ -823,38 +824,6 @@ def instance_reader(dagster_home: Path) -> Iterator[Callable[[], Any]]:
         instance.dispose()
 
 
-@contextlib.contextmanager
-def _engine(env: dict[str, str], output: Path) -> Iterator[dict[str, Any]]:
-    """``watermark engine`` for the home of ``env``; yields its ready object."""
-    with output.open("w") as err:
-        process = subprocess.Popen(
-            [str(SCRIPT), "engine", "--json"],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
-    try:
-        assert process.stdout is not None
-        text, ready = "", None
-        for line in process.stdout:
-            text += line
-            with contextlib.suppress(json.JSONDecodeError):
-                ready = json.loads(text)
-                break
-        assert ready, f"watermark engine exited {process.wait()}: {output.read_text()[-3000:]}"
-        yield ready
-    finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
 def test_dagster_dev_runs_batches_by_itself(
     spark: Any,
     tmp_path: Path,
@@ -885,7 +854,7 @@ def _dagster_dev_runs_batches_by_itself(
 
     env = _dev_env(dagster_home, watermark_home)
     # The home's engine, as `watermark dev` starts it: every run is its Spark Connect client.
-    engine_ready = stack.enter_context(_engine(env, tmp_path / "engine.out"))
+    engine_ready = stack.enter_context(_engine(watermark_home, env, tmp_path / "engine.out")).ready
     env["WATERMARK_ENGINE"] = "connect"
 
     dev = DagsterDev(cwd=REPO, env=env, port=_free_port(), log_path=tmp_path / "dagster_dev.log")

@@ -290,11 +290,9 @@ class SparkSessionResource(ConfigurableResource):
             if self._session is not None and self._created:
                 if self._engine is not None:
                     self._session.stop()  # releases the server's session; no JVM to keep
-                elif not self.stop_on_teardown:
-                    pass
-                elif _held is not None:
+                elif self.stop_on_teardown and _held is not None:
                     _held.append(self._session)  # stopped when the held scope ends
-                else:
+                elif self.stop_on_teardown:
                     self._session.stop()
             self._session = None
             self._engine = None
