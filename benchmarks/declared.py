@@ -56,7 +56,14 @@ from benchmarks.baselines import build_session
 from benchmarks.incremental import QUICK_CONF, fingerprint, machine, spark_description
 
 REPO = Path(__file__).resolve().parents[1]
-OURS = ("declared", "declared_incremental", "declared_full", "declared_no_aqe", "handwritten")
+OURS = (
+    "declared",
+    "declared_incremental",
+    "declared_full",
+    "declared_no_aqe",
+    "declared_full_dv",
+    "handwritten",
+)
 CONTENDERS = {
     "declared": "the demo's declared pipelines (strategy auto: incremental or full, chosen "
     "per batch), production cycle on the warm session: plan, execute_pipeline per pipeline, "
@@ -68,6 +75,9 @@ CONTENDERS = {
     "declared_no_aqe": "the declared pipelines (strategy auto) with Spark's adaptive query "
     "execution off for the cycle: each shuffle or broadcast stage runs inside its job instead "
     "of as a job of its own",
+    "declared_full_dv": "declared_full with every MERGE writing deletion vectors, however "
+    "small the target (spark.watermark.merge.rewriteBelowBytes=0): the write before small "
+    "targets were rewritten",
     "handwritten": "the same pipelines written by hand (demo/handwritten.py), the same cycle",
     "recompute": "full_orders_enriched and full_customer_payments over the pinned snapshots, "
     "overwrite",
@@ -80,6 +90,7 @@ RATIOS = (
     ("declared_incremental/recompute", "declared_incremental", "recompute"),
     ("declared_full/recompute", "declared_full", "recompute"),
     ("declared_no_aqe/declared", "declared_no_aqe", "declared"),
+    ("declared_full/declared_full_dv", "declared_full", "declared_full_dv"),
     ("handwritten/recompute", "handwritten", "recompute"),
 )
 # The target columns the correctness check compares (what the full transforms produce).
@@ -436,6 +447,7 @@ class Lab:
     def __init__(self, spark: SparkSession, root: Path, names: Sequence[str]) -> None:
         from watermark_dagster.demo.handwritten import build_handwritten_registry
         from watermark_dagster.demo.pipelines import build_demo_registry
+        from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 
         self.spark, self.root, self.names = spark, root, list(names)
         self.upstreams = root / "upstreams"
@@ -461,9 +473,13 @@ class Lab:
             "declared_incremental": with_strategy("incremental"),
             "declared_full": with_strategy("full"),
             "declared_no_aqe": build_demo_registry,
+            "declared_full_dv": with_strategy("full"),
             "handwritten": build_handwritten_registry,
         }
-        confs = {"declared_no_aqe": {"spark.sql.adaptive.enabled": "false"}}
+        confs = {
+            "declared_no_aqe": {"spark.sql.adaptive.enabled": "false"},
+            "declared_full_dv": {REWRITE_BELOW_CONF: "0"},
+        }
         self.ours = {
             n: Ours(spark, builders[n](self.paths[n]), self.paths[n].control_root, confs.get(n))
             for n in self.names

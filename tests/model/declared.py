@@ -48,7 +48,7 @@ from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tests.model.harness import CRASH_POINTS
+from tests.model.harness import CRASH_POINTS, draw_merge_mode
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -62,6 +62,7 @@ from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.store import WatermarkStore
+from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 
 SCHEMAS = {
     "regions": pa.schema([("region_id", pa.int64()), ("region_name", pa.string())]),
@@ -336,6 +337,7 @@ class DeclaredCase:
     def __init__(self, spark: SparkSession, root: Path, seed: int, steps: int = 3) -> None:
         self.spark, self.root, self.seed, self.steps = spark, root, seed, steps
         self.rng = random.Random(seed)
+        self.merges = random.Random(f"{seed}-merges")  # apart, so histories stay as seeded
         self.stats = Stats(cases=1)
         self.failing: set[str] = set()
         self.paths = {u: str(root / u) for u in UPSTREAMS}
@@ -604,6 +606,7 @@ class DeclaredCase:
             if batch is None:
                 return False
         done = succeeded_pipelines(batch.batch_id, self.store.checkpoints(batch_id=batch.batch_id))
+        self.log.append(f"  MERGEs by {draw_merge_mode(self.spark, self.merges)}")
         # Each batch draws every pipeline's strategy: incremental, full, or auto (which
         # these small tables resolve to full); the targets must not tell them apart.
         self.registry = Registry(
@@ -867,4 +870,5 @@ def run_case(spark: SparkSession, root: Path, seed: int, steps: int = 3) -> Stat
         )
         raise
     finally:
+        spark.conf.unset(REWRITE_BELOW_CONF)
         shutil.rmtree(folder, ignore_errors=True)

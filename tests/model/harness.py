@@ -45,6 +45,7 @@ from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.store import WatermarkStore
+from watermark_dagster.write.layout import REWRITE_BELOW_BYTES, REWRITE_BELOW_CONF
 
 CRASH_POINTS = (
     "after_plan_commit",
@@ -119,6 +120,7 @@ class Case:
     def __init__(self, spark: SparkSession, root: Path, seed: int, steps: int = 5) -> None:
         self.spark, self.root, self.seed, self.steps = spark, root, seed, steps
         self.rng = random.Random(seed)
+        self.merges = random.Random(f"{seed}-merges")  # apart, so histories stay as seeded
         self.failures = Failures()
         self.stats = Stats(cases=1)
         self.next_id = 0
@@ -320,6 +322,7 @@ class Case:
             if batch is None:
                 return False
             self.stats.batches += int(created)
+        draw_merge_mode(self.spark, self.merges)
         done = self._succeeded(batch.batch_id)
         for pipeline in batch.pipelines:
             if pipeline in done:
@@ -500,6 +503,16 @@ def _pairs(path: str) -> list[tuple[int, int]]:
     return list(zip(table.column("id").to_pylist(), table.column("value").to_pylist(), strict=True))
 
 
+def draw_merge_mode(spark: SparkSession, rng: random.Random) -> str:
+    """Draw how the next batch's MERGEs write these small targets: by rewriting the files
+    they touch (what production does under ``REWRITE_BELOW_BYTES``) or with deletion vectors
+    (what it does above); the targets must not tell them apart. :func:`run_case` and the
+    declared cases unset the setting when they end."""
+    value = rng.choice(["0", str(REWRITE_BELOW_BYTES)])
+    spark.conf.set(REWRITE_BELOW_CONF, value)
+    return "deletion vectors" if value == "0" else "rewrite"
+
+
 def run_case(spark: SparkSession, root: Path, seed: int, steps: int = 5) -> Stats:
     """Run one case in a fresh folder under ``root``; print the seed when it fails."""
     folder = root / f"case-{seed}"
@@ -513,6 +526,7 @@ def run_case(spark: SparkSession, root: Path, seed: int, steps: int = 5) -> Stat
         )
         raise
     finally:
+        spark.conf.unset(REWRITE_BELOW_CONF)
         shutil.rmtree(folder, ignore_errors=True)
 
 

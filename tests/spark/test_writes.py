@@ -21,7 +21,10 @@ from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode, VersionRange
+from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.inputs import UpstreamInput
+from watermark_dagster.write.commits import session_setting
+from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 from watermark_dagster.write.targets import write_target
 
 pytestmark = pytest.mark.spark
@@ -223,7 +226,7 @@ def _pipeline(lake: Lake, name: str, write: str, keys: tuple[str, ...] = ()) -> 
     )
 
 
-def _rows(spark: SparkSession, ids: range) -> DataFrame:
+def _rows(spark: SparkSession, ids: range | list[int]) -> DataFrame:
     return spark.createDataFrame([(i, i * 10) for i in ids], "id long, value long")
 
 
@@ -325,7 +328,16 @@ def _file_ranges(path: str) -> list[tuple[int, int]]:
     return sorted(zip(actions["min.id"], actions["max.id"], strict=True))
 
 
-def test_a_merge_batch_copies_about_the_rows_it_changes(lake: Lake, small_files: None) -> None:
+@pytest.fixture
+def deletion_vectors_always(spark: SparkSession) -> Iterator[None]:
+    """Every MERGE writes deletion vectors, however small its target (restored after)."""
+    with session_setting(spark, REWRITE_BELOW_CONF, "0"):
+        yield
+
+
+def test_a_merge_batch_copies_about_the_rows_it_changes(
+    lake: Lake, small_files: None, deletion_vectors_always: None
+) -> None:
     spark, src, n = lake.spark, lake.path("orders"), 20_000
     rows = spark.range(n).select("id", (F.col("id") * 2).alias("value"))
     rows.coalesce(1).write.format("delta").option("delta.enableChangeDataFeed", "true").save(src)
@@ -366,6 +378,86 @@ def test_a_merge_batch_copies_about_the_rows_it_changes(lake: Lake, small_files:
     assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
     config = RsDeltaTable(lake.path("copy")).metadata().configuration
     assert config.get("delta.enableDeletionVectors") == "true"
+
+
+def test_a_small_target_is_rewritten_and_its_change_feed_holds_only_the_changes(
+    lake: Lake, small_files: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    # The target has a change data feed, as one another pipeline reads would.
+    with session_setting(
+        spark, "spark.databricks.delta.properties.defaults.enableChangeDataFeed", "true"
+    ):
+        write_target(
+            spark, _rows(spark, range(20_000)), merge, batch_id="b1", write_seq=1, full_load=True
+        )
+    assert RsDeltaTable(merge.target).metadata().configuration["delta.enableDeletionVectors"]
+    first = RsDeltaTable(merge.target).version()
+
+    # A bad setting is refused before anything is written.
+    refused = pytest.raises(TerminalError, match=r"rewriteBelowBytes='16MB'.*whole number")
+    with session_setting(spark, REWRITE_BELOW_CONF, "16MB"), refused:
+        write_target(
+            spark, _rows(spark, range(5)), merge, batch_id="b2", write_seq=2, full_load=False
+        )
+    assert RsDeltaTable(merge.target).version() == first
+
+    # 10 updated keys spread over every file, 5 deleted, 5 new: the target is far under
+    # 16 MB, so the MERGE rewrites the files it touches instead of writing deletion vectors.
+    updated, deleted = list(range(7, 20_000, 2_000)), [3, 4_003, 8_003, 12_003, 16_003]
+    changes = (
+        _rows(spark, updated)
+        .withColumn("value", F.lit(-1).cast("long"))
+        .unionByName(
+            _rows(spark, deleted).withColumn("_change_type", F.lit("delete")),
+            allowMissingColumns=True,
+        )
+        .unionByName(_rows(spark, range(20_000, 20_005)), allowMissingColumns=True)
+    )
+    with caplog.at_level("INFO", logger="watermark_dagster"):
+        result = write_target(spark, changes, merge, batch_id="b3", write_seq=3, full_load=False)
+    assert (result.rows_updated, result.rows_deleted, result.rows_inserted) == (10, 5, 5)
+    metrics = _last_operation(merge.target)["operationMetrics"]
+    assert int(metrics["numTargetDeletionVectorsAdded"]) == 0, metrics
+    assert result.rows_copied > 0, result
+    assert result.files_removed > 0, result
+    assert "instead of writing deletion vectors" in caplog.text
+    # The change feed, which pipelines reading this target consume, carries the changed
+    # keys only: the rewritten files' unchanged rows are not in it.
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", result.target_version)
+        .load(merge.target)
+        .select("id", "_change_type")
+        .collect()
+    )
+    assert sorted((r["id"], r["_change_type"]) for r in feed) == sorted(
+        [(i, "update_preimage") for i in updated]
+        + [(i, "update_postimage") for i in updated]
+        + [(i, "delete") for i in deleted]
+        + [(i, "insert") for i in range(20_000, 20_005)]
+    )
+    values = dict(lake.table("merged").select("id", "value").collect())
+    assert len(values) == 20_000 - 5 + 5
+    assert all(values[i] == -1 for i in updated)
+    assert not any(i in values for i in deleted)
+
+    # With the setting at 0 the same target's next MERGE writes deletion vectors.
+    with session_setting(spark, REWRITE_BELOW_CONF, "0"):
+        again = write_target(
+            spark,
+            _rows(spark, [11, 5_011]).withColumn("value", F.lit(-2).cast("long")),
+            merge,
+            batch_id="b4",
+            write_seq=4,
+            full_load=False,
+        )
+    assert (again.rows_updated, again.rows_copied) == (2, 0), again
+    assert (
+        int(_last_operation(merge.target)["operationMetrics"]["numTargetDeletionVectorsAdded"]) == 2
+    )
 
 
 def test_the_merge_condition_lets_delta_skip_files(lake: Lake, small_files: None) -> None:

@@ -9,9 +9,10 @@ and batch wrote each commit.
 """
 
 import logging
+import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +143,19 @@ def labelled_commit(
     return None
 
 
+def newest_written_seq(
+    target: str, storage_options: Mapping[str, str] | None, *, newest: int = 20
+) -> int | None:
+    """The position (``seq``) recorded by the newest of the target's last ``newest`` commits
+    that one of our writes labelled (see :func:`new_label`), or None."""
+    options = dict(storage_options) if storage_options else None
+    for commit in RsDeltaTable(target, storage_options=options).history(newest):
+        found = _LABEL_SEQ.match(str(commit.get("userMetadata") or ""))
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def has_data_files(target: str, storage_options: Mapping[str, str] | None) -> bool:
     """True when the target's current version holds at least one data file."""
     options = dict(storage_options) if storage_options else None
@@ -153,27 +167,34 @@ def label_prefix(pipeline: str, batch_id: str) -> str:
     return f"watermark pipeline={pipeline} batch={batch_id} "
 
 
+_LABEL_SEQ = re.compile(r"watermark pipeline=\S+ batch=\S+ seq=(\d+) ")
+
+
 def new_label(pipeline: str, batch_id: str, write_seq: int) -> str:
     """A label unique to one write: pipeline, batch, position and a nonce."""
     return f"{label_prefix(pipeline, batch_id)}seq={write_seq} {uuid.uuid4().hex[:12]}"
 
 
 @contextmanager
-def labelled_commits(spark: SparkSession, label: str) -> Iterator[None]:
-    """Every Delta commit made in this block records ``label`` as its user metadata.
-
-    A session setting, because MERGE and the table builder take no per-call option; the
-    previous value is restored afterwards.
-    """
-    previous = spark.conf.get(USER_METADATA_CONF, None)
-    spark.conf.set(USER_METADATA_CONF, label)
+def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """Spark setting ``key`` is ``value`` in this block; its previous value (or its
+    absence) is restored afterwards. For what Delta reads from the session because its
+    commands take no per-call option."""
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, value)
     try:
         yield
     finally:
         if previous is None:
-            spark.conf.unset(USER_METADATA_CONF)
+            spark.conf.unset(key)
         else:
-            spark.conf.set(USER_METADATA_CONF, previous)
+            spark.conf.set(key, previous)
+
+
+def labelled_commits(spark: SparkSession, label: str) -> AbstractContextManager[None]:
+    """Every Delta commit made in this block records ``label`` as its user metadata (a
+    session setting, because MERGE and the table builder take no per-call option)."""
+    return session_setting(spark, USER_METADATA_CONF, label)
 
 
 def commits_since(

@@ -10,7 +10,8 @@ overwrite what a newer one wrote.
 Cost: the output is persisted once and one aggregate gives every count and check (see
 :mod:`~watermark_dagster.write.summary`); the MERGE condition carries the key ranges of
 the batch's changes, so Delta skips the files those keys cannot be in, and targets have
-deletion vectors, so the files that do hold a changed key are not rewritten (see
+deletion vectors, so the files that do hold a changed key are not rewritten, unless the
+target is small enough that rewriting them is cheaper (see
 :mod:`~watermark_dagster.write.layout`).
 """
 
@@ -18,6 +19,7 @@ import logging
 import operator
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -42,12 +44,16 @@ from watermark_dagster.write.commits import (
     commits_since,
     labelled_commits,
     new_label,
+    newest_written_seq,
+    session_setting,
     target_version,
 )
 from watermark_dagster.write.layout import (
+    PERSISTENT_DELETION_VECTORS_CONF,
     create_target,
-    deletion_vectors_enabled,
     delta_location,
+    rewrite_below_bytes,
+    rewrites_small_target,
     target_layout,
 )
 from watermark_dagster.write.summary import OutputSummary, intervals, range_keys, summarize
@@ -262,26 +268,57 @@ def merge_into_target(
                     cluster_by=cluster_by,
                 )
                 create_target(spark, target, schema, layout)
-            elif not deletion_vectors_enabled(target, storage_options):
-                log.info(
-                    "target=%s has no deletion vectors: a MERGE rewrites every file holding a "
-                    "changed key (docs/upstreams-and-targets.md says how to enable them)",
-                    target,
-                )
+                small = None
+            else:
+                small = _rewrite_bytes(spark, target, storage_options, batch_seq)
             if summary.rows:
-                _merge(
-                    spark,
-                    prepared,
-                    summary,
-                    target=target,
-                    keys=keys,
-                    # A target created by this write takes every upsert, as a first write.
-                    insert_missing=insert_missing or before is None,
+                rewriting = (
+                    session_setting(spark, PERSISTENT_DELETION_VECTORS_CONF, "false")
+                    if small is not None
+                    else nullcontext()
                 )
+                if small is not None:
+                    log.info(
+                        "pipeline=%s batch=%s: target=%s holds %d bytes, under %d: the MERGE "
+                        "rewrites the files it touches instead of writing deletion vectors",
+                        pipeline,
+                        batch_id,
+                        target,
+                        small,
+                        rewrite_below_bytes(spark),
+                    )
+                with rewriting:
+                    _merge(
+                        spark,
+                        prepared,
+                        summary,
+                        target=target,
+                        keys=keys,
+                        # A target created by this write takes every upsert, as a first write.
+                        insert_missing=insert_missing or before is None,
+                    )
         version, commits = commits_since(target, storage_options, before, label)
         return WriteResult.from_commits(version, commits, created=before is None)
     finally:
         prepared.unpersist()
+
+
+def _rewrite_bytes(
+    spark: SparkSession, target: str, storage_options: Mapping[str, str] | None, batch_seq: int
+) -> int | None:
+    """The target's bytes when this MERGE should rewrite the files it touches instead of
+    writing deletion vectors (:func:`rewrites_small_target`), else None.
+
+    Only for a write at least as new as the newest the target records: the files a MERGE
+    rewrites are those holding a matched key, whether or not the ``_wm_seq`` guard lets the
+    change apply, so a batch older than the target's rows (a replay) would rewrite them and
+    commit for nothing, where deletion vectors mark only the rows it changes.
+    """
+    small = rewrites_small_target(spark, target, storage_options)
+    if small is None:
+        return None
+    newest = newest_written_seq(target, storage_options)
+    return small if newest is not None and newest <= batch_seq else None
 
 
 # The MERGE's source columns are renamed with this prefix, so that a bare column name in
