@@ -43,7 +43,7 @@ DELETION_VECTORS_DEFAULT_CONF = "spark.databricks.delta.properties.defaults.enab
 # A MERGE into a target whose files hold fewer bytes than this rewrites the files it touches
 # rather than writing deletion vectors: Delta writes them in 4 to 8 Spark jobs of their own,
 # which cost more than rewriting a small table (the declared demo pipelines' cycle at 200k
-# orders, `benchmarks/declared.py`: 0.81x the time, 68 Spark jobs instead of 84). Our own
+# orders, `benchmarks/declared.py`: 0.83x the time, 68 Spark jobs instead of 84). Our own
 # Spark setting overrides it (0: always deletion vectors).
 REWRITE_BELOW_BYTES = 16 * 1024 * 1024
 REWRITE_BELOW_CONF = "spark.watermark.merge.rewriteBelowBytes"
