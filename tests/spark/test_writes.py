@@ -488,6 +488,19 @@ def test_the_merge_condition_lets_delta_skip_files(lake: Lake, small_files: None
     assert files_read([5, 6, 19_990]) == 2
     assert files_read(list(range(0, 20_000, 1_000))) == len(ranges)
 
+    # A write puts the intervals in its MERGE condition only when, by the files' statistics
+    # in the log, they skip files the one range does not (Delta records the condition).
+    def merged_with(changed: list[int], seq: int) -> str:
+        write_target(
+            spark, _rows(spark, changed), merge, batch_id=f"b{seq}", write_seq=seq, full_load=False
+        )
+        return str(_last_operation(merge.target)["operationParameters"]["predicate"])
+
+    ends = merged_with([5, 6, 19_990], 2)
+    assert ends.count(" OR ") == 2, ends  # three intervals: two files read instead of all
+    spread = merged_with(list(range(0, 20_000, 1_000)), 3)
+    assert " OR " not in spread, spread  # every file holds a changed key: one range
+
 
 def test_an_old_target_without_deletion_vectors_keeps_working(lake: Lake) -> None:
     spark = lake.spark

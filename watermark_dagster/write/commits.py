@@ -115,6 +115,12 @@ class WriteResult:
         )
 
 
+def open_target(target: str, storage_options: Mapping[str, str] | None) -> RsDeltaTable:
+    """The target's Delta log at its current version, through delta-rs (no Spark job)."""
+    options = dict(storage_options) if storage_options else None
+    return RsDeltaTable(target, storage_options=options)
+
+
 def target_version(target: str, storage_options: Mapping[str, str] | None) -> int | None:
     """The target's current version (None when it does not exist yet)."""
     options = dict(storage_options) if storage_options else None
@@ -143,13 +149,10 @@ def labelled_commit(
     return None
 
 
-def newest_written_seq(
-    target: str, storage_options: Mapping[str, str] | None, *, newest: int = 20
-) -> int | None:
+def newest_written_seq(table: RsDeltaTable, *, newest: int = 20) -> int | None:
     """The position (``seq``) recorded by the newest of the target's last ``newest`` commits
     that one of our writes labelled (see :func:`new_label`), or None."""
-    options = dict(storage_options) if storage_options else None
-    for commit in RsDeltaTable(target, storage_options=options).history(newest):
+    for commit in table.history(newest):
         found = _LABEL_SEQ.match(str(commit.get("userMetadata") or ""))
         if found:
             return int(found.group(1))

@@ -200,14 +200,13 @@ def rewrite_below_bytes(spark: SparkSession) -> int:
 
 
 def rewrites_small_target(
-    spark: SparkSession, target: str, storage_options: Mapping[str, str] | None
+    spark: SparkSession, target: str, table: RsDeltaTable, files: pa.Table
 ) -> int | None:
     """The target's bytes when its next MERGE should rewrite the files it touches rather
     than write deletion vectors (it has them enabled and holds fewer bytes than
     :func:`rewrite_below_bytes`); None when it should write deletion vectors as usual, or
-    has none to write. From the Delta log alone: no Spark job."""
-    options = dict(storage_options) if storage_options else None
-    table = RsDeltaTable(target, storage_options=options)
+    has none to write. From the Delta log alone (``table`` and its add actions ``files``,
+    read once per write by the caller): no Spark job."""
     if str(table.metadata().configuration.get(DELETION_VECTORS, "false")).lower() != "true":
         log.info(
             "target=%s has no deletion vectors: a MERGE rewrites every file holding a "
@@ -218,6 +217,5 @@ def rewrites_small_target(
     limit = rewrite_below_bytes(spark)
     if limit == 0:
         return None
-    files = pa.table(table.get_add_actions())
     size = sum(int(b or 0) for b in files.column("size_bytes").to_pylist())
     return size if size < limit else None
