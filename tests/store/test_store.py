@@ -414,3 +414,48 @@ def test_concurrent_upgrades_rewrite_each_table_once(tmp_path: Path, pool) -> No
     for table in ("batches", "pipeline_checkpoints"):
         assert DeltaTable(str(root / table)).to_pyarrow_table().num_rows == before[table]
     assert len([r for r in store.history() if r["event"] == "CONTROL_TABLE_UPGRADED"]) == 3
+
+
+def test_strategy_runs_are_the_pipelines_measured_runs_in_the_newest_two_buckets(
+    tmp_path: Path,
+) -> None:
+    """What `auto` weighs: the strategy each PIPELINE_SUCCEEDED row of the pipeline records
+    (as run_pipeline writes it), from the newest STRATEGY_BUCKETS buckets only, so the read
+    stays flat however long history grows."""
+    from watermark_dagster.config.pipeline import Strategy, StrategyChoice
+    from watermark_dagster.store.store import STRATEGY_BUCKETS
+
+    store = WatermarkStore(tmp_path)
+
+    def succeeded(seq: int, pipeline: str, strategy: Strategy | None, seconds: float) -> None:
+        detail: dict[str, object] = {"attempt": 1, "rows_read": 1, "rows_written": 1}
+        if strategy is not None:
+            choice = StrategyChoice(strategy, "test", changed_bytes=seq, snapshot_bytes=1000)
+            choice.seconds = seconds
+            detail["strategy"] = choice.measured()
+        store.record(
+            "PIPELINE_SUCCEEDED",
+            actor="test",
+            batch_id=f"b{seq:06d}",
+            pipeline=pipeline,
+            detail=detail,
+        )
+
+    size = schema.BUCKET_SIZE
+    succeeded(5, "totals", Strategy.FULL, 9.0)  # bucket 0: older than the newest two
+    succeeded(size + 5, "totals", Strategy.INCREMENTAL, 2.0)
+    succeeded(size + 6, "other", Strategy.FULL, 1.0)  # another pipeline
+    succeeded(2 * size + 1, "totals", None, 0.0)  # a full load: nothing measured
+    succeeded(2 * size + 2, "totals", Strategy.FULL, 3.5)
+    store.record(
+        "PIPELINE_FAILED", actor="test", batch_id=f"b{2 * size + 3:06d}", pipeline="totals"
+    )
+
+    runs = store.strategy_runs("totals")
+    assert STRATEGY_BUCKETS == 2
+    assert [(r.batch_id, r.strategy, r.seconds) for r in runs] == [
+        (f"b{size + 5:06d}", Strategy.INCREMENTAL, 2.0),
+        (f"b{2 * size + 2:06d}", Strategy.FULL, 3.5),
+    ]
+    assert (runs[1].changed_bytes, runs[1].snapshot_bytes) == (2 * size + 2, 1000)
+    assert store.strategy_runs("unknown") == []

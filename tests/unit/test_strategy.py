@@ -7,12 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from watermark_dagster.config.pipeline import Strategy, pipeline, sql_pipeline
+from watermark_dagster.config.pipeline import Strategy, StrategyRun, pipeline, sql_pipeline
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.read.derive import (
     AUTO_FULL_BELOW_BYTES,
     AUTO_FULL_FRACTION,
+    MEASURED_RUNS,
     decide_strategy,
+    estimate_seconds,
 )
 
 BIG = 100 * AUTO_FULL_BELOW_BYTES
@@ -81,3 +83,67 @@ def test_a_strategy_is_checked_when_the_registry_loads() -> None:
 
     with pytest.raises(ConfigurationError, match="hand-written and sets strategy='full'"):
         replace(copy, strategy="full")
+
+
+def _runs(*measured: tuple[Strategy, float, int, int]) -> list[StrategyRun]:
+    return [
+        StrategyRun(f"b{i:06d}", strategy, seconds, changed, total)
+        for i, (strategy, seconds, changed, total) in enumerate(measured, 1)
+    ]
+
+
+def test_auto_picks_the_strategy_its_history_measured_cheaper() -> None:
+    # By size alone this batch would be incremental (0.1% of a large snapshot); the
+    # pipeline's own runs say full costs less.
+    changed, total = int(BIG * 0.001), BIG
+    history = _runs(
+        (Strategy.INCREMENTAL, 8.0, changed, total),
+        (Strategy.FULL, 3.0, changed, total),
+        (Strategy.INCREMENTAL, 9.0, changed, total),
+    )
+    choice = decide_strategy(Strategy.AUTO, changed, total, replay=False, history=history)
+    assert choice.strategy is Strategy.FULL
+    assert choice.estimates == {"full": 3.0, "incremental": 8.5}
+    assert "measured full ~3.00 s against incremental ~8.50 s" in choice.reason
+    assert choice.metadata()["strategy_estimate_incremental"] == 8.5
+    # The other way round it keeps incremental, even on a snapshot under the size limit.
+    cheap = _runs((Strategy.INCREMENTAL, 1.0, 1, 10), (Strategy.FULL, 4.0, 1, 10))
+    small = decide_strategy(Strategy.AUTO, 1, 10, replay=False, history=cheap)
+    assert small.strategy is Strategy.INCREMENTAL
+
+
+def test_a_run_is_scaled_up_to_a_larger_batch_and_never_down() -> None:
+    # full was measured on a snapshot a quarter of today's: 2 s becomes 8 s, above
+    # incremental's 5 s. A run measured on more changed bytes than today's is not scaled
+    # down (a batch's fixed cost does not shrink).
+    history = _runs(
+        (Strategy.FULL, 2.0, 10, BIG // 4),
+        (Strategy.INCREMENTAL, 5.0, 1_000, BIG),
+    )
+    choice = decide_strategy(Strategy.AUTO, 10, BIG, replay=False, history=history)
+    assert choice.estimates == {"full": 8.0, "incremental": 5.0}
+    assert choice.strategy is Strategy.INCREMENTAL
+    assert estimate_seconds(history, Strategy.FULL, 10, BIG // 8) == (2.0, 1)
+
+
+def test_only_the_newest_runs_count_and_one_strategy_alone_leaves_the_size_rule() -> None:
+    old_and_slow = [(Strategy.FULL, 100.0, 1, BIG)] * 3
+    recent = [(Strategy.FULL, 1.0, 1, BIG)] * MEASURED_RUNS
+    history = _runs(*old_and_slow, *recent, (Strategy.INCREMENTAL, 2.0, 1, BIG))
+    assert estimate_seconds(history, Strategy.FULL, 1, BIG) == (1.0, MEASURED_RUNS)
+    # Runs of one strategy only: nothing to compare, so the sizes decide as before.
+    alone = decide_strategy(Strategy.AUTO, 1, BIG, replay=False, history=_runs(*recent))
+    assert alone.strategy is Strategy.INCREMENTAL
+    assert alone.estimates == {}
+    assert "changed" in alone.reason
+
+
+@pytest.mark.parametrize("configured", [Strategy.INCREMENTAL, Strategy.FULL])
+def test_history_moves_neither_a_configured_strategy_nor_a_replay(configured: Strategy) -> None:
+    history = _runs((Strategy.INCREMENTAL, 1.0, 1, BIG), (Strategy.FULL, 50.0, 1, BIG))
+    assert decide_strategy(configured, 1, BIG, replay=False, history=history).strategy is (
+        configured
+    )
+    flipped = _runs((Strategy.INCREMENTAL, 50.0, 1, BIG), (Strategy.FULL, 1.0, 1, BIG))
+    replayed = decide_strategy(Strategy.AUTO, 1, BIG, replay=True, history=flipped)
+    assert replayed.strategy is Strategy.INCREMENTAL

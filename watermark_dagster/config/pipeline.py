@@ -146,9 +146,10 @@ class Strategy(StrEnum):
       transform and the key paths).
     * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
       that differ from the target (its change feed carries only keys that changed).
-    * ``auto`` (default): ``full`` when the batch changed a large share of the upstreams'
-      bytes, or touched more keys than the driver collects, else ``incremental``
-      (:mod:`watermark_dagster.read.derive` says how it is decided).
+    * ``auto`` (default): the strategy the pipeline's own recent batches measured as
+      cheaper, once both have run; before that, ``full`` when the batch changed a large
+      share of the upstreams' bytes, or touched more keys than the driver collects, else
+      ``incremental`` (:mod:`watermark_dagster.read.derive` says how it is decided).
 
     A replay always runs ``incremental``: its ranges are older than the target.
     """
@@ -169,6 +170,8 @@ class StrategyChoice:
             change data, over every upstream (None when the log cannot say).
         snapshot_bytes: bytes of the pinned snapshots' files, over every upstream.
         seconds: what it cost: the transform and the write, once the batch ran.
+        estimates: ``auto``'s estimate of each strategy's seconds for this batch, from the
+            pipeline's measured history (empty when it decided without one).
     """
 
     strategy: Strategy
@@ -176,6 +179,7 @@ class StrategyChoice:
     changed_bytes: int | None = None
     snapshot_bytes: int | None = None
     seconds: float | None = None
+    estimates: dict[str, float] = field(default_factory=dict[str, float])
 
     def metadata(self) -> dict[str, object]:
         """The choice as materialization metadata."""
@@ -186,7 +190,41 @@ class StrategyChoice:
             found["snapshot_bytes"] = self.snapshot_bytes
         if self.seconds is not None:
             found["strategy_seconds"] = self.seconds
+        for strategy, seconds in sorted(self.estimates.items()):
+            found[f"strategy_estimate_{strategy}"] = seconds
         return found
+
+    def measured(self) -> dict[str, object] | None:
+        """What this batch measured, as recorded in the pipeline's ``PIPELINE_SUCCEEDED``
+        history row for ``auto`` to read back (None before the batch ran)."""
+        if self.seconds is None:
+            return None
+        return {
+            "strategy": str(self.strategy),
+            "seconds": self.seconds,
+            "changed_bytes": self.changed_bytes,
+            "snapshot_bytes": self.snapshot_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class StrategyRun:
+    """One past batch of a declared pipeline as ``auto`` weighs it: the strategy it ran,
+    what that cost, and the sizes it was decided on.
+
+    Attributes:
+        batch_id: the batch.
+        strategy: ``incremental`` or ``full``.
+        seconds: the transform and the write.
+        changed_bytes: bytes the batch's ranges changed (None when the log could not say).
+        snapshot_bytes: bytes of the pinned snapshots (None when unknown).
+    """
+
+    batch_id: str
+    strategy: Strategy
+    seconds: float
+    changed_bytes: int | None = None
+    snapshot_bytes: int | None = None
 
 
 Transform = Callable[[BatchContext], "DataFrame"]

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.pipeline import Pipeline, StrategyChoice
+from watermark_dagster.config.pipeline import Pipeline, Strategy, StrategyChoice
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
@@ -269,11 +269,19 @@ def run_pipeline(
                 r.rows_read,
                 f" files_read={r.files_read}" if r.files_read is not None else "",
             )
-        # A declared pipeline's incremental or full form, decided from the log (no job).
+        # A declared pipeline's incremental or full form, decided from the log and the
+        # pipeline's measured history (no Spark job).
+        replay = batch.kind is BatchKind.REPLAY
+        weighs_history = pipeline.declared is not None and pipeline.strategy == Strategy.AUTO
         strategy = (
             None
             if full_load
-            else choose_strategy(pipeline, inputs, replay=batch.kind is BatchKind.REPLAY)
+            else choose_strategy(
+                pipeline,
+                inputs,
+                replay=replay,
+                history=store.strategy_runs(pipeline_name) if weighs_history and not replay else (),
+            )
         )
         context = PinnedBatch(
             batch_id, batch.seq, pipeline_name, inputs, spark, full_load, strategy
@@ -296,7 +304,7 @@ def run_pipeline(
             batch_id=batch_id,
             write_seq=batch.write_seq,
             full_load=full_load,
-            replay=batch.kind is BatchKind.REPLAY,
+            replay=replay,
         )
         if strategy is not None:
             strategy.seconds = round(time.perf_counter() - started, 3)
@@ -355,6 +363,7 @@ def run_pipeline(
         rows_read=outcome.rows_read,
         rows_written=outcome.rows_written,
     )
+    measured = strategy.measured() if strategy is not None and not replay else None
     store.record(
         "PIPELINE_SUCCEEDED",
         actor=run_id,
@@ -364,6 +373,9 @@ def run_pipeline(
             "attempt": attempt,
             "rows_read": outcome.rows_read,
             "rows_written": outcome.rows_written,
+            # What the strategy cost, for `auto` to weigh in later batches (a replay's
+            # older ranges say nothing about the batches to come).
+            **({"strategy": measured} if measured is not None else {}),
         },
     )
     fault_point("after_checkpoint")

@@ -38,7 +38,8 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 import json
 import operator
 import posixpath
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from functools import reduce
 from typing import cast
 from urllib.parse import unquote, urlsplit
@@ -53,6 +54,7 @@ from watermark_dagster.config.pipeline import (
     Pipeline,
     Strategy,
     StrategyChoice,
+    StrategyRun,
     Transform,
 )
 from watermark_dagster.core.columns import CHANGE_TYPE, DELETE, UPSERT
@@ -218,18 +220,31 @@ AUTO_FULL_FRACTION = 0.2
 AUTO_FULL_BELOW_BYTES = 16 * 1024 * 1024
 
 
+# `auto` weighs at most this many of each strategy's newest measured runs (their median).
+MEASURED_RUNS = 5
+
+
 def choose_strategy(
-    pipeline: Pipeline, inputs: Mapping[str, UpstreamInput], *, replay: bool
+    pipeline: Pipeline,
+    inputs: Mapping[str, UpstreamInput],
+    *,
+    replay: bool,
+    history: Sequence[StrategyRun] = (),
 ) -> StrategyChoice | None:
     """How ``pipeline`` computes an incremental batch over ``inputs``, decided from the
-    Delta log alone (no Spark job); None for a hand-written pipeline.
+    Delta log and the pipeline's measured ``history`` alone (no Spark job); None for a
+    hand-written pipeline.
 
-    ``incremental`` and ``full`` are taken as configured; ``auto`` is ``full`` when the
-    ranges changed at least ``AUTO_FULL_FRACTION`` of the snapshots' bytes or the
-    snapshots hold less than ``AUTO_FULL_BELOW_BYTES``, else ``incremental`` (which the
-    derivation still switches to ``full`` past ``INLINE_KEYS_LIMIT`` touched keys). A
-    replay is always ``incremental``: its snapshots are older than the target, which a
-    full diff would roll back.
+    ``incremental`` and ``full`` are taken as configured. ``auto`` picks the strategy
+    whose estimated cost for this batch is lower once ``history`` holds runs of both (each
+    estimate the median of that strategy's newest ``MEASURED_RUNS`` runs, each run's
+    seconds scaled up by how much larger this batch's input to it is: the snapshots'
+    bytes for ``full``, the changed bytes for ``incremental``; never scaled down, since a
+    batch's fixed cost does not shrink). Until then it is ``full`` when the ranges changed
+    at least ``AUTO_FULL_FRACTION`` of the snapshots' bytes or the snapshots hold less than
+    ``AUTO_FULL_BELOW_BYTES``, else ``incremental`` (which the derivation still switches to
+    ``full`` past ``INLINE_KEYS_LIMIT`` touched keys). A replay is always ``incremental``:
+    its snapshots are older than the target, which a full diff would roll back.
     """
     if pipeline.declared is None:
         return None
@@ -237,14 +252,44 @@ def choose_strategy(
     known = [e for e in estimates if e is not None]
     changed = sum(c for c, _ in known) if len(known) == len(estimates) else None
     total = sum(t for _, t in known) if len(known) == len(estimates) else None
-    return decide_strategy(Strategy(pipeline.strategy), changed, total, replay=replay)
+    return decide_strategy(
+        Strategy(pipeline.strategy), changed, total, replay=replay, history=history
+    )
+
+
+def estimate_seconds(
+    history: Sequence[StrategyRun], strategy: Strategy, changed: int, total: int
+) -> tuple[float, int] | None:
+    """``strategy``'s estimated seconds for a batch that changed ``changed`` bytes of
+    ``total`` snapshot bytes, and how many measured runs it rests on (see
+    :func:`choose_strategy`); None when ``history`` holds no run of it."""
+    runs = [r for r in history if r.strategy is strategy][-MEASURED_RUNS:]
+    if not runs:
+        return None
+    scaled = []
+    for run in runs:
+        now, then = (
+            (total, run.snapshot_bytes)
+            if strategy is Strategy.FULL
+            else (
+                changed,
+                run.changed_bytes,
+            )
+        )
+        scaled.append(run.seconds * (max(1.0, now / then) if then else 1.0))
+    return statistics.median(scaled), len(runs)
 
 
 def decide_strategy(
-    configured: Strategy, changed: int | None, total: int | None, *, replay: bool
+    configured: Strategy,
+    changed: int | None,
+    total: int | None,
+    *,
+    replay: bool,
+    history: Sequence[StrategyRun] = (),
 ) -> StrategyChoice:
-    """:func:`choose_strategy`'s rule, from the bytes the ranges changed and the snapshots'
-    bytes (None when unknown)."""
+    """:func:`choose_strategy`'s rule, from the bytes the ranges changed, the snapshots'
+    bytes (None when unknown) and the pipeline's measured runs, oldest first."""
     if replay:
         return StrategyChoice(Strategy.INCREMENTAL, "a replay", changed, total)
     if configured is not Strategy.AUTO:
@@ -253,6 +298,20 @@ def decide_strategy(
         return StrategyChoice(
             Strategy.INCREMENTAL, "auto: sizes unknown (a cursor upstream)", changed, total
         )
+    full_cost = estimate_seconds(history, Strategy.FULL, changed, total)
+    incremental_cost = estimate_seconds(history, Strategy.INCREMENTAL, changed, total)
+    if full_cost is not None and incremental_cost is not None:
+        estimates = {
+            str(Strategy.FULL): round(full_cost[0], 3),
+            str(Strategy.INCREMENTAL): round(incremental_cost[0], 3),
+        }
+        cheaper = Strategy.FULL if full_cost[0] < incremental_cost[0] else Strategy.INCREMENTAL
+        reason = (
+            f"auto: measured full ~{full_cost[0]:.2f} s against incremental "
+            f"~{incremental_cost[0]:.2f} s for this batch's sizes (medians of the "
+            f"newest {full_cost[1]} and {incremental_cost[1]} runs)"
+        )
+        return StrategyChoice(cheaper, reason, changed, total, estimates=estimates)
     share = changed / total if total else 1.0
     if total < AUTO_FULL_BELOW_BYTES:
         reason = f"auto: the snapshots hold {total:,} bytes, under {AUTO_FULL_BELOW_BYTES:,}"

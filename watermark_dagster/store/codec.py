@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from watermark_dagster.config.pipeline import Strategy, StrategyRun
 from watermark_dagster.core import records
 from watermark_dagster.core.finalizing import batch_status
 from watermark_dagster.core.planning import PlannedInput
@@ -234,6 +235,35 @@ def history_row(event: str, actor: str | None, **fields: Any) -> Row:
     if detail is not None:
         row["detail"] = json.dumps(detail, sort_keys=True, default=str)
     return row
+
+
+def strategy_run(row: Row) -> StrategyRun | None:
+    """The measured strategy a ``PIPELINE_SUCCEEDED`` history row records (see
+    ``StrategyChoice.measured``), or None when it records none (a hand-written pipeline, a
+    full load, a replay, a row from before strategies were recorded)."""
+    detail = json.loads(row.get("detail") or "{}")
+    measured = detail.get("strategy") if isinstance(detail, dict) else None
+    if not isinstance(measured, dict):
+        return None
+    try:
+        strategy = Strategy(measured["strategy"])
+        seconds = float(measured["seconds"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if strategy is Strategy.AUTO:
+        return None
+
+    def size(name: str) -> int | None:
+        value = measured.get(name)
+        return value if isinstance(value, int) else None
+
+    return StrategyRun(
+        batch_id=str(row.get("batch_id")),
+        strategy=strategy,
+        seconds=seconds,
+        changed_bytes=size("changed_bytes"),
+        snapshot_bytes=size("snapshot_bytes"),
+    )
 
 
 def pending_history(event: str, actor: str | None, **fields: Any) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from watermark_dagster.config.pipeline import StrategyRun
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.finalizing import (
     AdvanceDecision,
@@ -72,6 +73,9 @@ _BATCHES = "batches"
 _WATERMARKS = "committed_watermarks"
 _CHECKPOINTS = "pipeline_checkpoints"
 _HISTORY = "history"
+# How many of history's newest buckets (each BUCKET_SIZE batches) `auto` reads its
+# pipeline's measured runs from.
+STRATEGY_BUCKETS = 2
 
 
 def _where(**values: Any) -> dict[str, Any]:
@@ -225,6 +229,21 @@ class WatermarkStore(ControlTables):
             rows = self._rows(dt, key)
         rows.sort(key=lambda r: r["at"])
         return rows[-limit:] if limit is not None else rows
+
+    def strategy_runs(self, pipeline: str) -> list[StrategyRun]:
+        """The measured runs of ``pipeline``'s strategies that ``history`` holds in its
+        newest ``STRATEGY_BUCKETS`` buckets, oldest first: what ``auto`` weighs.
+
+        Reads those buckets only, so the cost does not grow with history; runs older than
+        them are forgotten, so a strategy ``auto`` stopped choosing is in time measured
+        again by the size rule.
+        """
+        dt = self._load(_HISTORY)
+        match = _where(event="PIPELINE_SUCCEEDED", pipeline=pipeline)
+        newest = [b for b in self._buckets(dt) if b != NO_BATCH_BUCKET][:STRATEGY_BUCKETS]
+        rows = self._rows(dt, match, buckets=newest) if newest else []
+        rows.sort(key=lambda r: r["at"])
+        return [run for run in map(codec.strategy_run, rows) if run is not None]
 
     # ---------------------------------------------------------------- batches: reads
 
