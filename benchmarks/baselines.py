@@ -84,10 +84,23 @@ def recompute(spark: SparkSession, upstream: str, target: str, version: int) -> 
     )
 
 
-def create_streaming_target(spark: SparkSession, upstream: str, target: str) -> None:
-    """The empty target the streaming query merges into (its schema is the projection's)."""
+def create_streaming_target(
+    spark: SparkSession, upstream: str, target: str, *, our_layout: bool = False
+) -> None:
+    """The empty target the streaming query merges into (its schema is the projection's).
+
+    With ``our_layout`` it is created as watermark-dagster creates a merge target
+    (deletion vectors on, clustered on ``id``): the floor a MERGE of the same changes into
+    the same kind of table costs, without anything of ours around it.
+    """
     empty = project(spark.read.format("delta").load(upstream)).limit(0)
-    empty.write.format("delta").mode("errorifexists").save(target)
+    if not our_layout:
+        empty.write.format("delta").mode("errorifexists").save(target)
+        return
+    from watermark_dagster.write.layout import create_target, target_layout
+
+    layout = target_layout(spark, empty.schema, keys=("id",), merge=True)
+    create_target(spark, target, empty.schema, layout)
 
 
 def _merge_latest_per_key(target: str) -> Callable[[DataFrame, int], None]:

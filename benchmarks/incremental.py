@@ -16,7 +16,10 @@ commit, in an order rotated from repeat to repeat:
   run process starts no JVM, its pipelines run on the server;
 * ``recompute_warm`` / ``recompute_cold``: read the snapshot, same projection, overwrite;
 * ``streaming_warm`` / ``streaming_cold``: Structured Streaming of the change feed,
-  ``availableNow``, checkpointed, ``foreachBatch`` MERGE of the latest change per key.
+  ``availableNow``, checkpointed, ``foreachBatch`` MERGE of the latest change per key;
+* ``floor_warm``: the floor, the same streaming query into a target created with our layout
+  (deletion vectors, clustered on ``id``): a plain Delta MERGE of the same changes into the
+  same kind of table, with nothing of ours around it.
 
 Every contender has its own target and is up to date before each measured commit, so all
 start from the same state. After each commit every target is compared with the recompute
@@ -85,6 +88,8 @@ CONTENDERS = {
     "streaming_warm": "Structured Streaming, warm Spark: change feed, availableNow, "
     "checkpointed, foreachBatch MERGE of the latest change per key",
     "streaming_cold": "the same streaming query in a fresh Python process with its own JVM",
+    "floor_warm": "the floor: the same streaming query, warm Spark, into a target created with "
+    "our layout (deletion vectors, clustered on id), so its MERGE does what ours does",
 }
 # (name, numerator, denominator): a ratio above 1 means the denominator is faster.
 RATIOS = (
@@ -94,6 +99,8 @@ RATIOS = (
     ("ours/streaming warm", "ours_warm", "streaming_warm"),
     ("ours/streaming cold", "ours_cold", "streaming_cold"),
     ("ours connect/streaming cold", "ours_connect", "streaming_cold"),
+    ("ours/floor warm", "ours_warm", "floor_warm"),
+    ("recompute/floor warm", "recompute_warm", "floor_warm"),
 )
 MERGE_METRICS = (
     "numTargetRowsCopied",
@@ -398,7 +405,9 @@ class Contenders:
             recompute(self.spark, self.upstream, self.targets[name], version)
             detail = None
         else:
-            create_streaming_target(self.spark, self.upstream, self.targets[name])
+            create_streaming_target(
+                self.spark, self.upstream, self.targets[name], our_layout=name == "floor_warm"
+            )
             detail = {"micro_batches": self._stream(name)}
         return Outcome(time.perf_counter() - started, detail=detail)
 
@@ -416,7 +425,7 @@ class Contenders:
             started = time.perf_counter()
             recompute(self.spark, self.upstream, self.targets[name], version)
             outcome = Outcome(time.perf_counter() - started)
-        elif name == "streaming_warm":
+        elif name in ("streaming_warm", "floor_warm"):
             started = time.perf_counter()
             batches = self._stream(name)
             outcome = Outcome(time.perf_counter() - started, detail={"micro_batches": batches})
