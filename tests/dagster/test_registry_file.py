@@ -160,8 +160,9 @@ def test_every_declaration_option_has_a_yaml_key() -> None:
         f.name for kind in (DeltaUpstream, CursorUpstream) for f in dataclasses.fields(kind)
     }
     assert set(UPSTREAM_KEYS) == upstream_fields - {"name"}
-    # A declared pipeline's `declared` is written as full: (a function) or sql: (a query).
-    fields = {f.name for f in dataclasses.fields(Pipeline)} - {"name", "declared"}
+    # A declared pipeline's `declared` is written as full: (a function) or sql: (a query);
+    # a hand-written one's full_transform as full: beside transform:.
+    fields = {f.name for f in dataclasses.fields(Pipeline)} - {"name", "declared", "full_transform"}
     assert set(PIPELINE_KEYS) == fields | {"full", "sql"}
 
 
@@ -217,6 +218,35 @@ def test_declared_pipelines_load_with_key_paths_and_full_or_sql(
     assert "GROUP BY c.customer_id" in node.metadata["sql"].value
     spec = defs.resolve_asset_graph().get(AssetKey("enriched")).metadata
     assert spec["key_paths"].value["customers"] == JOIN_PATH
+
+
+def test_a_hand_written_pipeline_gives_its_full_transform_beside_its_transform(
+    tmp_path: Path, transforms: Path
+) -> None:
+    path = _write(
+        tmp_path,
+        f"""
+        upstreams: {{orders: /lake/orders, customers: /lake/customers}}
+        pipelines:
+          enriched:
+            upstreams: [orders, customers]
+            target: /lake/enriched
+            keys: [order_id]
+            transform: {TRANSFORMS}:orders_clean
+            full: {TRANSFORMS}:enriched
+            strategy: full
+        """,
+    )
+    enriched = load_registry(path).pipelines["enriched"]
+    assert enriched.declared is None
+    assert enriched.transform is sys.modules[TRANSFORMS].orders_clean
+    assert enriched.full_transform is sys.modules[TRANSFORMS].enriched
+    assert enriched.strategy == "full"
+    assert enriched.chooses_strategy
+    defs = build_file_definitions(path, home=tmp_path / "home")
+    node = defs.resolve_asset_graph().get(AssetKey("enriched"))
+    assert node.metadata["transform"] == "hand-written, with a full transform"
+    assert node.metadata["strategy"] == "full"
 
 
 def test_a_file_builds_a_code_location_without_writing(tmp_path: Path, transforms: Path) -> None:
@@ -515,6 +545,34 @@ BAD_FILES = [
         f"    {T}\n    sql: SELECT id FROM orders\n",
         9,
         ["pipeline 'p' has both transform: and sql:"],
+    ),
+    (
+        "transform-and-full-with-key-paths",
+        UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
+        f"    {T}\n    full: {TRANSFORMS}:enriched\n",
+        9,
+        [
+            "pipeline 'p' has both transform: and full: and maps its upstreams to key paths",
+            "full: beside transform: with its upstreams listed",
+        ],
+    ),
+    (
+        "full-transform-of-other-upstreams",
+        UP + "pipelines:\n  p:\n    upstreams: [orders]\n    target: /l/t\n    keys: [id]\n"
+        f"    {T}\n    full: {TRANSFORMS}:enriched\n",
+        9,
+        [
+            "Pipeline 'p': the full transform has parameter(s) ['customers'] that name no "
+            "upstream it reads",
+            "def enriched(orders)",
+        ],
+    ),
+    (
+        "strategy-without-a-full-transform",
+        UP + "pipelines:\n  p:\n    upstreams: [orders]\n    target: /l/t\n    keys: [id]\n"
+        f"    {T}\n    strategy: full\n",
+        4,
+        ["hand-written and sets strategy='full' without a full transform", "full: beside"],
     ),
     (
         "bad-key-path",

@@ -21,6 +21,7 @@ from benchmarks.declared import PlanWork, measuring
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.demo.data import ORDERS, DemoPaths, apply_round, seed
+from watermark_dagster.demo.handwritten import build_handwritten_registry
 from watermark_dagster.demo.pipelines import demo_upstreams, full_orders_enriched
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.observe.observer import Observer
@@ -390,9 +391,23 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             strategy=strategy,  # type: ignore[arg-type]
         )
 
+    # The demo's hand-written transform, with the full transform beside it: it chooses
+    # per batch between the two as a declared pipeline does.
+    hand_written = build_handwritten_registry(paths).pipelines["orders_enriched"]
+
+    def chooser(strategy: str) -> Pipeline:
+        return replace(
+            hand_written,
+            name="hand_written",
+            target=paths.target("hand_written"),
+            full_transform=full_orders_enriched,
+            strategy=strategy,  # type: ignore[arg-type]
+        )
+
     store = WatermarkStore(paths.control_root)
-    # `switching` changes strategy every batch; the others keep theirs.
+    # `switching` and `hand_written` change strategy every batch; the others keep theirs.
     cycle = ["first load", "full", "incremental", "auto"]
+    switching_names = ("switching", "hand_written")
     for round_no, switch_to in enumerate(cycle):
         if round_no:
             apply_round(spark, paths, round_no)
@@ -400,6 +415,7 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             enriched("incremental", "incremental"),
             enriched("full", "full"),
             enriched("switching", switch_to if round_no else "auto"),
+            chooser(switch_to if round_no else "auto"),
         ]
         registry = Registry(upstreams=demo_upstreams(paths), pipelines=pipelines)
         look = look_before_planning(registry, Observer(), store, actor="test")
@@ -421,12 +437,12 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
         customers = spark.read.format("delta").load(paths.upstream("customers"))
         full = full_orders_enriched(orders, customers)
         expected = _rows(full, full.columns)
-        for name in ("incremental", "full", "switching"):
+        for name in ("incremental", "full", *switching_names):
             target = spark.read.format("delta").load(paths.target(name))
             assert _rows(target, full.columns) == expected, (name, round_no)
         if not round_no:
             assert all(o.full_load and o.strategy is None for o in outcomes.values())
-            for name in ("incremental", "full"):  # downstream pipelines would read these
+            for name in ("incremental", "full", "hand_written"):  # read downstream
                 DeltaTable.forPath(spark, paths.target(name))  # exists
                 spark.sql(
                     f"ALTER TABLE delta.`{paths.target(name)}` "
@@ -442,23 +458,24 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
         assert chosen["full"].reason == "configured strategy=full"
         assert chosen["full"].snapshot_bytes
         assert chosen["full"].seconds is not None
-        switching = chosen["switching"]
-        assert switching is not None
-        meta = switching.metadata()
-        # Each run's strategy and cost is in its PIPELINE_SUCCEEDED history row.
-        runs = store.strategy_runs("switching")
-        assert [str(r.strategy) for r in runs] == [*cycle[1:round_no], meta["strategy"]]
-        assert runs[-1].seconds == switching.seconds
-        if switch_to != "auto":
-            assert meta["strategy"] == switch_to, meta
-        else:
-            # It has run both: `auto` picks what they measured cheaper, scaled to this
-            # batch's sizes (never below what a run took).
-            assert meta["strategy_reason"].startswith("auto: measured"), meta
-            estimates = switching.estimates
-            assert meta["strategy"] == min(estimates, key=lambda s: estimates[s])
-            assert estimates["full"] >= runs[0].seconds
-            assert estimates["incremental"] >= runs[1].seconds
+        for name in switching_names:
+            switching = chosen[name]
+            assert switching is not None, name
+            meta = switching.metadata()
+            # Each run's strategy and cost is in its PIPELINE_SUCCEEDED history row.
+            runs = store.strategy_runs(name)
+            assert [str(r.strategy) for r in runs] == [*cycle[1:round_no], meta["strategy"]]
+            assert runs[-1].seconds == switching.seconds
+            if switch_to != "auto":
+                assert meta["strategy"] == switch_to, (name, meta)
+            else:
+                # It has run both: `auto` picks what they measured cheaper, scaled to this
+                # batch's sizes (never below what a run took).
+                assert meta["strategy_reason"].startswith("auto: measured"), (name, meta)
+                estimates = switching.estimates
+                assert meta["strategy"] == min(estimates, key=lambda s: estimates[s])
+                assert estimates["full"] >= runs[0].seconds
+                assert estimates["incremental"] >= runs[1].seconds
         # The full recompute rewrote only the rows that changed: its commit's change feed
         # holds exactly the keys whose rows changed, the same keys an incremental batch
         # changed, so a downstream reader of either sees the same changes.
@@ -471,3 +488,8 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
         assert 0 < len(full_changed) < orders.count()
         assert full_fed == full_changed  # no unchanged row rewritten
         assert incremental_fed >= incremental_changed
+        if switch_to == "full":  # the hand-written pipeline's full batch: the same
+            hand_changed, hand_fed = _effective_changes(
+                spark, paths.target("hand_written"), versions["hand_written"]
+            )
+            assert hand_changed == hand_fed == full_changed

@@ -13,6 +13,7 @@ from watermark_dagster.read.derive import (
     AUTO_FULL_BELOW_BYTES,
     AUTO_FULL_FRACTION,
     MEASURED_RUNS,
+    choose_strategy,
     decide_strategy,
     estimate_seconds,
 )
@@ -83,6 +84,38 @@ def test_a_strategy_is_checked_when_the_registry_loads() -> None:
 
     with pytest.raises(ConfigurationError, match="hand-written and sets strategy='full'"):
         replace(copy, strategy="full")
+
+
+def test_a_hand_written_pipeline_chooses_once_it_gives_a_full_transform() -> None:
+    def full_copy(up):
+        return up
+
+    @pipeline(upstreams=["up"], target="/lake/out", keys=["id"])
+    def copy(batch):
+        return batch["up"].changes
+
+    assert choose_strategy(copy, {}, replay=False) is None  # nothing to choose between
+    chooser = replace(copy, full_transform=full_copy, strategy="incremental")
+    assert chooser.chooses_strategy
+    choice = choose_strategy(chooser, {}, replay=False)
+    assert choice is not None
+    assert choice.strategy is Strategy.INCREMENTAL
+    assert choice.reason == "configured strategy=incremental"
+    # The full transform is checked as a declared one is: one parameter per upstream.
+    with pytest.raises(ConfigurationError, match=r"parameter\(s\) \['other'\] that name no"):
+        replace(copy, full_transform=lambda up, other: up)
+    # A full batch merges the rows that differ: only for a merging pipeline.
+    with pytest.raises(ConfigurationError, match="write='append'"):
+        replace(copy, full_transform=full_copy, write="append")
+    declared = sql_pipeline(
+        name="totals",
+        sql="SELECT customer_id FROM payments GROUP BY customer_id",
+        upstreams={"payments": "customer_id"},
+        target="/lake/totals",
+        keys=["customer_id"],
+    )
+    with pytest.raises(ConfigurationError, match="declared and also gives full_transform="):
+        replace(declared, full_transform=lambda payments: payments)
 
 
 def _runs(*measured: tuple[Strategy, float, int, int]) -> list[StrategyRun]:

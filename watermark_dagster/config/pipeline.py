@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
-from watermark_dagster.config.declared import Declared, FullTransform, KeyPathSpec, declare
+from watermark_dagster.config.declared import (
+    Declared,
+    FullTransform,
+    KeyPathSpec,
+    check_function,
+    declare,
+)
 from watermark_dagster.config.names import (
     check_table_declaration,
     enum_value,
@@ -111,8 +117,9 @@ class BatchContext(Protocol):
 
     @property
     def strategy(self) -> "StrategyChoice | None":
-        """How a declared pipeline computes this batch (None for a hand-written pipeline
-        and for a full load); the derived transform may switch it to ``full``."""
+        """How this batch is computed, for a pipeline that has a full transform (None for
+        a hand-written pipeline without one and for a full load); a declared pipeline's
+        derived transform may switch it to ``full``."""
         ...
 
     def __getitem__(self, upstream: str) -> PinnedInput:
@@ -140,10 +147,12 @@ StrategyValue = Literal["auto", "incremental", "full"]
 
 
 class Strategy(StrEnum):
-    """How a declared pipeline brings its target up to a batch (``strategy=``).
+    """How a pipeline with a full transform brings its target up to a batch
+    (``strategy=``): a declared pipeline, or a hand-written one that also gives
+    ``full_transform=``.
 
     * ``incremental``: recompute only the keys the batch touched (derived from the full
-      transform and the key paths).
+      transform and the key paths), or run the hand-written transform.
     * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
       that differ from the target (its change feed carries only keys that changed).
     * ``auto`` (default): the strategy the pipeline's own recent batches measured as
@@ -161,7 +170,7 @@ class Strategy(StrEnum):
 
 @dataclass
 class StrategyChoice:
-    """The strategy one batch of a declared pipeline runs with, and why.
+    """The strategy one batch of a pipeline with a full transform runs with, and why.
 
     Attributes:
         strategy: ``incremental`` or ``full`` (never ``auto``: that is what was decided).
@@ -209,7 +218,7 @@ class StrategyChoice:
 
 @dataclass(frozen=True)
 class StrategyRun:
-    """One past batch of a declared pipeline as ``auto`` weighs it: the strategy it ran,
+    """One past batch of a pipeline as ``auto`` weighs it: the strategy it ran,
     what that cost, and the sizes it was decided on.
 
     Attributes:
@@ -249,6 +258,13 @@ class Pipeline:
             registered under the name.
         keys: key columns the target is merged on (required for ``write="merge"``).
         transform: the function, ``transform(batch) -> DataFrame`` (the hand-written form).
+        full_transform: beside ``transform``, the target computed from scratch:
+            ``full_transform(orders=..., customers=...) -> DataFrame``, one pinned
+            snapshot per upstream by name. With it the pipeline chooses per batch, as a
+            declared one does, between its transform (``incremental``) and this one
+            (``full``: its output diffed against the target, and only the rows that differ
+            merged). It must compute what the transform's batches add up to; the
+            pipeline merges (``write="merge"``).
         declared: instead of ``transform``, the full transform and every upstream's key
             path; the incremental transform is derived (:mod:`~watermark_dagster.config.declared`,
             built by :func:`declared_pipeline` or :func:`sql_pipeline`).
@@ -256,8 +272,8 @@ class Pipeline:
         write: ``merge`` (default), ``append`` or ``overwrite`` (:class:`WriteMode`).
         partition_by: partition columns the target is created with.
         cluster_by: liquid clustering columns the target is created with.
-        strategy: for a declared pipeline, ``auto`` (default), ``incremental`` or
-            ``full`` (:class:`Strategy`).
+        strategy: for a declared pipeline or one with a ``full_transform``, ``auto``
+            (default), ``incremental`` or ``full`` (:class:`Strategy`).
         storage_options: storage options for the target on an object store (credentials
             as ``EnvRef("VARIABLE")`` or from the environment, never as text).
     """
@@ -268,6 +284,7 @@ class Pipeline:
     table: str | None = None
     keys: Sequence[str] = ()
     transform: Transform | None = field(default=None, compare=False)
+    full_transform: FullTransform | None = field(default=None, compare=False)
     declared: Declared | None = field(default=None, compare=False)
     description: str | None = None
     write: WriteModeValue = "merge"
@@ -298,13 +315,15 @@ class Pipeline:
         object.__setattr__(self, "write", enum_value(WriteMode, self.write, "write", owner))
         strategy = enum_value(Strategy, self.strategy, "strategy", owner)
         object.__setattr__(self, "strategy", strategy)
-        if self.declared is None and strategy is not Strategy.AUTO:
+        if not self.chooses_strategy and strategy is not Strategy.AUTO:
             raise ConfigurationError(
-                f"{owner} is hand-written and sets strategy='{strategy}': only a declared "
-                "pipeline can choose between its incremental and full transforms.",
+                f"{owner} is hand-written and sets strategy='{strategy}' without a full "
+                "transform: there is nothing to choose between.",
                 pipeline=self.name,
-                fix="drop strategy=, or declare the full transform (declared_pipeline, "
-                "sql_pipeline, or full:/sql: in the registry file).",
+                fix="drop strategy=, give the full transform beside the transform "
+                "(full_transform=..., or full: beside transform: in the registry file), or "
+                "declare the pipeline (declared_pipeline, sql_pipeline, or full:/sql: with "
+                "key paths).",
             )
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         object.__setattr__(self, "keys", tuple(self.keys))
@@ -354,6 +373,32 @@ class Pipeline:
         elif not callable(self.transform):
             raise ConfigurationError(
                 f"Pipeline '{self.name}': transform is not callable.", pipeline=self.name
+            )
+        if self.full_transform is not None:
+            self._check_full_transform(self.full_transform)
+
+    @property
+    def chooses_strategy(self) -> bool:
+        """Whether the pipeline has a full transform to choose per batch: declared, or
+        hand-written with ``full_transform``."""
+        return self.declared is not None or self.full_transform is not None
+
+    def _check_full_transform(self, full_transform: object) -> None:
+        if self.declared is not None:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' is declared and also gives full_transform=.",
+                pipeline=self.name,
+                fix="drop full_transform=: a declared pipeline's full transform is its "
+                "declaration.",
+            )
+        check_function(self.name, full_transform, self.upstreams)
+        if self.write is not WriteMode.MERGE:
+            raise ConfigurationError(
+                f"Pipeline '{self.name}' gives a full transform but writes with "
+                f"write='{self.write}': a full batch merges the rows that differ from the "
+                "target.",
+                pipeline=self.name,
+                fix="drop write= (merge), or drop full_transform=.",
             )
 
     def _check_declared(self, declared: Declared) -> None:
@@ -528,15 +573,21 @@ def pipeline(
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
     storage_options: StorageOptions | None = None,
+    full_transform: FullTransform | None = None,
+    strategy: StrategyValue = "auto",
 ) -> Callable[[Transform], Pipeline]:
     """Declare a pipeline with a decorated transform function (the arguments are those of
     :class:`Pipeline`; give ``target`` or ``table``).
 
     Example:
         >>> @pipeline(upstreams=["orders", "customers"], target="/lake/enriched",
-        ...           keys=["order_id"])
+        ...           keys=["order_id"], full_transform=full_orders_enriched)
         ... def orders_enriched(batch):
         ...     ...
+
+    With ``full_transform`` (the target from scratch, one snapshot per upstream by name)
+    each batch runs the decorated transform or the full one, whichever ``strategy``
+    (``auto`` by default) picks.
     """
 
     def wrap(fn: Transform) -> Pipeline:
@@ -552,6 +603,8 @@ def pipeline(
             partition_by=tuple(partition_by),
             cluster_by=tuple(cluster_by),
             storage_options=storage_options,
+            full_transform=full_transform,
+            strategy=strategy,
         )
 
     return wrap

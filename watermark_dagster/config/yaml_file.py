@@ -13,6 +13,8 @@ Example ``registry.yaml``::
         target: /lake/orders_clean
         keys: [order_id]
         transform: my_pkg.transforms:orders_clean   # module:function, imported at load
+        full: my_pkg.transforms:orders_clean_full   # optional: the target from scratch;
+                                                    # each batch runs what is cheaper
       customer_totals:                              # declared: the incremental form is derived
         upstreams: {payments: customer_id}          # upstream: key path
         target: /lake/customer_totals
@@ -37,7 +39,7 @@ from typing import Any, cast
 
 import yaml
 
-from watermark_dagster.config.declared import declare
+from watermark_dagster.config.declared import check_function, declare
 from watermark_dagster.config.declared_sql import DeclaredSqlError
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline
@@ -417,7 +419,10 @@ PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "table": ("text (the target's catalog table name: schema.table)", _text),
     "keys": (_NAMES, _names),
     "transform": ("text (module:function)", _text),
-    "full": ("text (module:function, the full transform)", _text),
+    "full": (
+        "text (module:function, the full transform; beside transform: for a hand-written pipeline)",
+        _text,
+    ),
     "sql": ("text (one Spark SQL query over the upstreams)", _text),
     "write": ("text (merge, append or overwrite)", _text),
     "strategy": ("text (auto, incremental or full)", _text),
@@ -601,13 +606,25 @@ def _read_document(reader: _Reader, document: Any, what: str) -> RegistryFile:
                     pipeline=name,
                 )
         full, sql = kwargs.pop("full", None), kwargs.pop("sql", None)
+        if full is not None and "transform" in kwargs and paths is None and sql is None:
+            # Hand-written with its full transform beside it: strategy picks per batch.
+            at = body.key_lines["full"]
+            kwargs["full_transform"] = reader.transform(full, what, at, key="full")
+            try:
+                check_function(name, kwargs["full_transform"], kwargs["upstreams"])
+            except ConfigurationError as e:
+                raise reader.rewrap(at, e) from None
+            full = None
         if full is not None or sql is not None:
             at = body.key_lines["full" if full is not None else "sql"]
             if "transform" in kwargs:
                 raise reader.fail(
                     at,
-                    f"{what} has both transform: and {'full' if full else 'sql'}:.",
-                    fix="keep transform: (hand-written) or the declared full:/sql:, not both.",
+                    f"{what} has both transform: and {'full' if full else 'sql'}:"
+                    + (" and maps its upstreams to key paths." if full else "."),
+                    fix="keep transform: (hand-written) or the declared full:/sql: with key "
+                    "paths, not both; a hand-written pipeline gives its full transform as "
+                    "full: beside transform: with its upstreams listed ([a, b]).",
                     pipeline=name,
                 )
             if paths is None:

@@ -111,6 +111,10 @@ class WatermarkTranslator:
                 metadata["key_paths"] = MetadataValue.json(describe(item.declared)["key_paths"])
                 if item.declared.sql is not None:
                     metadata["sql"] = MetadataValue.md(f"```sql\n{item.declared.sql}\n```")
+            elif item.full_transform is not None:
+                metadata["transform"] = "hand-written, with a full transform"
+            if item.chooses_strategy:
+                metadata["strategy"] = str(item.strategy)
             return metadata
         return {
             "dagster/uri": item.path,

@@ -269,10 +269,10 @@ def run_pipeline(
                 r.rows_read,
                 f" files_read={r.files_read}" if r.files_read is not None else "",
             )
-        # A declared pipeline's incremental or full form, decided from the log and the
-        # pipeline's measured history (no Spark job).
+        # The incremental or full form of a pipeline that has both, decided from the log
+        # and the pipeline's measured history (no Spark job).
         replay = batch.kind is BatchKind.REPLAY
-        weighs_history = pipeline.declared is not None and pipeline.strategy == Strategy.AUTO
+        weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
         strategy = (
             None
             if full_load

@@ -57,19 +57,44 @@ from watermark_dagster.config.pipeline import (
     StrategyRun,
     Transform,
 )
-from watermark_dagster.core.columns import CHANGE_TYPE, DELETE, UPSERT
+from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE, DELETE, UPSERT
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import matching_keys, quoted, recompute
 from watermark_dagster.read.inputs import UpstreamInput
 
 
 def transform_of(pipeline: Pipeline) -> Transform:
-    """The function a batch runs for ``pipeline``: its hand-written transform, or the one
-    derived from its declaration."""
+    """The function a batch runs for ``pipeline``: its hand-written transform (or, on a
+    batch whose strategy is ``full``, its full transform diffed against the target), or
+    the one derived from its declaration."""
     declared = pipeline.declared
     if declared is None:
-        assert pipeline.transform is not None  # Pipeline checks one of the two is given
-        return pipeline.transform
+        hand_written = pipeline.transform
+        assert hand_written is not None  # Pipeline checks one of the two is given
+        full_transform = pipeline.full_transform
+        if full_transform is None:
+            return hand_written
+
+        def chosen(batch: BatchContext) -> DataFrame:
+            choice = batch.strategy
+            if batch.full_load or choice is None or choice.strategy is not Strategy.FULL:
+                return hand_written(batch)
+            snapshots = {u: batch[u].snapshot for u in pipeline.upstreams}
+            whole = _checked(pipeline, full_transform(**snapshots))
+            reserved = [c for c in whole.columns if c in CDF_COLUMNS]
+            if reserved:
+                raise TerminalError(
+                    f"Pipeline '{pipeline.name}': its full transform's output has "
+                    f"{reserved}, which only a change feed carries; a full transform "
+                    "computes the target's rows.",
+                    pipeline=pipeline.name,
+                    fix="return the target's columns from the full transform (drop "
+                    f"{reserved}); nothing was written.",
+                )
+            return diff_against_target(batch.spark, whole, pipeline)
+
+        chosen.__doc__ = hand_written.__doc__
+        return chosen
 
     def derived(batch: BatchContext) -> DataFrame:
         return derive(pipeline, declared, batch)
@@ -233,7 +258,7 @@ def choose_strategy(
 ) -> StrategyChoice | None:
     """How ``pipeline`` computes an incremental batch over ``inputs``, decided from the
     Delta log and the pipeline's measured ``history`` alone (no Spark job); None for a
-    hand-written pipeline.
+    hand-written pipeline without a full transform.
 
     ``incremental`` and ``full`` are taken as configured. ``auto`` picks the strategy
     whose estimated cost for this batch is lower once ``history`` holds runs of both (each
@@ -246,7 +271,7 @@ def choose_strategy(
     ``full`` past ``INLINE_KEYS_LIMIT`` touched keys). A replay is always ``incremental``:
     its snapshots are older than the target, which a full diff would roll back.
     """
-    if pipeline.declared is None:
+    if not pipeline.chooses_strategy:
         return None
     estimates = [i.bytes_estimate() for i in inputs.values()]
     known = [e for e in estimates if e is not None]
@@ -268,14 +293,10 @@ def estimate_seconds(
         return None
     scaled = []
     for run in runs:
-        now, then = (
-            (total, run.snapshot_bytes)
-            if strategy is Strategy.FULL
-            else (
-                changed,
-                run.changed_bytes,
-            )
-        )
+        if strategy is Strategy.FULL:
+            now, then = total, run.snapshot_bytes
+        else:
+            now, then = changed, run.changed_bytes
         scaled.append(run.seconds * (max(1.0, now / then) if then else 1.0))
     return statistics.median(scaled), len(runs)
 
