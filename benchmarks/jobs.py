@@ -104,7 +104,7 @@ def instrument(phases: PhaseJobs) -> None:
     from watermark_dagster.write import merge
 
     _wrap(merge, "summarize", phases, "write: persist + summary")
-    _wrap(merge, "_first_key_values", phases, "write: skipping values")
+    _wrap(merge, "_first_key_spans", phases, "write: skipping values")
     _wrap(merge, "_merge", phases, "write: MERGE")
     original_execute = rp.execute_pipeline
 

@@ -461,8 +461,8 @@ def test_a_small_target_is_rewritten_and_its_change_feed_holds_only_the_changes(
 
 
 def test_the_merge_condition_lets_delta_skip_files(lake: Lake, small_files: None) -> None:
-    from watermark_dagster.write.merge import prepare_changes, skipping_condition
-    from watermark_dagster.write.summary import summarize
+    from watermark_dagster.write.merge import MAX_INTERVALS, prepare_changes, skipping_condition
+    from watermark_dagster.write.summary import intervals, summarize
 
     spark = lake.spark
     merge = _pipeline(lake, "merged", "merge", ("id",))
@@ -479,7 +479,8 @@ def test_the_merge_condition_lets_delta_skip_files(lake: Lake, small_files: None
             _rows(spark, changed), keys=["id"], batch_seq=2, batch_id="b2", pipeline="merged"
         )
         summary = summarize(prepared, ranges=["id"])
-        condition = skipping_condition(prepared, summary, ["id"], changed)
+        spans = intervals(changed, MAX_INTERVALS)
+        condition = skipping_condition(prepared, summary, ["id"], spans)
         assert condition is not None
         return len(target.where(condition).inputFiles())
 

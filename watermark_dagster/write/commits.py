@@ -115,18 +115,19 @@ class WriteResult:
         )
 
 
-def open_target(target: str, storage_options: Mapping[str, str] | None) -> RsDeltaTable:
-    """The target's Delta log at its current version, through delta-rs (no Spark job)."""
+def existing_target(target: str, storage_options: Mapping[str, str] | None) -> RsDeltaTable | None:
+    """The target's Delta log at its current version, through delta-rs (no Spark job);
+    None when it does not exist yet."""
     options = dict(storage_options) if storage_options else None
+    if not RsDeltaTable.is_deltatable(target, storage_options=options):
+        return None
     return RsDeltaTable(target, storage_options=options)
 
 
 def target_version(target: str, storage_options: Mapping[str, str] | None) -> int | None:
     """The target's current version (None when it does not exist yet)."""
-    options = dict(storage_options) if storage_options else None
-    if not RsDeltaTable.is_deltatable(target, storage_options=options):
-        return None
-    return RsDeltaTable(target, storage_options=options).version()
+    table = existing_target(target, storage_options)
+    return None if table is None else table.version()
 
 
 def applied_transaction(
@@ -201,12 +202,22 @@ def labelled_commits(spark: SparkSession, label: str) -> AbstractContextManager[
 
 
 def commits_since(
-    target: str, storage_options: Mapping[str, str] | None, before: int | None, label: str
+    target: str,
+    storage_options: Mapping[str, str] | None,
+    before: int | None,
+    label: str,
+    *,
+    table: RsDeltaTable | None = None,
 ) -> tuple[int, list[dict]]:
     """The target's version now, and the commits after ``before`` that carry ``label``
-    (oldest first)."""
-    options = dict(storage_options) if storage_options else None
-    dt = RsDeltaTable(target, storage_options=options)
+    (oldest first). ``table``, the target's log opened before the write, is brought up
+    to date from where it was instead of being read again."""
+    if table is not None:
+        table.update_incremental()
+        dt = table
+    else:
+        options = dict(storage_options) if storage_options else None
+        dt = RsDeltaTable(target, storage_options=options)
     version = dt.version()
     made = version - (-1 if before is None else before)
     if made <= 0:

@@ -44,12 +44,11 @@ from watermark_dagster.read.changes import is_delete, latest_per_key, quoted, qu
 from watermark_dagster.write.commits import (
     WriteResult,
     commits_since,
+    existing_target,
     labelled_commits,
     new_label,
     newest_written_seq,
-    open_target,
     session_setting,
-    target_version,
 )
 from watermark_dagster.write.layout import (
     PERSISTENT_DELETION_VECTORS_CONF,
@@ -134,14 +133,15 @@ def skipping_condition(
     prepared: DataFrame,
     summary: OutputSummary,
     keys: Sequence[str],
-    key_values: list[Any],
+    key_spans: Sequence[tuple[Any, Any]],
     target_schema: T.StructType | None = None,
 ) -> Column | None:
     """A condition on the target's key columns alone that every row a change can match
     satisfies: Delta uses it to skip files whose min/max statistics lie outside it.
 
     Per key column, the min..max range of the changes; for the first key, when its
-    changed values were fetched, up to :data:`MAX_INTERVALS` intervals around them; either
+    changed values were fetched, the intervals ``key_spans`` around them (at most
+    :data:`MAX_INTERVALS`, from :func:`~watermark_dagster.write.summary.intervals`); either
     or'ed with ``IS NULL`` when a change's key is NULL (the MERGE matches NULL keys). A key
     whose type differs in the target is left out (a cast on the target's column would
     defeat skipping, and a value may not fit the target's type).
@@ -154,12 +154,12 @@ def skipping_condition(
         ):
             continue
         target = quoted(k)
-        if k == keys[0] and key_values:
+        if k == keys[0] and key_spans:
             spans = [
                 (target == _literal(a, dtype))
                 if a == b
                 else ((target >= _literal(a, dtype)) & (target <= _literal(b, dtype)))
-                for a, b in intervals(key_values, MAX_INTERVALS)
+                for a, b in key_spans
             ]
             part = reduce(operator.or_, spans)
         else:
@@ -170,21 +170,21 @@ def skipping_condition(
     return reduce(operator.and_, parts) if parts else None
 
 
-def _first_key_values(
+def _first_key_spans(
     prepared: DataFrame, keys: Sequence[str], summary: OutputSummary, files: pa.Table | None
-) -> list[Any]:
-    """The first key's changed values, when few enough to fetch (a small job over the
-    persisted output) and when the intervals around them let Delta skip target files that
-    the key's one min..max range does not (:func:`intervals_skip_more`); else none."""
+) -> list[tuple[Any, Any]]:
+    """Up to :data:`MAX_INTERVALS` intervals around the first key's changed values, when
+    they are few enough to fetch (a small job over the persisted output) and the intervals
+    let Delta skip target files that the key's one min..max range does not
+    (:func:`intervals_skip_more`); else none."""
     key = keys[0]
     if key not in summary.key_ranges or summary.rows > KEY_LIST_LIMIT:
         return []
     values = [r[0] for r in prepared.select(quoted(key)).collect() if r[0] is not None]
-    if files is not None and not intervals_skip_more(
-        files, key, intervals(values, MAX_INTERVALS), summary.key_ranges[key]
-    ):
+    spans = intervals(values, MAX_INTERVALS)
+    if files is not None and not intervals_skip_more(files, key, spans, summary.key_ranges[key]):
         return []
-    return values
+    return spans
 
 
 def intervals_skip_more(
@@ -292,13 +292,15 @@ def merge_into_target(
         error = duplicate_key_error(summary, pipeline=pipeline, batch_id=batch_id)
         if error is not None:
             raise error
-        before = target_version(target, storage_options)
+        # The target's log, read once for what this write decides from it.
+        table = existing_target(target, storage_options)
+        before = None if table is None else table.version()
         if before is not None and summary.rows == 0:
             log.info("pipeline=%s batch=%s: no changes; nothing committed", pipeline, batch_id)
             return WriteResult.nothing(before)
         label = new_label(pipeline, batch_id, batch_seq)
         with labelled_commits(spark, label):
-            if before is None:
+            if table is None:
                 schema = prepared.drop(CHANGE_TYPE).schema
                 layout = target_layout(
                     spark,
@@ -311,8 +313,6 @@ def merge_into_target(
                 create_target(spark, target, schema, layout)
                 small, files = None, None
             else:
-                # The target's log, read once for what this write decides from it.
-                table = open_target(target, storage_options)
                 files = pa.table(table.get_add_actions(flatten=True))
                 small = _rewrite_bytes(spark, target, table, files, batch_seq)
             if summary.rows:
@@ -342,7 +342,7 @@ def merge_into_target(
                         insert_missing=insert_missing or before is None,
                         files=files,
                     )
-        version, commits = commits_since(target, storage_options, before, label)
+        version, commits = commits_since(target, storage_options, before, label, table=table)
         return WriteResult.from_commits(version, commits, created=before is None)
     finally:
         prepared.unpersist()
@@ -437,8 +437,8 @@ def _merge(
     # NULL key's row would never be updated or deleted, and an upsert would add a second.
     equal = Column.eqNullSafe if form.null_safe else Column.__eq__
     on = reduce(operator.and_, [equal(quoted(k), _source(k)) for k in keys])
-    values = _first_key_values(prepared, keys, summary, files) if form.skipping else []
-    skip = skipping_condition(prepared, summary, keys, values, target_schema)
+    spans = _first_key_spans(prepared, keys, summary, files) if form.skipping else []
+    skip = skipping_condition(prepared, summary, keys, spans, target_schema)
     if skip is not None and form.skipping:
         # Target-only conditions are what Delta's MERGE prunes target files with.
         on = on & skip
