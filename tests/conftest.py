@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import jvm_archive
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Small-data settings: one session, two cores, few partitions.
@@ -31,6 +33,7 @@ def spark():  # yields a pyspark SparkSession
     """The one Spark session of this test process (local[2], Delta configured)."""
     from watermark_dagster.runtime.spark import build_spark_session
 
+    jvm_archive.use_if_ready(_JVM_ARCHIVE)
     session = build_spark_session(
         master="local[2]", app_name="watermark-tests", conf=LONG_LIVED_SPARK_CONF
     )
@@ -71,31 +74,34 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("WATERMARK_ENGINE", "process")
 
 
-# The default suite's longest modules, longest first (seconds in a fresh-clone run on 2
-# idle cores, `pytest --durations=0`). Under `pytest -n 2` (README, .ci/run) each module
-# goes to one worker whole (`--dist loadfile`: module fixtures and servers are built once),
-# in collection order: starting the longest first lets the two workers finish together
-# instead of one of them starting a five-minute module at the end. Modules not listed keep
-# their order after these.
+# The default suite's longest modules, longest first (seconds of their tests under
+# `pytest -n 2` on 2 cores, `--durations`, on 1aebe8d). Under `pytest -n 2` (README,
+# .ci/run) each module goes to one worker whole (`--dist loadfile`: module fixtures and
+# servers are built once), in collection order: starting the longest first lets the two
+# workers finish together instead of one of them starting a five-minute module at the end.
+# Modules not listed keep their order after these.
 LONGEST_MODULES = (
-    "tests/live/test_live_dagster_dev.py",  # 337 s
-    "tests/spark/test_read_modes.py",  # 236 s
-    "tests/spark/test_flow.py",  # 181 s
-    "tests/model/test_declared.py",  # 180 s
-    "tests/crash/test_crashes.py",  # 180 s
-    "tests/spark/test_engine.py",  # 157 s
-    "tests/spark/test_writes.py",  # 114 s
-    "tests/live/test_live_health.py",  # 100 s
-    "tests/spark/test_declared.py",  # 99 s
-    "tests/spark/test_quiet_output.py",  # 96 s
-    "tests/dagster/test_cli.py",  # 91 s
-    # The scale tier (-m scale, -n 2; seconds under -n 2): xdist hands each worker two
+    "tests/spark/test_read_modes.py",  # 609 s
+    "tests/live/test_live_dagster_dev.py",  # 554 s
+    "tests/spark/test_engine.py",  # 439 s
+    "tests/spark/test_declared.py",  # 360 s
+    "tests/spark/test_flow.py",  # 331 s
+    "tests/crash/test_crashes.py",  # 279 s
+    "tests/model/test_declared.py",  # 218 s
+    "tests/spark/test_writes.py",  # 216 s
+    "tests/spark/test_quiet_output.py",  # 198 s
+    "tests/live/test_live_health.py",  # 177 s
+    "tests/spark/test_cli_run.py",  # 112 s
+    "tests/deploy/test_postgres.py",  # 103 s
+    "tests/spark/test_cli_verify.py",  # 90 s
+    "tests/model/test_model.py",  # 90 s
+    # The scale tier (-m scale, -n 2; seconds under -n 2, 1aebe8d): xdist hands each worker two
     # modules to start with, the first and third to one and the second and fourth to the
     # other, so the order pairs them for an even split.
-    "tests/scale/test_catalog.py",  # 364 s
-    "tests/scale/test_connect_remote.py",  # 347 s (a minute of it a server ignoring SIGTERM)
-    "tests/scale/test_cluster.py",  # 208 s
-    "tests/scale/test_s3_end_to_end.py",  # 340 s
+    "tests/scale/test_s3_end_to_end.py",  # 458 s
+    "tests/scale/test_catalog.py",  # 394 s
+    "tests/scale/test_connect_remote.py",  # 295 s
+    "tests/scale/test_cluster.py",  # 343 s
 )
 
 
@@ -108,6 +114,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
     if items and not any(item.get_closest_marker(m) for item in items for m in JVM_MARKERS):
         _refuse_jvm_starts()
+    elif items:
+        # JVMs ahead: their classes from an archive once it is made (tests/jvm_archive.py).
+        global _JVM_ARCHIVE
+        _JVM_ARCHIVE = jvm_archive.archive_path()
+        if not jvm_archive.use_if_ready(_JVM_ARCHIVE):
+            jvm_archive.start_making(_JVM_ARCHIVE)
+
+
+_JVM_ARCHIVE: Path | None = None
+
+
+@pytest.fixture(autouse=True)
+def _jvm_archive_when_ready() -> None:
+    """Every test's JVMs start from the class archive as soon as it exists (a file check)."""
+    jvm_archive.use_if_ready(_JVM_ARCHIVE)
 
 
 def _refuse_jvm_starts() -> None:
