@@ -66,13 +66,11 @@ STARTUP_TIMEOUT = 300
 FIRST_BATCH_TIMEOUT = 480
 CATCH_UP_TIMEOUT = 600
 SENSOR_INTERVAL_SECONDS = 5
-# No batch is planned sooner than this after the previous one. The first batch is planned
-# at once; the commits of the later apply_round (spread over 10-25 s, done some 50-65 s
-# after the first batch was planned on a 2-core machine) then usually land in one batch
-# instead of being split by a coordinator tick in the middle of the round. When the machine
-# is slower and the round is split anyway, the test still passes (every check holds for any
-# number of batches); it only takes one run longer.
-MIN_BATCH_INTERVAL_SECONDS = 100
+# A batch is planned at the coordinator's first tick after a commit. The commits of the
+# round (spread over 10-40 s) land in one batch because the coordinator is stopped while
+# they are made, as an operator would (`_coordinator_stopped`); were a tick to slip in
+# anyway, the test still passes (every check holds for any number of batches).
+MIN_BATCH_INTERVAL_SECONDS = 0
 POLL_SECONDS = 2.0
 WATCH_SECONDS = 0.5
 JVM_MAIN = "org.apache.spark.deploy.SparkSubmit"
@@ -401,6 +399,71 @@ def _assert_contiguous(batches: list[Batch], latest: dict[str, int]) -> None:
 
 
 # ------------------------------------------------------------------------ GraphQL checks
+
+SENSOR_QUERY = """
+query Sensor($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { id sensorState { status ticks(limit: 1) { status } } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+STOP_SENSOR = """
+mutation Stop($id: String) {
+  stopSensor(id: $id) {
+    __typename
+    ... on StopSensorMutationResult { instigationState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+START_SENSOR = """
+mutation Start($selector: SensorSelector!) {
+  startSensor(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+
+def _coordinator(dev: DagsterDev) -> dict[str, Any]:
+    selector = {
+        "repositoryLocationName": LOCATION,
+        "repositoryName": REPOSITORY,
+        "sensorName": "watermark_coordinator",
+    }
+    found = dev.graphql(SENSOR_QUERY, {"selector": selector})["sensorOrError"]
+    assert found["__typename"] == "Sensor", dev.explain(f"sensorOrError: {found}")
+    return {"selector": selector, **found}
+
+
+def _no_tick_running(dev: DagsterDev) -> bool:
+    ticks = _coordinator(dev)["sensorState"]["ticks"]
+    return not ticks or ticks[0]["status"] != "STARTED"
+
+
+@contextlib.contextmanager
+def _coordinator_stopped(dev: DagsterDev) -> Iterator[None]:
+    """The coordinator sensor stopped (as from the UI's toggle) while the block commits, so
+    that no tick plans a batch of half the commits; started again afterwards."""
+    sensor = _coordinator(dev)
+    stopped = dev.graphql(STOP_SENSOR, {"id": sensor["id"]})["stopSensor"]
+    assert stopped["__typename"] == "StopSensorMutationResult", dev.explain(f"{stopped}")
+    # A tick the daemon began before the stop ends first (one interval lets it register).
+    time.sleep(SENSOR_INTERVAL_SECONDS)
+    dev.wait_for("the coordinator's last tick to end", lambda: _no_tick_running(dev), 120)
+    try:
+        yield
+    finally:
+        started = dev.graphql(START_SENSOR, {"selector": sensor["selector"]})["startSensor"]
+        assert started["__typename"] == "Sensor", dev.explain(f"startSensor: {started}")
+        assert started["sensorState"]["status"] == "RUNNING", started
+
 
 SENSORS_QUERY = """
 query Sensors($selector: RepositorySelector!) {
@@ -890,7 +953,8 @@ def _dagster_dev_runs_batches_by_itself(
         assert len(run_pids) == 1, run_pids
 
         # ---- new upstream data: the next batch(es) start right after the first one
-        commits = apply_round(spark, paths, 1)
+        with _coordinator_stopped(dev):
+            commits = apply_round(spark, paths, 1)
         assert commits > 0
         timings["new data committed"] = time.monotonic() - began
         latest = _latest_versions(paths)
