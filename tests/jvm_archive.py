@@ -1,8 +1,8 @@
 """A class data sharing archive of Spark's classes, so the suite's JVMs start faster.
 
-The suite starts well over a hundred Spark driver JVMs: every ``watermark`` command, run
+The suite starts many Spark driver JVMs (not counted): every ``watermark`` command, run
 process, engine and crash-test child is one. Each spends seconds loading and verifying the
-same ten thousand classes of PySpark's jars. Java 17 can map them from an archive instead
+same classes of PySpark's jars. Java 17 can map them from an archive instead
 (AppCDS): measured on this project's 2-core machine, a child process starting Spark and
 writing and reading a Delta table took 12-15 s against 18-22 s without it.
 
