@@ -10,7 +10,7 @@ How it is used (``tests/conftest.py``):
 
 * When a session will start JVMs, the archive is made once per virtual environment, in
   the background: a child process runs a small Spark and Delta workload with
-  ``-XX:ArchiveClassesAtExit`` (about a minute and a half on 2 cores). Tests go on
+  ``-XX:ArchiveClassesAtExit`` (about a minute on 2 cores). Tests go on
   meanwhile; a file lock keeps two sessions from making it at once.
 * Once the archive exists, each test process adds ``-XX:SharedArchiveFile`` to
   ``SPARK_SUBMIT_OPTS``, which ``spark-submit`` gives to every driver JVM it starts
