@@ -268,6 +268,49 @@ def test_a_changed_transform_reading_another_table_is_refused_on_an_incremental_
     assert latest["version"] == version["version"]  # nothing written
 
 
+def test_a_hand_written_pipelines_full_transform_reading_another_table_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    tiers = str(tmp_path / "outside" / "tiers")
+    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
+        tiers
+    )
+    # The demo's hand-written transform, with a full transform that reads a table it was
+    # not given, forced to run it: the first batch loads (the hand-written transform), the
+    # second would run the full transform and is refused before writing.
+    pipeline = replace(
+        build_handwritten_registry(paths).pipelines["orders_enriched"],
+        full_transform=_reading_another_table(tiers),
+        strategy="full",  # type: ignore[arg-type]
+    )
+    registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
+    store = WatermarkStore(paths.control_root)
+    _cycle(spark, registry, store)
+    target = DeltaTable.forPath(spark, pipeline.target)
+    version = target.history(1).first()
+    assert version is not None
+    apply_round(spark, paths, 1)
+    look = look_before_planning(registry, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    with pytest.raises(TerminalError, match="outside its upstreams") as caught:
+        execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=registry,
+            pipeline_name=pipeline.name,
+            batch_id=batch.batch_id,
+            run_id="test",
+        )
+    assert str(Path(tiers)) in str(caught.value)
+    assert "as an upstream of the pipeline." in str(caught.value)  # no key path to name
+    latest = target.history(1).first()
+    assert latest is not None
+    assert latest["version"] == version["version"]  # nothing written
+
+
 def _ranked(orders: DataFrame, customers: DataFrame) -> DataFrame:
     """Each order's rank among its customer's orders: a window over other keys' rows."""
     by_customer = Window.partitionBy("customer_id").orderBy(F.col("amount_cents").desc())

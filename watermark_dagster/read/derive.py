@@ -81,6 +81,7 @@ def transform_of(pipeline: Pipeline) -> Transform:
                 return hand_written(batch)
             snapshots = {u: batch[u].snapshot for u in pipeline.upstreams}
             whole = _checked(pipeline, full_transform(**snapshots))
+            _reads_only_upstreams(pipeline, batch, whole)
             reserved = [c for c in whole.columns if c in CDF_COLUMNS]
             if reserved:
                 raise TerminalError(
@@ -482,8 +483,8 @@ def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataF
             "drift from a full recompute; nothing was written.",
             pipeline=pipeline.name,
             fix="read only the DataFrames the full transform receives (one per upstream), "
-            "and declare any other table it needs as an upstream of the pipeline with a key "
-            "path.",
+            "and declare any other table it needs as an upstream of the pipeline"
+            + (" with a key path." if pipeline.declared is not None else "."),
         )
 
 
