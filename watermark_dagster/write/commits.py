@@ -124,27 +124,10 @@ def existing_target(target: str, storage_options: Mapping[str, str] | None) -> R
     return RsDeltaTable(target, storage_options=options)
 
 
-def target_version(target: str, storage_options: Mapping[str, str] | None) -> int | None:
-    """The target's current version (None when it does not exist yet)."""
-    table = existing_target(target, storage_options)
-    return None if table is None else table.version()
-
-
-def applied_transaction(
-    target: str, storage_options: Mapping[str, str] | None, app_id: str
-) -> int | None:
-    """The latest transaction version Delta recorded for ``app_id`` on ``target``."""
-    options = dict(storage_options) if storage_options else None
-    return RsDeltaTable(target, storage_options=options).transaction_version(app_id)
-
-
-def labelled_commit(
-    target: str, storage_options: Mapping[str, str] | None, prefix: str, *, newest: int = 100
-) -> int | None:
+def labelled_commit(table: RsDeltaTable, prefix: str, *, newest: int = 100) -> int | None:
     """The version of the newest of the target's last ``newest`` commits whose label
     starts with ``prefix`` (see :func:`new_label`), or None."""
-    options = dict(storage_options) if storage_options else None
-    for commit in RsDeltaTable(target, storage_options=options).history(newest):
+    for commit in table.history(newest):
         if str(commit.get("userMetadata") or "").startswith(prefix):
             return int(commit.get("version", -1))
     return None
@@ -158,12 +141,6 @@ def newest_written_seq(table: RsDeltaTable, *, newest: int = 20) -> int | None:
         if found:
             return int(found.group(1))
     return None
-
-
-def has_data_files(target: str, storage_options: Mapping[str, str] | None) -> bool:
-    """True when the target's current version holds at least one data file."""
-    options = dict(storage_options) if storage_options else None
-    return len(RsDeltaTable(target, storage_options=options).file_uris()) > 0
 
 
 def label_prefix(pipeline: str, batch_id: str) -> str:

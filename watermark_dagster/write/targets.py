@@ -36,14 +36,12 @@ from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import is_delete, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
     WriteResult,
-    applied_transaction,
     commits_since,
-    has_data_files,
+    existing_target,
     label_prefix,
     labelled_commit,
     labelled_commits,
     new_label,
-    target_version,
 )
 from watermark_dagster.write.layout import (
     create_target,
@@ -102,9 +100,11 @@ def _txn_write(
 ) -> WriteResult:
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     app_id = transaction_app_id(pipeline)
-    before = target_version(pipeline.target, options)
-    if before is not None:
-        applied = applied_transaction(pipeline.target, options, app_id)
+    # The target's log, read once: the version before the write, Delta's transaction for
+    # this pipeline, the files an overwrite must empty, and the commits the write made.
+    table = existing_target(pipeline.target, options)
+    if table is not None:
+        applied = table.transaction_version(app_id)
         if applied is not None and applied >= write_seq:
             # Delta would skip this transaction anyway: skip computing it too.
             log.info(
@@ -114,7 +114,7 @@ def _txn_write(
                 app_id,
                 write_seq,
             )
-            return WriteResult.nothing(before, already_applied=True)
+            return WriteResult.nothing(table.version(), already_applied=True)
     merge = pipeline.write is WriteMode.MERGE
     if merge:
         frame = prepare_changes(
@@ -144,7 +144,7 @@ def _txn_write(
             rows,
             pipeline,
             count=summary.upserts,
-            before=before,
+            table=table,
             overwrite=overwrite,
             label=new_label(pipeline.name, batch_id, write_seq),
             app_id=app_id,
@@ -160,7 +160,7 @@ def _commit(
     pipeline: Pipeline,
     *,
     count: int,
-    before: int | None,
+    table: RsDeltaTable | None,
     overwrite: bool,
     label: str,
     app_id: str,
@@ -168,19 +168,20 @@ def _commit(
 ) -> WriteResult:
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     target = pipeline.target
-    exists = before is not None
+    before = None if table is None else table.version()
+    exists = table is not None
     replace_schema = (
         overwrite and exists and not _only_adds(read_schema(spark, target), rows.schema)
     )
     # Nothing to add; an overwrite still has to empty a target that holds rows.
     if (
-        before is not None
+        table is not None
         and count == 0
         and not replace_schema
-        and (not overwrite or not has_data_files(target, options))
+        and (not overwrite or not table.file_uris())
     ):
         log.info("pipeline=%s: empty output; nothing committed to %s", pipeline.name, target)
-        return WriteResult.nothing(before)
+        return WriteResult.nothing(table.version())
     layout = target_layout(
         spark,
         rows.schema,
@@ -229,20 +230,23 @@ def _commit(
                 writer = writer.option("replaceWhere", "true")
         # Clustering cleared by a schema replacement is set again, on tables that had it.
         recluster_by = ()
-        if replace_schema and (pipeline.cluster_by or _is_clustered(target, options)):
+        if replace_schema and (pipeline.cluster_by or _is_clustered(table)):
             recluster_by = layout.cluster_by
         writer.save(target)
         if recluster_by:
             recluster(spark, target, recluster_by)
-    version, commits = commits_since(target, options, before, label)
+    version, commits = commits_since(target, options, before, label, table=table)
     if not commits:
         # Delta skipped the write: a concurrent attempt committed this transaction first.
         return WriteResult.nothing(version, already_applied=True)
     return WriteResult.from_commits(version, commits, created=before is None)
 
 
-def _is_clustered(target: str, options: Mapping[str, str]) -> bool:
-    protocol = RsDeltaTable(target, storage_options=dict(options) or None).protocol()
+def _is_clustered(table: RsDeltaTable | None) -> bool:
+    """True when the target (as it was before the write) is clustered."""
+    if table is None:
+        return False
+    protocol = table.protocol()
     return "clustering" in (protocol.writer_features or [])
 
 
@@ -280,14 +284,15 @@ def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str 
     twice either.
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
-    if target_version(pipeline.target, options) is None:
+    table = existing_target(pipeline.target, options)
+    if table is None:
         return None
     app_id = transaction_app_id(pipeline)
-    applied = applied_transaction(pipeline.target, options, app_id)
+    applied = table.transaction_version(app_id)
     if applied is not None and applied >= write_seq:
         return f"the target's Delta transaction {app_id} is at {applied} (batch at {write_seq})"
     prefix = label_prefix(pipeline.name, batch_id)
-    version = labelled_commit(pipeline.target, options, prefix)
+    version = labelled_commit(table, prefix)
     if version is not None:
         return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
     return None
