@@ -27,6 +27,10 @@ SPARK_TEST_CONF = {
 # Measured side by side on test_read_modes.py: 744 s against 885 s with C1 only.
 LONG_LIVED_SPARK_CONF = {**SPARK_TEST_CONF, "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
 
+# The class archive JVMs of this run start from once it is made (tests/jvm_archive.py); set
+# when the collected tests will start JVMs.
+_JVM_ARCHIVE: Path | None = None
+
 
 @pytest.fixture(scope="session")
 def spark():  # yields a pyspark SparkSession
@@ -89,19 +93,19 @@ LONGEST_MODULES = (
     "tests/crash/test_crashes.py",  # 279 s
     "tests/model/test_declared.py",  # 218 s
     "tests/spark/test_writes.py",  # 216 s
-    "tests/spark/test_quiet_output.py",  # 198 s
     "tests/live/test_live_health.py",  # 177 s
+    "tests/spark/test_quiet_output.py",  # 127 s (one demo and a verify)
     "tests/spark/test_cli_run.py",  # 112 s
     "tests/deploy/test_postgres.py",  # 103 s
     "tests/spark/test_cli_verify.py",  # 90 s
     "tests/model/test_model.py",  # 90 s
-    # The scale tier (-m scale, -n 2; seconds under -n 2, 1aebe8d): xdist hands each worker two
-    # modules to start with, the first and third to one and the second and fourth to the
-    # other, so the order pairs them for an even split.
-    "tests/scale/test_s3_end_to_end.py",  # 458 s
-    "tests/scale/test_catalog.py",  # 394 s
-    "tests/scale/test_connect_remote.py",  # 295 s
-    "tests/scale/test_cluster.py",  # 343 s
+    # The scale tier (-m scale, -n 2; seconds under -n 2, two modules at a time, on this
+    # stop's code): xdist hands each worker two modules to start with, the first and third to
+    # one and the second and fourth to the other, so the order pairs them for an even split.
+    "tests/scale/test_catalog.py",  # 285 s
+    "tests/scale/test_s3_end_to_end.py",  # 257 s
+    "tests/scale/test_connect_remote.py",  # 135 s
+    "tests/scale/test_cluster.py",  # 160 s
 )
 
 
@@ -120,9 +124,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _JVM_ARCHIVE = jvm_archive.archive_path()
         if not jvm_archive.use_if_ready(_JVM_ARCHIVE):
             jvm_archive.start_making(_JVM_ARCHIVE)
-
-
-_JVM_ARCHIVE: Path | None = None
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import SPARK_TEST_CONF
 from watermark_dagster.runtime.spark import DELTA_CONF, cached_delta_jars
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -155,6 +156,7 @@ def standalone_cluster(
     env = {
         # Keep the daemons small: the workers' own heap, not the executors'.
         "SPARK_DAEMON_MEMORY": "256m",
+        "SPARK_DAEMON_JAVA_OPTS": SPARK_TEST_CONF["spark.driver.extraJavaOptions"],
         "SPARK_WORKER_DIR": str(folder / "work"),
     }
     servers: list[Server] = []
@@ -222,6 +224,11 @@ def connect_server(
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.memory": "1g",
+        # A server that lives for one test: the quick JIT and the serial collector, as for
+        # the tests' short-lived drivers (tests/conftest.py).
+        "spark.driver.extraJavaOptions": SPARK_TEST_CONF["spark.driver.extraJavaOptions"],
+        # Small logs: one partition to rebuild a Delta snapshot, not Delta's 50 tasks.
+        "spark.databricks.delta.snapshotPartitions": "1",
         **dict(conf or {}),
     }
     argv = [

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SPARK_TEST_CONF
 from tests.scale.scenario import Scenario
 from tests.scale.spark_servers import group_alive, standalone_cluster
 
@@ -24,6 +25,9 @@ def cluster_conf(master_url: str) -> dict[str, str]:
         "spark.executor.cores": "1",
         "spark.cores.max": "2",
         "spark.sql.shuffle.partitions": "2",
+        # Each run's executors live as long as the run: as for the tests' short-lived
+        # drivers, the quick JIT and the serial collector (tests/conftest.py).
+        "spark.executor.extraJavaOptions": SPARK_TEST_CONF["spark.driver.extraJavaOptions"],
     }
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SPARK_TEST_CONF
 from tests.leaks import leaks
 from tests.scale.s3_demo import KEY_PATHS, KEYS, UPSTREAMS, S3DemoPaths
 from tests.scale.s3server import S3Server, running_s3_server
@@ -42,6 +42,9 @@ def _env(s3: S3Server, home: Path, registry: Path) -> dict[str, str]:
         DAGSTER_HOME=str(home / "dagster"),
         WATERMARK_REGISTRY=str(registry),
         WATERMARK_SPARK_MASTER="local[1]",
+        # The tests' small-data and quick-JVM settings (tests/conftest.py) for the run
+        # processes too; the test's own steps (tests/scale/s3_demo.py) use them already.
+        WATERMARK_SPARK_CONF=json.dumps(SPARK_TEST_CONF),
     )
     return env
 
