@@ -31,7 +31,7 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
-from tests.conftest import REPO
+from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.definitions import build_demo_location
 
 WATERMARK = Path(sys.executable).with_name("watermark")
@@ -227,6 +227,8 @@ def test_readme_postgres_example_stores_a_demo_batch(
         DAGSTER_PG_USER=DB_USER,
         DAGSTER_PG_PASSWORD=postgres.password,
         DAGSTER_PG_DB=DB_NAME,
+        # The tests' small-data and quick-JVM Spark settings (tests/conftest.py).
+        WATERMARK_SPARK_CONF=json.dumps(SPARK_TEST_CONF),
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
     done = subprocess.run(

@@ -1,9 +1,11 @@
-"""`watermark demo` is quiet by default and shows everything with `-v`.
+"""`watermark demo` is quiet by default, and `-v` shows everything.
 
-Each run is the console script in a subprocess with fresh homes and a fresh Delta jar
-cache, so Spark resolves Delta's jars (Ivy's report) and starts its JVM (log4j) as on a
-first run. Quiet: the resolution is one progress line naming the log, and no Ivy, log4j or
-WARN line reaches the terminal; they are in the log. Verbose: they reach the terminal.
+Each command is the console script in a subprocess with a fresh Delta jar cache, so Spark
+resolves Delta's jars (Ivy's report) and starts its JVM (log4j) as on a first run. Quiet
+(the demo, in fresh homes): the resolution is one progress line naming the log, and no Ivy,
+log4j or WARN line reaches the terminal; they are in the log. Verbose (`watermark -v
+verify` on the demo's home: the flag is the command line's, and verify starts Spark without
+running a batch): they reach the terminal, and no log is written.
 """
 
 import os
@@ -28,26 +30,28 @@ NOISE = re.compile(
 QUIET_MAX_LINES = 40
 
 
-def _demo(tmp_path: Path, name: str, *flags: str) -> tuple[list[str], Path]:
-    root = tmp_path / name
+def _env(root: Path, jars: str) -> dict[str, str]:
     env = {
         **os.environ,
         "WATERMARK_HOME": str(root / "watermark"),
         "DAGSTER_HOME": str(root / "dagster"),
-        "WATERMARK_JARS_CACHE": str(root / "jars"),  # first run: the jars are resolved
+        "WATERMARK_JARS_CACHE": str(root / jars),  # a new cache: the jars are resolved
         "WATERMARK_SPARK_MASTER": "local[1]",
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYTHONWARNINGS": "default",  # warnings would show, were they not sent to the log
     }
     for key in ("WATERMARK_VERBOSE", "WATERMARK_REGISTRY", "WATERMARK_SPARK_REMOTE", "NO_COLOR"):
         env.pop(key, None)
-    # Started from inside WATERMARK_HOME with --fresh, which deletes that folder first: the
-    # demo must not lose its working directory (Spark's launcher needs one).
-    (root / "watermark").mkdir(parents=True)
+    return env
+
+
+def _watermark(root: Path, jars: str, *args: str) -> list[str]:
+    """``watermark ARGS`` run from inside WATERMARK_HOME; its output lines (it must
+    succeed)."""
     out = subprocess.run(
-        [str(SCRIPT), *flags, "demo", "--fresh", "--rounds", "0"],
+        [str(SCRIPT), *args],
         cwd=root / "watermark",
-        env=env,
+        env=_env(root, jars),
         capture_output=True,
         text=True,
         timeout=900,
@@ -55,11 +59,15 @@ def _demo(tmp_path: Path, name: str, *flags: str) -> tuple[list[str], Path]:
     )
     lines = (out.stdout + out.stderr).splitlines()
     assert out.returncode == 0, "\n".join(lines[-80:])
-    return lines, root / "watermark" / "logs" / "demo.log"
+    return lines
 
 
 def test_the_demo_is_quiet_by_default_and_verbose_with_v(tmp_path: Path) -> None:
-    quiet, log = _demo(tmp_path, "quiet")
+    # Started from inside WATERMARK_HOME with --fresh, which deletes that folder first: the
+    # demo must not lose its working directory (Spark's launcher needs one).
+    (tmp_path / "watermark").mkdir()
+    quiet = _watermark(tmp_path, "jars", "demo", "--fresh", "--rounds", "0")
+    log = tmp_path / "watermark" / "logs" / "demo.log"
     noisy = [line for line in quiet if NOISE.search(line)]
     assert not noisy, "\n".join(quiet)
     assert len(quiet) <= QUIET_MAX_LINES, "\n".join(quiet)
@@ -71,10 +79,11 @@ def test_the_demo_is_quiet_by_default_and_verbose_with_v(tmp_path: Path) -> None
     text = log.read_text()
     assert ":: resolving dependencies" in text
 
-    verbose, verbose_log = _demo(tmp_path, "verbose", "-v")
+    verbose = _watermark(tmp_path, "jars-verbose", "-v", "verify", "-p", "customer_payments")
     shown = "\n".join(verbose)
     assert ":: resolving dependencies" in shown  # Ivy's report
     assert re.search(r"\bWARN\b", shown)  # log4j's WARN lines (Spark's own configuration)
     assert "resolving Delta jars" not in shown  # verbose: Ivy speaks for itself
-    assert len(verbose) > len(quiet) + 50
-    assert not verbose_log.exists()
+    assert any(line.startswith("EQUAL on columns") for line in verbose), shown
+    assert len(verbose) > QUIET_MAX_LINES + 50
+    assert not (tmp_path / "watermark" / "logs" / "verify.log").exists()
