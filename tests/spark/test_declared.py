@@ -199,6 +199,45 @@ def test_a_full_transform_without_the_key_column_is_refused_before_writing(
     _refused(spark, tmp_path, pipeline, "output has no key column(s) ['order_id']")
 
 
+def _tiers_table(spark: SparkSession, tmp_path: Path) -> str:
+    """A Delta table outside every upstream, for a full transform to read unasked."""
+    tiers = str(tmp_path / "outside" / "tiers")
+    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
+        tiers
+    )
+    return tiers
+
+
+def _refused_on_the_second_batch(
+    spark: SparkSession, paths: DemoPaths, first: Registry, second: Registry, name: str
+) -> str:
+    """Run a batch of ``first``, commit a round of changes, and run ``name``'s next batch
+    with ``second``: it must stop with a TerminalError (its text is returned) and leave the
+    target at the first batch's version."""
+    store = WatermarkStore(paths.control_root)
+    _cycle(spark, first, store)
+    target = DeltaTable.forPath(spark, first.pipelines[name].target)
+    version = target.history(1).first()
+    assert version is not None
+    apply_round(spark, paths, 1)
+    look = look_before_planning(second, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    with pytest.raises(TerminalError) as caught:
+        execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=second,
+            pipeline_name=name,
+            batch_id=batch.batch_id,
+            run_id="test",
+        )
+    latest = target.history(1).first()
+    assert latest is not None
+    assert latest["version"] == version["version"]  # nothing written
+    return str(caught.value)
+
+
 def _reading_another_table(tiers: str):
     """A full transform that also reads a table by path, which it was not given."""
 
@@ -212,10 +251,7 @@ def _reading_another_table(tiers: str):
 def test_a_full_transform_reading_a_table_it_was_not_given_is_refused_before_writing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    tiers = str(tmp_path / "outside" / "tiers")
-    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
-        tiers
-    )
+    tiers = _tiers_table(spark, tmp_path)
     pipeline = declared_pipeline(
         upstreams={"orders": "order_id", "customers": JOIN},
         target=str(tmp_path / "wm" / "never"),
@@ -230,42 +266,20 @@ def test_a_changed_transform_reading_another_table_is_refused_on_an_incremental_
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
-    tiers = str(tmp_path / "outside" / "tiers")
-    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
-        tiers
-    )
+    tiers = _tiers_table(spark, tmp_path)
     declare = declared_pipeline(
         upstreams={"orders": "order_id", "customers": JOIN},
         target=paths.target("enriched"),
         keys=["order_id"],
         name="enriched",
     )
-    store = WatermarkStore(paths.control_root)
     first = Registry(upstreams=demo_upstreams(paths), pipelines=[declare(full_orders_enriched)])
-    _cycle(spark, first, store)
-    target = DeltaTable.forPath(spark, paths.target("enriched"))
-    version = target.history(1).first()
-    assert version is not None
-    apply_round(spark, paths, 1)
     changed = Registry(
         upstreams=demo_upstreams(paths), pipelines=[declare(_reading_another_table(tiers))]
     )
-    look = look_before_planning(changed, Observer(), store, actor="test")
-    batch, _ = plan_next(store, look, actor="test")
-    assert batch is not None
-    with pytest.raises(TerminalError, match="outside its upstreams") as caught:
-        execute_pipeline(
-            spark=spark,
-            store=store,
-            registry=changed,
-            pipeline_name="enriched",
-            batch_id=batch.batch_id,
-            run_id="test",
-        )
-    assert str(Path(tiers)) in str(caught.value)
-    latest = target.history(1).first()
-    assert latest is not None
-    assert latest["version"] == version["version"]  # nothing written
+    error = _refused_on_the_second_batch(spark, paths, first, changed, "enriched")
+    assert "outside its upstreams" in error
+    assert str(Path(tiers)) in error
 
 
 def test_a_hand_written_pipelines_full_transform_reading_another_table_is_refused(
@@ -273,10 +287,7 @@ def test_a_hand_written_pipelines_full_transform_reading_another_table_is_refuse
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
-    tiers = str(tmp_path / "outside" / "tiers")
-    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
-        tiers
-    )
+    tiers = _tiers_table(spark, tmp_path)
     # The demo's hand-written transform, with a full transform that reads a table it was
     # not given, forced to run it: the first batch loads (the hand-written transform), the
     # second would run the full transform and is refused before writing.
@@ -286,29 +297,10 @@ def test_a_hand_written_pipelines_full_transform_reading_another_table_is_refuse
         strategy="full",  # type: ignore[arg-type]
     )
     registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
-    store = WatermarkStore(paths.control_root)
-    _cycle(spark, registry, store)
-    target = DeltaTable.forPath(spark, pipeline.target)
-    version = target.history(1).first()
-    assert version is not None
-    apply_round(spark, paths, 1)
-    look = look_before_planning(registry, Observer(), store, actor="test")
-    batch, _ = plan_next(store, look, actor="test")
-    assert batch is not None
-    with pytest.raises(TerminalError, match="outside its upstreams") as caught:
-        execute_pipeline(
-            spark=spark,
-            store=store,
-            registry=registry,
-            pipeline_name=pipeline.name,
-            batch_id=batch.batch_id,
-            run_id="test",
-        )
-    assert str(Path(tiers)) in str(caught.value)
-    assert "as an upstream of the pipeline." in str(caught.value)  # no key path to name
-    latest = target.history(1).first()
-    assert latest is not None
-    assert latest["version"] == version["version"]  # nothing written
+    error = _refused_on_the_second_batch(spark, paths, registry, registry, pipeline.name)
+    assert "outside its upstreams" in error
+    assert str(Path(tiers)) in error
+    assert "as an upstream of the pipeline." in error  # no key path to name
 
 
 def _ranked(orders: DataFrame, customers: DataFrame) -> DataFrame:
