@@ -112,7 +112,9 @@ def registry_from(spec: dict[str, Any]) -> Registry:
 def defs_from(spec: dict[str, Any]):
     """The code location a spec describes (local[2] Spark, no minimum batch interval).
 
-    Optional spec keys: ``max_attempts``, ``spark_master`` (a master that cannot start
+    Optional spec keys: ``max_attempts``, ``max_deaths`` (default 10),
+    ``death_backoff_seconds`` (default 0: a killed run is resumed at once), ``spark_master``
+    (a master that cannot start
     proves a command started no JVM; ``spark://...`` for a cluster), ``spark_remote`` (a
     Spark Connect URL), ``spark_conf`` (settings over the tests' own, e.g. a cluster's or a
     catalog's; with a remote, the only ones sent), ``sensor_interval_seconds`` (for a live
@@ -132,6 +134,8 @@ def defs_from(spec: dict[str, Any]):
         settings=WatermarkSettings(
             min_batch_interval_seconds=0,
             max_attempts=spec.get("max_attempts", 1),
+            max_deaths=spec.get("max_deaths", 10),
+            death_backoff_seconds=spec.get("death_backoff_seconds", 0),
             sensor_interval_seconds=spec.get("sensor_interval_seconds", 30),
         ),
     )

@@ -28,13 +28,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance, build_sensor_context
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable as RsDeltaTable
 from deltalake import QueryBuilder, write_deltalake
@@ -69,6 +69,8 @@ class Lake:
     """One copy of a small lake: upstreams, targets, control tables and a Dagster home."""
 
     root: Path
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Spec keys over the defaults below (``max_attempts``, ``max_deaths``, ...)."""
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -76,12 +78,13 @@ class Lake:
 
         ``orders`` has a change feed (updates and deletes reach ``orders_copy`` by merge);
         ``log`` only grows (read APPEND_ONLY, appended to ``log_copy`` with Delta
-        transaction ids). Three attempts per batch: a killed run counts as one.
+        transaction ids). Three attempts per batch (a killed run spends none).
         """
         r = self.root
         return {
+            **self.settings,
             "control_root": str(r / "control"),
-            "max_attempts": 3,
+            "max_attempts": self.settings.get("max_attempts", 3),
             "upstreams": [
                 {"name": "orders", "path": str(r / "orders")},
                 {"name": "log", "path": str(r / "log")},
@@ -335,6 +338,13 @@ def _planned_without_partition(lake: Lake, instance: DagsterInstance) -> None:
     assert not instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, "b000002")
 
 
+def _run_started_without_checkpoint(lake: Lake, instance: DagsterInstance) -> None:
+    assert lake.store.open_batch() is not None
+    assert not lake.store.checkpoints(batch_id="b000002")
+    [run] = instance.get_runs(RunsFilter(tags={"dagster/partition": "b000002"}))
+    assert run.status is DagsterRunStatus.STARTED  # killed: nobody marked it
+
+
 def _one_checkpoint(status: CheckpointStatus) -> Callable[[Lake, DagsterInstance], None]:
     def check(lake: Lake, instance: DagsterInstance) -> None:
         [checkpoint] = lake.store.checkpoints(batch_id="b000002")
@@ -381,6 +391,7 @@ SCENARIOS: dict[str, Scenario] = {
         "cycle",
         _planned_without_partition,
     ),
+    "after_run_start": Scenario("changed", "cycle", _run_started_without_checkpoint),
     "after_target_commit": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.RUNNING)),
     "after_checkpoint": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.SUCCESS)),
     "after_watermark_commit": Scenario(
@@ -441,7 +452,7 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
         if scenario.child == "reset":
             again = _run_child(lake, None, "reset")  # the operator runs the command again
             assert again.returncode == 0, again.stdout + again.stderr
-            assert lake.store.committed_versions()["orders"] is None
+            assert lake.store.committed_versions().get("orders") is None
         report = _cycle(lake, instance)
         assert not report.failed_runs, report
         assert not report.stuck, report
@@ -472,6 +483,97 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
         missing, extra = _history_gaps(lake)
         assert not extra, f"history rows recorded twice: {extra}"
         assert not missing, f"history rows lost: {missing}"
+    finally:
+        instance.dispose()
+
+
+# ------------------------------------------------------------------ deaths
+
+
+def _watermark(lake: Lake, *argv: str, faults: str | None = None) -> subprocess.CompletedProcess:
+    """``watermark ARGV`` on the lake's code location, as a process (its supervised child
+    dies at ``faults`` when given)."""
+    env = lake.env(**({FAULTS_ENV: faults} if faults else {}))
+    return subprocess.run(
+        [str(SCRIPT), *argv, "--defs", location_defs(lake.spec_file)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+    )
+
+
+def _deaths_in_history(lake: Lake, batch_id: str) -> list[str]:
+    rows = sorted(lake.store.history(batch_id=batch_id), key=lambda h: h["at"])
+    return [json.loads(h["detail"])["how"] for h in rows if h["event"] == "RUN_DIED"]
+
+
+@pytest.mark.spark
+def test_runs_killed_more_often_than_max_attempts_are_crashes_not_failures(
+    spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """Every `watermark run` process killed (SIGKILL) as its run starts, max_attempts=1 and
+    max_deaths=3. Batch 2: two kills leave it open and not stuck, and the next plain run
+    completes it. Batch 3: three kills stop it, stuck, with a reason that names the deaths
+    and the fix on every surface; `watermark run --retry` completes it and goes on to batch
+    4. Each death is in history once, with its signal; the targets equal a recompute."""
+    copied = _copy(templates["changed"], tmp_path / "lake")
+    # A backoff of 3 s after the first death, 6 s after the second: the batch is run again
+    # once it has passed.
+    lake = Lake(copied.root, {"max_attempts": 1, "max_deaths": 3, "death_backoff_seconds": 3})
+    instance = lake.instance()
+    kill = "after_run_start@orders_copy"
+    try:
+        for death in range(2):
+            killed = _watermark(lake, "run", faults=kill)
+            assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-3000:]
+            assert "its process was killed by SIGKILL (signal 9)" in killed.stderr
+            if not death:
+                listed = json.loads(_watermark(lake, "list", "--json").stdout)
+                assert {r["upstream"]: r["state"] for r in listed} == {"orders": "ok", "log": "ok"}
+        # Two deaths, max_attempts=1: not stuck. The next plain run waits out the backoff
+        # after the second death (it began moments ago), then completes the batch.
+        lines: list[str] = []
+        report = HeadlessRunner(defs_from(lake.spec), instance, log=lines.append).run_until_idle()
+        assert (report.completed, report.failed_runs, report.stuck) == (["b000002"], [], None)
+        [waited] = [line for line in lines if "(backoff): waiting" in line]
+        assert "killed by SIGKILL (signal 9) (death 2 of at most 3)" in waited
+        assert _deaths_in_history(lake, "b000002") == ["killed by SIGKILL (signal 9)"] * 2
+        _assert_targets_exact(spark, lake)
+
+        # Batch 3 always dies (no backoff from here on: it was shown above).
+        lake.settings["death_backoff_seconds"] = 0
+        write_deltalake(str(lake.root / "orders"), _rows([8, 9], 10), mode="append")
+        for _ in range(3):
+            killed = _watermark(lake, "run", faults=kill)
+            assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-3000:]
+        refused = _watermark(lake, "run", faults=kill)  # no run: the batch is stuck
+        assert refused.returncode == 1, refused.stdout + refused.stderr[-3000:]
+        assert "its runs died 3 times (max_deaths=3)" in refused.stdout + refused.stderr
+        rows = json.loads(_watermark(lake, "list", "--json").stdout)
+        [orders] = [r for r in rows if r["upstream"] == "orders"]
+        assert orders["state"] == "stuck"
+        assert "its runs died 3 times" in orders["stuck"]["reason"]
+        assert "killed by SIGKILL (signal 9)" in orders["stuck"]["reason"]
+        assert "spark.driver.memory" in orders["fix"]
+        shown = json.loads(_watermark(lake, "batch", "b000003", "--json").stdout)
+        assert shown["status"] == "STUCK"
+        assert len(shown["stuck"]["deaths"]) == 3
+        assert _deaths_in_history(lake, "b000003") == ["killed by SIGKILL (signal 9)"] * 3
+
+        # The operator gave the driver more memory; commits keep arriving meanwhile.
+        write_deltalake(str(lake.root / "log"), _rows([8]), mode="append")
+        retried = HeadlessRunner(defs_from(lake.spec), instance).run_until_idle(retry=True)
+        assert (retried.completed, retried.failed_runs, retried.stuck) == (
+            ["b000003", "b000004"],
+            [],
+            None,
+        )
+        _assert_targets_exact(spark, lake)
+        missing, extra = _history_gaps(lake)
+        assert not missing, missing
+        assert not extra, extra
     finally:
         instance.dispose()
 
@@ -923,7 +1025,9 @@ def _child_cycle(spec_file: str) -> None:
         control_root=spec["control_root"],
         spark=SparkSessionResource(master="local[1]", conf=SPARK_TEST_CONF),
         settings=WatermarkSettings(
-            min_batch_interval_seconds=0, max_attempts=spec.get("max_attempts", 1)
+            min_batch_interval_seconds=0,
+            max_attempts=spec.get("max_attempts", 1),
+            death_backoff_seconds=0,
         ),
     )
     HeadlessRunner(defs, DagsterInstance.get()).run_until_idle()

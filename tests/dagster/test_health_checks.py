@@ -35,9 +35,9 @@ from dagster import (
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.loader import LoadingContextForTest
 from dagster._core.storage.tags import PARTITION_NAME_TAG
-from dagster._core.test_utils import create_run_for_test
 from deltalake import DeltaTable, write_deltalake
 
+from tests.support.runs import finished_run
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -259,12 +259,7 @@ def _fail_attempts(lake: Lake, defs: Definitions, attempts: int):
         cursor = result.cursor
         [request] = result.run_requests or []
         assert (request.run_key or "").endswith(f":{attempt}")
-        create_run_for_test(
-            lake.instance,
-            job_name=BATCH_JOB,
-            status=DagsterRunStatus.FAILURE,
-            tags={**request.tags, PARTITION_NAME_TAG: request.partition_key},
-        )
+        finished_run(lake.instance, request, DagsterRunStatus.FAILURE, job_name=BATCH_JOB)
     return cursor
 
 

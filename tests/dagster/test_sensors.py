@@ -5,6 +5,8 @@ tests run them), so these tests look at what the sensors plan, request and refus
 """
 
 import json
+import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -28,6 +30,7 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG
 from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
+from tests.support.runs import died_run, finished_run
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -42,6 +45,8 @@ from watermark_dagster.core.records import (
 from watermark_dagster.core.resuming import (
     BatchRunFacts,
     ResumeAction,
+    RetryPolicy,
+    RunDeath,
     TerminalFailure,
     decide_resume,
     resume_step,
@@ -51,6 +56,8 @@ from watermark_dagster.dagster_defs.definitions import build_definitions, locati
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.runs import (
     PLAN_ID_METADATA,
+    WORKER_RUN_TAG,
+    WORKER_TAG,
     check_consumers,
     terminal_error_tags,
 )
@@ -61,6 +68,7 @@ from watermark_dagster.dagster_defs.sensors import (
     WatermarkSettings,
 )
 from watermark_dagster.errors import ConfigurationError, UpstreamSchemaChangedError
+from watermark_dagster.operations.status import stuck_batches
 from watermark_dagster.store import WatermarkStore
 
 
@@ -279,12 +287,7 @@ def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> N
         cursor = result.cursor
         [request] = result.run_requests
         assert request.run_key == f"b000001:{attempt}"
-        create_run_for_test(
-            instance,
-            job_name="watermark_batch_job",
-            status=status,
-            tags={**request.tags, PARTITION_NAME_TAG: request.partition_key},
-        )
+        finished_run(instance, request, status)
     stuck = _tick(defs, instance, COORDINATOR, cursor)
     assert not stuck.run_requests
     assert "is stuck: 3 failed runs" in (stuck.skip_message or "")
@@ -345,22 +348,12 @@ def test_a_terminal_failure_stops_the_batch_at_the_first_attempt(setup) -> None:
     # A re-execution copies its parent's tags: a terminal tag naming another run is not
     # this run's verdict, so this plain failure is retried.
     copied = terminal_error_tags("another-run", "pipeline_a", UpstreamSchemaChangedError("x"))
-    create_run_for_test(
-        instance,
-        job_name="watermark_batch_job",
-        status=DagsterRunStatus.FAILURE,
-        tags={**request.tags, PARTITION_NAME_TAG: request.partition_key, **copied},
-    )
+    finished_run(instance, request, DagsterRunStatus.FAILURE, **copied)
     retried = _tick(defs, instance, COORDINATOR, first.cursor)
     [again] = retried.run_requests
     assert again.run_key == "b000001:2"
 
-    run = create_run_for_test(
-        instance,
-        job_name="watermark_batch_job",
-        status=DagsterRunStatus.FAILURE,
-        tags={**again.tags, PARTITION_NAME_TAG: again.partition_key},
-    )
+    run = finished_run(instance, again, DagsterRunStatus.FAILURE)
     error = UpstreamSchemaChangedError(
         "Upstream 'up1': column 'id' changed type.",
         upstream="up1",
@@ -507,6 +500,11 @@ def test_which_batch_a_pipeline_may_apply(
 
 
 TERMINAL = TerminalFailure("p", "UpstreamRecreatedError", "gone. Fix: reset.")
+DIED_AT = 1_000_000.0
+
+
+def _deaths(n: int) -> tuple[RunDeath, ...]:
+    return tuple(RunDeath(f"run{i}", "killed by SIGKILL (signal 9)", DIED_AT) for i in range(n))
 
 
 @pytest.mark.parametrize(
@@ -531,6 +529,27 @@ TERMINAL = TerminalFailure("p", "UpstreamRecreatedError", "gone. Fix: reset.")
             ResumeAction.RUN,
             4,
         ),
+        (
+            ["p"],
+            BatchRunFacts(failed=2, last_attempt=4, deaths=_deaths(2), last_died=True),
+            False,
+            ResumeAction.RUN,
+            5,
+        ),
+        (
+            ["p"],
+            BatchRunFacts(last_attempt=3, deaths=_deaths(3), last_died=True),
+            False,
+            ResumeAction.STUCK,
+            None,
+        ),
+        (
+            ["p"],
+            BatchRunFacts(last_attempt=3, deaths=_deaths(3), last_died=True),
+            True,
+            ResumeAction.RUN,
+            4,
+        ),
     ],
     ids=[
         "in-flight",
@@ -540,16 +559,125 @@ TERMINAL = TerminalFailure("p", "UpstreamRecreatedError", "gone. Fix: reset.")
         "attempts-used",
         "terminal",
         "operator-retry",
+        "deaths-spend-no-attempt",
+        "deaths-used",
+        "operator-retry-after-deaths",
     ],
 )
 def test_resume_steps(todo, facts, retry, action, attempt) -> None:
-    step = resume_step("b1", todo, facts, max_attempts=3, retry=retry)
+    policy = RetryPolicy(max_attempts=3, max_deaths=3, death_backoff_seconds=10)
+    step = resume_step("b1", todo, facts, policy=policy, now=DIED_AT + 60, retry=retry)
     assert (step.action, step.attempt) == (action, attempt)
     assert step.is_stuck is (action is ResumeAction.STUCK)
     if step.is_stuck:
         assert step.stuck_key == f"b1:{facts.last_attempt}"
         assert "is stuck" in (step.reason or "")
         assert step.pipelines == tuple(todo)
+
+
+def test_the_backoff_after_a_death_doubles_up_to_five_minutes() -> None:
+    policy = RetryPolicy(death_backoff_seconds=10)
+    assert [policy.backoff(n) for n in range(7)] == [0, 10, 20, 40, 80, 160, 300]
+    assert RetryPolicy(death_backoff_seconds=0).backoff(5) == 0
+    with pytest.raises(ValueError, match="max_deaths=0"):
+        RetryPolicy(max_deaths=0)
+
+
+def test_after_a_death_the_batch_waits_out_its_backoff() -> None:
+    policy = RetryPolicy(death_backoff_seconds=10)
+    facts = BatchRunFacts(last_attempt=2, deaths=_deaths(2), last_died=True)
+    waiting = resume_step("b1", ["p"], facts, policy=policy, now=DIED_AT + 5)
+    assert (waiting.action, waiting.retry_at) == (ResumeAction.WAIT, DIED_AT + 20)
+    assert "killed by SIGKILL (signal 9)" in (waiting.reason or "")
+    assert "requested again in 15 s (backoff)" in (waiting.reason or "")
+    later = resume_step("b1", ["p"], facts, policy=policy, now=DIED_AT + 20)
+    assert (later.action, later.attempt) == (ResumeAction.RUN, 3)
+    # The newest run failed (raised): no backoff, whatever died before it.
+    failed_last = BatchRunFacts(failed=1, last_attempt=3, deaths=_deaths(2), last_died=False)
+    assert resume_step("b1", ["p"], failed_last, policy=policy, now=DIED_AT).action is (
+        ResumeAction.RUN
+    )
+
+
+def test_runs_that_died_spend_no_attempt_and_stop_the_batch_only_at_max_deaths(
+    setup, tmp_path: Path
+) -> None:
+    """One failed run and four that died, with max_attempts=2: the deaths are retried; the
+    fourth death reaches max_deaths=4 and the batch is stuck with a reason naming them.
+    Each death is recorded in history once, with what Dagster said of it."""
+    _, instance, store, _ = setup
+    settings = WatermarkSettings(
+        min_batch_interval_seconds=0, max_attempts=2, max_deaths=4, death_backoff_seconds=0
+    )
+    defs = build_definitions(
+        location_of(setup[0]).registry, control_root=str(tmp_path / "control"), settings=settings
+    )
+    result = _tick(defs, instance, COORDINATOR)
+    [request] = result.run_requests
+    finished_run(instance, request, DagsterRunStatus.FAILURE)
+    for attempt in range(2, 6):
+        result = _tick(defs, instance, COORDINATOR, result.cursor)
+        [request] = result.run_requests
+        assert request.run_key == f"b000001:{attempt}"  # not stuck at 2 runs: deaths
+        died_run(instance, request, f"Run worker lost (attempt {attempt}).")
+    stuck = _tick(defs, instance, COORDINATOR, result.cursor)
+    assert not stuck.run_requests
+    reason = stuck.skip_message or ""
+    assert "its runs died 4 times (max_deaths=4) without raising an error" in reason
+    assert "Run worker lost (attempt 5)." in reason  # newest first
+    assert "out of memory" in reason
+    again = _tick(defs, instance, COORDINATOR, stuck.cursor)
+    assert not again.run_requests
+    rows = sorted(store.history(), key=lambda h: h["at"])
+    died = [json.loads(h["detail"])["how"] for h in rows if h["event"] == "RUN_DIED"]
+    assert died == [f"Run worker lost (attempt {a})." for a in range(2, 6)]
+    [row] = [json.loads(h["detail"]) for h in rows if h["event"] == "BATCH_STUCK"]
+    assert (row["cause"], row["failed_runs"], len(row["deaths"])) == ("deaths", 1, 4)
+    # What `watermark list`, `get` and `batch` show: a reason, and the fix apart from it.
+    [shown] = stuck_batches(store, [store.open_batch()]).values()
+    assert "its runs died 4 times" in shown["reason"]
+    assert "out of memory" not in shown["reason"]
+    assert "spark.driver.memory" in shown["fix"]
+
+
+def test_a_run_whose_worker_is_gone_dies_and_waits_out_the_backoff(setup) -> None:
+    """A started run whose worker process no longer exists is marked died (a crash), and the
+    batch is requested again only after the backoff; a re-execution that copied the dead
+    worker's tag from its parent is not taken for dead."""
+    defs, instance, store, _ = setup
+    first = _tick(defs, instance, COORDINATOR)
+    [request] = first.run_requests
+    identity = f"{socket.gethostname()}:{_ended_pid()}:-"
+    run = create_run_for_test(
+        instance,
+        job_name="watermark_batch_job",
+        status=DagsterRunStatus.STARTED,
+        tags={
+            **request.tags,
+            PARTITION_NAME_TAG: request.partition_key,
+            WORKER_TAG: identity,
+            WORKER_RUN_TAG: "someone-else",  # copied from a parent run
+        },
+    )
+    waiting = _tick(defs, instance, COORDINATOR, first.cursor)
+    assert "in flight" in (waiting.skip_message or "")
+    instance.add_run_tags(run.run_id, {WORKER_RUN_TAG: run.run_id})
+    backoff = _tick(defs, instance, COORDINATOR, waiting.cursor)
+    assert not backoff.run_requests
+    assert "is gone" in (backoff.skip_message or "")
+    assert "(backoff)" in (backoff.skip_message or "")
+    assert CoordinatorCursor.parse(backoff.cursor).retry_at is not None
+    assert instance.get_run_by_id(run.run_id).status is DagsterRunStatus.FAILURE
+    [row] = [json.loads(h["detail"]) for h in store.history() if h["event"] == "RUN_DIED"]
+    assert row["run_id"] == run.run_id
+    assert identity in row["how"]
+
+
+def _ended_pid() -> int:
+    """The pid of a child process that has ended and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_the_asset_graph_agrees_with_the_registry_consumers(setup) -> None:

@@ -34,7 +34,7 @@ from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
-from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG
+from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, DIED_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.demo import DemoPaths, apply_round, build_demo_registry, seed
 from watermark_dagster.demo.data import ORDERS
@@ -95,7 +95,10 @@ def location(spark, tmp_path: Path, dagster_home: Path) -> Iterator[Location]:
         spark=SparkSessionResource(master="local[2]", conf=SPARK_TEST_CONF),
         # Two batch partitions kept: the third batch prunes the first (see the first test).
         settings=WatermarkSettings(
-            min_batch_interval_seconds=0, max_attempts=3, keep_batch_partitions=2
+            min_batch_interval_seconds=0,
+            max_attempts=3,
+            keep_batch_partitions=2,
+            death_backoff_seconds=0,  # a killed run is resumed at once
         ),
     )
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
@@ -261,12 +264,17 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
         text=True,
         timeout=600,
     )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    # The command's process saw its worker child die by the signal, said so, recorded the
+    # run as died and exited as a shell reports a killed process.
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-3000:]
+    assert "its process was killed by SIGKILL (signal 9)" in proc.stderr
+    assert "a crash, not a failure" in proc.stderr
 
     planned = location.store.open_batch()
     assert planned is not None
     [dead_run] = location.instance.get_runs(RunsFilter(tags={"dagster/partition": "b000002"}))
-    assert dead_run.status is DagsterRunStatus.STARTED  # Dagster still thinks it runs
+    assert dead_run.status is DagsterRunStatus.FAILURE
+    assert "killed by SIGKILL (signal 9)" in dead_run.tags[DIED_TAG]
     killed = location.store.checkpoints(batch_id="b000002")
     assert [(c.pipeline, c.attempt, c.status) for c in killed] == [
         (killed[0].pipeline, 1, CheckpointStatus.RUNNING)
@@ -278,8 +286,10 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     resumed = location.store.get_batch("b000002")
     assert resumed.plan_id == planned.plan_id
     assert resumed.inputs == planned.inputs
-    assert location.instance.get_run_by_id(dead_run.run_id).status is DagsterRunStatus.FAILURE  # type: ignore[union-attr]
     assert [r.success for r in report.runs] == [True]
+    # The death is in history once, with its signal; it spent no attempt.
+    died = [json.loads(h["detail"]) for h in location.store.history() if h["event"] == "RUN_DIED"]
+    assert died == [{"run_id": dead_run.run_id, "how": "killed by SIGKILL (signal 9)"}]
     for pipeline, ups in (
         ("orders_enriched", ("orders", "customers")),
         ("customer_payments", ("customers", "payments")),

@@ -8,6 +8,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from watermark_dagster.cli import supervise
 from watermark_dagster.cli.context import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Context
 from watermark_dagster.cli.parser import build_parser
 from watermark_dagster.cli.quiet import (
@@ -115,12 +116,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Exit codes: 0 success; 1 a failure (pipeline failed, batch stuck, target differs from
     its recompute, control tables contended); 2 bad input or a refused write, nothing
-    written.
+    written; 128 + N the process that executed runs was killed by signal N (``run``,
+    ``demo`` and ``replay`` execute them in a watched child, :mod:`.supervise`).
     """
-    code = run(argv)
     if argv is None:
+        args = build_parser().parse_args()
+        if supervise.wanted(args):
+            # The child runs the command; this process only watches how it ends.
+            code = supervise.supervise(
+                lambda: run(None),
+                lambda identity, signum: supervise.mark_killed(args, identity, signum),
+                exit_child=_exit_now,
+            )
+        else:
+            code = run(None)
         _exit_now(code)
-    return code
+    return run(argv)
 
 
 if __name__ == "__main__":

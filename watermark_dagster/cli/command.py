@@ -29,7 +29,9 @@ class Command:
 
     Every command also takes --home, --json, -v/--verbose and (with ``defs``) --defs. A
     command that may start Spark (``spark``) is quiet unless verbose: what Spark and Dagster
-    write goes to a log file (:mod:`watermark_dagster.cli.quiet`).
+    write goes to a log file (:mod:`watermark_dagster.cli.quiet`). A command that executes
+    runs (``supervised``) does so in a child process the command's own process watches, so
+    that a run killed by a signal is recorded as died by it (:mod:`.supervise`).
     """
 
     name: str
@@ -41,3 +43,4 @@ class Command:
     defs: bool = True
     json_help: str = "JSON instead of text, for scripts"
     spark: bool = False
+    supervised: bool = False

@@ -18,6 +18,7 @@ exit codes:
   0  success
   1  failure: a pipeline failed, a batch is stuck, or `verify` found a difference
   2  bad input, bad configuration or a refused write (nothing was written)
+  128+N  run, demo, replay: killed by signal N; its runs are recorded as died (a crash)
 
 examples:
   watermark list
@@ -67,7 +68,9 @@ def add_command(
     )
     for argument in command.arguments:
         parser.add_argument(*argument.flags, **argument.options)
-    parser.set_defaults(func=command.handler, starts_spark=command.spark)
+    parser.set_defaults(
+        func=command.handler, starts_spark=command.spark, supervised=command.supervised
+    )
     return parser
 
 

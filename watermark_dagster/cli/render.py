@@ -30,6 +30,7 @@ STATUS_STYLES: dict[str, Style] = {
     "BLOCKED": "bad",
     "RUNNING": "warn",
     "FAILED": "bad",
+    "DIED": "warn",
     "ABANDONED": "bad",
 }
 

@@ -10,6 +10,8 @@
 | ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
 | ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
 | ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
+| ``WATERMARK_MAX_DEATHS`` | ``10`` | runs of a batch that died (were killed) before it is stuck |
+| ``WATERMARK_DEATH_BACKOFF_SECONDS`` | ``10`` | wait after a death, doubling per death (0: none) |
 | ``WATERMARK_KEEP_BATCH_PARTITIONS`` | ``1000`` | batch partitions kept in Dagster (0: all) |
 | ``WATERMARK_REGISTRY`` | unset | a YAML registry file to load instead of the demo registry |
 | ``WATERMARK_LAG_MAX_VERSIONS`` | ``100`` | lag check: most versions behind (0: no bound) |
@@ -25,13 +27,17 @@ from pathlib import Path
 from typing import cast
 
 from watermark_dagster.config.secrets import OptionValue, as_reference
+from watermark_dagster.core.resuming import (
+    DEFAULT_DEATH_BACKOFF_SECONDS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_DEATHS,
+)
 from watermark_dagster.errors import ConfigurationError
 
 # The one default of each batching setting: `WatermarkSettings` (a code location built with
 # `build_definitions`) and the environment variables below both read these.
 DEFAULT_MIN_BATCH_INTERVAL_SECONDS = 0.0
 DEFAULT_SENSOR_INTERVAL_SECONDS = 30
-DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_KEEP_BATCH_PARTITIONS = 1000
 # The defaults of the health signals (`HealthSettings` in dagster_defs/health.py).
 DEFAULT_LAG_MAX_VERSIONS = 100
@@ -114,6 +120,18 @@ def sensor_interval_seconds() -> int:
 def max_attempts() -> int:
     """``WATERMARK_MAX_ATTEMPTS``."""
     return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS), int)))
+
+
+def max_deaths() -> int:
+    """``WATERMARK_MAX_DEATHS``."""
+    return max(1, int(_number("WATERMARK_MAX_DEATHS", str(DEFAULT_MAX_DEATHS), int)))
+
+
+def death_backoff_seconds() -> float:
+    """``WATERMARK_DEATH_BACKOFF_SECONDS``."""
+    return float(
+        _number("WATERMARK_DEATH_BACKOFF_SECONDS", str(DEFAULT_DEATH_BACKOFF_SECONDS), float)
+    )
 
 
 def keep_batch_partitions() -> int:

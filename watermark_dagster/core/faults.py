@@ -17,6 +17,7 @@ ENV = "WATERMARK_FAULTS"
 # fails when a point is called in the code but missing here, or listed here but untested.
 FAULT_POINTS = (
     "after_plan_commit",  # store.create_batch: plan committed; no partition, no history row
+    "after_run_start",  # pipeline asset: run started, worker tagged; no checkpoint, no Spark
     "after_target_commit",  # execute: target written; no checkpoint, no materialization
     "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
     "after_watermark_commit",  # store.advance_many: watermarks moved; no history, rows unmarked

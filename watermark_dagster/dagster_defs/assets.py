@@ -26,6 +26,7 @@ from watermark_dagster.config.declared import describe
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, Upstream
+from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import Batch, BatchStatus
@@ -43,10 +44,9 @@ from watermark_dagster.dagster_defs.runs import (
     PIPELINE_METADATA,
     PLAN_ID_METADATA,
     WATERMARK_POOL,
-    WORKER_TAG,
     error_failure_metadata,
     terminal_error_tags,
-    worker_identity,
+    worker_tags,
 )
 from watermark_dagster.dagster_defs.targets import TARGET_VERSION_KEY, target_metadata
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
@@ -529,7 +529,8 @@ def build_pipeline_asset(
     def _pipeline_asset(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
         spark: SparkSessionResource = names.resource(context, names.spark_resource)
         watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
-        context.instance.add_run_tags(context.run.run_id, {WORKER_TAG: worker_identity()})
+        context.instance.add_run_tags(context.run.run_id, worker_tags(context.run.run_id))
+        fault_point("after_run_start", where=pipeline.name)
         store = watermark_store.get_store()
         # Runs the coordinator requested carry their attempt; any other run of a batch
         # partition was launched by hand (a UI backfill or materialization).

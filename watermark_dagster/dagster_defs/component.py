@@ -107,6 +107,8 @@ class SettingsSpec(Resolvable, Model):
     min_batch_interval_seconds: float | None = None
     sensor_interval_seconds: int | None = None
     max_attempts: int | None = None
+    max_deaths: int | None = None
+    death_backoff_seconds: float | None = None
     maintain_every_batches: int | None = None
     keep_batch_partitions: int | None = None
     sensors: Literal["running", "stopped"] | None = Field(
@@ -378,6 +380,10 @@ def settings_from_environment(spec: SettingsSpec | None = None) -> WatermarkSett
             given.pop("sensor_interval_seconds", None), env.sensor_interval_seconds
         ),
         max_attempts=_pick(given.pop("max_attempts", None), env.max_attempts),
+        max_deaths=_pick(given.pop("max_deaths", None), env.max_deaths),
+        death_backoff_seconds=_pick(
+            given.pop("death_backoff_seconds", None), env.death_backoff_seconds
+        ),
         keep_batch_partitions=_pick(
             given.pop("keep_batch_partitions", None), env.keep_batch_partitions
         ),

@@ -227,7 +227,7 @@ def build_location(
                 pipeline_keys=pipeline_keys,
                 observer=observer,
                 settings=settings.health,
-                max_attempts=settings.max_attempts,
+                policy=settings.retry_policy,
                 names=names,
             ),
         ],

@@ -9,6 +9,8 @@ to do, or whose runs all skip, starts no JVM.
 """
 
 import json
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,7 +27,7 @@ from dagster import (
     build_sensor_context,
 )
 
-from watermark_dagster.core.resuming import ResumeAction
+from watermark_dagster.core.resuming import MAX_DEATH_BACKOFF_SECONDS, ResumeAction, RetryPolicy
 from watermark_dagster.dagster_defs.definitions import location_of
 from watermark_dagster.dagster_defs.resources import held_spark_sessions
 from watermark_dagster.dagster_defs.runs import (
@@ -33,6 +35,7 @@ from watermark_dagster.dagster_defs.runs import (
     TERMINAL_TAG,
     batch_runs,
     pipeline_keys_of,
+    worker_tags,
 )
 from watermark_dagster.dagster_defs.sensors import (
     CoordinatorCursor,
@@ -196,10 +199,14 @@ class HeadlessRunner:
                 asset_selection=set(keys),
                 asset_check_selection=None if checks is None else set(checks),
             )
+            # This process is the run's worker from its first event: killed before its
+            # step starts, the run is still found dead, not left in flight for ever.
+            run_id = str(uuid.uuid4())  # as Dagster makes them
             outcome = job.execute_in_process(
                 instance=self.instance,
                 partition_key=request.partition_key,
-                tags=dict(request.tags),
+                run_id=run_id,
+                tags={**request.tags, **worker_tags(run_id)},
                 raise_on_error=False,
                 run_config={"loggers": {"console": {"config": {"log_level": self.run_log_level}}}},
             )
@@ -260,7 +267,7 @@ class HeadlessRunner:
                 pipeline_keys=frozenset(self.pipeline_keys.values()) if self.names.prefix else None,
             ).facts,
             known=self.pipeline_keys.keys(),
-            max_attempts=0,  # not consulted: a retry runs whatever the failed runs
+            policy=RetryPolicy(),  # not consulted: a retry runs whatever the failed runs
             actor="watermark run --retry",
             retry=True,
         )
@@ -277,7 +284,9 @@ class HeadlessRunner:
         """Plan or resume, run, finalize — until nothing is left to do or a batch is stuck.
 
         Commits that arrive while a batch runs are planned into the next batch, so this
-        can run several batches. The Spark session is created by the first run that needs
+        can run several batches. When a run of the open batch died (a killed process), the
+        coordinator's backoff is waited out here, as the daemon would wait it out. The
+        Spark session is created by the first run that needs
         it and kept for the rest of the cycle (then stopped, unless it existed before):
         none when nothing needs Spark.
 
@@ -286,7 +295,8 @@ class HeadlessRunner:
             max_batches: stop once that many batches completed (``watermark run --once``:
                 at most one).
             retry: first run the open batch's unfinished pipelines once more, even if the
-                batch is stuck (after a terminal error, or after ``max_attempts`` failures).
+                batch is stuck (after a terminal error, or after ``max_attempts`` failures
+                or ``max_deaths`` deaths), then go on as without it, until idle.
         """
         with held_spark_sessions():
             return self._run_until_idle(max_ticks, max_batches, retry)
@@ -308,11 +318,18 @@ class HeadlessRunner:
             if before is not None and (after is None or after.batch_id != before.batch_id):
                 report.completed.append(before.batch_id)
                 self.log(f"batch {before.batch_id} completed")
-            stuck = CoordinatorCursor.parse(coordinated.cursor).stuck_reason
-            if stuck is not None:
-                report.stuck = stuck  # the caller reports it (once)
+            state = CoordinatorCursor.parse(coordinated.cursor)
+            if state.stuck_reason is not None:
+                report.stuck = state.stuck_reason  # the caller reports it (once)
                 return report
-            if not coordinated.run_requests and after is None:
+            if state.retry_at is not None:
+                wait = min(max(0.0, state.retry_at - time.time()), MAX_DEATH_BACKOFF_SECONDS)
+                why = getattr(coordinated.skip_reason, "skip_message", coordinated.skip_reason)
+                self.log(f"{why}: waiting {wait:.0f} s")
+                time.sleep(wait)
+                continue
+            ended = before is not None and after is None
+            if not coordinated.run_requests and after is None and not ended:
                 return report
             if max_batches is not None and len(report.completed) >= max_batches:
                 return report

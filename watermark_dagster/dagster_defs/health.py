@@ -7,7 +7,8 @@ observation cadence, freshness of the pipelines and the retention check's schedu
   ``lag_max_seconds``.
 * ``watermark_stuck_batch`` (on each pipeline) fails (severity ERROR) while the open batch
   is stuck with that pipeline unfinished: the coordinator stopped resubmitting it after a
-  terminal error or ``max_attempts`` failed runs. It sits on the pipelines, not on the
+  terminal error, ``max_attempts`` failed runs or ``max_deaths`` runs that died. It sits
+  on the pipelines, not on the
   upstreams, because the pipeline is where the failed runs and their error are; the
   upstreams the batch holds back show it through their lag check.
 
@@ -68,7 +69,7 @@ from watermark_dagster.config.env import (
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import Observation
-from watermark_dagster.core.resuming import ResumeAction, ResumeStep, resume_step
+from watermark_dagster.core.resuming import ResumeAction, ResumeStep, RetryPolicy, resume_step
 from watermark_dagster.dagster_defs.checks import per_upstream_check_specs
 from watermark_dagster.dagster_defs.names import (
     DEFAULT_NAMES,
@@ -584,7 +585,7 @@ def build_health_checks(
     pipeline_keys: Mapping[str, AssetKey],
     observer: Observer,
     settings: HealthSettings,
-    max_attempts: int,
+    policy: RetryPolicy,
     names: LocationNames = DEFAULT_NAMES,
 ) -> list[AssetChecksDefinition]:
     """The ``watermark_lag`` checks of the consumed versioned upstreams and the
@@ -597,7 +598,7 @@ def build_health_checks(
         pipeline_keys: pipeline name -> asset key.
         observer: the code location's observer.
         settings: the lag thresholds.
-        max_attempts: failed runs after which the coordinator calls a batch stuck.
+        policy: the failed runs and deaths after which the coordinator calls a batch stuck.
         names: the op names and the control tables' resource key; a prefixed location
             counts only the runs of its own pipelines (batch ids repeat across locations).
     """
@@ -653,7 +654,8 @@ def build_health_checks(
                 STUCK_CHECK,
                 asset=key.asset_key,
                 description=f"Fails while the open batch is stuck with '{p}' unfinished "
-                "(a terminal error, or max_attempts failed runs). The coordinator sensor "
+                "(a terminal error, max_attempts failed runs or max_deaths runs that died). "
+                "The coordinator sensor "
                 "reports it.",
             )
             for key, p in stuck_keys.items()
@@ -671,7 +673,7 @@ def build_health_checks(
         if batch is not None:
             facts = batch_runs(context.instance, batch.batch_id, pipeline_keys=scope).facts
             todo = unfinished(store, batch, pipeline_keys.keys())
-            step = resume_step(batch.batch_id, todo, facts, max_attempts=max_attempts)
+            step = resume_step(batch.batch_id, todo, facts, policy=policy)
         error = (
             last_failure(context.instance, step.batch_id, pipeline_keys=scope)
             if step is not None and step.action is ResumeAction.STUCK

@@ -6,7 +6,9 @@ Every query here is bounded by the open batch (one partition), never by history.
 
 import json
 import os
+import signal
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from typing import Any
 from dagster import (
     AssetKey,
     AssetSpec,
+    DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
@@ -24,10 +27,13 @@ from dagster import (
 # Private, and kept: Dagster 1.13 exports no constant for the "dagster/partition" run tag
 # and no public run filter by partition; runs launched from the UI (re-executions,
 # backfills) carry only this tag, not ours.
-from dagster._core.storage.tags import PARTITION_NAME_TAG
+# RUN_FAILURE_REASON_TAG, private too: the tag Dagster 1.13 sets on a failed run with why
+# it failed (a step failure, an exception, an interrupt, a lost worker). It tells a run
+# that raised an error from one that died; the public RunFailureReason enum names its values.
+from dagster._core.storage.tags import PARTITION_NAME_TAG, RUN_FAILURE_REASON_TAG
 
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.core.resuming import BatchRunFacts, TerminalFailure
+from watermark_dagster.core.resuming import BatchRunFacts, RunDeath, TerminalFailure
 from watermark_dagster.errors import ConfigurationError, TerminalError, WatermarkError
 
 # A run is in flight until it reaches one of these. QUEUED and NOT_STARTED count as in
@@ -37,6 +43,16 @@ FINISHED = frozenset(
 )
 
 WORKER_TAG = "watermark/worker"
+# The run that WORKER_TAG describes: a re-execution from the UI copies its parent's tags,
+# and must not be taken for a run whose worker is gone.
+WORKER_RUN_TAG = "watermark/worker_run"
+# Set on a run that died (killed, worker lost): how, when, and whether its RUN_DIED
+# history row is written. It names its own run, as TERMINAL_TAG does.
+DIED_TAG = "watermark/died"
+# Dagster's failure reasons of a run that raised an error: it failed. Any other failed run
+# (an interrupt, a lost or restarted run worker, a start timeout, a run marked failed from
+# outside) died: it raised nothing.
+ERROR_REASONS = frozenset({"STEP_FAILURE", "RUN_EXCEPTION", "JOB_INITIALIZATION_FAILURE"})
 ATTEMPT_TAG = "watermark/attempt"
 BATCH_TAG = "watermark/batch"
 PLAN_ID_METADATA = "watermark/plan_id"
@@ -96,10 +112,85 @@ def _proc_start_time(pid: int) -> str | None:
         return None
 
 
-def worker_identity() -> str:
-    """``host:pid:start`` of this process, tagged on the run that executes a batch."""
-    pid = os.getpid()
+def worker_identity(pid: int | None = None) -> str:
+    """``host:pid:start`` of this process (or of ``pid``, a child of it), tagged on the
+    run that executes a batch."""
+    pid = os.getpid() if pid is None else pid
     return f"{socket.gethostname()}:{pid}:{_proc_start_time(pid) or '-'}"
+
+
+def worker_tags(run_id: str) -> dict[str, str]:
+    """The tags that name this process as the worker of run ``run_id``."""
+    return {WORKER_TAG: worker_identity(), WORKER_RUN_TAG: run_id}
+
+
+def signal_text(signum: int) -> str:
+    """``killed by SIGKILL (signal 9)``."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"killed by {name} (signal {signum})"
+
+
+def died_tags(run_id: str, how: str, *, recorded: bool = False) -> dict[str, str]:
+    """The tag that marks ``run_id`` as died, with how and when (see :data:`DIED_TAG`)."""
+    value = {"run_id": run_id, "how": how, "at": time.time(), "recorded": recorded}
+    return {DIED_TAG: json.dumps(value)}
+
+
+def _death(run: DagsterRun) -> tuple[RunDeath, bool] | None:
+    """The death recorded on ``run`` by :func:`died_tags`, and whether its history row is
+    written; None when it carries none of its own."""
+    raw = run.tags.get(DIED_TAG)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if value.get("run_id") != run.run_id:
+        return None
+    death = RunDeath(run.run_id, str(value.get("how") or "died"), float(value.get("at") or 0))
+    return death, bool(value.get("recorded"))
+
+
+def _raised_an_error(run: DagsterRun) -> bool:
+    """Whether a failed run failed by an error it raised (not by dying)."""
+    return run.tags.get(RUN_FAILURE_REASON_TAG) in ERROR_REASONS
+
+
+def _failure_message(instance: DagsterInstance, run_id: str) -> str | None:
+    """The message of the run's failure event (Dagster's run monitoring says there what
+    it saw: a lost or restarted run worker, a start timeout)."""
+    records = instance.get_records_for_run(
+        run_id, of_type=DagsterEventType.RUN_FAILURE, ascending=False, limit=1
+    ).records
+    for record in records:
+        message = (record.event_log_entry.dagster_event or record.event_log_entry).message
+        if message:
+            return " ".join(str(message).split())[:300]
+    return None
+
+
+def mark_died(instance: DagsterInstance, run: DagsterRun, how: str) -> RunDeath:
+    """Mark the unfinished ``run`` failed as died (``how``), tagged so that the coordinator
+    counts it as a death, not a failure."""
+    tags = died_tags(run.run_id, how)
+    instance.add_run_tags(run.run_id, tags)
+    instance.report_run_failed(
+        run,
+        f"watermark: the run died ({how}); it raised no error. The coordinator requests its "
+        "batch again after a backoff, without spending an attempt.",
+    )
+    return RunDeath(run.run_id, how, json.loads(tags[DIED_TAG])["at"])
+
+
+def mark_deaths_recorded(instance: DagsterInstance, deaths: Iterable[RunDeath]) -> None:
+    """Note on each run that its death's ``RUN_DIED`` history row is written."""
+    for death in deaths:
+        value = {"run_id": death.run_id, "how": death.how, "at": death.at, "recorded": True}
+        instance.add_run_tags(death.run_id, {DIED_TAG: json.dumps(value)})
 
 
 def worker_alive(identity: str) -> bool | None:
@@ -126,10 +217,11 @@ def worker_alive(identity: str) -> bool | None:
 @dataclass(frozen=True)
 class BatchRuns:
     """The Dagster runs of one batch partition: the facts the coordinator decides from,
-    and the runs found dead (marked failed) on the way."""
+    and the deaths whose ``RUN_DIED`` history row is not written yet (the coordinator
+    writes it, then :func:`mark_deaths_recorded`)."""
 
     facts: BatchRunFacts
-    dead: tuple[str, ...] = ()
+    unrecorded: tuple[RunDeath, ...] = ()
 
 
 def owns_run(run: DagsterRun, pipeline_keys: AbstractSet[AssetKey] | None) -> bool:
@@ -149,7 +241,11 @@ def batch_runs(
     *,
     pipeline_keys: AbstractSet[AssetKey] | None = None,
 ) -> BatchRuns:
-    """Classify the runs of a batch partition; runs whose worker died are marked failed.
+    """Classify the runs of a batch partition into in flight, succeeded, failed (an error
+    was raised, or an operator canceled it) and died (nothing was raised: the process was
+    killed, the run worker lost). A started run whose worker process is gone is marked
+    died here; a death first seen here (marked by Dagster's run monitoring) is tagged with
+    its failure message, once.
 
     ``facts.terminal`` is set when the newest finished run failed with a terminal error.
     ``pipeline_keys``, when given, keeps only the runs of those assets (:func:`owns_run`).
@@ -157,37 +253,69 @@ def batch_runs(
     runs = instance.get_runs(RunsFilter(tags={PARTITION_NAME_TAG: batch_id}))  # newest first
     runs = [r for r in runs if owns_run(r, pipeline_keys)]
     in_flight: list[str] = []
-    dead: list[str] = []
+    deaths: list[RunDeath] = []
+    unrecorded: list[RunDeath] = []
     failed = 0
     last_attempt = 0
     newest_finished = next((r for r in runs if r.status in FINISHED), None)
     terminal = None
     if newest_finished is not None and newest_finished.status is DagsterRunStatus.FAILURE:
         terminal = _terminal_failure(newest_finished)
+    last_died: bool | None = None
     for run in runs:
         last_attempt = max(last_attempt, int(run.tags.get(ATTEMPT_TAG, "0") or 0))
+        death: RunDeath | None = None
+        recorded = False
         if run.status not in FINISHED:
             identity = run.tags.get(WORKER_TAG)
             if (
                 run.status is DagsterRunStatus.STARTED
                 and identity
+                and run.tags.get(WORKER_RUN_TAG, run.run_id) == run.run_id
                 and worker_alive(identity) is False
             ):
-                instance.report_run_failed(
+                death = mark_died(
+                    instance,
                     run,
-                    f"watermark: the run's worker process ({identity}) is gone; marking the run "
-                    f"failed so batch {batch_id} can be resumed.",
+                    f"its worker process {identity} is gone (no exit status was seen: "
+                    "killed, or its host lost)",
                 )
-                dead.append(run.run_id)
-                failed += 1
             else:
                 in_flight.append(run.run_id)
-        else:
-            # A canceled run counts as a failed attempt, so an operator's cancel is not
-            # undone by endless resubmission.
-            failed += run.status is not DagsterRunStatus.SUCCESS
-    facts = BatchRunFacts(tuple(in_flight), failed, last_attempt, terminal)
-    return BatchRuns(facts, tuple(dead))
+                continue
+        elif run.status is DagsterRunStatus.FAILURE and (
+            (found := _death(run)) is not None or not _raised_an_error(run)
+        ):
+            if found is not None:
+                death, recorded = found
+            else:
+                # Marked failed by Dagster's run monitoring (or from outside): tag it once.
+                reason = run.tags.get(RUN_FAILURE_REASON_TAG)
+                how = _failure_message(instance, run.run_id) or (
+                    f"failed by Dagster ({reason})" if reason else "marked failed from outside"
+                )
+                tags = died_tags(run.run_id, how)
+                instance.add_run_tags(run.run_id, tags)
+                death = RunDeath(run.run_id, how, json.loads(tags[DIED_TAG])["at"])
+        elif run.status is not DagsterRunStatus.SUCCESS:
+            # A failed run; a canceled run counts as one too, so an operator's cancel is
+            # not undone by endless resubmission.
+            failed += 1
+        if last_died is None:
+            last_died = death is not None  # the newest run that ended
+        if death is not None:
+            deaths.append(death)
+            if not recorded:
+                unrecorded.append(death)
+    facts = BatchRunFacts(
+        tuple(in_flight),
+        failed,
+        last_attempt,
+        terminal,
+        deaths=tuple(deaths),
+        last_died=bool(last_died),
+    )
+    return BatchRuns(facts, tuple(unrecorded))
 
 
 def pipeline_keys_of(specs: Iterable[AssetSpec]) -> dict[str, AssetKey]:

@@ -9,6 +9,7 @@ partition requests and skip reasons.
 """
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -29,14 +30,20 @@ from dagster import (
 
 from watermark_dagster.config.env import (
     DEFAULT_KEEP_BATCH_PARTITIONS,
-    DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
     DEFAULT_SENSOR_INTERVAL_SECONDS,
 )
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.planning import batch_is_due
-from watermark_dagster.core.resuming import ResumeAction, ResumeStep
+from watermark_dagster.core.resuming import (
+    DEFAULT_DEATH_BACKOFF_SECONDS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_DEATHS,
+    ResumeAction,
+    ResumeStep,
+    RetryPolicy,
+)
 from watermark_dagster.dagster_defs.assets import nothing_to_do_events, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
 from watermark_dagster.dagster_defs.health import HealthReporter, HealthSettings
@@ -48,14 +55,19 @@ from watermark_dagster.dagster_defs.pruning import (
     stale_batch_partitions,
 )
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
-from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG, batch_runs
+from watermark_dagster.dagster_defs.runs import (
+    ATTEMPT_TAG,
+    BATCH_TAG,
+    batch_runs,
+    mark_deaths_recorded,
+)
 from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import (
     finalize_batch,
     look_before_planning,
     plan_next,
-    record_dead_runs,
+    record_deaths,
     resume_batch,
 )
 
@@ -69,8 +81,12 @@ class WatermarkSettings:
             one; changes in between are coalesced (keeps the partition count down). Default
             0 (plan as soon as there is work), as ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS``.
         sensor_interval_seconds: how often the coordinator and finalizer tick.
-        max_attempts: runs of one batch that may fail before the coordinator stops
-            resubmitting it and reports it stuck.
+        max_attempts: runs of one batch that may fail (raise an error) before the
+            coordinator stops resubmitting it and reports it stuck.
+        max_deaths: runs of one batch that may die (killed, run worker lost, engine gone)
+            before it is stuck; deaths do not count towards ``max_attempts``.
+        death_backoff_seconds: the wait after a death before the batch is requested
+            again, doubling with each further death (up to 5 minutes; 0: none).
         maintain_every_batches: the finalizer compacts the control tables after every N-th
             batch (0: never), keeping sensor reads small as history grows.
         default_status: whether the sensors start running when the code location loads.
@@ -89,6 +105,8 @@ class WatermarkSettings:
     min_batch_interval_seconds: float = DEFAULT_MIN_BATCH_INTERVAL_SECONDS
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_SECONDS
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_deaths: int = DEFAULT_MAX_DEATHS
+    death_backoff_seconds: float = DEFAULT_DEATH_BACKOFF_SECONDS
     maintain_every_batches: int = 50
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
     keep_batch_partitions: int = DEFAULT_KEEP_BATCH_PARTITIONS
@@ -96,6 +114,12 @@ class WatermarkSettings:
 
     def __post_init__(self) -> None:
         check_keep_batch_partitions(self.keep_batch_partitions)
+        self.retry_policy  # noqa: B018 -- validates the three settings when they are made
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """``max_attempts``, ``max_deaths`` and ``death_backoff_seconds`` as one value."""
+        return RetryPolicy(self.max_attempts, self.max_deaths, self.death_backoff_seconds)
 
 
 @dataclass
@@ -109,6 +133,8 @@ class CoordinatorCursor:
         plan_recorded: the batch whose plan history row was ensured.
         stuck: ``batch:attempt`` of the stuck state last recorded in history.
         stuck_reason: set when the last tick found the open batch stuck: the reason.
+        retry_at: set when the last tick waited out the backoff after a run of the open
+            batch died: when it ends (epoch seconds; the headless runner sleeps till then).
         observed_at: upstream -> when its observation was last reported (epoch seconds),
             for the steady observation cadence.
         outcomes: the last reported outcome of each lag and stuck-batch check.
@@ -121,6 +147,7 @@ class CoordinatorCursor:
     plan_recorded: str | None = None
     stuck: str | None = None
     stuck_reason: str | None = None
+    retry_at: float | None = None
     observed_at: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
     retention_reported: bool = False
@@ -200,7 +227,7 @@ def build_coordinator_sensor(
         watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         cursor = CoordinatorCursor.parse(context.cursor)
-        cursor.stuck_reason = None
+        cursor.stuck_reason = cursor.retry_at = None
         events: list[AssetObservation | AssetCheckEvaluation] = []
 
         batch = store.open_batch()
@@ -287,18 +314,21 @@ def build_coordinator_sensor(
             add_partition = [partitions_def.build_add_request([batch.batch_id])]
 
         runs = batch_runs(context.instance, batch.batch_id, pipeline_keys=scope)
-        if runs.dead:
-            context.log.warning(f"batch {batch.batch_id}: runs {list(runs.dead)} lost their worker")
-            record_dead_runs(store, batch, runs.dead, actor=actor)
+        for death in runs.unrecorded:
+            context.log.warning(f"batch {batch.batch_id}: {death.describe()} (the run died)")
+        record_deaths(store, batch, runs.unrecorded, actor=actor)
+        mark_deaths_recorded(context.instance, runs.unrecorded)
         step = resume_batch(
             store,
             batch,
             runs.facts,
             known=pipeline_keys.keys(),
-            max_attempts=settings.max_attempts,
+            policy=settings.retry_policy,
+            now=time.time(),
             actor=actor,
             stuck_recorded=cursor.stuck,
         )
+        cursor.retry_at = step.retry_at
         requests = None
         if step.action is ResumeAction.STUCK:
             if cursor.stuck != step.stuck_key:

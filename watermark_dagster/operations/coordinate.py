@@ -6,7 +6,7 @@ result the adapters turn into run requests, skip reasons and log lines; the rule
 """
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,10 +16,18 @@ from watermark_dagster.core.finalizing import FinalizeStep, finalize_step
 from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import CursorPosition
-from watermark_dagster.core.records import Batch, BatchStatus, Watermark, WatermarkHow
+from watermark_dagster.core.records import (
+    Batch,
+    BatchStatus,
+    CheckpointStatus,
+    Watermark,
+    WatermarkHow,
+)
 from watermark_dagster.core.resuming import (
     BatchRunFacts,
     ResumeStep,
+    RetryPolicy,
+    RunDeath,
     resume_step,
     unfinished_pipelines,
 )
@@ -167,12 +175,18 @@ def unfinished(store: WatermarkStore, batch: Batch, known: Collection[str]) -> l
     return unfinished_pipelines(batch.pipelines, succeeded(store, batch), known)
 
 
-def record_dead_runs(
-    store: WatermarkStore, batch: Batch, run_ids: Sequence[str], *, actor: str
+def record_deaths(
+    store: WatermarkStore, batch: Batch, deaths: Sequence[RunDeath], *, actor: str
 ) -> None:
-    """Record in history that runs of ``batch`` lost their worker (they were marked failed)."""
-    for run_id in run_ids:
-        store.record("RUN_DIED", actor=actor, batch_id=batch.batch_id, detail={"run_id": run_id})
+    """Record in history (``RUN_DIED``) that runs of ``batch`` died, with how: a death is
+    a crash, not a failure, and the history is where an operator looks for why."""
+    for death in deaths:
+        store.record(
+            "RUN_DIED",
+            actor=actor,
+            batch_id=batch.batch_id,
+            detail={"run_id": death.run_id, "how": death.how},
+        )
 
 
 def resume_batch(
@@ -181,8 +195,9 @@ def resume_batch(
     runs: BatchRunFacts,
     *,
     known: Collection[str],
-    max_attempts: int,
+    policy: RetryPolicy,
     actor: str,
+    now: float | None = None,
     stuck_recorded: str | None = None,
     retry: bool = False,
 ) -> ResumeStep:
@@ -199,16 +214,37 @@ def resume_batch(
         batch: the open batch.
         runs: the batch partition's runs.
         known: the pipelines the code location declares.
-        max_attempts: failed runs after which the batch is stuck.
+        policy: the failed runs and deaths after which the batch is stuck, and the
+            backoff after a death.
         actor: who is recorded in history for a stuck batch.
+        now: the time the backoff after a death is measured against (None: no backoff).
         stuck_recorded: the ``stuck_key`` last recorded as ``BATCH_STUCK``, if any.
         retry: request the unfinished pipelines whatever the failed runs.
     """
     todo = [] if runs.in_flight and not retry else unfinished(store, batch, known)
-    step = resume_step(batch.batch_id, todo, runs, max_attempts=max_attempts, retry=retry)
+    if todo and not retry and runs.terminal is None and runs.failed >= policy.max_attempts:
+        # Stuck by its failures: the reason names the newest one's error (a read of the
+        # batch's checkpoints, once the attempts are spent, not on every tick before).
+        failed = [
+            c
+            for c in store.checkpoints(batch_id=batch.batch_id)
+            if c.status is CheckpointStatus.FAILED and c.error
+        ]
+        if failed:
+            newest = max(failed, key=lambda c: c.started_at)
+            runs = replace(runs, last_error=newest.error)
+    step = resume_step(batch.batch_id, todo, runs, policy=policy, now=now, retry=retry)
     if step.is_stuck and step.stuck_key != stuck_recorded:
         detail: dict[str, Any] = {
             "failed_runs": runs.failed,
+            "deaths": [{"run_id": d.run_id, "how": d.how} for d in runs.deaths],
+            "cause": (
+                "terminal"
+                if runs.terminal is not None
+                else "failures"
+                if runs.failed >= policy.max_attempts
+                else "deaths"
+            ),
             "pipelines": list(step.pipelines),
             "reason": step.reason,
             "terminal": runs.terminal is not None,

@@ -19,9 +19,10 @@ def stuck_batches(store: "WatermarkStore", batches: Sequence[Batch]) -> dict[str
     """Batch id -> why it is stuck, for open batches the coordinator gave up resubmitting.
 
     A batch is stuck when the coordinator recorded ``BATCH_STUCK`` for it (its failed runs
-    reached the maximum, or a pipeline failed with an error retrying cannot fix) and no
-    pipeline attempt started after that. The reason is the recorded error, else the last
-    failed attempt's; the fix is the recorded one, else the one that error names, else
+    or its runs that died reached the maximum, or a pipeline failed with an error retrying
+    cannot fix) and no pipeline attempt started after that. The reason is the recorded
+    error, else the last failed attempt's, else the coordinator's own reason (the deaths it
+    counted); the fix is the recorded one, else the one the reason names, else
     re-executing the partition.
     """
     open_ids = {b.batch_id for b in batches if b.status is BatchStatus.PLANNED}
@@ -42,7 +43,15 @@ def stuck_batches(store: "WatermarkStore", batches: Sequence[Batch]) -> dict[str
         if any(c.started_at > detail["at"] for c in attempts):
             continue  # re-executed since: running or failing again, not given up
         failed = [c for c in attempts if c.status is CheckpointStatus.FAILED and c.error]
-        reason = detail.get("message") or (failed[-1].error if failed else None)
+        if detail.get("cause") == "deaths":
+            # Its runs died: no error of theirs to show, the recorded reason names the deaths.
+            reason = detail.get("reason")
+        else:
+            reason = (
+                detail.get("message")
+                or (failed[-1].error if failed else None)
+                or detail.get("reason")  # never none: the coordinator's own words
+            )
         fix = detail.get("fix")
         if fix is None and reason and " Fix: " in reason:
             # The error names its own fix (our errors end with it): that is the advice.
@@ -50,6 +59,7 @@ def stuck_batches(store: "WatermarkStore", batches: Sequence[Batch]) -> dict[str
         stuck[batch_id] = {
             "since": f"{detail['at']:%Y-%m-%d %H:%M:%S}",
             "failed_runs": detail.get("failed_runs"),
+            "deaths": detail.get("deaths") or [],
             "pipelines": detail.get("pipelines"),
             "terminal": detail.get("terminal"),
             "reason": reason,

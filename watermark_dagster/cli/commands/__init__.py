@@ -142,6 +142,7 @@ COMMANDS: tuple[Command, ...] = (
         "replay",
         replay.cmd_replay,
         spark=True,
+        supervised=True,
         help="run an applied version range of an upstream through its pipelines again",
         description=(
             "Plan a REPLAY batch over versions A..B of one upstream (already applied: at most\n"
@@ -186,6 +187,7 @@ COMMANDS: tuple[Command, ...] = (
         "demo",
         runtime.cmd_demo,
         spark=True,
+        supervised=True,
         help="create demo upstreams, run batches headless, print the watermarks",
         example="watermark demo --rounds 2\nwatermark demo --fresh",
         defs=False,
@@ -205,6 +207,7 @@ COMMANDS: tuple[Command, ...] = (
         "run",
         runtime.cmd_run,
         spark=True,
+        supervised=True,
         help="run batches headless until nothing is left (--once: one batch)",
         description=(
             "Drive the code location without the Dagster daemon (for cron): resume the open\n"
@@ -229,7 +232,7 @@ COMMANDS: tuple[Command, ...] = (
                 "--retry",
                 action="store_true",
                 help="run the open batch's unfinished pipelines once more, even if it is stuck "
-                "(after you fixed what a terminal error named)",
+                "(after you fixed what its reason named), then go on until idle",
             ),
         ),
     ),

@@ -4,15 +4,20 @@ These commands only look: they open the control tables read-only (nothing is cre
 fresh home, nothing is written).
 """
 
+import json
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import STATUS_STYLES, Styled
+from watermark_dagster.core.records import CheckpointStatus
 from watermark_dagster.errors import UsageError
 from watermark_dagster.operations.status import stuck_batches
+
+if TYPE_CHECKING:
+    from watermark_dagster.store import WatermarkStore
 
 STUCK = "STUCK"
 
@@ -179,6 +184,7 @@ def cmd_batch(ctx: Context) -> int:
     except BatchStateError as e:
         raise UsageError(str(e)) from None
     stuck = stuck_batches(store, [batch]).get(batch_id)
+    died = _deaths(store, batch_id)
     readers = snapshot_readers(batch.inputs, batch.full_load, ctx.registry.pipeline_inputs())
     detail = {
         **_batch_summary(batch, stuck),
@@ -199,13 +205,15 @@ def cmd_batch(ctx: Context) -> int:
             {
                 "pipeline": c.pipeline,
                 "attempt": c.attempt,
-                "status": c.status.value,
+                # An attempt left RUNNING by a run that died is shown as what it is.
+                "status": "DIED" if dead else c.status.value,
                 "rows_read": c.rows_read,
                 "rows_written": c.rows_written,
                 "run_id": c.run_id,
-                "error": c.error,
+                "error": f"the run died: {dead} (a crash, not an attempt)" if dead else c.error,
             }
             for c in store.checkpoints(batch_id=batch_id)
+            for dead in [died.get(c.run_id or "") if c.status is CheckpointStatus.RUNNING else None]
         ],
     }
     if ctx.args.json:
@@ -218,7 +226,12 @@ def cmd_batch(ctx: Context) -> int:
         f"planned {detail['created_at']} by {batch.actor}"
     )
     if stuck:
-        runs = f" after {stuck['failed_runs']} failed runs" if stuck["failed_runs"] else ""
+        counts = []
+        if stuck["failed_runs"]:
+            counts.append(f"{stuck['failed_runs']} failed runs")
+        if stuck["deaths"]:
+            counts.append(f"{len(stuck['deaths'])} runs that died")
+        runs = f" after {' and '.join(counts)}" if counts else ""
         ctx.console.print(
             ctx.console.paint(f"stuck since {stuck['since']}{runs}", "bad")
             + (f"; pipelines {stuck['pipelines']} unfinished" if stuck["pipelines"] else "")
@@ -244,6 +257,16 @@ def cmd_batch(ctx: Context) -> int:
     ctx.console.print()
     _print_errors(ctx, detail["checkpoints"])
     return EXIT_OK
+
+
+def _deaths(store: "WatermarkStore", batch_id: str) -> dict[str, str]:
+    """Run id -> how it died, from the batch's ``RUN_DIED`` history rows."""
+    found = {}
+    for row in store.history(batch_id=batch_id):
+        if row["event"] == "RUN_DIED" and row.get("detail"):
+            detail = json.loads(row["detail"])
+            found[str(detail.get("run_id"))] = str(detail.get("how") or "its worker was lost")
+    return found
 
 
 def _position(value: Any) -> Any:

@@ -25,9 +25,10 @@ from watermark_dagster.errors import UsageError
 
 
 def _progress(ctx: Context) -> Any:
-    """Progress lines go to stdout, or to the terminal's stderr when stdout carries JSON."""
+    """Progress lines go to stdout, or to the terminal's stderr when stdout carries JSON;
+    each is flushed, so a log file keeps them up to the moment a killed process died."""
     stream = ctx.console.err if ctx.args.json else sys.stdout
-    return lambda message: print(message, file=stream)
+    return lambda message: print(message, file=stream, flush=True)
 
 
 def cmd_run(ctx: Context) -> int:
