@@ -112,6 +112,38 @@ class UpstreamSchemaChangedError(TerminalError):
     """An upstream's schema changed incompatibly inside a batch's range."""
 
 
+class ReplayRefusedError(TerminalError):
+    """A replay or backfill that could not re-apply its range as changes through the
+    version-guarded MERGE (it would reload the target, or create it); nothing was written."""
+
+
+def replay_refused(
+    pipeline: str, batch_id: str | None, why: str, *, upstream: str | None = None
+) -> ReplayRefusedError:
+    """The error of a replay that would have to reload or create ``pipeline``'s target:
+    ``why`` says what makes it so."""
+    rebuild = (
+        f"`{reset_command(upstream)}` reloads the target from the upstream's current version"
+        if upstream
+        else "a reset of the pipeline's upstream reloads the target from its current version"
+    )
+    return ReplayRefusedError(
+        f"Pipeline '{pipeline}': the replay{f' of batch {batch_id}' if batch_id else ''} "
+        f"cannot re-apply its range as changes: {why}. A replay only merges the changes of "
+        "its pinned range, version-guarded, into an existing target; it never reloads or "
+        "creates one (a reload at an old position would overwrite the newer rows). Nothing "
+        "was written.",
+        pipeline=pipeline,
+        batch_id=batch_id,
+        upstream=upstream,
+        fix=(
+            f"to rebuild the target from the upstreams as they are now, {rebuild}; to make "
+            "such ranges replayable in future, enable the upstream's change data feed "
+            "(delta.enableChangeDataFeed = true)."
+        ),
+    )
+
+
 def reset_command(upstream: str, *, force: bool = True) -> str:
     """The command that recovers an upstream whose committed watermark no longer applies
     (the table was recreated, or the range it needs was cleaned up): forget the watermark,

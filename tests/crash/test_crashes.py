@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,17 @@ from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import SparkSession
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
+from tests.console import watermark_main as console_main
+from tests.lakes import (
+    appended,
+    defs_from,
+    location_defs,
+    location_path,
+    registry_from,
+    write_spec,
+)
 from watermark_dagster.cli.app import main as watermark_main
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.faults import FAULT_POINTS
 from watermark_dagster.core.planning import UpstreamPosition
@@ -178,18 +187,21 @@ def _change(lake: Lake) -> None:
 
 
 # Lake states the cases start from, each a copy of the previous one plus one step:
+#   fresh:   both upstreams at version 0, nothing run (batch 1 is the targets' first load)
 #   changed: batch 1 (first loads) completed; new commits in both upstreams
 #   planned: + batch 2 planned by a coordinator tick (no run)
 #   ran:     + batch 2's pipelines ran and materialized (not finalized)
-TEMPLATES = ("changed", "planned", "ran")
+TEMPLATES = ("fresh", "changed", "planned", "ran")
 
 
 @pytest.fixture(scope="module")
 def templates(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Lake]:
     base = tmp_path_factory.mktemp("crash_templates")
     made: dict[str, Lake] = {}
-    lake = _new_lake(base / "changed")
-    _seed(lake)
+    fresh = _new_lake(base / "fresh")
+    _seed(fresh)
+    made["fresh"] = fresh
+    lake = _copy(fresh, base / "changed")
     instance = lake.instance()
     try:
         first = _cycle(lake, instance)
@@ -199,7 +211,7 @@ def templates(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
         instance.dispose()
     _change(lake)
     made["changed"] = lake
-    for name in TEMPLATES[1:]:
+    for name in TEMPLATES[2:]:
         lake = _copy(made[TEMPLATES[TEMPLATES.index(name) - 1]], base / name)
         instance = lake.instance()
         try:
@@ -338,6 +350,16 @@ def _planned_without_partition(lake: Lake, instance: DagsterInstance) -> None:
     assert not instance.has_dynamic_partition(BATCHES_PARTITIONS_NAME, "b000002")
 
 
+def _created_without_rows(lake: Lake, instance: DagsterInstance) -> None:
+    # The first load created the empty clustered target, in a commit of its own, and died.
+    assert lake.store.open_batch() is not None
+    created = RsDeltaTable(str(lake.root / "orders_copy"))
+    assert created.version() == 0
+    assert not created.file_uris()
+    [commit] = created.history(1)
+    assert str(commit["userMetadata"]).startswith("watermark-preparing ")
+
+
 def _run_started_without_checkpoint(lake: Lake, instance: DagsterInstance) -> None:
     assert lake.store.open_batch() is not None
     assert not lake.store.checkpoints(batch_id="b000002")
@@ -392,6 +414,7 @@ SCENARIOS: dict[str, Scenario] = {
         _planned_without_partition,
     ),
     "after_run_start": Scenario("changed", "cycle", _run_started_without_checkpoint),
+    "after_target_create": Scenario("fresh", "cycle", _created_without_rows),
     "after_target_commit": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.RUNNING)),
     "after_checkpoint": Scenario("changed", "cycle", _one_checkpoint(CheckpointStatus.SUCCESS)),
     "after_watermark_commit": Scenario(
@@ -447,7 +470,7 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
         killed = _run_child(lake, point, scenario.child)
         assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
         scenario.at_kill(lake, instance)
-        planned = lake.store.get_batch("b000002")
+        planned = lake.store.open_batch() or lake.store.get_batch("b000002")
 
         if scenario.child == "reset":
             again = _run_child(lake, None, "reset")  # the operator runs the command again
@@ -459,7 +482,10 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
 
         batches = sorted(lake.store.batches(), key=lambda b: b.seq)
         assert lake.store.open_batch() is None
-        if scenario.child == "cycle":
+        if scenario.template == "fresh":
+            # The first loads, resumed and completed once.
+            assert [(b.batch_id, b.status) for b in batches] == [("b000001", BatchStatus.COMPLETED)]
+        elif scenario.child == "cycle":
             # Resumed, never re-planned: the same plan, completed once.
             assert [(b.batch_id, b.status) for b in batches] == [
                 ("b000001", BatchStatus.COMPLETED),
@@ -479,6 +505,13 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
             resets = [h for h in lake.store.history() if h["event"] == "WATERMARK_RESET"]
             assert [(h["old_value"], h["new_value"]) for h in resets] == [("0", None)]
         _assert_targets_exact(spark, lake)
+        # One data commit per batch in each target: a retry after a committed write (a
+        # MERGE, or an append Delta's transaction id skips) never commits it again.
+        for target in ("orders_copy", "log_copy"):
+            history = RsDeltaTable(str(lake.root / target)).history()
+            labels = [str(c.get("userMetadata") or "") for c in history]
+            writes = Counter(m.split(" seq=")[0] for m in labels if m.startswith("watermark "))
+            assert set(writes.values()) == {1}, (target, writes)
 
         missing, extra = _history_gaps(lake)
         assert not extra, f"history rows recorded twice: {extra}"
@@ -491,9 +524,12 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
 
 
 def _watermark(lake: Lake, *argv: str, faults: str | None = None) -> subprocess.CompletedProcess:
-    """``watermark ARGV`` on the lake's code location, as a process (its supervised child
-    dies at ``faults`` when given)."""
+    """``watermark ARGV`` on the lake's code location: as a process (its supervised child
+    dies at ``faults``) when ``faults`` is given, else in this process (a command that
+    starts no JVM, :mod:`tests.console`)."""
     env = lake.env(**({FAULTS_ENV: faults} if faults else {}))
+    if not faults:
+        return console_main([*argv, "--defs", location_defs(lake.spec_file)], env)
     return subprocess.run(
         [str(SCRIPT), *argv, "--defs", location_defs(lake.spec_file)],
         cwd=REPO,
@@ -548,7 +584,7 @@ def test_runs_killed_more_often_than_max_attempts_are_crashes_not_failures(
         for _ in range(3):
             killed = _watermark(lake, "run", faults=kill)
             assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-3000:]
-        refused = _watermark(lake, "run", faults=kill)  # no run: the batch is stuck
+        refused = _watermark(lake, "run")  # no run, no JVM: the batch is stuck
         assert refused.returncode == 1, refused.stdout + refused.stderr[-3000:]
         assert "its runs died 3 times (max_deaths=3)" in refused.stdout + refused.stderr
         rows = json.loads(_watermark(lake, "list", "--json").stdout)
@@ -930,6 +966,89 @@ def test_force_abandoning_a_batch_that_ran_applies_each_change_once(
 
 
 @pytest.mark.spark
+def test_a_forced_change_does_not_take_a_created_empty_target_for_the_first_load(
+    spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """A first load is killed after it created the empty target (a preparatory commit
+    labelled with the batch) and before its rows. An operator sets the other upstream's
+    watermark with --force, which abandons the batch: the creation is no evidence of the load, so
+    ``orders_copy`` is not recorded as succeeded, ``orders`` does not advance, and the next
+    batch loads orders into it (before, the snapshot never reached the target)."""
+    lake = _copy(templates["fresh"], tmp_path / "lake")
+    instance = lake.instance()
+    try:
+        killed = _run_child(lake, "after_target_create@orders_copy", "cycle")
+        assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+        # log_copy loaded log's version 0 before the kill: say so, forcing past the batch.
+        reset = _watermark(lake, "set", "-t", "log", "--version", "0", "--force", "--yes")
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert "orders_copy: its target already holds the batch" not in reset.stdout
+        assert not [h for h in lake.store.history() if h["event"] == "PIPELINE_RECOVERED"]
+        assert lake.store.committed_versions().get("orders") is None
+        report = _cycle(lake, instance)
+        assert not report.failed_runs, report
+        assert lake.store.get_batch(report.completed[-1]).inputs["orders"].mode.value == (
+            "SNAPSHOT"
+        )
+        _assert_targets_exact(spark, lake)  # orders_copy was left empty
+    finally:
+        instance.dispose()
+
+
+@pytest.mark.spark
+def test_a_run_whose_batch_a_forced_change_abandons_meanwhile_writes_nothing(
+    spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """While ``log_copy``'s run reads its range, an operator runs `watermark reset -t orders
+    --force` in another process, which abandons the batch (log_copy has written nothing,
+    so log does not advance). The run re-reads its batch before it writes and stops: before,
+    it appended and recorded success, and the next batch appended the same rows again."""
+    lake = _copy(templates["changed"], tmp_path / "lake")
+    instance = lake.instance()
+    forced: list[subprocess.CompletedProcess] = []
+    append = appended("log")
+
+    def force_then_append(batch: Any) -> Any:
+        if not forced:
+            argv = [str(SCRIPT), *RESET, "--defs", location_defs(lake.spec_file)]
+            forced.append(
+                subprocess.run(
+                    argv,
+                    cwd=REPO,
+                    env=lake.env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=WAIT_SECONDS,
+                )
+            )
+        return append(batch)
+
+    registry = registry_from(lake.spec)
+    pipelines = [
+        replace(p, transform=force_then_append) if p.name == "log_copy" else p
+        for p in registry.pipelines.values()
+    ]
+    defs = build_definitions(
+        Registry(upstreams=list(registry.upstreams.values()), pipelines=pipelines),
+        control_root=lake.spec["control_root"],
+        spark=SparkSessionResource(master="local[2]", conf=SPARK_TEST_CONF),
+        settings=WatermarkSettings(min_batch_interval_seconds=0, death_backoff_seconds=0),
+    )
+    try:
+        report = HeadlessRunner(defs, instance).run_until_idle()
+        [reset] = forced
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
+        assert lake.store.open_batch() is None
+        assert "b000003" in report.completed, report
+        _assert_targets_exact(spark, lake)  # log_copy held log's rows 5..7 twice
+        errors = " ".join(r.error or "" for r in report.failed_runs)
+        assert "b000002 was abandoned by a forced change while pipeline 'log_copy'" in errors
+    finally:
+        instance.dispose()
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize(
     ("pipeline", "reads", "forced"),
     [("log_copy", "log", "orders"), ("orders_copy", "orders", "log")],
@@ -958,15 +1077,7 @@ def test_a_forced_change_advances_what_a_killed_run_already_wrote(
         assert states[pipeline] is CheckpointStatus.RUNNING
         assert lake.store.committed_versions() == {"orders": 0, "log": 0}
 
-        argv = [str(SCRIPT), "reset", "-t", forced, "--force", "--yes"]
-        reset = subprocess.run(
-            [*argv, "--defs", location_defs(lake.spec_file)],
-            cwd=REPO,
-            env=lake.env(),
-            capture_output=True,
-            text=True,
-            timeout=WAIT_SECONDS,
-        )
+        reset = _watermark(lake, "reset", "-t", forced, "--force", "--yes")
         assert reset.returncode == 0, reset.stdout + reset.stderr
         assert f"{pipeline}: its target already holds the batch" in reset.stdout, reset.stdout
         assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED

@@ -288,9 +288,20 @@ def test_failed_and_canceled_runs_are_resubmitted_until_max_attempts(setup) -> N
         [request] = result.run_requests
         assert request.run_key == f"b000001:{attempt}"
         finished_run(instance, request, status)
+        # The pipeline's attempt records its error, as a run whose transform raised does.
+        attempt = store.begin_checkpoint("pipeline_a", "b000001", run_id=None)
+        store.finish_checkpoint(
+            "pipeline_a",
+            "b000001",
+            attempt,
+            CheckpointStatus.FAILED,
+            error=f"ValueError: no column 'amount' (attempt {attempt})",
+        )
     stuck = _tick(defs, instance, COORDINATOR, cursor)
     assert not stuck.run_requests
     assert "is stuck: 3 failed runs" in (stuck.skip_message or "")
+    # The reason names the newest error, not only the count.
+    assert "The last error: ValueError: no column 'amount' (attempt 3)" in stuck.skip_message
     # The headless runner reads the verdict from the cursor, not from the message.
     assert CoordinatorCursor.parse(cursor).stuck_reason is None
     assert CoordinatorCursor.parse(stuck.cursor).stuck_reason == stuck.skip_message

@@ -30,6 +30,7 @@ from dagster._core.instance.ref import InstanceRef
 from tests.conftest import REPO, SPARK_TEST_CONF
 from tests.dagster.test_no_jvm import _java_shim
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
+from watermark_dagster.dagster_defs.runs import DIED_TAG
 from watermark_dagster.demo import DemoPaths, apply_round, seed
 from watermark_dagster.demo.verify import compare_with_full_recompute
 from watermark_dagster.runtime.connect import EngineRecord, free_port, live_engine, read_record
@@ -142,12 +143,17 @@ def _run(env: dict[str, str], *, ok: bool = True) -> dict:
     return json.loads(proc.stdout)
 
 
-def _engine_tags(dagster_home: Path) -> list[str | None]:
+def _run_tags(dagster_home: Path, tag: str) -> list[str | None]:
+    """Tag ``tag`` of every run of the instance, oldest first."""
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
     try:
-        return [r.tags.get(ENGINE_TAG) for r in reversed(instance.get_runs())]
+        return [r.tags.get(tag) for r in reversed(instance.get_runs())]
     finally:
         instance.dispose()
+
+
+def _engine_tags(dagster_home: Path) -> list[str | None]:
+    return _run_tags(dagster_home, ENGINE_TAG)
 
 
 def _assert_exact(spark, paths: DemoPaths) -> None:
@@ -414,6 +420,7 @@ def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_
             "WATERMARK_REGISTRY": str(registry),
             "WATERMARK_ENGINE": "connect",
             "WM_KILLED_MARK": str(mark),
+            "WATERMARK_DEATH_BACKOFF_SECONDS": "0",
             "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
         }
         report = _run(run_env, ok=False)
@@ -422,8 +429,12 @@ def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_
         assert len(failed) == 1, report["runs"]
         assert "EngineUnavailableError" in failed[0]["error"], failed[0]["error"]
         assert str(original.server_pid) in failed[0]["error"], failed[0]["error"]
-        # The coordinator retried the batch on the restarted server: applied once.
+        # A death, not a failure (it spends no attempt): the coordinator retried the batch
+        # on the restarted server, applied once.
         assert report["completed"] == ["b000001"], report
+        died = [t for t in _run_tags(Path(env["DAGSTER_HOME"]), DIED_TAG) if t]
+        assert len(died) == 1, died
+        assert "its Spark engine went away" in died[0], died
         assert engine.record().server_pid != original.server_pid
     appended = spark.read.format("delta").load(str(target))
     assert sorted((r.id, r.amount) for r in appended.collect()) == [(i, 10 * i) for i in range(5)]

@@ -24,6 +24,7 @@ from dagster import (
 )
 from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.instance.ref import InstanceRef
+from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO, SPARK_TEST_CONF
@@ -304,7 +305,13 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     assert statuses[(killed[0].pipeline, 1)] is CheckpointStatus.RUNNING
     assert statuses[(killed[0].pipeline, 2)] is CheckpointStatus.SUCCESS
     assert location.store.committed_versions() == location.latest()
-    # The first pipeline's merge landed twice (before the kill and on retry): no duplicates.
+    # The killed pipeline's MERGE landed before the kill; its retry found that commit in the
+    # target's log and made no second one (the change feed holds the batch's changes once).
+    first = killed[0].pipeline
+    assert _materialization_metadata(location.instance, first, "b000002")["already_applied"]
+    history = RsDeltaTable(location.paths.target(first)).history()
+    ours = [c for c in history if str(c.get("userMetadata", "")).find("batch=b000002 ") >= 0]
+    assert [c["operation"] for c in ours] == ["MERGE"], ours
     _assert_targets_exact(spark, location.paths)
 
 

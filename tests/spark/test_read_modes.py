@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO
+from tests.console import watermark_main as console_main
 from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
 from watermark_dagster.config.pipeline import BatchContext, Pipeline
 from watermark_dagster.config.registry import Registry
@@ -35,7 +36,7 @@ from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, c
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
-from watermark_dagster.errors import UpstreamUnreadableError
+from watermark_dagster.errors import ReplayRefusedError, UpstreamUnreadableError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
@@ -81,19 +82,23 @@ class Lake:
         assert len(ids) == len(set(ids)), f"duplicated ids in {name}"
         return dict(found)
 
-    def cli(self, spec: dict[str, Any], *args: str) -> subprocess.CompletedProcess:
+    def cli(
+        self, spec: dict[str, Any], *args: str, process: bool = False
+    ) -> subprocess.CompletedProcess:
+        """``watermark ARGS`` on ``spec``'s code location: in this process, on the test's
+        Spark session (:mod:`tests.console`), or as a process of its own with ``process``
+        (a replay that runs: its executor stops the command's Spark session)."""
         spec_file = write_spec(self.root / "spec.json", spec)
         env = {
             **os.environ,
             "PYTHONPATH": location_path(spec_file),
             "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
         }
+        argv = [*args, "--defs", location_defs(spec_file)]
+        if not process:
+            return console_main(argv, env)
         return subprocess.run(
-            [str(SCRIPT), *args, "--defs", location_defs(spec_file)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
+            [str(SCRIPT), *argv], env=env, capture_output=True, text=True, timeout=600
         )
 
 
@@ -514,6 +519,77 @@ def test_an_append_target_retried_after_a_crash_holds_each_row_once(lake: Lake) 
     assert list(detail["partitionColumns"]) == ["bucket"]
 
 
+def test_a_replay_that_could_only_reload_is_refused_and_writes_nothing(lake: Lake) -> None:
+    """Issue 41, sequence 1: a merge pipeline reads an append-only upstream with
+    on_data_change='snapshot'; an UPDATE at v2 was applied by reloading the target. A replay
+    of [1, 3] would read that range as a snapshot, and the reload at the replay's old
+    position overwrote the rows of the batches after it (v4) with `watermark replay` exiting
+    0. Now it is refused before anything is recorded, by the command line and, for a replay
+    batch that reaches a run anyway, by the run; a replay into a missing target too."""
+    spark, src = lake.spark, lake.path("events")
+    _write(spark, src, range(0, 5), cdf=False)  # v0: batch 1 loads it
+    pipes = [
+        {"name": "events_copy", "upstreams": ["events"], "target": lake.path("copy")}
+        | {"transform": "copy"}
+    ]
+    spec = lake.spec([{"name": "events", "path": src, "on_data_change": "snapshot"}], pipes)
+    lake.run(spec)
+    _write(spark, src, range(5, 8), cdf=False)  # v1
+    lake.run(spec)
+    DeltaTable.forPath(spark, src).update("id = 3", {"value": "333"})  # v2: a reload
+    lake.run(spec)
+    _write(spark, src, range(8, 10), cdf=False)  # v3
+    lake.run(spec)
+    _write(spark, src, range(10, 12), cdf=False)  # v4
+    lake.run(spec)
+    assert lake.store.committed_versions()["events"] == 4
+    before = lake.rows("copy")
+    assert before == _source_rows(lake, "events")
+    target_version = latest_local_version(lake.path("copy"))
+    tables = ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
+    versions = {t: lake.store.table_version(t) for t in tables}
+
+    args = ("replay", "-t", "events", "--from-version", "1", "--to-version", "3", "--yes")
+    out = lake.cli(spec, *args, "--reason", "late fix")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "commit(s) v2 UPDATE in the range [1, 3] update or delete rows" in out.stderr
+    assert "never reloads or creates one" in out.stderr
+    assert "Nothing was written" in out.stderr
+    assert {t: lake.store.table_version(t) for t in tables} == versions
+    assert latest_local_version(lake.path("copy")) == target_version
+
+    # A replay batch that reaches a run all the same (recorded by hand, as a backfill of
+    # an older version would) fails there, before the write.
+    replay = lake.store.create_replay_batch(
+        "events",
+        VersionRange(1, 3),
+        mode=ReadMode.APPEND_ONLY,
+        pipelines=["events_copy"],
+        all_upstreams=["events"],
+        actor="test",
+        reason="late fix",
+    )
+    with pytest.raises(ReplayRefusedError, match=r"upstream\(s\) \['events'\] would be read as a"):
+        execute_pipeline(
+            spark=spark,
+            store=lake.store,
+            registry=registry_from(spec),
+            pipeline_name="events_copy",
+            batch_id=replay.batch_id,
+        )
+    assert lake.rows("copy") == before
+    assert latest_local_version(lake.path("copy")) == target_version
+    lake.store.set_batch_status(replay.batch_id, BatchStatus.FAILED, actor="test")
+
+    # No replay creates a target.
+    shutil.rmtree(lake.path("copy"))
+    args = ("replay", "-t", "events", "--from-version", "3", "--to-version", "4", "--yes")
+    out = lake.cli(spec, *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"its target {lake.path('copy')} does not exist" in out.stderr
+    assert not os.path.exists(lake.path("copy"))
+
+
 def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: Lake) -> None:
     spark, src = lake.spark, lake.path("prices")
     _write(spark, src, range(0, 6), cdf=True)
@@ -588,6 +664,7 @@ def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: La
         "--reason",
         "late correction",
         "--json",
+        process=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout)

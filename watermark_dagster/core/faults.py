@@ -18,6 +18,7 @@ ENV = "WATERMARK_FAULTS"
 FAULT_POINTS = (
     "after_plan_commit",  # store.create_batch: plan committed; no partition, no history row
     "after_run_start",  # pipeline asset: run started, worker tagged; no checkpoint, no Spark
+    "after_target_create",  # first load: empty target created (a preparatory commit); no rows
     "after_target_commit",  # execute: target written; no checkpoint, no materialization
     "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
     "after_watermark_commit",  # store.advance_many: watermarks moved; no history, rows unmarked

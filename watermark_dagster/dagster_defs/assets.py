@@ -44,6 +44,7 @@ from watermark_dagster.dagster_defs.runs import (
     PIPELINE_METADATA,
     PLAN_ID_METADATA,
     WATERMARK_POOL,
+    died_tags,
     error_failure_metadata,
     terminal_error_tags,
     worker_tags,
@@ -580,6 +581,12 @@ def build_pipeline_asset(
             # Our own error reaches Dagster as a Failure naming it (table, versions, fix),
             # which the UI shows and the headless runner reports as is.
             terminal = isinstance(e, TerminalError)
+            if isinstance(e, EngineUnavailableError):
+                # The engine went away under the run: a death, not an error of the batch's.
+                context.instance.add_run_tags(
+                    context.run.run_id,
+                    died_tags(context.run.run_id, f"its Spark engine went away: {e.reason}"),
+                )
             if terminal:
                 # Retrying cannot help: the coordinator reads this tag and stops the batch.
                 context.instance.add_run_tags(

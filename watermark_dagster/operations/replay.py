@@ -90,6 +90,51 @@ def _refuse_non_merge(registry: "Registry", chosen: Sequence[str], fix: str) -> 
         )
 
 
+def _refuse_reloading(
+    registry: "Registry",
+    upstream: str,
+    rng: VersionRange,
+    mode: ReadMode,
+    pipelines: Sequence[str],
+    *,
+    batch_id: str | None = None,
+) -> None:
+    """Refuse, before anything is recorded, a replay that could not re-apply ``rng`` as
+    changes: an append-only range with commits that update or delete rows (it would be
+    read as a snapshot, i.e. a reload at an old position), or a pipeline whose target does
+    not exist (a replay never creates one). Reads the logs with delta-rs; no JVM.
+
+    Raises:
+        ReplayRefusedError: naming the commits or the target, with the fix.
+    """
+    from watermark_dagster.config.secrets import resolved_options
+    from watermark_dagster.errors import replay_refused
+    from watermark_dagster.read.appended import scan_appends
+    from watermark_dagster.write.commits import existing_target
+
+    if mode is ReadMode.APPEND_ONLY:
+        changed = scan_appends(registry.upstreams[upstream], rng).data_changes
+        if changed:
+            listed = ", ".join(f"v{v} {op}" for v, op in changed[:5])
+            raise replay_refused(
+                pipelines[0],
+                batch_id,
+                f"upstream '{upstream}' has no change data feed, and commit(s) {listed} in "
+                f"the range {rng} update or delete rows, so the range could only be read as "
+                "a snapshot",
+                upstream=upstream,
+            )
+    for name in pipelines:
+        pipeline = registry.pipelines[name]
+        if existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is None:
+            raise replay_refused(
+                name,
+                batch_id,
+                f"its target {pipeline.target} does not exist",
+                upstream=upstream,
+            )
+
+
 def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None) -> list[str]:
     """The pipelines to replay through, checked: merge pipelines reading ``upstream``."""
     consumers = list(registry.consumers(upstream))
@@ -121,6 +166,8 @@ def plan_replay(
     Raises:
         UsageError: a cursor or snapshot-only upstream, a pipeline that does not read it or
             does not merge, or a range the pipelines have not applied yet.
+        ReplayRefusedError: the range could only be read as a snapshot, or a target does
+            not exist (a replay never reloads or creates a target).
         WatermarkError: the upstream cannot be observed.
     """
     from watermark_dagster.core.observations import read_mode_of
@@ -137,6 +184,7 @@ def plan_replay(
     mode = read_mode_of(table, Observer().observe(table))
     if mode is ReadMode.SNAPSHOT:
         raise UsageError(f"upstream {upstream!r} is snapshot-only: there are no changes to replay.")
+    _refuse_reloading(registry, upstream, rng, mode, chosen)
     return ReplayPlan(
         upstream=upstream, range=rng, mode=mode, pipelines=tuple(chosen), committed=committed
     )
@@ -235,6 +283,7 @@ def plan_backfill_replay(
                 upstream=name,
                 batch_id=batch.batch_id,
             )
+        _refuse_reloading(registry, name, planned.range, mode, [pipeline], batch_id=batch.batch_id)
         modes[name] = mode
     return BackfillReplayPlan(batch=batch, pipeline=pipeline, modes=modes)
 

@@ -16,19 +16,20 @@ from pyspark.sql import functions as F
 
 from watermark_dagster.config.pipeline import Pipeline, Strategy, StrategyChoice
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
 from watermark_dagster.core.planning import PlannedInput, delta_source_version
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
-from watermark_dagster.errors import BatchStateError, TerminalError
+from watermark_dagster.errors import BatchStateError, TerminalError, replay_refused
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.derive import choose_strategy, transform_of
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write.commits import WriteResult
+from watermark_dagster.write.commits import WriteResult, existing_target
 from watermark_dagster.write.targets import write_target
 
 log = logging.getLogger("watermark_dagster")
@@ -239,6 +240,8 @@ def run_pipeline(
         check_catalog_names(spark, registry, pipeline, batch.locations, batch_id=batch_id)
         registry = _at_planned_locations(registry, pipeline, batch)
         inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=full_load)
+        if batch.kind is BatchKind.REPLAY:
+            refuse_reloading_replay(pipeline, batch, inputs, full_load=full_load)
         if not full_load and any(i.reads_snapshot for i in inputs.values()):
             # An append-only range that changed rows, read as a snapshot as configured:
             # the pipeline reloads from snapshots of every upstream at their pinned ends.
@@ -297,6 +300,9 @@ def run_pipeline(
                 batch_id=batch_id,
                 fix="return the changes to apply as a DataFrame.",
             )
+        # The fence of a forced change: a batch abandoned while this run read and
+        # transformed is not written to (the next batch reads its ranges again, I4).
+        _refuse_abandoned(store, pipeline_name, batch_id)
         write = write_target(
             spark,
             output,
@@ -305,6 +311,7 @@ def run_pipeline(
             write_seq=batch.write_seq,
             full_load=full_load,
             replay=replay,
+            retried=attempt > 1,
         )
         if strategy is not None:
             strategy.seconds = round(time.perf_counter() - started, 3)
@@ -380,6 +387,52 @@ def run_pipeline(
     )
     fault_point("after_checkpoint")
     return outcome
+
+
+def _refuse_abandoned(store: WatermarkStore, pipeline_name: str, batch_id: str) -> None:
+    """Re-read the batch just before the write and stop if a forced change abandoned it
+    meanwhile (``watermark set``/``reset --force`` from another process).
+
+    Raises:
+        BatchStateError: the batch is abandoned; nothing was written.
+    """
+    if store.get_batch(batch_id).status is BatchStatus.ABANDONED:
+        raise BatchStateError(
+            f"Batch {batch_id} was abandoned by a forced change while pipeline "
+            f"'{pipeline_name}' was running it; its output was not written.",
+            pipeline=pipeline_name,
+            batch_id=batch_id,
+            fix="nothing to do: the next batch reads the abandoned batch's ranges again.",
+        )
+
+
+def refuse_reloading_replay(
+    pipeline: Pipeline, batch: Batch, inputs: Mapping[str, UpstreamInput], *, full_load: bool
+) -> None:
+    """A replay re-applies its range's changes through the version-guarded MERGE, or
+    nothing: one whose range would be read as a snapshot (an append-only range that changed
+    rows, ``on_data_change="snapshot"``), that the batch loads fully, or whose target does
+    not exist, is refused before anything is written (I1, I5: a reload at the replay's old
+    position would overwrite the newer rows, and a target created by a replay would hold
+    its range alone, never reloaded).
+
+    Raises:
+        ReplayRefusedError: naming why, with the fix.
+    """
+    snapshots = sorted(u for u, i in inputs.items() if i.reads_snapshot)
+    why = None
+    if snapshots:
+        why = (
+            f"upstream(s) {snapshots} would be read as a snapshot (commits in the range "
+            "update or delete rows, and there is no change data feed to read them as changes)"
+        )
+    elif full_load:
+        why = "the batch loads the pipeline fully from snapshots"
+    elif existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is None:
+        why = f"its target {pipeline.target} does not exist"
+    if why is not None:
+        upstream = snapshots[0] if snapshots else next(iter(pipeline.upstreams), None)
+        raise replay_refused(pipeline.name, batch.batch_id, why, upstream=upstream)
 
 
 def _at_planned_locations(registry: Registry, pipeline: Pipeline, batch: Batch) -> Registry:

@@ -6,6 +6,11 @@ carry the token. A write that commits nothing (an empty output, a MERGE that cha
 row, an append Delta skipped as already applied) therefore reports zeros, never the
 figures of an older commit. The label also shows in the target's history which pipeline
 and batch wrote each commit.
+
+A commit that only prepares the write (creating the empty target, adding new columns before
+a MERGE) is labelled apart (:func:`preparing`): the evidence that a batch's rows reached a
+target (:func:`labelled_commit`, read by crash recovery and by a forced change) is only ever
+the commit that carries them.
 """
 
 import logging
@@ -22,6 +27,8 @@ from pyspark.sql import SparkSession
 log = logging.getLogger("watermark_dagster")
 
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+# Put before the label of a commit that prepares a write and carries none of its rows.
+PREPARING = "watermark-preparing "
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,15 @@ def labelled_commits(spark: SparkSession, label: str) -> AbstractContextManager[
     return session_setting(spark, USER_METADATA_CONF, label)
 
 
+def preparing(spark: SparkSession) -> AbstractContextManager[None]:
+    """Inside a :func:`labelled_commits` block: the commits made in this one prepare the
+    write (create the target, evolve its schema) and carry none of the batch's rows, so
+    they are labelled ``watermark-preparing <label>``, which no evidence of a write takes
+    for the write itself."""
+    label = spark.conf.get(USER_METADATA_CONF, None) or ""
+    return session_setting(spark, USER_METADATA_CONF, PREPARING + label)
+
+
 def commits_since(
     target: str,
     storage_options: Mapping[str, str] | None,
@@ -199,7 +215,11 @@ def commits_since(
     made = version - (-1 if before is None else before)
     if made <= 0:
         return version, []
-    ours = [dict(c) for c in dt.history(made) if c.get("userMetadata") == label]
+    # The write's commits: those that prepared it (creating the target, say) and the one
+    # carrying its rows.
+    ours = [
+        dict(c) for c in dt.history(made) if c.get("userMetadata") in (label, PREPARING + label)
+    ]
     if len(ours) < made:
         others = made - len(ours)
         log.info("target=%s: %d commit(s) by other writers during this write", target, others)

@@ -39,6 +39,7 @@ from watermark_dagster.core.columns import (
     SEQ_COLUMN,
     UPSERT,
 )
+from watermark_dagster.core.faults import fault_point
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import is_delete, latest_per_key, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
@@ -48,6 +49,7 @@ from watermark_dagster.write.commits import (
     labelled_commits,
     new_label,
     newest_written_seq,
+    preparing,
     session_setting,
 )
 from watermark_dagster.write.layout import (
@@ -310,7 +312,9 @@ def merge_into_target(
                     partition_by=partition_by,
                     cluster_by=cluster_by,
                 )
-                create_target(spark, target, schema, layout)
+                with preparing(spark):
+                    create_target(spark, target, schema, layout)
+                fault_point("after_target_create", where=pipeline)
                 small, files = None, None
             else:
                 files = pa.table(table.get_add_actions(flatten=True))
@@ -424,14 +428,15 @@ def _merge(
     if added:
         # New output columns (an upstream gained a column) are added to the target first,
         # by an empty append that merges the schema, so the MERGE can assign them.
-        (
-            prepared.select(*[quoted(c) for c in data_columns])
-            .limit(0)
-            .write.format("delta")
-            .mode("append")
-            .option("mergeSchema", "true")
-            .save(target)
-        )
+        with preparing(spark):
+            (
+                prepared.select(*[quoted(c) for c in data_columns])
+                .limit(0)
+                .write.format("delta")
+                .mode("append")
+                .option("mergeSchema", "true")
+                .save(target)
+            )
     deleting = is_delete(_source(CHANGE_TYPE))
     # Null-safe, as keys are matched everywhere (read.changes.matching_keys): with `=` a
     # NULL key's row would never be updated or deleted, and an upsert would add a second.

@@ -32,6 +32,7 @@ from watermark_dagster.core.columns import (
     COMMIT_VERSION,
     SEQ_COLUMN,
 )
+from watermark_dagster.core.faults import fault_point
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import is_delete, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
@@ -42,6 +43,7 @@ from watermark_dagster.write.commits import (
     labelled_commit,
     labelled_commits,
     new_label,
+    preparing,
 )
 from watermark_dagster.write.layout import (
     create_target,
@@ -205,7 +207,9 @@ def _commit(
     with labelled_commits(spark, label):
         if not exists and layout.cluster_by:
             # The DataFrame writer cannot cluster: create the empty clustered table first.
-            create_target(spark, target, rows.schema, layout)
+            with preparing(spark):
+                create_target(spark, target, rows.schema, layout)
+            fault_point("after_target_create", where=pipeline.name)
             exists = True
             writer = writer.option("mergeSchema", "true")
             if overwrite:
@@ -307,6 +311,7 @@ def write_target(
     write_seq: int,
     full_load: bool,
     replay: bool = False,
+    retried: bool = False,
 ) -> WriteResult:
     """Write the transform's ``output`` for one batch to the pipeline's target.
 
@@ -318,6 +323,10 @@ def write_target(
         write_seq: the batch position the rows carry (``Batch.write_seq``).
         full_load: the batch reloads the pipeline from snapshots: the target is replaced.
         replay: a REPLAY batch: a merge does not insert keys the target lacks.
+        retried: an earlier attempt of this batch's write may have committed (a run that
+            died after its target commit): a MERGE first looks for its data commit in the
+            target's log and makes no second one (an append or overwrite has Delta's
+            transaction id for that).
 
     Returns:
         What this write committed (``committed`` is False when it committed nothing: an
@@ -328,6 +337,23 @@ def write_target(
         return _txn_write(
             spark, output, pipeline, batch_id=batch_id, write_seq=write_seq, overwrite=overwrite
         )
+    if retried:
+        options = resolved_options(pipeline.storage_options) or {}
+        table = existing_target(pipeline.target, options)
+        version = (
+            None if table is None else labelled_commit(table, label_prefix(pipeline.name, batch_id))
+        )
+        if table is not None and version is not None:
+            # One decision per write: the MERGE landed before the crash; doing it again
+            # would commit the same changes twice to the target's change feed.
+            log.info(
+                "pipeline=%s batch=%s: its MERGE is the target's version %d already; "
+                "not merged again",
+                pipeline.name,
+                batch_id,
+                version,
+            )
+            return WriteResult.nothing(table.version(), already_applied=True)
     return merge_into_target(
         spark,
         output,
