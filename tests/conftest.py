@@ -85,12 +85,12 @@ def pytest_configure(config: pytest.Config) -> None:
 # workers finish together instead of one of them starting a five-minute module at the end.
 # Modules not listed keep their order after these.
 LONGEST_MODULES = (
-    "tests/spark/test_read_modes.py",  # 609 s
+    "tests/spark/test_read_modes.py",  # 609 s (and a replay refusal, about 40 s, since)
     "tests/live/test_live_dagster_dev.py",  # 554 s
+    "tests/crash/test_crashes.py",  # 279 s, and about 200 s of deaths and fences since
     "tests/spark/test_engine.py",  # 439 s
     "tests/spark/test_declared.py",  # 360 s
     "tests/spark/test_flow.py",  # 331 s
-    "tests/crash/test_crashes.py",  # 279 s
     "tests/model/test_declared.py",  # 218 s
     "tests/spark/test_writes.py",  # 216 s
     "tests/live/test_live_health.py",  # 177 s
