@@ -146,6 +146,64 @@ def test_past_the_inline_keys_limit_the_derivation_joins_and_matches_a_recompute
     assert joined == ["by_joins", "by_joins"]  # both incremental batches took the joins
 
 
+def test_a_replay_past_the_inline_keys_limit_stays_incremental_and_rolls_nothing_back(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: the derivation switched an `auto` batch to `full` past
+    ``INLINE_KEYS_LIMIT`` touched keys (made tiny here), a replay too, contrary to the rule
+    that a replay is incremental: a full diff over a replay's older snapshots proposes to
+    roll back every newer key, and only each key's ``_wm_seq`` guard stood in the way
+    (which a `full` batch does not refresh on keys it leaves unchanged). A replay now
+    stays incremental (the keys joined as a plan), and the target still equals a
+    recompute at the committed versions."""
+    from watermark_dagster.read import derive
+
+    monkeypatch.setattr(derive, "INLINE_KEYS_LIMIT", 2)
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    pipeline = sql_pipeline(
+        name="auto_enriched",
+        sql=ENRICHED_SQL,
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=paths.target("auto_enriched"),
+        keys=["order_id"],
+        strategy="auto",
+    )
+    registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
+    store = WatermarkStore(paths.control_root)
+    _cycle(spark, registry, store)
+    apply_round(spark, paths, 1)
+    replayed = store.get_batch(_cycle(spark, registry, store))
+    apply_round(spark, paths, 2)
+    _cycle(spark, registry, store)
+    orders_range = replayed.inputs["orders"].range
+    assert orders_range is not None
+    replay = store.create_replay_batch(
+        "orders",
+        orders_range,
+        mode=replayed.inputs["orders"].mode,
+        pipelines=["auto_enriched"],
+        all_upstreams=["orders", "customers"],
+        actor="test",
+        reason="late fix",
+    )
+    outcome = execute_pipeline(
+        spark=spark,
+        store=store,
+        registry=registry,
+        pipeline_name="auto_enriched",
+        batch_id=replay.batch_id,
+        run_id="test",
+    )
+    orders = spark.read.format("delta").load(paths.upstream("orders"))
+    customers = spark.read.format("delta").load(paths.upstream("customers"))
+    full = full_orders_enriched(orders, customers)
+    target = spark.read.format("delta").load(paths.target("auto_enriched"))
+    assert _rows(target, full.columns) == _rows(full, full.columns)
+    assert outcome.strategy is not None
+    assert (outcome.strategy.strategy, outcome.strategy.reason) == ("incremental", "a replay")
+
+
 def _refused(spark: SparkSession, tmp_path: Path, pipeline: Pipeline, fragment: str) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)

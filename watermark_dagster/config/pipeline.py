@@ -181,6 +181,8 @@ class StrategyChoice:
         seconds: what it cost: the transform and the write, once the batch ran.
         estimates: ``auto``'s estimate of each strategy's seconds for this batch, from the
             pipeline's measured history (empty when it decided without one).
+        fixed: the strategy may not change during the batch (a replay: its snapshots are
+            older than the target, which a full diff would roll back).
     """
 
     strategy: Strategy
@@ -189,6 +191,7 @@ class StrategyChoice:
     snapshot_bytes: int | None = None
     seconds: float | None = None
     estimates: dict[str, float] = field(default_factory=dict[str, float])
+    fixed: bool = False
 
     def metadata(self) -> dict[str, object]:
         """The choice as materialization metadata."""

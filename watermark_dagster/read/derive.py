@@ -121,7 +121,12 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     if choice is not None and choice.strategy is Strategy.FULL:
         return diff_against_target(batch.spark, whole, pipeline)
     values = _touched_values(declared, batch, snapshots)
-    if values is None and choice is not None and pipeline.strategy is Strategy.AUTO:
+    if (
+        values is None
+        and choice is not None
+        and pipeline.strategy is Strategy.AUTO
+        and not choice.fixed  # a replay stays incremental however many keys it touches
+    ):
         choice.strategy = Strategy.FULL
         choice.reason = (
             f"auto: the batch touched more than {INLINE_KEYS_LIMIT:,} keys "
@@ -313,7 +318,7 @@ def decide_strategy(
     """:func:`choose_strategy`'s rule, from the bytes the ranges changed, the snapshots'
     bytes (None when unknown) and the pipeline's measured runs, oldest first."""
     if replay:
-        return StrategyChoice(Strategy.INCREMENTAL, "a replay", changed, total)
+        return StrategyChoice(Strategy.INCREMENTAL, "a replay", changed, total, fixed=True)
     if configured is not Strategy.AUTO:
         return StrategyChoice(configured, f"configured strategy={configured}", changed, total)
     if changed is None or total is None:
