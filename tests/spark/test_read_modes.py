@@ -31,7 +31,7 @@ from tests.console import watermark_main as console_main
 from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
 from watermark_dagster.config.pipeline import BatchContext, Pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import CursorUpstream
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
@@ -931,6 +931,80 @@ def test_every_reader_of_a_batch_sees_a_delta_cursor_source_as_the_batch_planned
     add([(i, t0 + timedelta(minutes=i)) for i in (4, 5)])
     batch_with_late_row((6, t0 + timedelta(minutes=4, seconds=30)))
     assert sorted(lake.rows("log")) == sorted(lake.rows("copy")) == [1, 2, 3, 4, 5]
+
+
+def test_a_replay_reads_a_delta_cursor_source_as_its_origin_batch_did(lake: Lake) -> None:
+    """Issue 41 (I3): a replay of ``orders``' range holds the Delta cursor upstream
+    ``clicks`` where the replayed batch pinned it. It read the cursor source at its latest
+    version, so a late click committed after that batch, inside its window, changed what
+    the replay computed and it rewrote the order's row. It reads the source at the version
+    the batch planned it at now: the replay changes nothing."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    clicks, orders = lake.path("clicks"), lake.path("orders")
+
+    def click(order_id: int, at: datetime) -> None:
+        rows = {"id": [order_id], "ts": [at]}
+        types = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC"))])
+        write_deltalake(clicks, pa.table(rows, schema=types), mode="append")
+
+    def with_clicks(batch: BatchContext) -> DataFrame:
+        counted = batch["clicks"].snapshot.groupBy("id").agg(F.count("*").alias("clicks"))
+        changed = batch["orders"].net_changes(["id"]).select("id", "value")
+        return changed.join(counted, "id", "left").select(
+            "id", (F.col("value") + 1000 * F.coalesce(F.col("clicks"), F.lit(0))).alias("value")
+        )
+
+    for i in (1, 2, 3):
+        click(i, t0 + timedelta(minutes=i))
+    _write(lake.spark, orders, range(1, 4), cdf=True)
+    registry = Registry(
+        upstreams=[
+            DeltaUpstream(name="orders", path=orders),
+            CursorUpstream(name="clicks", path=clicks, cursor="ts", tie_break=("id",)),
+        ],
+        pipelines=[
+            Pipeline(
+                name="orders_clicks",
+                upstreams=("orders", "clicks"),
+                target=lake.path("target"),
+                keys=("id",),
+                transform=with_clicks,
+            )
+        ],
+    )
+    store, observer = lake.store, Observer()
+    run = {"spark": lake.spark, "store": store, "registry": registry}
+
+    def batch() -> str:
+        look = look_before_planning(registry, observer, store, actor="test")
+        planned, _ = plan_next(store, look, actor="test")
+        assert planned is not None
+        execute_pipeline(**run, pipeline_name="orders_clicks", batch_id=planned.batch_id)
+        finalize_batch(store, store.get_batch(planned.batch_id), registry=registry, actor="test")
+        return planned.batch_id
+
+    batch()  # first load
+    DeltaTable.forPath(lake.spark, orders).update("id = 1", {"value": "10"})
+    click(1, t0 + timedelta(minutes=4))
+    second = store.get_batch(batch())
+    before = lake.rows("target")
+    assert before[1] == 10 + 2000  # two clicks on order 1 up to the window's end
+    click(1, t0 + timedelta(minutes=3, seconds=30))  # late: inside the pinned window
+
+    orders_range = second.inputs["orders"].range
+    assert orders_range is not None
+    replay = store.create_replay_batch(
+        "orders",
+        orders_range,
+        mode=ReadMode.CDF,
+        pipelines=["orders_clicks"],
+        all_upstreams=["orders", "clicks"],
+        actor="test",
+        reason="late fix",
+    )
+    assert replay.source_states["clicks"] == second.source_states["clicks"]
+    execute_pipeline(**run, pipeline_name="orders_clicks", batch_id=replay.batch_id)
+    assert lake.rows("target") == before
 
 
 def test_a_vacuumed_delta_cursor_source_fails_naming_the_upstream_version_and_fix(

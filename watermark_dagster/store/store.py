@@ -948,8 +948,9 @@ def _replay_batch(
     origin: Batch,
 ) -> Batch:
     """A REPLAY batch of ``inputs`` written at ``order_seq``, each upstream carrying the
-    table id, schema fingerprint and location ``origin`` (the batch that applied the range)
-    pinned for it."""
+    table id, schema fingerprint, location and cursor source state ``origin`` (the batch
+    that applied the range) pinned for it: a Delta cursor source is read at the version
+    the origin was planned at, not at its latest (I3)."""
     return codec.new_batch(
         seq,
         BatchKind.REPLAY,
@@ -960,4 +961,5 @@ def _replay_batch(
         table_ids={u: origin.table_ids.get(u) for u in inputs},
         schema_fingerprints={u: origin.schema_fingerprints.get(u) for u in inputs},
         locations={u: origin.locations.get(u) for u in inputs},
+        source_states={u: origin.source_states.get(u) for u in inputs},
     )
