@@ -4,7 +4,9 @@ Upstreams are real Delta tables written with delta-rs; no pipeline runs here (th
 tests run them), so these tests look at what the sensors plan, request and refuse.
 """
 
+import argparse
 import json
+import signal
 import socket
 import subprocess
 import threading
@@ -31,6 +33,7 @@ from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
 from tests.support.runs import died_run, finished_run
+from watermark_dagster.cli import supervise
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -55,6 +58,7 @@ from watermark_dagster.dagster_defs.assets import WatermarkTranslator
 from watermark_dagster.dagster_defs.definitions import build_definitions, location_of
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.runs import (
+    DIED_TAG,
     PLAN_ID_METADATA,
     WORKER_RUN_TAG,
     WORKER_TAG,
@@ -682,6 +686,33 @@ def test_a_run_whose_worker_is_gone_dies_and_waits_out_the_backoff(setup) -> Non
     [row] = [json.loads(h["detail"]) for h in store.history() if h["event"] == "RUN_DIED"]
     assert row["run_id"] == run.run_id
     assert identity in row["how"]
+
+
+def test_a_killed_commands_watcher_marks_only_its_own_runs_died(
+    setup, tmp_path: Path, dagster_home: Path
+) -> None:
+    """The watching process of a killed `watermark run` marks the runs its child executed
+    as died; a re-execution that copied the child's worker tag from its parent is not one
+    of them (it may be starting elsewhere)."""
+    _, instance, _, _ = setup
+    identity = f"{socket.gethostname()}:{_ended_pid()}:-"
+    mine, copied = (
+        create_run_for_test(
+            instance,
+            job_name="watermark_batch_job",
+            status=DagsterRunStatus.STARTED,
+            tags={PARTITION_NAME_TAG: "b000001", WORKER_TAG: identity, WORKER_RUN_TAG: run_of},
+        )
+        for run_of in ("self", "another-run")
+    )
+    instance.add_run_tags(mine.run_id, {WORKER_RUN_TAG: mine.run_id})
+    args = argparse.Namespace(home=str(tmp_path / "wm"), command="run")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DAGSTER_HOME", str(dagster_home))
+        supervise.mark_killed(args, identity, signal.SIGKILL)
+    assert instance.get_run_by_id(mine.run_id).status is DagsterRunStatus.FAILURE
+    assert "killed by SIGKILL (signal 9)" in instance.get_run_by_id(mine.run_id).tags[DIED_TAG]
+    assert instance.get_run_by_id(copied.run_id).status is DagsterRunStatus.STARTED
 
 
 def _ended_pid() -> int:

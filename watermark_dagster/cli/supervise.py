@@ -132,7 +132,12 @@ def _mark(args: argparse.Namespace, identity: str, how: str) -> list[tuple[str, 
     from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
     from watermark_dagster.cli.context import dagster_home, watermark_home
-    from watermark_dagster.dagster_defs.runs import WORKER_TAG, mark_died
+    from watermark_dagster.dagster_defs.runs import (
+        PARTITION_NAME_TAG,
+        WORKER_RUN_TAG,
+        WORKER_TAG,
+        mark_died,
+    )
 
     dagster_home(watermark_home(args))
     marked = []
@@ -143,6 +148,8 @@ def _mark(args: argparse.Namespace, identity: str, how: str) -> list[tuple[str, 
             DagsterRunStatus.STARTED,
         ]
         for run in instance.get_runs(RunsFilter(tags={WORKER_TAG: identity}, statuses=unfinished)):
+            if run.tags.get(WORKER_RUN_TAG, run.run_id) != run.run_id:
+                continue  # a re-execution that copied the tag: not a run of this child
             mark_died(instance, run, how)
-            marked.append((run.run_id, run.tags.get("dagster/partition", "?")))
+            marked.append((run.run_id, run.tags.get(PARTITION_NAME_TAG, "?")))
     return marked

@@ -90,15 +90,24 @@ def error_failure_metadata(error: WatermarkError) -> dict[str, Any]:
     return {**error.metadata(), ERROR_METADATA: type(error).__name__}
 
 
-def _terminal_failure(run: object) -> TerminalFailure | None:
-    raw = run.tags.get(TERMINAL_TAG)  # type: ignore[attr-defined]
+def _own_tag(run: DagsterRun, tag: str) -> dict[str, Any] | None:
+    """The JSON value of ``tag`` on ``run`` when it names ``run`` itself; None when absent,
+    unreadable, or copied from a parent run (a re-execution copies its parent's tags)."""
+    raw = run.tags.get(tag)
     if not raw:
         return None
     try:
         value = json.loads(raw)
     except ValueError:
         return None
-    if value.get("run_id") != run.run_id:  # type: ignore[attr-defined]
+    if not isinstance(value, dict) or value.get("run_id") != run.run_id:
+        return None
+    return value
+
+
+def _terminal_failure(run: DagsterRun) -> TerminalFailure | None:
+    value = _own_tag(run, TERMINAL_TAG)
+    if value is None:
         return None
     return TerminalFailure(value.get("pipeline"), value.get("error", ""), value.get("message", ""))
 
@@ -142,14 +151,8 @@ def died_tags(run_id: str, how: str, *, recorded: bool = False) -> dict[str, str
 def _death(run: DagsterRun) -> tuple[RunDeath, bool] | None:
     """The death recorded on ``run`` by :func:`died_tags`, and whether its history row is
     written; None when it carries none of its own."""
-    raw = run.tags.get(DIED_TAG)
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    if value.get("run_id") != run.run_id:
+    value = _own_tag(run, DIED_TAG)
+    if value is None:
         return None
     death = RunDeath(run.run_id, str(value.get("how") or "died"), float(value.get("at") or 0))
     return death, bool(value.get("recorded"))
