@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -60,11 +61,14 @@ from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
+from watermark_dagster.dagster_defs.runs import WORKER_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
-from watermark_dagster.errors import WatermarkError
+from watermark_dagster.errors import BatchStateError, WatermarkError
 from watermark_dagster.observe.log import latest_local_version
+from watermark_dagster.operations import manual
 from watermark_dagster.operations.run_pipeline import recompute_pipeline
 from watermark_dagster.store import WatermarkStore
+from watermark_dagster.write.targets import write_target
 
 SCRIPT = Path(sys.executable).with_name("watermark")
 WAIT_SECONDS = 300  # a stuck child fails the test instead of hanging it
@@ -394,6 +398,13 @@ def _all_advanced_still_open(lake: Lake, instance: DagsterInstance) -> None:
     assert batch.advanced == {"orders", "log"}
 
 
+def _fenced_not_abandoned(lake: Lake, instance: DagsterInstance) -> None:
+    assert lake.store.get_batch("b000002").status is BatchStatus.PLANNED
+    assert lake.store.committed_versions()["orders"] == 0
+    fenced = {h["pipeline"] for h in lake.store.history() if h["event"] == "TARGET_FENCED"}
+    assert fenced == {"orders_copy", "log_copy"}
+
+
 def _abandoned_not_reset(lake: Lake, instance: DagsterInstance) -> None:
     assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
     assert lake.store.committed_versions()["orders"] == 0
@@ -423,6 +434,7 @@ SCENARIOS: dict[str, Scenario] = {
         _advanced_unrecorded,
     ),
     "before_batch_complete": Scenario("ran", "cycle", _all_advanced_still_open),
+    "after_fence": Scenario("planned", "reset", _fenced_not_abandoned),
     "after_abandon": Scenario("planned", "reset", _abandoned_not_reset),
     "after_manual_watermark_commit": Scenario("planned", "reset", _reset_unrecorded),
 }
@@ -999,33 +1011,27 @@ def test_a_forced_change_does_not_take_a_created_empty_target_for_the_first_load
 def test_a_run_whose_batch_a_forced_change_abandons_meanwhile_writes_nothing(
     spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
 ) -> None:
-    """While ``log_copy``'s run reads its range, an operator runs `watermark reset -t orders
-    --force` in another process, which abandons the batch (log_copy has written nothing,
-    so log does not advance). The run re-reads its batch before it writes and stops: before,
-    it appended and recorded success, and the next batch appended the same rows again."""
+    """While ``log_copy``'s run reads its range, its batch is abandoned (a forced change
+    that could not stop the run: without fencing). The run re-reads its batch before it
+    writes and stops: before, it appended and recorded success, and the next batch
+    appended the same rows again."""
     lake = _copy(templates["changed"], tmp_path / "lake")
     instance = lake.instance()
-    forced: list[subprocess.CompletedProcess] = []
+    forced: list[str] = []
     append = appended("log")
 
-    def force_then_append(batch: Any) -> Any:
+    def abandon_then_append(batch: Any) -> Any:
         if not forced:
-            argv = [str(SCRIPT), *RESET, "--defs", location_defs(lake.spec_file)]
-            forced.append(
-                subprocess.run(
-                    argv,
-                    cwd=REPO,
-                    env=lake.env(),
-                    capture_output=True,
-                    text=True,
-                    timeout=WAIT_SECONDS,
-                )
-            )
+            store = lake.store
+            registry = registry_from(lake.spec)
+            preview = manual.preview_change(store, registry, "orders", None, force=True)
+            done = manual.apply_change(store, registry, preview, reason="test", force=True)
+            forced.extend(done.change.abandoned)
         return append(batch)
 
     registry = registry_from(lake.spec)
     pipelines = [
-        replace(p, transform=force_then_append) if p.name == "log_copy" else p
+        replace(p, transform=abandon_then_append) if p.name == "log_copy" else p
         for p in registry.pipelines.values()
     ]
     defs = build_definitions(
@@ -1036,14 +1042,141 @@ def test_a_run_whose_batch_a_forced_change_abandons_meanwhile_writes_nothing(
     )
     try:
         report = HeadlessRunner(defs, instance).run_until_idle()
-        [reset] = forced
-        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert forced == ["b000002"]
         assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
         assert lake.store.open_batch() is None
         assert "b000003" in report.completed, report
         _assert_targets_exact(spark, lake)  # log_copy held log's rows 5..7 twice
         errors = " ".join(r.error or "" for r in report.failed_runs)
         assert "b000002 was abandoned by a forced change while pipeline 'log_copy'" in errors
+    finally:
+        instance.dispose()
+
+
+def _held_cycle(lake: Lake, release: Path) -> subprocess.Popen:
+    """A cycle child whose ``log_copy`` run holds (in flight) until ``release`` exists."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.crash.test_crashes", "cycle", str(lake.spec_file)],
+        cwd=REPO,
+        env=lake.env(**{HOLD_ENV: f"log_copy:{release}"}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started = Path(str(release) + ".started")
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not started.exists():
+        assert child.poll() is None, child.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "the held run never started"
+        time.sleep(0.2)
+    return child
+
+
+@pytest.mark.spark
+def test_a_forced_change_stops_the_batch_run_in_flight_or_refuses(
+    spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """``log_copy``'s run of batch 2 is in flight in another process when an operator runs
+    `watermark reset -t orders --force`. While the run cannot be stopped (its worker on
+    another host, as far as this one can tell), the command waits ``--wait`` seconds and
+    refuses, naming the run, and changes nothing. Then the command stops the run through
+    Dagster (SIGTERM to its local worker, the run's step process), waits for it to end,
+    fences the targets and abandons the batch; the cycle goes on with batch 3, which
+    applies every change once. Before, `--force` abandoned the batch under the running
+    run."""
+    lake = _copy(templates["changed"], tmp_path / "lake")
+    instance = lake.instance()
+    release = tmp_path / "release"
+    child = _held_cycle(lake, release)
+    try:
+        [run] = [
+            r
+            for r in instance.get_runs(RunsFilter(tags={"dagster/partition": "b000002"}))
+            if r.status is DagsterRunStatus.STARTED
+        ]
+        worker = run.tags[WORKER_TAG]
+        instance.add_run_tags(run.run_id, {WORKER_TAG: "elsewhere:1:-"})
+        refused = _watermark(lake, *RESET, "--wait", "1")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"run {run.run_id}" in refused.stderr, refused.stderr
+        assert "--wait SECONDS" in refused.stderr, refused.stderr
+        assert lake.store.get_batch("b000002").status is BatchStatus.PLANNED
+        assert lake.store.committed_versions()["orders"] == 0
+        assert child.poll() is None  # still held
+
+        instance.add_run_tags(run.run_id, {WORKER_TAG: worker})
+        reset = subprocess.run(
+            [str(SCRIPT), *RESET, "--wait", "60", "--defs", location_defs(lake.spec_file)],
+            cwd=REPO,
+            env=lake.env(),
+            capture_output=True,
+            text=True,
+            timeout=WAIT_SECONDS,
+        )
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert re.search(r"stopped first: \d run\(s\)", reset.stdout), reset.stdout
+        assert "fenced: log_copy" in reset.stdout, reset.stdout
+        stopped = instance.get_run_by_id(run.run_id)
+        assert stopped is not None
+        assert stopped.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE)
+        assert lake.store.get_batch("b000002").status is BatchStatus.ABANDONED
+        fences = [h for h in lake.store.history() if h["event"] == "TARGET_FENCED"]
+        assert "log_copy" in {h["pipeline"] for h in fences}, fences
+
+        # The child's interrupted cycle may go on or end; either way the next cycle here
+        # completes what is left.
+        child.communicate(timeout=WAIT_SECONDS)
+        report = _cycle(lake, instance)
+        assert not report.failed_runs, report
+        assert lake.store.get_batch("b000003").status is BatchStatus.COMPLETED
+        assert lake.store.open_batch() is None
+        _assert_targets_exact(spark, lake)
+    finally:
+        release.touch()
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        instance.dispose()
+
+
+@pytest.mark.spark
+def test_a_write_that_slipped_past_its_check_lands_nothing_after_a_forced_change(
+    spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+) -> None:
+    """The zombie a check cannot stop: batch 2 is abandoned by `watermark reset --force`
+    (its targets fenced) and then a run of it, which passed its own check before the
+    abandon, commits to each target: an append (Delta transaction) and a merge (Delta's
+    idempotent MERGE). Delta skips both and the write fails naming the fence; the targets
+    are as the fence left them, and the next batch applies every change once. Before, the
+    append landed and the next batch appended the same rows again."""
+    lake = _copy(templates["planned"], tmp_path / "lake")
+    instance = lake.instance()
+    try:
+        batch = lake.store.get_batch("b000002")
+        reset = _watermark(lake, *RESET)
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        fenced = {h["pipeline"] for h in lake.store.history() if h["event"] == "TARGET_FENCED"}
+        assert fenced == {"orders_copy", "log_copy"}
+        registry = registry_from(lake.spec)
+        late = spark.createDataFrame([(100, 1000, 0)], "id long, value long, bucket long")
+        for name in ("orders_copy", "log_copy"):
+            pipeline = registry.pipelines[name]
+            before = RsDeltaTable(pipeline.target).version()
+            output = late.drop("bucket") if name == "orders_copy" else late
+            with pytest.raises(BatchStateError, match="fenced against it"):
+                write_target(
+                    spark,
+                    output,
+                    pipeline,
+                    batch_id=batch.batch_id,
+                    write_seq=batch.write_seq,
+                    full_load=False,
+                )
+            assert RsDeltaTable(pipeline.target).version() == before, name
+        report = _cycle(lake, instance)
+        assert report.completed == ["b000003"], report
+        assert not report.failed_runs, report
+        _assert_targets_exact(spark, lake)
     finally:
         instance.dispose()
 
@@ -1127,12 +1260,42 @@ def test_pipelines_of_one_batch_checkpointing_at_once_from_processes(tmp_path: P
 # ------------------------------------------------------------------ children
 
 
+HOLD_ENV = "WATERMARK_TEST_HOLD"  # PIPELINE:FILE: its batch 2 waits while FILE is absent
+
+
+def _held(registry: Registry) -> Registry:
+    """The registry with one pipeline's transform held (``HOLD_ENV``): in batch b000002,
+    every attempt writes ``FILE.started`` and waits for ``FILE``, a run in flight for as
+    long as a test needs."""
+    held = os.environ.get(HOLD_ENV)
+    if not held:
+        return registry
+    name, release = held.split(":", 1)
+    inner = registry.pipelines[name].transform
+    assert inner is not None
+
+    def transform(batch: Any) -> Any:
+        if batch.batch_id != "b000002":
+            return inner(batch)
+        Path(release + ".started").write_text(str(os.getpid()))
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not Path(release).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return inner(batch)
+
+    pipelines = [
+        replace(p, transform=transform) if p.name == name else p
+        for p in registry.pipelines.values()
+    ]
+    return Registry(upstreams=list(registry.upstreams.values()), pipelines=pipelines)
+
+
 def _child_cycle(spec_file: str) -> None:
     """A headless cycle on the lake of ``spec_file``, with a one-core Spark session that
     starts only if a run executes here."""
     spec = json.loads(Path(spec_file).read_text())
     defs = build_definitions(
-        registry_from(spec),
+        _held(registry_from(spec)),
         control_root=spec["control_root"],
         spark=SparkSessionResource(master="local[1]", conf=SPARK_TEST_CONF),
         settings=WatermarkSettings(
@@ -1159,8 +1322,10 @@ def _child_race_finalizer(spec_file: str, sync: str, rounds: str) -> None:
 
 
 def _child_race_cli(sync: str, commands: str) -> None:
-
     argvs = json.loads(commands)
+    # Verbose: a command that may start Spark writes its problems to sys.stderr, which the
+    # round captures, rather than to a stream on the terminal it kept aside.
+    os.environ["WATERMARK_VERBOSE"] = "1"
 
     def act(round_: int) -> dict[str, Any]:
         out, err = io.StringIO(), io.StringIO()

@@ -4,6 +4,7 @@ keys the adapters write and read (each defined here once).
 Every query here is bounded by the open batch (one partition), never by history.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -365,3 +366,120 @@ def check_consumers(
                 fix="build the pipeline assets from the registry (build_definitions) and give "
                 "each upstream and pipeline its own asset key in the translator.",
             )
+
+
+@dataclass(frozen=True)
+class StoppedRuns:
+    """What :func:`stop_batch_runs` did: the runs that were in flight and have ended, and
+    those still in flight when the wait ran out (run id, status, worker)."""
+
+    stopped: tuple[str, ...] = ()
+    running: tuple[tuple[str, str, str], ...] = ()
+
+    def describe_running(self) -> str:
+        """``run 1a2b3c4d (STARTED, worker host:123:456)``, comma-separated."""
+        return ", ".join(
+            f"run {run_id} ({status}, worker {worker})" for run_id, status, worker in self.running
+        )
+
+
+def _local_worker_pid(run: DagsterRun) -> int | None:
+    """The pid of ``run``'s worker when it runs on this host and is alive (and is not this
+    process), else None."""
+    identity = run.tags.get(WORKER_TAG)
+    if not identity or run.tags.get(WORKER_RUN_TAG, run.run_id) != run.run_id:
+        return None
+    if worker_alive(identity) is not True or identity == worker_identity():
+        return None
+    return int(identity.rsplit(":", 2)[1])
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def stop_batch_runs(
+    instance: DagsterInstance,
+    batch_id: str,
+    *,
+    pipeline_keys: AbstractSet[AssetKey] | None = None,
+    wait_seconds: float = 60.0,
+    poll_seconds: float = 0.5,
+    kill_after_seconds: float = 10.0,
+    why: str = "a forced watermark change abandons its batch",
+) -> StoppedRuns:
+    """Stop the in-flight runs of batch ``batch_id`` and wait up to ``wait_seconds`` for
+    each to end, as a forced change must before it abandons the batch.
+
+    Each run is canceled through the instance's run coordinator (a queued run is dropped,
+    a launched one terminated by its launcher). A run executed in a process the launcher
+    cannot reach (``watermark run``, ``watermark replay``) is sent SIGTERM when its worker
+    runs on this host, and SIGKILL ``kill_after_seconds`` later if it still runs. A run
+    whose worker process is gone is marked canceled. Runs on another host that no
+    launcher can stop stay in flight: they are returned in ``running`` once the wait runs
+    out, and the caller refuses to go on.
+    """
+
+    def in_flight_now() -> tuple[str, ...]:
+        return batch_runs(instance, batch_id, pipeline_keys=pipeline_keys).facts.in_flight
+
+    def request_stop(run_id: str) -> None:
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.status in FINISHED:
+            return
+        instance.report_engine_event(f"watermark: stopping this run: {why}.", run)
+        canceled = False
+        try:
+            canceled = bool(instance.run_coordinator.cancel_run(run_id))
+        except Exception:  # a launcher that cannot terminate says so by raising, too
+            canceled = False
+        pid = _local_worker_pid(run)
+        if not canceled and pid is not None:
+            _signal(pid, signal.SIGTERM)
+
+    seen: list[str] = []
+    if not in_flight_now():
+        return StoppedRuns()
+    started = time.monotonic()
+    killed = False
+    while True:
+        # Asked again each time: a coordinator may resubmit the batch while its runs stop.
+        for run_id in in_flight_now():
+            if run_id not in seen:
+                seen.append(run_id)
+                request_stop(run_id)
+        running: list[tuple[str, str, str]] = []
+        for run_id in seen:
+            run = instance.get_run_by_id(run_id)
+            if run is None or run.status in FINISHED:
+                continue
+            identity = run.tags.get(WORKER_TAG, "")
+            own = run.tags.get(WORKER_RUN_TAG, run.run_id) == run.run_id
+            if (
+                own
+                and identity
+                and (worker_alive(identity) is False or identity == worker_identity())
+            ):
+                # Its process is gone (or is this one, busy with this command): it cannot
+                # commit any more.
+                instance.report_run_canceled(run, f"watermark: stopped: {why}.")
+                continue
+            if run.status in (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED):
+                instance.report_run_canceled(run, f"watermark: dropped before it started: {why}.")
+                continue
+            running.append((run_id, run.status.value, identity or "unknown"))
+        if not running:
+            return StoppedRuns(stopped=tuple(seen))
+        waited = time.monotonic() - started
+        if waited >= wait_seconds:
+            ended = tuple(r for r in seen if r not in {x[0] for x in running})
+            return StoppedRuns(stopped=ended, running=tuple(running))
+        if not killed and waited >= kill_after_seconds:
+            killed = True
+            for run_id, _status, _worker in running:
+                run = instance.get_run_by_id(run_id)
+                pid = None if run is None else _local_worker_pid(run)
+                if pid is not None:
+                    _signal(pid, signal.SIGKILL)
+        time.sleep(poll_seconds)

@@ -3,22 +3,27 @@
 A change is previewed first (:func:`preview_change`, which writes nothing), then applied
 (:func:`apply_change`) with the preview as the compare-and-swap expectation, so a change
 confirmed on an outdated view is refused. The store decides whether an open batch blocks
-the change (it refuses unless ``force``); before a forced change abandons that batch,
+the change (it refuses unless ``force``). Before a forced change abandons that batch it
+fences it (:class:`Fencing`): the batch's in-flight runs are stopped and waited for, then
 :func:`recover_applied` records the pipelines whose target already holds the batch (a
-run killed before its checkpoint) and :func:`advance_finished` commits the upstreams it
+run killed before its checkpoint), :func:`fence_batch` makes every other target refuse
+the batch's writes from then on, and :func:`advance_finished` commits the upstreams it
 already applied everywhere (I4).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 from watermark_dagster.core.commits import version_at
+from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.records import WatermarkChange, WatermarkHow, default_actor
 from watermark_dagster.errors import BatchStateError, UsageError
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from watermark_dagster.config.registry import Registry
     from watermark_dagster.store import WatermarkStore
 
@@ -78,6 +83,21 @@ class ChangePreview:
 
 
 @dataclass(frozen=True)
+class Fencing:
+    """How a forced change makes sure the batch it abandons writes nothing afterwards.
+
+    Attributes:
+        stop_runs: stops the batch's in-flight runs (given its id) and returns once they
+            ended; raises :class:`~watermark_dagster.errors.BatchStateError`, naming them,
+            when some still run (nothing is changed then).
+        spark: the session that commits the fences (started only when a target needs one).
+    """
+
+    stop_runs: Callable[[str], tuple[str, ...]]
+    spark: Callable[[], "SparkSession"]
+
+
+@dataclass(frozen=True)
 class ChangeResult:
     """A manual change as applied: the store's record of it and its effect, recomputed
     from the value it actually replaced."""
@@ -87,6 +107,8 @@ class ChangeResult:
     effect: str
     advanced: tuple[str, ...] = ()
     recovered: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    fenced: tuple[str, ...] = ()
 
 
 def _versions(first: int, last: int) -> str:
@@ -251,21 +273,36 @@ def apply_change(
     *,
     reason: str | None,
     force: bool,
+    fencing: Fencing | None = None,
 ) -> ChangeResult:
     """Apply a previewed (and confirmed) change, recorded in ``history``.
 
-    With an open batch that reads the upstream (``force``), its other upstreams whose
-    consumers all applied it are advanced first (:func:`advance_finished`), then the store
-    abandons it and moves the watermark.
+    With an open batch that reads the upstream (``force``): its in-flight runs are
+    stopped and its targets fenced (``fencing``; without it only each run's own check
+    before its write guards the batch), the pipelines that already applied it are
+    recorded as succeeded, its other upstreams whose consumers all applied it are
+    advanced (:func:`advance_finished`), then the store abandons it and moves the
+    watermark.
 
     Raises:
-        BatchStateError: an open batch reads the upstream and ``force`` is False.
+        BatchStateError: an open batch reads the upstream and ``force`` is False, or
+            some of its runs did not stop (nothing was changed).
         TerminalError: the upstream moved since ``preview``.
     """
     advanced: tuple[str, ...] = ()
     recovered: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    fenced: tuple[str, ...] = ()
     if preview.open_batch is not None and preview.changed:
+        if fencing is not None:
+            stopped = fencing.stop_runs(preview.open_batch)
         recovered = recover_applied(store, registry, preview.open_batch, actor=preview.actor)
+        if fencing is not None:
+            fenced, late = fence_batch(
+                store, registry, preview.open_batch, spark=fencing.spark, actor=preview.actor
+            )
+            recovered += late
+            fault_point("after_fence")
         advanced = advance_finished(
             store, registry, preview.open_batch, skip=preview.upstream, actor=preview.actor
         )
@@ -285,6 +322,8 @@ def apply_change(
         effect=describe_effect(preview.upstream, change.old, preview.new, preview.consumers),
         advanced=advanced,
         recovered=recovered,
+        stopped=stopped,
+        fenced=fenced,
     )
 
 
@@ -303,7 +342,7 @@ def recover_applied(
 
     Returns the pipelines recovered; none when the batch ended meanwhile.
     """
-    from watermark_dagster.core.records import BatchStatus, CheckpointStatus
+    from watermark_dagster.core.records import BatchStatus
     from watermark_dagster.operations.coordinate import succeeded
     from watermark_dagster.write.targets import applied_by_target
 
@@ -319,17 +358,86 @@ def recover_applied(
         evidence = applied_by_target(pipeline, batch_id, batch.write_seq)
         if evidence is None:
             continue
-        attempt = store.begin_checkpoint(name, batch_id, run_id=actor)
-        store.finish_checkpoint(name, batch_id, attempt, CheckpointStatus.SUCCESS)
-        store.record(
-            "PIPELINE_RECOVERED",
-            actor=actor,
-            batch_id=batch_id,
-            pipeline=name,
-            detail={"attempt": attempt, "evidence": evidence},
-        )
+        _record_recovered(store, name, batch_id, evidence, actor=actor)
         recovered.append(name)
     return tuple(recovered)
+
+
+def _record_recovered(
+    store: "WatermarkStore", pipeline: str, batch_id: str, evidence: str, *, actor: str
+) -> None:
+    from watermark_dagster.core.records import CheckpointStatus
+
+    attempt = store.begin_checkpoint(pipeline, batch_id, run_id=actor)
+    store.finish_checkpoint(pipeline, batch_id, attempt, CheckpointStatus.SUCCESS)
+    store.record(
+        "PIPELINE_RECOVERED",
+        actor=actor,
+        batch_id=batch_id,
+        pipeline=pipeline,
+        detail={"attempt": attempt, "evidence": evidence},
+    )
+
+
+def fence_batch(
+    store: "WatermarkStore",
+    registry: "Registry",
+    batch_id: str,
+    *,
+    spark: Callable[[], "SparkSession"],
+    actor: str,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Before a forced change abandons scheduled batch ``batch_id``: fence the target of
+    each of its pipelines that has not applied it, so that no write of the batch lands
+    there afterwards (:func:`~watermark_dagster.write.targets.fence_target`: an empty
+    commit recording the batch's Delta transaction, which every write of the batch
+    carries). Without it, a run that passed its own check just before the batch was
+    abandoned could still commit, and the next batch would apply the same ranges again
+    (an append twice, I4; a merge could bring back keys the next batch deleted, I5).
+
+    A pipeline whose write won the race is recorded as succeeded instead, as
+    :func:`recover_applied` does. A replay batch needs no fence: it writes through the
+    ``_wm_seq`` guard and never inserts a key, so a late replay write is a replay. Each
+    fence is a ``TARGET_FENCED`` history row naming the target's version.
+
+    Returns the pipelines fenced and the pipelines recovered; none when the batch ended
+    meanwhile.
+    """
+    from watermark_dagster.config.secrets import resolved_options
+    from watermark_dagster.core.records import BatchKind, BatchStatus
+    from watermark_dagster.operations.coordinate import succeeded
+    from watermark_dagster.write.commits import existing_target
+    from watermark_dagster.write.targets import fence_target
+
+    batch = store.get_batch(batch_id)
+    if batch.status is not BatchStatus.PLANNED or batch.kind is BatchKind.REPLAY:
+        return (), ()
+    done = succeeded(store, batch)
+    fenced: list[str] = []
+    recovered: list[str] = []
+    for name in batch.pipelines:
+        pipeline = registry.pipelines.get(name)
+        if name in done or pipeline is None:
+            continue
+        options = resolved_options(pipeline.storage_options) or {}
+        if existing_target(pipeline.target, options) is None:
+            continue  # its next batch loads it in full, at a later position
+        fence = fence_target(spark(), pipeline, batch_id, batch.write_seq)
+        if fence.applied is not None:
+            _record_recovered(store, name, batch_id, fence.applied, actor=actor)
+            recovered.append(name)
+        elif fence.fenced is not None:
+            fenced.append(name)
+            if not fence.new:
+                continue  # fenced by an interrupted forced change, recorded then
+            store.record(
+                "TARGET_FENCED",
+                actor=actor,
+                batch_id=batch_id,
+                pipeline=name,
+                detail={"target": pipeline.target, "target_version": fence.fenced},
+            )
+    return tuple(fenced), tuple(recovered)
 
 
 def advance_finished(

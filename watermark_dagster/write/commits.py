@@ -29,6 +29,9 @@ log = logging.getLogger("watermark_dagster")
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 # Put before the label of a commit that prepares a write and carries none of its rows.
 PREPARING = "watermark-preparing "
+# The label of a forced change's fence: an empty commit that records a batch's Delta
+# transaction in a target so that no late write of that batch can land (never evidence).
+FENCE = "watermark-fence "
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,18 @@ def newest_written_seq(table: RsDeltaTable, *, newest: int = 20) -> int | None:
     return None
 
 
+def fence_label(pipeline: str, batch_id: str, write_seq: int) -> str:
+    """The label of the fence a forced change commits for ``pipeline``'s write of
+    ``batch_id`` (see :func:`~watermark_dagster.write.targets.fence_target`)."""
+    return f"{FENCE}{label_prefix(pipeline, batch_id)}seq={write_seq}"
+
+
+def fenced(table: RsDeltaTable, pipeline: str, batch_id: str, *, newest: int = 100) -> int | None:
+    """The version of the fence a forced change committed against ``pipeline``'s write of
+    ``batch_id`` among the target's last ``newest`` commits, or None."""
+    return labelled_commit(table, FENCE + label_prefix(pipeline, batch_id), newest=newest)
+
+
 def label_prefix(pipeline: str, batch_id: str) -> str:
     """The start of every label of ``pipeline``'s writes for ``batch_id``."""
     return f"watermark pipeline={pipeline} batch={batch_id} "
@@ -177,6 +192,27 @@ def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]
             spark.conf.unset(key)
         else:
             spark.conf.set(key, previous)
+
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+
+@contextmanager
+def idempotent_dml(spark: SparkSession, transaction: tuple[str, int] | None) -> Iterator[None]:
+    """The Delta command run in this block (a MERGE: it takes no per-call option) records
+    ``transaction`` (application id, version) in its commit, and is skipped by Delta when
+    the table records that application at that version or later. Only the data commit
+    runs inside: a preparatory commit that recorded it would make Delta skip the data."""
+    if transaction is None:
+        yield
+        return
+    app_id, version = transaction
+    with (
+        session_setting(spark, TXN_APP_ID_CONF, app_id),
+        session_setting(spark, TXN_VERSION_CONF, str(version)),
+    ):
+        yield
 
 
 def labelled_commits(spark: SparkSession, label: str) -> AbstractContextManager[None]:

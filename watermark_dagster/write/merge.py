@@ -46,6 +46,7 @@ from watermark_dagster.write.commits import (
     WriteResult,
     commits_since,
     existing_target,
+    idempotent_dml,
     labelled_commits,
     new_label,
     newest_written_seq,
@@ -265,6 +266,7 @@ def merge_into_target(
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
     insert_missing: bool = True,
+    transaction: tuple[str, int] | None = None,
 ) -> WriteResult:
     """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
 
@@ -273,6 +275,11 @@ def merge_into_target(
     batch's, which makes the write safe to repeat. With ``insert_missing`` off (replays),
     keys the target does not hold are not inserted: the target cannot tell a key never
     seen from one a newer batch deleted. An empty output commits nothing.
+
+    ``transaction`` (Delta application id, version), when given, is recorded by the MERGE's
+    commit, and Delta skips the MERGE when the target records that transaction at that
+    version or later: a retry after the commit, or a batch a forced change fenced
+    (:func:`~watermark_dagster.write.targets.fence_target`), commits nothing.
 
     Raises:
         TerminalError: a key column is missing, or several rows share a key and there is
@@ -345,6 +352,7 @@ def merge_into_target(
                         # A target created by this write takes every upsert, as a first write.
                         insert_missing=insert_missing or before is None,
                         files=files,
+                        transaction=transaction,
                     )
         version, commits = commits_since(target, storage_options, before, label, table=table)
         return WriteResult.from_commits(version, commits, created=before is None)
@@ -411,6 +419,7 @@ def _merge(
     insert_missing: bool,
     files: pa.Table | None = None,
     form: MergeForm = MergeForm(),
+    transaction: tuple[str, int] | None = None,
 ) -> None:
     """One MERGE through PySpark's ``DataFrame.mergeInto`` (Spark's own MERGE plan, which
     Delta's analyzer runs), so the same code runs on a local session, a cluster and a
@@ -465,4 +474,5 @@ def _merge(
     )
     if insert_missing:
         merge = merge.whenNotMatched(~deleting).insert(assignments)
-    merge.merge()
+    with idempotent_dml(spark, transaction):
+        merge.merge()

@@ -4,9 +4,14 @@ Each write is idempotent, so a batch retried after a crash between the target co
 its checkpoint changes nothing the second time (I4):
 
 * merge keeps per row the batch position that wrote it and only takes newer changes;
-* append and overwrite carry Delta transaction identifiers (application id = pipeline,
-  version = batch position): a batch whose transaction the target already records is not
-  written again, and not even computed.
+* every write of a scheduled batch carries a Delta transaction identifier (application
+  id = pipeline, version = batch position): a batch whose transaction the target already
+  records is not written again (an append or overwrite is not even computed).
+
+A forced change that abandons a batch fences its targets (:func:`fence_target`): an empty
+commit records the batch's transaction, so a run of that batch still in flight, whatever
+it checked before, cannot commit afterwards; Delta skips its write, or fails it when it
+read the target before the fence landed.
 
 Each write evaluates the transform once (persisted, then one aggregate for every count and
 check), commits nothing when there is nothing to change, and reports the metrics of its
@@ -15,6 +20,7 @@ own commits only.
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
@@ -33,12 +39,14 @@ from watermark_dagster.core.columns import (
     SEQ_COLUMN,
 )
 from watermark_dagster.core.faults import fault_point
-from watermark_dagster.errors import TerminalError
+from watermark_dagster.errors import BatchStateError, TerminalError
 from watermark_dagster.read.changes import is_delete, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
     WriteResult,
     commits_since,
     existing_target,
+    fence_label,
+    fenced,
     label_prefix,
     labelled_commit,
     labelled_commits,
@@ -108,6 +116,9 @@ def _txn_write(
     if table is not None:
         applied = table.transaction_version(app_id)
         if applied is not None and applied >= write_seq:
+            refuse_fenced(table, pipeline, batch_id)
+            # One decision per write: a retry finishes what the committed write left.
+            finish_layout(spark, pipeline, table)
             # Delta would skip this transaction anyway: skip computing it too.
             log.info(
                 "pipeline=%s batch=%s: transaction %s/%d already committed",
@@ -254,6 +265,40 @@ def _is_clustered(table: RsDeltaTable | None) -> bool:
     return "clustering" in (protocol.writer_features or [])
 
 
+def clustering_columns(spark: SparkSession, target: str) -> tuple[str, ...]:
+    """The target's clustering columns now (Delta's table detail)."""
+    detail = spark.sql("DESCRIBE DETAIL " + delta_location(target)).first()
+    columns = None if detail is None else detail["clusteringColumns"]
+    return tuple(columns or ())
+
+
+def finish_layout(spark: SparkSession, pipeline: Pipeline, table: RsDeltaTable) -> None:
+    """Set the clustering again on a target a committed write left without it: an overwrite
+    that replaced the schema clears clustering and sets it back in a second statement,
+    and a run killed between the two, retried, skips the committed write (its Delta
+    transaction). Only a target that was clustered (its protocol says so) and whose layout
+    asks for clustering columns, when it has none now."""
+    if not _is_clustered(table):
+        return
+    layout = target_layout(
+        spark,
+        read_schema(spark, pipeline.target),
+        keys=pipeline.keys,
+        merge=pipeline.write is WriteMode.MERGE,
+        partition_by=pipeline.partition_by,
+        cluster_by=pipeline.cluster_by,
+    )
+    if layout.cluster_by and not clustering_columns(spark, pipeline.target):
+        log.info(
+            "pipeline=%s: target %s lost its clustering in a write that was not finished; "
+            "clustering it by %s again",
+            pipeline.name,
+            pipeline.target,
+            list(layout.cluster_by),
+        )
+        recluster(spark, pipeline.target, layout.cluster_by)
+
+
 def read_schema(spark: SparkSession, target: str) -> StructType:
     """The target's current schema."""
     return spark.read.format("delta").load(target).schema
@@ -281,25 +326,115 @@ def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str 
     ``batch_id`` (at position ``write_seq``), or None when nothing does.
 
     A run killed between its target commit and its SUCCESS checkpoint leaves this evidence:
-    an append or overwrite's Delta transaction (``txnAppId``/``txnVersion``) at the
-    batch's position or later (no later batch is planned while this one is open), or a
-    commit labelled with the pipeline and the batch (a MERGE writes no transaction). A
-    write that committed nothing leaves none, and re-reading its range writes nothing
-    twice either.
+    a commit labelled with the pipeline and the batch (its data commit, never a preparatory
+    one), or, when that label is older than the commits read, the Delta transaction of the
+    pipeline at the batch's position or later (no later batch is planned while this one is
+    open). A fence (:func:`fence_target`) records the transaction too, without rows: a
+    fenced batch has no evidence. A write that committed nothing leaves none, and
+    re-reading its range writes nothing twice either.
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
     if table is None:
         return None
+    version = labelled_commit(table, label_prefix(pipeline.name, batch_id))
+    if version is not None:
+        return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
+    if fenced(table, pipeline.name, batch_id) is not None:
+        return None
     app_id = transaction_app_id(pipeline)
     applied = table.transaction_version(app_id)
     if applied is not None and applied >= write_seq:
         return f"the target's Delta transaction {app_id} is at {applied} (batch at {write_seq})"
-    prefix = label_prefix(pipeline.name, batch_id)
-    version = labelled_commit(table, prefix)
-    if version is not None:
-        return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
     return None
+
+
+def _fenced_error(pipeline: str, batch_id: str, version: int) -> BatchStateError:
+    return BatchStateError(
+        f"Batch {batch_id} was abandoned by a forced change: pipeline '{pipeline}''s target "
+        f"is fenced against it (its version {version}); its output was not written.",
+        pipeline=pipeline,
+        batch_id=batch_id,
+        fix="nothing to do once the forced change has finished: the next batch reads the "
+        "abandoned batch's ranges again. If the change was interrupted, run it again.",
+    )
+
+
+def refuse_fenced(table: RsDeltaTable, pipeline: Pipeline, batch_id: str) -> None:
+    """Raise when a forced change fenced ``pipeline``'s target against ``batch_id``: a
+    write Delta skipped for that reason was not applied, and must not be reported so.
+
+    Raises:
+        BatchStateError: the target holds a fence for the batch.
+    """
+    version = fenced(table, pipeline.name, batch_id)
+    if version is not None:
+        raise _fenced_error(pipeline.name, batch_id, version)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What :func:`fence_target` found or did: ``fenced`` (the target's version holding
+    the fence; ``new`` when this call committed it), ``applied`` (the batch's write landed
+    first: its evidence), or neither (no target yet)."""
+
+    fenced: int | None = None
+    applied: str | None = None
+    new: bool = False
+
+
+def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_seq: int) -> Fence:
+    """Make sure no write of batch ``batch_id`` lands in ``pipeline``'s target from now on.
+
+    An empty append records the pipeline's Delta transaction at ``write_seq`` (labelled
+    as a fence, which is never evidence). Every write of a scheduled batch carries that
+    transaction, so Delta skips a later attempt of the batch, and fails (concurrent
+    transaction) one that read the target before the fence committed. When the batch's
+    write landed first, the fence commits nothing and the evidence is returned: the
+    caller records the pipeline as succeeded instead.
+
+    A target that does not exist yet needs no fence: the pipeline's next batch loads it in
+    full, by an overwrite at a later position that Delta orders after any late write.
+    """
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
+    table = existing_target(pipeline.target, options)
+    if table is None:
+        return Fence()
+    evidence = applied_by_target(pipeline, batch_id, write_seq)
+    if evidence is not None:
+        return Fence(applied=evidence)
+    existing = fenced(table, pipeline.name, batch_id)
+    if existing is not None:  # an interrupted forced change fenced it already
+        return Fence(fenced=existing)
+    before = table.version()
+    label = fence_label(pipeline.name, batch_id, write_seq)
+    writer = (
+        spark.read.format("delta")
+        .load(pipeline.target)
+        .limit(0)
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", transaction_app_id(pipeline))
+        .option("txnVersion", write_seq)
+        .option("userMetadata", label)
+    )
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.save(pipeline.target)
+    table.update_incremental()
+    version = fenced(table, pipeline.name, batch_id, newest=max(1, table.version() - before))
+    if version is not None:
+        return Fence(fenced=version, new=True)
+    evidence = applied_by_target(pipeline, batch_id, write_seq)
+    if evidence is not None:  # the batch's write won the race: Delta skipped the fence
+        return Fence(applied=evidence)
+    raise TerminalError(
+        f"Pipeline '{pipeline.name}': the fence against batch {batch_id} was not committed to "
+        f"{pipeline.target}, and the target records no write of the batch either.",
+        pipeline=pipeline.name,
+        batch_id=batch_id,
+        fix="run the forced change again; report it if it persists.",
+    )
 
 
 def write_target(
@@ -332,46 +467,69 @@ def write_target(
         What this write committed (``committed`` is False when it committed nothing: an
         empty output, changes older than the target's rows, or an already applied batch).
     """
-    if full_load or pipeline.write is not WriteMode.MERGE:
-        overwrite = full_load or pipeline.write is WriteMode.OVERWRITE
-        return _txn_write(
-            spark, output, pipeline, batch_id=batch_id, write_seq=write_seq, overwrite=overwrite
-        )
-    if retried:
-        options = resolved_options(pipeline.storage_options) or {}
-        table = existing_target(pipeline.target, options)
-        version = (
-            None if table is None else labelled_commit(table, label_prefix(pipeline.name, batch_id))
-        )
-        if table is not None and version is not None:
-            # One decision per write: the MERGE landed before the crash; doing it again
-            # would commit the same changes twice to the target's change feed.
-            log.info(
-                "pipeline=%s batch=%s: its MERGE is the target's version %d already; "
-                "not merged again",
-                pipeline.name,
-                batch_id,
-                version,
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
+
+    def write() -> WriteResult:
+        if full_load or pipeline.write is not WriteMode.MERGE:
+            overwrite = full_load or pipeline.write is WriteMode.OVERWRITE
+            return _txn_write(
+                spark, output, pipeline, batch_id=batch_id, write_seq=write_seq, overwrite=overwrite
             )
-            return WriteResult.nothing(table.version(), already_applied=True)
-    return merge_into_target(
-        spark,
-        output,
-        target=pipeline.target,
-        keys=pipeline.keys,
-        batch_seq=write_seq,
-        batch_id=batch_id,
-        pipeline=pipeline.name,
-        storage_options=resolved_options(pipeline.storage_options),
-        partition_by=pipeline.partition_by,
-        cluster_by=pipeline.cluster_by,
-        insert_missing=not replay,
-    )
+        if retried:
+            table = existing_target(pipeline.target, options)
+            prefix = label_prefix(pipeline.name, batch_id)
+            version = None if table is None else labelled_commit(table, prefix)
+            if table is not None and version is not None:
+                # One decision per write: the MERGE landed before the crash; doing it again
+                # would commit the same changes twice to the target's change feed.
+                log.info(
+                    "pipeline=%s batch=%s: its MERGE is the target's version %d already; "
+                    "not merged again",
+                    pipeline.name,
+                    batch_id,
+                    version,
+                )
+                return WriteResult.nothing(table.version(), already_applied=True)
+        return merge_into_target(
+            spark,
+            output,
+            target=pipeline.target,
+            keys=pipeline.keys,
+            batch_seq=write_seq,
+            batch_id=batch_id,
+            pipeline=pipeline.name,
+            storage_options=options,
+            partition_by=pipeline.partition_by,
+            cluster_by=pipeline.cluster_by,
+            insert_missing=not replay,
+            # A replay writes below the target's transaction: its _wm_seq guard orders it.
+            transaction=None if replay else (transaction_app_id(pipeline), write_seq),
+        )
+
+    try:
+        result = write()
+    except BatchStateError:
+        raise
+    except Exception:
+        # A fence that landed while this write ran fails it (Delta's concurrent
+        # transaction): say that, not Delta's conflict.
+        if not replay and (table := existing_target(pipeline.target, options)) is not None:
+            refuse_fenced(table, pipeline, batch_id)
+        raise
+    if not result.committed and not replay:
+        # Delta skips a write whose transaction the target records: a fence is no write.
+        table = existing_target(pipeline.target, options)
+        if table is not None:
+            refuse_fenced(table, pipeline, batch_id)
+    return result
 
 
 __all__: Sequence[str] = [
     "WriteResult",
+    "Fence",
     "applied_by_target",
+    "fence_target",
+    "refuse_fenced",
     "transaction_app_id",
     "write_target",
 ]

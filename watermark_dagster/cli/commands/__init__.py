@@ -37,7 +37,16 @@ MANUAL_WRITE = (
         "--force",
         action="store_true",
         help="abandon the open batch that reads the table (the next plan starts from the new "
-        "value); without it the change is refused",
+        "value): its runs still in flight are stopped first and its targets fenced; without "
+        "it the change is refused",
+    ),
+    arg(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with --force: how long to wait for the batch's runs to stop (default 60); "
+        "if some still run then, nothing is changed",
     ),
     arg("--actor", help="who is making the change (default: user@host)"),
 )
@@ -97,6 +106,7 @@ COMMANDS: tuple[Command, ...] = (
             ),
             *MANUAL_WRITE,
         ),
+        spark=True,  # --force may fence targets through Spark
     ),
     Command(
         "reset",
@@ -113,6 +123,7 @@ COMMANDS: tuple[Command, ...] = (
             'watermark reset -t orders --reason "table was recreated" --force --yes'
         ),
         arguments=(TABLE, *MANUAL_WRITE),
+        spark=True,  # --force may fence targets through Spark
     ),
     Command(
         "batches",

@@ -13,7 +13,7 @@ from typing import Any
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.prompt import confirm
 from watermark_dagster.cli.timespec import TimestampError, parse_when
-from watermark_dagster.errors import UsageError
+from watermark_dagster.errors import BatchStateError, UsageError
 from watermark_dagster.operations import manual
 from watermark_dagster.operations.manual import LATEST
 
@@ -52,6 +52,44 @@ def _when(text: str, now: datetime) -> datetime:
         raise UsageError(str(e)) from None
 
 
+def _fencing(ctx: Context) -> manual.Fencing:
+    """How ``--force`` fences the batch it abandons: its runs stopped through the Dagster
+    instance (waiting up to ``--wait`` seconds), its targets fenced through the code
+    location's Spark session."""
+    wait = float(ctx.args.wait)
+    if not wait >= 0:
+        raise UsageError(f"--wait {ctx.args.wait!r} is negative; give seconds >= 0 (default 60).")
+
+    def stop_runs(batch_id: str) -> tuple[str, ...]:
+        from dagster import DagsterInstance
+
+        from watermark_dagster.dagster_defs.runs import pipeline_keys_of, stop_batch_runs
+
+        keys = None
+        if ctx.location.names.prefix:
+            partitions = ctx.location.names.batches_partitions
+            keys = frozenset(
+                pipeline_keys_of(
+                    s
+                    for s in ctx.defs.resolve_all_asset_specs()
+                    if getattr(s.partitions_def, "name", None) == partitions
+                ).values()
+            )
+        with DagsterInstance.get() as instance:
+            result = stop_batch_runs(instance, batch_id, pipeline_keys=keys, wait_seconds=wait)
+        if result.running:
+            raise BatchStateError(
+                f"Batch {batch_id} still has runs in flight after waiting {wait:g} s: "
+                f"{result.describe_running()}. Nothing was changed.",
+                batch_id=batch_id,
+                fix="stop them (Terminate in the Dagster UI, or end their process), or wait "
+                "longer with --wait SECONDS; then run the command again.",
+            )
+        return result.stopped
+
+    return manual.Fencing(stop_runs=stop_runs, spark=ctx.spark)
+
+
 def _change(
     ctx: Context,
     name: str,
@@ -63,6 +101,7 @@ def _change(
     args = ctx.args
     store = ctx.store
     command = "reset" if version is None else "set"
+    fencing = _fencing(ctx) if args.force else None  # checks --wait before anything
     preview = manual.preview_change(
         store, ctx.registry, name, version, force=args.force, actor=args.actor, resolved=resolved
     )
@@ -113,8 +152,15 @@ def _change(
             for line in lines:
                 ctx.console.print(line)
         return EXIT_OK
-    confirm(lines, yes=args.yes)
-    done = manual.apply_change(store, ctx.registry, preview, reason=args.reason, force=args.force)
+    confirm(lines, yes=args.yes, stream=ctx.console.err)
+    done = manual.apply_change(
+        store,
+        ctx.registry,
+        preview,
+        reason=args.reason,
+        force=args.force,
+        fencing=fencing,
+    )
     change = done.change
     result.update(
         applied=True,
@@ -123,6 +169,8 @@ def _change(
         abandoned=list(change.abandoned),
         recovered=list(done.recovered),
         advanced=list(done.advanced),
+        stopped=list(done.stopped),
+        fenced=list(done.fenced),
         effect=done.effect,
     )
     if args.json:
@@ -135,6 +183,11 @@ def _change(
         )
         + f" ({how.value} by {actor}{reason})"
     )
+    if done.stopped:
+        ctx.console.print(
+            f"  stopped first: {len(done.stopped)} run(s) of the batch still in flight "
+            f"({', '.join(r[:8] for r in done.stopped)})"
+        )
     for pipeline in done.recovered:
         ctx.console.print(
             f"  {pipeline}: its target already holds the batch (its run stopped before "
@@ -144,6 +197,10 @@ def _change(
         ctx.console.print(
             f"  advanced first, as the finalizer would (every consumer applied them): "
             f"{', '.join(done.advanced)}"
+        )
+    if done.fenced:
+        ctx.console.print(
+            f"  fenced: {', '.join(done.fenced)} (their targets refuse any late write of the batch)"
         )
     for batch_id in change.abandoned:
         ctx.console.print(
