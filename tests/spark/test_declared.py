@@ -586,3 +586,62 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
                 spark, paths.target("hand_written"), versions["hand_written"]
             )
             assert hand_changed == hand_fed == full_changed
+
+
+def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 41, sequence 4: batch 2 reads versions 1..3, where key 1 changes (v1) and
+    changes back (v2); the `full` strategy writes only the rows whose value differs, so
+    key 1 keeps batch 1's position. A replay of versions 1..1 ends inside batch 2 and is
+    placed just below it, which that old position does not stop: it wrote key 1's value
+    from inside the range (99) over the right one (10), with every command succeeding. It
+    is now refused before anything is recorded, naming the batch's end; a replay up to
+    that end (placed at batch 2's own position) runs and keeps the target exact."""
+    from watermark_dagster.config.upstream import DeltaUpstream
+    from watermark_dagster.core.ranges import VersionRange
+    from watermark_dagster.errors import ReplayRefusedError
+    from watermark_dagster.operations import replay
+
+    up = str(tmp_path / "up")
+    spark.createDataFrame([(1, 10), (2, 20), (3, 30)], "id long, value long").write.format(
+        "delta"
+    ).option("delta.enableChangeDataFeed", "true").save(up)
+    pipeline = sql_pipeline(
+        name="copied",
+        sql="SELECT id, value FROM up",
+        upstreams={"up": "id"},
+        target=str(tmp_path / "copied"),
+        keys=["id"],
+        strategy="full",
+    )
+    registry = Registry(upstreams=[DeltaUpstream(name="up", path=up)], pipelines=[pipeline])
+    store = WatermarkStore(str(tmp_path / "control"))
+    _cycle(spark, registry, store)
+    table = DeltaTable.forPath(spark, up)
+    table.update("id = 1", {"value": "99"})
+    table.update("id = 1", {"value": "10"})
+    table.update("id = 2", {"value": "21"})
+    batch = store.get_batch(_cycle(spark, registry, store))
+    assert str(batch.inputs["up"].range) == str(VersionRange(1, 3))
+
+    with pytest.raises(ReplayRefusedError, match=f"ends inside batch {batch.batch_id}") as e:
+        replay.plan_replay(store, registry, "up", VersionRange(1, 1))
+    assert "--from 1 --to 3" in (e.value.fix or "")
+    assert [b.batch_id for b in store.batches()] == ["b000002", "b000001"]  # none recorded
+
+    def execute(batch_id: str, pipelines: object) -> list[str | None]:
+        execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=registry,
+            pipeline_name="copied",
+            batch_id=batch_id,
+            run_id="test",
+        )
+        return []
+
+    plan = replay.plan_replay(store, registry, "up", VersionRange(1, 3))
+    assert replay.run_replay(store, registry, plan, execute=execute).status.value == "COMPLETED"
+    target = spark.read.format("delta").load(str(tmp_path / "copied"))
+    assert _rows(target, ["id", "value"]) == [(1, 10), (2, 21), (3, 30)]

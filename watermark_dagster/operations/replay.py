@@ -135,6 +135,75 @@ def _refuse_reloading(
             )
 
 
+def _strategy_written(store: "WatermarkStore", pipeline: str, batch_id: str) -> str | None:
+    """The strategy ``pipeline``'s write of ``batch_id`` used, as its ``PIPELINE_SUCCEEDED``
+    history row records it (None: not recorded, e.g. a recovered run or a full load)."""
+    from watermark_dagster.store import codec
+
+    for row in store.history(batch_id=batch_id):
+        if row.get("event") != "PIPELINE_SUCCEEDED" or row.get("pipeline") != pipeline:
+            continue
+        run = codec.strategy_run(row)
+        if run is not None:
+            return str(run.strategy)
+    return None
+
+
+def _refuse_inside_full(
+    store: "WatermarkStore",
+    registry: "Registry",
+    upstream: str,
+    rng: VersionRange,
+    mode: ReadMode,
+    pipelines: Sequence[str],
+) -> None:
+    """Refuse a replay whose range ends inside its origin batch's range (it would write
+    just below that batch's position) for a pipeline that wrote the origin batch with the
+    ``full`` strategy, or with one not recorded.
+
+    ``full`` writes only the rows whose value differs, so a key the batch's range touched
+    but whose value ended where it started keeps an older ``_wm_seq``, and a replay placed
+    at the origin's position minus one could overwrite it with a value from inside the
+    range (I5). The incremental strategy rewrites every key the range touched, and a
+    hand-written transform is incremental. A replay up to the origin's end writes at the
+    origin's own position and is not refused.
+
+    Raises:
+        ReplayRefusedError: naming the batch, its range, the strategy and the range to ask.
+    """
+    from watermark_dagster.core.replay import plan_replay as plan_positions
+    from watermark_dagster.errors import BatchStateError, ReplayRefusedError
+
+    try:
+        batches = sorted(store.batches(), key=lambda b: b.seq)  # oldest first
+        positions = plan_positions(batches, upstream, rng, mode=mode, upstreams=())
+    except BatchStateError:
+        return  # no completed batch applied the end: the store refuses it when recorded
+    origin = positions.origin
+    whole = origin.inputs[upstream].range
+    if whole is None or positions.order_seq == origin.seq:
+        return
+    for name in pipelines:
+        if not registry.pipelines[name].chooses_strategy or name in origin.full_load:
+            continue  # a load in full stamps every row with the batch's position
+        strategy = _strategy_written(store, name, origin.batch_id)
+        if strategy == "incremental":
+            continue
+        how = f"the {strategy} strategy" if strategy else "a strategy not recorded"
+        raise ReplayRefusedError(
+            f"Pipeline '{name}': the replay of {upstream} {rng} ends inside batch "
+            f"{origin.batch_id} ({upstream} {whole}), which {name} wrote with {how}: it "
+            "rewrote only the rows whose value changed, so a row the batch's range touched "
+            "and left as it was keeps an older position, and a replay placed just below the "
+            "batch could overwrite it with a value from inside the range. Nothing was written.",
+            pipeline=name,
+            upstream=upstream,
+            batch_id=origin.batch_id,
+            fix=f"replay up to the batch's end: `watermark replay -t {upstream} --from "
+            f"{rng.start} --to {whole.end}`.",
+        )
+
+
 def _pipelines(registry: "Registry", upstream: str, wanted: Sequence[str] | None) -> list[str]:
     """The pipelines to replay through, checked: merge pipelines reading ``upstream``."""
     consumers = list(registry.consumers(upstream))
@@ -185,6 +254,7 @@ def plan_replay(
     if mode is ReadMode.SNAPSHOT:
         raise UsageError(f"upstream {upstream!r} is snapshot-only: there are no changes to replay.")
     _refuse_reloading(registry, upstream, rng, mode, chosen)
+    _refuse_inside_full(store, registry, upstream, rng, mode, chosen)
     return ReplayPlan(
         upstream=upstream, range=rng, mode=mode, pipelines=tuple(chosen), committed=committed
     )
