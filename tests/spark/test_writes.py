@@ -596,3 +596,41 @@ def test_a_target_column_named_like_the_merge_source_is_refused(lake: Lake) -> N
         write_target(spark, clash, merge, batch_id="b2", write_seq=2, full_load=False)
     assert merge.target in str(raised.value)
     assert RsDeltaTable(merge.target).version() == before
+
+
+def test_a_reload_killed_before_it_clustered_the_target_again_finishes_on_retry(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, sequence 5: a write made of several commits. A reload whose output
+    changed a column's type replaces the target's schema (which clears its clustering),
+    then sets the clustering again. Killed between the two, the retry finds the batch's
+    transaction committed and skips the write: before, the target stayed unclustered for
+    good; now the retry finishes the layout, and makes no second data commit."""
+    from watermark_dagster.core.faults import SimulatedCrash
+    from watermark_dagster.write import targets
+
+    spark = lake.spark
+    pipeline = _pipeline(lake, "reloaded", "merge", keys=("id",))
+    first = _rows(spark, range(5))
+    write_target(spark, first, pipeline, batch_id="b1", write_seq=1, full_load=True)
+    assert targets.clustering_columns(spark, pipeline.target) == ("id",)
+
+    retyped = spark.createDataFrame([(i, str(i)) for i in range(5)], "id long, value string")
+
+    def killed(*_args: Any, **_kwargs: Any) -> None:
+        raise SimulatedCrash("killed before the recluster")
+
+    monkeypatch.setattr(targets, "recluster", killed)
+    with pytest.raises(SimulatedCrash):
+        write_target(spark, retyped, pipeline, batch_id="b2", write_seq=2, full_load=True)
+    monkeypatch.undo()
+    assert targets.clustering_columns(spark, pipeline.target) == ()
+    data_commit = _version(pipeline.target)
+
+    again = write_target(
+        spark, retyped, pipeline, batch_id="b2", write_seq=2, full_load=True, retried=True
+    )
+    assert again.already_applied
+    assert targets.clustering_columns(spark, pipeline.target) == ("id",)
+    assert _last_operation(pipeline.target)["operation"] == "CLUSTER BY"
+    assert _version(pipeline.target) == data_commit + 1  # the recluster, no second write
