@@ -20,7 +20,8 @@ sensors themselves are exercised by the flow and live tests.
 
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,8 +43,13 @@ from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.errors import BatchStateError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
+from watermark_dagster.operations import manual
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.operations.run_pipeline import execute_pipeline
+from watermark_dagster.operations.run_pipeline import (
+    decide_pipeline,
+    execute_pipeline,
+    run_pipeline,
+)
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.layout import REWRITE_BELOW_BYTES, REWRITE_BELOW_CONF
 
@@ -108,6 +114,8 @@ class Stats:
     replays: int = 0
     backfills: int = 0
     batches: int = 0
+    forces: int = 0
+    late_writes: int = 0
 
     def add(self, other: "Stats") -> None:
         for name in self.__dataclass_fields__:
@@ -425,6 +433,80 @@ class Case:
             run_id="model-backfill",
         )
 
+    def force(self) -> None:
+        """`watermark reset --force` of a random versioned upstream, often while a batch is
+        open (a crash left it so), sometimes killed at one of its fault points and run
+        again; then a run of the abandoned batch that passed its own check before the
+        abandon tries to write each target (the fence must stop it). A reset reloads the
+        upstream's consumers in full, so the references hold."""
+        upstream = self.rng.choice(["src", "log"])
+        point = self.rng.choice([None, *FORCE_CRASH_POINTS])
+        fencing = manual.Fencing(stop_runs=lambda _batch: (), spark=lambda: self.spark)
+        open_batch = self.store.open_batch()
+
+        def attempt() -> None:
+            preview = manual.preview_change(
+                self.store, self.registry, upstream, None, force=True, actor="model"
+            )
+            if preview.changed:
+                manual.apply_change(
+                    self.store, self.registry, preview, reason="model", force=True, fencing=fencing
+                )
+
+        # Runs in flight: each decided to run before the forced change.
+        decisions = []
+        if open_batch is not None:
+            done = self._succeeded(open_batch.batch_id)
+            for pipeline in open_batch.pipelines:
+                if pipeline in done:
+                    continue
+                decision = decide_pipeline(
+                    store=self.store,
+                    registry=self.registry,
+                    pipeline_name=pipeline,
+                    batch_id=open_batch.batch_id,
+                )
+                if decision.skip is None:
+                    decisions.append(decision)
+        self.stats.forces += 1
+        if point is not None:
+            self.stats.crashes += 1
+            try:
+                with simulate_crash_at(point):
+                    attempt()
+            except SimulatedCrash:
+                pass
+        attempt()  # the operator runs it (again)
+        if open_batch is None:
+            return
+        if self.store.get_batch(open_batch.batch_id).status is not BatchStatus.ABANDONED:
+            return
+        for decision in decisions:
+            self.stats.late_writes += 1
+            try:
+                with _past_its_check():
+                    run_pipeline(
+                        spark=self.spark,
+                        store=self.store,
+                        registry=self.registry,
+                        decision=decision,
+                        run_id="model-late",
+                    )
+            except BatchStateError as e:
+                if "fenced against it" not in str(e):
+                    raise
+                continue
+            except RuntimeError as e:
+                if "injected failure" not in str(e):
+                    raise
+                continue
+            # Only a first load may land: its target did not exist to be fenced, and the
+            # next batch loads it in full again, by an overwrite at a later position.
+            assert decision.pipeline.name in open_batch.full_load, (
+                f"seed {self.seed}: a late write of {decision.pipeline.name} for abandoned "
+                f"batch {open_batch.batch_id} landed"
+            )
+
     def check_monotonic(self) -> None:
         """I2: no committed watermark ever moved backwards."""
         for upstream, version in self.store.committed_versions().items():
@@ -442,7 +524,8 @@ class Case:
             for _ in range(self.rng.randint(1, 3)):
                 self.commit()
             action = self.rng.choices(
-                ["cycle", "crash", "fail", "replay", "backfill"], weights=[4, 3, 2, 1, 1]
+                ["cycle", "crash", "fail", "replay", "backfill", "force"],
+                weights=[4, 3, 2, 1, 1, 1],
             )[0]
             {
                 "cycle": self.cycle,
@@ -450,6 +533,7 @@ class Case:
                 "fail": self.failing_cycle,
                 "replay": self.replay,
                 "backfill": self.backfill,
+                "force": self.force,
             }[action]()
             self.check_monotonic()
         for _ in range(20):
@@ -492,6 +576,23 @@ class Case:
         assert sorted(_pairs(str(self.root / "events"))) == sorted(_pairs(self.log)), (
             f"seed {self.seed}: events differ from log (lost or doubled rows)"
         )
+
+
+FORCE_CRASH_POINTS = ("after_fence", "after_abandon", "after_manual_watermark_commit")
+
+
+@contextmanager
+def _past_its_check() -> Iterator[None]:
+    """A run that re-read its batch just before the abandon: its check before the write
+    passes (fault injection of the race the fence closes)."""
+    from watermark_dagster.operations import run_pipeline
+
+    checked = run_pipeline._refuse_abandoned  # pyright: ignore[reportPrivateUsage]
+    run_pipeline._refuse_abandoned = lambda *_args, **_kwargs: None  # pyright: ignore[reportPrivateUsage]
+    try:
+        yield
+    finally:
+        run_pipeline._refuse_abandoned = checked  # pyright: ignore[reportPrivateUsage]
 
 
 def _pairs(path: str) -> list[tuple[int, int]]:
