@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
+from deltalake import DeltaTable as RsDeltaTable
 
 from tests.conftest import REPO, SPARK_TEST_CONF
 from tests.dagster.test_no_jvm import _java_shim
@@ -438,3 +439,95 @@ def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_
         assert engine.record().server_pid != original.server_pid
     appended = spark.read.format("delta").load(str(target))
     assert sorted((r.id, r.amount) for r in appended.collect()) == [(i, 10 * i) for i in range(5)]
+
+
+COPIES = '''
+"""The transforms of the client-kill test: an append and a merge of one upstream."""
+
+
+def events_log(batch):
+    return batch["events"].changes.select("id", "amount")
+
+
+def events_copy(batch):
+    return batch["events"].net_changes(["id"]).drop("_commit_timestamp")
+'''
+
+
+def test_a_client_killed_after_its_target_commit_on_the_engine_applies_each_batch_once(
+    spark, tmp_path: Path
+) -> None:
+    """Issue 41, the Spark Connect path of the crash harness: `watermark run` runs as a
+    client of the home's engine and is killed (SIGKILL, at the ``after_target_commit``
+    fault point) right after the server committed one pipeline's write, first an append's,
+    then, a batch later, a MERGE's. The next `watermark run` resumes each batch on the same
+    engine, and the target's own record (the Delta transaction every scheduled write
+    carries) keeps the write from landing twice: each target equals its upstream and holds
+    one data commit per batch."""
+    home = tmp_path / "wm"
+    env = _env(home)
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "wm_engine_copies.py").write_text(COPIES)
+    events = tmp_path / "events"
+    log_target, copy_target = tmp_path / "events_log", tmp_path / "events_copy"
+    spark.createDataFrame([(i, 10 * i) for i in range(5)], "id long, amount long").write.format(
+        "delta"
+    ).option("delta.enableChangeDataFeed", "true").save(str(events))
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(
+        textwrap.dedent(
+            f"""\
+            upstreams:
+              events: {{path: {events}}}
+            pipelines:
+              events_log:
+                upstreams: [events]
+                target: {log_target}
+                write: append
+                transform: wm_engine_copies:events_log
+              events_copy:
+                upstreams: [events]
+                target: {copy_target}
+                keys: [id]
+                transform: wm_engine_copies:events_copy
+            """
+        )
+    )
+    with _engine(home, env, tmp_path / "engine.out"):
+        run_env = {
+            **env,
+            "WATERMARK_REGISTRY": str(registry),
+            "WATERMARK_ENGINE": "connect",
+            "WATERMARK_DEATH_BACKOFF_SECONDS": "0",
+            "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
+        }
+        for round_, pipeline in enumerate(("events_log", "events_copy")):
+            if round_:
+                spark.createDataFrame([(5, 50), (6, 60)], "id long, amount long").write.format(
+                    "delta"
+                ).mode("append").save(str(events))
+            killed = subprocess.run(
+                [str(SCRIPT), "run", "--json"],
+                env={**run_env, "WATERMARK_FAULTS": f"after_target_commit@{pipeline}"},
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                stdin=subprocess.DEVNULL,
+            )
+            assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-3000:]
+            report = _run(run_env)
+            assert report["completed"] == [f"b00000{round_ + 1}"], report
+    upstream = spark.read.format("delta").load(str(events)).collect()
+    source = sorted((r.id, r.amount) for r in upstream)
+    for target in (log_target, copy_target):
+        rows = spark.read.format("delta").load(str(target)).select("id", "amount").collect()
+        assert sorted((r.id, r.amount) for r in rows) == source, target
+        written = [
+            str(c.get("userMetadata") or "").split(" seq=")[0]
+            for c in RsDeltaTable(str(target)).history()
+            if str(c.get("userMetadata") or "").startswith("watermark pipeline=")
+        ]
+        assert sorted(written) == sorted(set(written)), (target, written)
+        assert len(written) == 2, (target, written)
