@@ -56,7 +56,13 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.faults import FAULT_POINTS
 from watermark_dagster.core.planning import UpstreamPosition
-from watermark_dagster.core.records import Batch, BatchStatus, CheckpointStatus, WatermarkHow
+from watermark_dagster.core.records import (
+    Batch,
+    BatchKind,
+    BatchStatus,
+    CheckpointStatus,
+    WatermarkHow,
+)
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
@@ -307,8 +313,12 @@ def _history_gaps(lake: Lake, *, pipelines_ran: bool = True) -> tuple[Counter, C
     pipeline of a completed batch recorded as succeeded."""
     store = lake.store
     rows = store.history()
+    # A replay batch's plan row names its upstream; its other rows none.
+    replays = {b.batch_id for b in store.batches() if b.kind is BatchKind.REPLAY}
     have = Counter(
-        (h["event"], h["batch_id"], h["upstream"]) for h in rows if h["event"] in AUDITED
+        (h["event"], h["batch_id"], None if h["batch_id"] in replays else h["upstream"])
+        for h in rows
+        if h["event"] in AUDITED
     )
     want: Counter = Counter(_watermark_changes(store))
     for batch in store.batches():
@@ -398,6 +408,12 @@ def _all_advanced_still_open(lake: Lake, instance: DagsterInstance) -> None:
     assert batch.advanced == {"orders", "log"}
 
 
+def _replay_recorded_not_run(lake: Lake, instance: DagsterInstance) -> None:
+    [replay] = [b for b in lake.store.open_batches() if b.kind is BatchKind.REPLAY]
+    assert replay.batch_id == "b000002"
+    assert not lake.store.checkpoints(batch_id=replay.batch_id)
+
+
 def _fenced_not_abandoned(lake: Lake, instance: DagsterInstance) -> None:
     assert lake.store.get_batch("b000002").status is BatchStatus.PLANNED
     assert lake.store.committed_versions()["orders"] == 0
@@ -434,12 +450,14 @@ SCENARIOS: dict[str, Scenario] = {
         _advanced_unrecorded,
     ),
     "before_batch_complete": Scenario("ran", "cycle", _all_advanced_still_open),
+    "after_replay_start": Scenario("changed", "replay", _replay_recorded_not_run),
     "after_fence": Scenario("planned", "reset", _fenced_not_abandoned),
     "after_abandon": Scenario("planned", "reset", _abandoned_not_reset),
     "after_manual_watermark_commit": Scenario("planned", "reset", _reset_unrecorded),
 }
 
 RESET = ["reset", "-t", "orders", "--force", "--yes", "--reason", "crash test"]
+REPLAY = ["replay", "-t", "orders", "--from-version", "0", "--to-version", "0", "--yes"]
 
 
 def _run_child(lake: Lake, point: str | None, child: str) -> subprocess.CompletedProcess:
@@ -447,7 +465,8 @@ def _run_child(lake: Lake, point: str | None, child: str) -> subprocess.Complete
     if child == "cycle":
         argv = [sys.executable, "-m", "tests.crash.test_crashes", "cycle", str(lake.spec_file)]
     else:
-        argv = [str(SCRIPT), *RESET, "--defs", location_defs(lake.spec_file)]
+        command = RESET if child == "reset" else REPLAY
+        argv = [str(SCRIPT), *command, "--defs", location_defs(lake.spec_file)]
     return subprocess.run(
         argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=WAIT_SECONDS
     )
@@ -480,7 +499,11 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
     instance = lake.instance()
     try:
         killed = _run_child(lake, point, scenario.child)
-        assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
+        # A supervised command (replay) exits 128 + 9 when its worker child is killed.
+        died = 128 + signal.SIGKILL if scenario.child == "replay" else -signal.SIGKILL
+        assert killed.returncode == died, killed.stdout[-2000:] + killed.stderr[-3000:]
+        if scenario.child == "replay":
+            assert "the same `watermark replay` run again resumes" in killed.stderr
         scenario.at_kill(lake, instance)
         planned = lake.store.open_batch() or lake.store.get_batch("b000002")
 
@@ -488,6 +511,10 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
             again = _run_child(lake, None, "reset")  # the operator runs the command again
             assert again.returncode == 0, again.stdout + again.stderr
             assert lake.store.committed_versions().get("orders") is None
+        if scenario.child == "replay":
+            again = _run_child(lake, None, "replay")  # the operator runs the command again
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert "replay batch b000002" in again.stdout, again.stdout  # resumed
         report = _cycle(lake, instance)
         assert not report.failed_runs, report
         assert not report.stuck, report
@@ -497,6 +524,14 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
         if scenario.template == "fresh":
             # The first loads, resumed and completed once.
             assert [(b.batch_id, b.status) for b in batches] == [("b000001", BatchStatus.COMPLETED)]
+        elif scenario.child == "replay":
+            # The replay resumed and ended once; the scheduled batch after it as usual.
+            assert [(b.batch_id, b.kind, b.status) for b in batches] == [
+                ("b000001", BatchKind.SCHEDULED, BatchStatus.COMPLETED),
+                ("b000002", BatchKind.REPLAY, BatchStatus.COMPLETED),
+                ("b000003", BatchKind.SCHEDULED, BatchStatus.COMPLETED),
+            ]
+            assert _ranges(batches[2]) == {"orders": "CDF [1, 3]", "log": "APPEND_ONLY [1, 2]"}
         elif scenario.child == "cycle":
             # Resumed, never re-planned: the same plan, completed once.
             assert [(b.batch_id, b.status) for b in batches] == [

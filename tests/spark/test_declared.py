@@ -627,7 +627,7 @@ def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_is_refused(
 
     with pytest.raises(ReplayRefusedError, match=f"ends inside batch {batch.batch_id}") as e:
         replay.plan_replay(store, registry, "up", VersionRange(1, 1))
-    assert "--from 1 --to 3" in (e.value.fix or "")
+    assert "--from-version 1 --to-version 3" in (e.value.fix or "")
     assert [b.batch_id for b in store.batches()] == ["b000002", "b000001"]  # none recorded
 
     def execute(batch_id: str, pipelines: object) -> list[str | None]:

@@ -119,11 +119,16 @@ def mark_killed(args: argparse.Namespace, identity: str, signum: int) -> None:
         )
         return
     runs = ", ".join(f"{r[:8]} (batch {b})" for r, b in marked) or "none was running"
+    again = (
+        "the same `watermark replay` run again resumes its replay batch"
+        if args.command == "replay"
+        else "the next `watermark run` (or the coordinator, after a backoff) runs the batch "
+        "again without spending an attempt"
+    )
     print(
         f"watermark {args.command}: its process was {how}. Runs recorded as died: {runs}. "
-        "A death is a crash, not a failure: the next `watermark run` (or the coordinator, "
-        "after a backoff) runs the batch again without spending an attempt. A process "
-        "killed again and again is most often out of memory.",
+        f"A death is a crash, not a failure: {again}. A process killed again and again is "
+        "most often out of memory.",
         file=sys.stderr,
     )
 

@@ -23,6 +23,7 @@ FAULT_POINTS = (
     "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
     "after_watermark_commit",  # store.advance_many: watermarks moved; no history, rows unmarked
     "before_batch_complete",  # finalizer: every upstream advanced; batch still PLANNED
+    "after_replay_start",  # watermark replay: REPLAY batch recorded; no run, not ended
     "after_fence",  # set/reset --force: runs stopped, targets fenced; batch not abandoned yet
     "after_abandon",  # store.set_watermark: open batch abandoned; watermark not moved yet
     "after_manual_watermark_commit",  # store.set_watermark: watermark moved; no history row

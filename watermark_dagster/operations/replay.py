@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import (
     Batch,
+    BatchKind,
     BatchStatus,
     Checkpoint,
     CheckpointStatus,
@@ -199,8 +201,8 @@ def _refuse_inside_full(
             pipeline=name,
             upstream=upstream,
             batch_id=origin.batch_id,
-            fix=f"replay up to the batch's end: `watermark replay -t {upstream} --from "
-            f"{rng.start} --to {whole.end}`.",
+            fix=f"replay up to the batch's end: `watermark replay -t {upstream} "
+            f"--from-version {rng.start} --to-version {whole.end}`.",
         )
 
 
@@ -272,20 +274,30 @@ def run_replay(
     """Record the REPLAY batch of ``plan``, run it with ``execute`` and end it: COMPLETED
     when every run succeeded, else FAILED with the runs' errors.
 
+    A replay of the same range through the same pipelines that a killed command left open
+    (recorded, never ended) is resumed instead of recorded again: its pipelines that
+    already succeeded are skipped, the others run (a replay's writes are version-guarded,
+    so a write that landed before the kill changes nothing the second time).
+
     Raises:
         BatchStateError: the store refused the batch (the range is not applied, or no
             completed batch applied its end).
     """
     who = actor or default_actor()
-    batch = store.create_replay_batch(
-        plan.upstream,
-        plan.range,
-        mode=plan.mode,
-        pipelines=list(plan.pipelines),
-        all_upstreams=sorted({u for p in plan.pipelines for u in registry.pipelines[p].upstreams}),
-        actor=who,
-        reason=reason,
-    )
+    batch = unfinished_replay(store, plan)
+    if batch is None:
+        batch = store.create_replay_batch(
+            plan.upstream,
+            plan.range,
+            mode=plan.mode,
+            pipelines=list(plan.pipelines),
+            all_upstreams=sorted(
+                {u for p in plan.pipelines for u in registry.pipelines[p].upstreams}
+            ),
+            actor=who,
+            reason=reason,
+        )
+    fault_point("after_replay_start")
     errors = list(execute(batch.batch_id, plan.pipelines))
     error = "; ".join(e or "run failed" for e in errors) or None
     status = BatchStatus.FAILED if errors else BatchStatus.COMPLETED
@@ -298,6 +310,19 @@ def run_replay(
     return ReplayResult(
         plan=plan, batch=batch, status=status, error=error, checkpoints=finished, actor=who
     )
+
+
+def unfinished_replay(store: "WatermarkStore", plan: ReplayPlan) -> Batch | None:
+    """The open REPLAY batch that re-reads exactly ``plan`` (its range of its upstream, in
+    its mode, through its pipelines), left by a ``watermark replay`` killed before it ended;
+    None when there is none."""
+    for batch in store.open_batches():
+        if batch.kind is not BatchKind.REPLAY or set(batch.pipelines) != set(plan.pipelines):
+            continue
+        pinned = batch.inputs.get(plan.upstream)
+        if pinned is not None and pinned.range == plan.range and pinned.mode is plan.mode:
+            return batch
+    return None
 
 
 @dataclass(frozen=True)
