@@ -1158,9 +1158,12 @@ def test_a_forced_change_stops_the_batch_run_in_flight_or_refuses(
         fences = [h for h in lake.store.history() if h["event"] == "TARGET_FENCED"]
         assert "log_copy" in {h["pipeline"] for h in fences}, fences
 
-        # The child's interrupted cycle may go on or end; either way the next cycle here
-        # completes what is left.
-        child.communicate(timeout=WAIT_SECONDS)
+        # The child's cycle stops with its interrupted run, cleanly, saying why; the next
+        # cycle here completes what is left.
+        out, _ = child.communicate(timeout=WAIT_SECONDS)
+        assert child.returncode == 0, out[-3000:]
+        last = json.loads(out.strip().splitlines()[-1])
+        assert "was stopped from outside" in (last["stopped"] or ""), out[-3000:]
         report = _cycle(lake, instance)
         assert not report.failed_runs, report
         assert lake.store.get_batch("b000003").status is BatchStatus.COMPLETED
@@ -1339,7 +1342,8 @@ def _child_cycle(spec_file: str) -> None:
             death_backoff_seconds=0,
         ),
     )
-    HeadlessRunner(defs, DagsterInstance.get()).run_until_idle()
+    report = HeadlessRunner(defs, DagsterInstance.get()).run_until_idle()
+    print(json.dumps({"stopped": report.stopped, "completed": report.completed}))
 
 
 def _child_race_finalizer(spec_file: str, sync: str, rounds: str) -> None:

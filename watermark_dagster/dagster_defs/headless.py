@@ -19,6 +19,7 @@ from typing import Any
 from dagster import (
     AssetKey,
     DagsterInstance,
+    DagsterRunStatus,
     Definitions,
     DeleteDynamicPartitionsRequest,
     Failure,
@@ -92,6 +93,7 @@ class CycleReport:
     runs: list[RunOutcome] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     stuck: str | None = None
+    stopped: str | None = None
     ticks: int = 0
 
     @property
@@ -188,6 +190,15 @@ class HeadlessRunner:
             cursor=data.cursor,
         )
 
+    def _stopped_from_outside(self, run_id: str) -> bool:
+        """Whether run ``run_id`` ended because it was asked to stop (canceled or
+        terminated: Dagster turns the SIGTERM into an interrupt of the step)."""
+        run = self.instance.get_run_by_id(run_id)
+        return run is not None and run.status in (
+            DagsterRunStatus.CANCELED,
+            DagsterRunStatus.CANCELING,
+        )
+
     def execute_requests(self, result: SensorResult, report: CycleReport) -> None:
         """Execute each run request of a coordinator tick in this process."""
         for request in result.run_requests or []:
@@ -211,6 +222,15 @@ class HeadlessRunner:
                 run_config={"loggers": {"console": {"config": {"log_level": self.run_log_level}}}},
             )
             error, terminal, traces = None, None, []
+            if not outcome.success and self._stopped_from_outside(outcome.run_id):
+                report.stopped = (
+                    f"run {outcome.run_id[:8]} of batch {request.partition_key} was stopped from "
+                    "outside (canceled in Dagster, or by a forced watermark change that abandons "
+                    "its batch); this command stops with it, as the interrupt may have cut a "
+                    "call to Spark short. Run it again to go on."
+                )
+                self.log(report.stopped)
+                return
             if not outcome.success:
                 failures = []
                 for e in outcome.all_events:
@@ -309,9 +329,13 @@ class HeadlessRunner:
             if again is not None:
                 self.execute_requests(again, report)
         for _ in range(max_ticks):
+            if report.stopped:
+                return report
             report.ticks += 1
             coordinated = self.tick(self.names.coordinator)
             self.execute_requests(coordinated, report)
+            if report.stopped:
+                return report
             before = store.open_batch()
             self.tick(self.names.finalizer)
             after = store.open_batch()

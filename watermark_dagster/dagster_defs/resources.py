@@ -1,5 +1,6 @@
 """Dagster resources: the Spark session and the watermark store."""
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from watermark_dagster.config.secrets import as_reference, resolved_options
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore, shared_store
+
+log = logging.getLogger("watermark_dagster")
 
 if TYPE_CHECKING:
     from watermark_dagster.runtime.connect import EngineRecord
@@ -47,7 +50,10 @@ def held_spark_sessions() -> Iterator[None]:
     finally:
         sessions, _held = _held, None
         for session in sessions:
-            session.stop()
+            try:
+                session.stop()
+            except Exception as e:  # a session an interrupted run left unusable
+                log.warning("stopping a Spark session failed (%s: %s)", type(e).__name__, e)
 
 
 def spark_was_started() -> bool:

@@ -59,6 +59,7 @@ def cmd_run(ctx: Context) -> int:
                 "completed": report.completed,
                 "runs": [asdict(r) for r in report.runs],
                 "stuck": report.stuck,
+                "stopped": report.stopped,
                 "blocked": {
                     r["upstream"]: {
                         "reason": r["blocked"] or r["unavailable"],
@@ -73,6 +74,8 @@ def cmd_run(ctx: Context) -> int:
     else:
         ctx.console.print()
         print_status(ctx, as_json=False)
+    if report.stopped:
+        ctx.console.problem(f"STOPPED: {report.stopped}")
     if report.stuck:
         # One message: it carries the failed run's error and its fix.
         ctx.console.problem(report.stuck)
@@ -88,7 +91,7 @@ def cmd_run(ctx: Context) -> int:
             f"BLOCKED: upstream {r['upstream']} {what}; nothing is planned for "
             f"{list(ctx.registry.consumers(r['upstream']))}. Fix: {r['fix']}"
         )
-    return EXIT_FAILED if report.stuck or failed or blocked else EXIT_OK
+    return EXIT_FAILED if report.stuck or report.stopped or failed or blocked else EXIT_OK
 
 
 def cmd_demo(ctx: Context) -> int:
