@@ -439,13 +439,13 @@ def stop_batch_runs(
             _signal(pid, signal.SIGTERM)
 
     seen: list[str] = []
-    if not in_flight_now():
+    found = in_flight_now()
+    if not found:
         return StoppedRuns()
     started = time.monotonic()
     killed = False
     while True:
-        # Asked again each time: a coordinator may resubmit the batch while its runs stop.
-        for run_id in in_flight_now():
+        for run_id in found:
             if run_id not in seen:
                 seen.append(run_id)
                 request_stop(run_id)
@@ -483,3 +483,5 @@ def stop_batch_runs(
                 if pid is not None:
                     _signal(pid, signal.SIGKILL)
         time.sleep(poll_seconds)
+        # Asked again each time: a coordinator may resubmit the batch while its runs stop.
+        found = in_flight_now()

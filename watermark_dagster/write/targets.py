@@ -335,8 +335,11 @@ def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str 
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
-    if table is None:
-        return None
+    return None if table is None else _evidence(table, pipeline, batch_id, write_seq)
+
+
+def _evidence(table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int) -> str | None:
+    """:func:`applied_by_target` on a target's log already opened."""
     version = labelled_commit(table, label_prefix(pipeline.name, batch_id))
     if version is not None:
         return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
@@ -402,7 +405,7 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     table = existing_target(pipeline.target, options)
     if table is None:
         return Fence()
-    evidence = applied_by_target(pipeline, batch_id, write_seq)
+    evidence = _evidence(table, pipeline, batch_id, write_seq)
     if evidence is not None:
         return Fence(applied=evidence)
     existing = fenced(table, pipeline.name, batch_id)
@@ -427,7 +430,7 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     version = fenced(table, pipeline.name, batch_id, newest=max(1, table.version() - before))
     if version is not None:
         return Fence(fenced=version, new=True)
-    evidence = applied_by_target(pipeline, batch_id, write_seq)
+    evidence = _evidence(table, pipeline, batch_id, write_seq)
     if evidence is not None:  # the batch's write won the race: Delta skipped the fence
         return Fence(applied=evidence)
     raise TerminalError(
