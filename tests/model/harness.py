@@ -51,6 +51,7 @@ from watermark_dagster.operations.run_pipeline import (
     run_pipeline,
 )
 from watermark_dagster.store import WatermarkStore
+from watermark_dagster.write.commits import existing_target
 from watermark_dagster.write.layout import REWRITE_BELOW_BYTES, REWRITE_BELOW_CONF
 
 CRASH_POINTS = (
@@ -187,6 +188,7 @@ class Case:
         }
         # Cursor rows the pipelines must end up with: id -> (position, value).
         self.clicks_expected: dict[int, tuple[tuple[int, int], int]] = {}
+        self.clicks_deleted: dict[int, int] = {}  # id -> the clicks version without it
         self.store = WatermarkStore(root / "control")
         self.observer = Observer()
         self.high_water: dict[str, int] = {}
@@ -316,7 +318,9 @@ class Case:
             if not read:
                 self._add_clicks(self._new_ids(1), late=False)
                 return
-            RsTable(self.clicks).delete(f"id = {int(self.rng.choice(read))}")
+            gone = int(self.rng.choice(read))
+            RsTable(self.clicks).delete(f"id = {gone}")
+            self.clicks_deleted[gone] = RsTable(self.clicks).version()
 
     # ---------------------------------------------------------------- the system
 
@@ -433,14 +437,15 @@ class Case:
             run_id="model-backfill",
         )
 
-    def force(self) -> None:
+    def force(self, upstream: str | None = None, point: str | None = None) -> None:
         """`watermark reset --force` of a random versioned upstream, often while a batch is
         open (a crash left it so), sometimes killed at one of its fault points and run
         again; then a run of the abandoned batch that passed its own check before the
         abandon tries to write each target (the fence must stop it). A reset reloads the
         upstream's consumers in full, so the references hold."""
-        upstream = self.rng.choice(["src", "log"])
-        point = self.rng.choice([None, *FORCE_CRASH_POINTS])
+        drawn = self.rng.choice(["src", "log"]), self.rng.choice([None, *FORCE_CRASH_POINTS])
+        if upstream is None:
+            upstream, point = drawn
         fencing = manual.Fencing(stop_runs=lambda _batch: (), spark=lambda: self.spark)
         open_batch = self.store.open_batch()
 
@@ -468,6 +473,10 @@ class Case:
                 )
                 if decision.skip is None:
                     decisions.append(decision)
+        # A target that does not exist has no log to fence: a late first write may land.
+        unfenceable = {
+            d.pipeline.name for d in decisions if existing_target(d.pipeline.target, None) is None
+        }
         self.stats.forces += 1
         if point is not None:
             self.stats.crashes += 1
@@ -483,6 +492,8 @@ class Case:
             return
         for decision in decisions:
             self.stats.late_writes += 1
+            target = existing_target(decision.pipeline.target, None)
+            before = None if target is None else target.version()
             try:
                 with _past_its_check():
                     run_pipeline(
@@ -500,12 +511,52 @@ class Case:
                 if "injected failure" not in str(e):
                     raise
                 continue
-            # Only a first load may land: its target did not exist to be fenced, and the
-            # next batch loads it in full again, by an overwrite at a later position.
-            assert decision.pipeline.name in open_batch.full_load, (
+            # Only a write into a target that did not exist may land (nothing to fence);
+            # the next plan finds it in the target's log and reloads the target in full.
+            # A run whose write the forced change recovered commits nothing again.
+            target = existing_target(decision.pipeline.target, None)
+            landed = target is not None and (before is None or target.version() != before)
+            assert not landed or decision.pipeline.name in unfenceable, (
                 f"seed {self.seed}: a late write of {decision.pipeline.name} for abandoned "
                 f"batch {open_batch.batch_id} landed"
             )
+
+    def _expected_clicks(self, pipeline: str) -> list[tuple[int, int]]:
+        """What a clicks target holds: its last full load (the first load, or a reload
+        owed after a forced change) read the source as of its batch's pinned version up to
+        the window's end, deleted and late rows included; every row read by a later window
+        follows. Rows deleted after a window read them stay (a cursor does not see
+        deletes), but not one deleted before the load that only an abandoned batch's
+        window had read."""
+        loads = [
+            b
+            for b in self.store.batches()
+            if pipeline in b.full_load
+            and b.status is not BatchStatus.ABANDONED
+            and pipeline in self._succeeded(b.batch_id)
+        ]
+        last = max(loads, key=lambda b: b.seq)
+        window = last.inputs["clicks"].window
+        assert window is not None, last
+        assert window.end is not None, last
+        end = tuple(window.end)
+        version = delta_source_version(last.source_states.get("clicks"))
+        assert version is not None, last.source_states
+        table = RsTable(self.clicks, version=version).to_pyarrow_table(
+            columns=["id", "ts", "value"]
+        )
+        loaded = {
+            i: v
+            for i, ts, v in zip(*(table[c].to_pylist() for c in ("id", "ts", "value")), strict=True)
+            if (_micros(ts), i) <= end
+        }
+        # A row only an abandoned batch's window read, deleted before the load: gone.
+        later = {
+            i: v
+            for i, (position, v) in self.clicks_expected.items()
+            if position > end and self.clicks_deleted.get(i, version + 1) > version
+        }
+        return sorted({**loaded, **later}.items())
 
     def check_monotonic(self) -> None:
         """I2: no committed watermark ever moved backwards."""
@@ -556,10 +607,10 @@ class Case:
         # Idle: nothing new is planned once drained (an empty cursor window records the
         # source state it was read at, so late rows, deletes and OPTIMIZE go quiet).
         assert not self.cycle(), f"seed {self.seed}: a batch was planned after draining"
-        expected_clicks = sorted((i, v) for i, (_, v) in self.clicks_expected.items())
         for target in ("clicks_log", "clicks_copy"):
             got = sorted(_pairs(str(self.root / target)))
-            assert got == expected_clicks, f"seed {self.seed}: {target} lost or doubled rows"
+            expected = self._expected_clicks(target)
+            assert got == expected, f"seed {self.seed}: {target} lost or doubled rows"
         position = self.store.committed()["clicks"].committed_cursor
         newest = max((p for p, _ in self.clicks_expected.values()), default=())
         assert position is not None, (

@@ -17,6 +17,7 @@ from watermark_dagster.core.finalizing import (
     finalize_step,
     manual_watermark,
     refuse_open_batch,
+    reloads_owed,
     require_open,
     stale_after_manual_change,
 )
@@ -235,3 +236,88 @@ def test_a_manual_set_keeps_the_table_identity_and_a_reset_forgets_it() -> None:
     assert (kept.committed_version, kept.table_id, kept.how) == (7, "t1", WatermarkHow.MANUAL_SET)
     gone = manual_watermark(current, _change(2, None), actor="me", now=now, pending_history="{}")
     assert (gone.committed_version, gone.table_id, gone.how) == (None, None, WatermarkHow.RESET)
+
+
+def _abandoned(**ranges: tuple[int, int] | None) -> Batch:
+    """b000003 abandoned: pipeline_a reads up1 and up2 (an append), pipeline_b up2 only;
+    pipeline_c read a cursor window of clicks; pipeline_b was a first load."""
+    batch = _batch("b000003", status=BatchStatus.ABANDONED, **ranges)
+    window = PlannedInput("clicks", ReadMode.TIMESTAMP, None, None, CursorWindow(None, None))
+    return dataclasses.replace(
+        batch,
+        pipelines=("pipeline_a", "pipeline_b", "pipeline_c"),
+        inputs={**batch.inputs, "clicks": window},
+        full_load=("pipeline_b",),
+    )
+
+
+READS = {"pipeline_a": ("up1", "up2"), "pipeline_b": ("up2",), "pipeline_c": ("clicks",)}
+
+
+def _marks(**versions: int | None) -> dict[str, Watermark]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    return {u: Watermark(u, v, None, WatermarkHow.AUTO, now, "me") for u, v in versions.items()}
+
+
+def test_a_pipeline_holding_an_abandoned_batch_reloads_where_a_watermark_falls_short() -> None:
+    batch = _abandoned(up1=(3, 5), up2=(6, 8))
+    # pipeline_a applied both ranges; up1 advanced for the batch, up2 did not (pipeline_b
+    # had not applied it): reading [6, 8] again would append it twice.
+    split = dataclasses.replace(batch, advanced=frozenset({"up1"}))
+    marks = _marks(up1=5, up2=5, clicks=None)
+    assert reloads_owed(split, {"pipeline_a"}, marks, READS) == ("pipeline_a", "pipeline_b")
+    # The forced change set up2 past what the batch read: nothing to read twice.
+    assert reloads_owed(split, {"pipeline_a"}, _marks(up1=5, up2=8), READS) == ("pipeline_b",)
+    # ... or reset it: every reader loads it as a snapshot anyway.
+    assert reloads_owed(split, {"pipeline_a", "pipeline_b"}, _marks(up1=5, up2=None), READS) == ()
+    # Set below what the batch read: the holder would read part of it again.
+    assert reloads_owed(split, {"pipeline_a"}, _marks(up1=5, up2=7), READS)[0] == "pipeline_a"
+
+
+def test_a_cursor_window_not_advanced_is_read_again() -> None:
+    batch = _abandoned(up1=None, up2=None)
+    marks = _marks(up1=2, up2=2, clicks=None)
+    assert reloads_owed(batch, {"pipeline_c"}, marks, READS) == ("pipeline_b", "pipeline_c")
+    advanced = dataclasses.replace(batch, advanced=frozenset({"clicks"}))
+    assert reloads_owed(advanced, {"pipeline_c"}, marks, READS) == ("pipeline_b",)
+
+
+def test_a_planned_reload_not_applied_is_still_owed_and_unknown_pipelines_are_skipped() -> None:
+    batch = _abandoned(up1=(3, 5), up2=(6, 8))
+    marks = _marks(up1=2, up2=5)
+    # Nothing held, nothing owed but the first load pipeline_b was planned for.
+    assert reloads_owed(batch, set(), marks, READS) == ("pipeline_b",)
+    assert reloads_owed(batch, set(), marks, {"pipeline_a": ("up1", "up2")}) == ()
+
+
+def test_a_reload_that_would_load_what_start_from_skipped_blocks_its_upstreams() -> None:
+    """A pipeline owing a reload whose upstream starts from `latest` cannot be reloaded
+    from the beginning: its upstreams are blocked with the reset that resolves it, and
+    nothing is planned for them; one that starts from the beginning is reloaded."""
+    from watermark_dagster.config.pipeline import Pipeline
+    from watermark_dagster.config.registry import Registry
+    from watermark_dagster.config.upstream import DeltaUpstream
+    from watermark_dagster.core.observations import RegistryObservation
+    from watermark_dagster.core.planning import UpstreamPosition
+    from watermark_dagster.operations.coordinate import hold_unreloadable
+
+    def copy(batch):  # never run
+        return batch["a"].changes
+
+    registry = Registry(
+        upstreams=[DeltaUpstream(name="a", path="/x/a", start_from="latest")],
+        pipelines=[Pipeline(name="p", upstreams=["a"], target="/x/p", keys=["id"],
+                            transform=copy)],
+    )  # fmt: skip
+    look = RegistryObservation(
+        observed={}, errors={}, positions=(UpstreamPosition("a", 9, 5),), runnable={"p": ("a",)}
+    )
+    held = hold_unreloadable(registry, look, ["p"], "b000003")
+    assert held.runnable == {}
+    assert held.positions == ()
+    assert "b000003" in str(held.blocked["a"])
+    assert "`watermark reset -t a`" in str(held.blocked["a"])
+    assert not held.plan().has_work
+    reloaded = dataclasses.replace(look, bootstrap=("p",))
+    assert hold_unreloadable(registry, reloaded, ["p"], "b000003") is reloaded
+    assert hold_unreloadable(registry, look, [], None) is look

@@ -493,3 +493,52 @@ def stale_after_manual_change(batch: Batch | None, upstream: str, version: int |
         return False
     first = 0 if version is None else version + 1
     return planned.range.start != first
+
+
+def reloads_owed(
+    abandoned: Batch,
+    holding: Collection[str],
+    marks: Mapping[str, Watermark],
+    pipeline_inputs: Mapping[str, Collection[str]],
+) -> tuple[str, ...]:
+    """The pipelines whose next batch must reload their target in full, after a forced
+    change abandoned ``abandoned`` (the newest scheduled batch).
+
+    ``holding`` names the pipelines whose target holds the batch's rows: succeeded,
+    recovered by the forced change, or written late by a run the change could not fence
+    (its target did not exist yet). Such a target agrees with the watermarks only where
+    they cover what the batch read. For an upstream not advanced for the batch and whose
+    committed version is below the one the batch read up to, the next batch would read
+    those changes again, and an append target would hold them twice (I4); reloading the
+    target from the next batch's snapshots makes it whole again. A pipeline of the batch's
+    ``full_load`` that does not hold the batch still owes the reload it was planned for:
+    its target may hold the rows of an earlier abandoned batch.
+
+    A versioned upstream with nothing committed needs no reload of its own: every reader
+    loads it as a snapshot next, and reloads anyway.
+    """
+    owed: list[str] = []
+    for pipeline in abandoned.pipelines:
+        upstreams = pipeline_inputs.get(pipeline)
+        if upstreams is None:
+            continue  # no longer registered
+        if pipeline not in holding:
+            if pipeline in abandoned.full_load:
+                owed.append(pipeline)
+            continue
+        if not all(_covers(abandoned, u, marks.get(u)) for u in upstreams):
+            owed.append(pipeline)
+    return tuple(owed)
+
+
+def _covers(batch: Batch, upstream: str, mark: Watermark | None) -> bool:
+    """Whether ``upstream``'s committed watermark covers what ``batch`` read of it."""
+    planned = batch.inputs.get(upstream)
+    if planned is None or upstream in batch.advanced:
+        return True
+    if planned.is_cursor:
+        return not planned.reads  # a window read and not advanced is read again
+    if mark is None or mark.committed_version is None:
+        return True  # read as a snapshot next: its readers reload anyway
+    read_to = planned.snapshot_version
+    return read_to is None or mark.committed_version >= read_to

@@ -14,7 +14,7 @@ observations mean (read modes, recreated tables, first loads, start points) is d
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -329,6 +329,7 @@ def observe_registry(
     *,
     marks: Mapping[str, Watermark] | None = None,
     ever_succeeded: Callable[[str], bool] = lambda _pipeline: False,
+    reload: Collection[str] = (),
 ) -> RegistryObservation:
     """Observe the consumed upstreams; unavailable ones are reported in ``errors`` and the
     pipelines reading them are left out of ``runnable`` (nothing is planned for them).
@@ -343,6 +344,9 @@ def observe_registry(
         ever_succeeded: whether a pipeline succeeded on some batch before. A missing
             target always needs a first load; an empty one only if the pipeline never ran
             (a pipeline whose output is legitimately empty is not reloaded forever).
+        reload: pipelines whose next batch reloads their target whatever it holds (see
+            :func:`~watermark_dagster.core.finalizing.reloads_owed`), among those whose
+            upstreams all start from the beginning.
     """
     marks = marks or {}
     observed: dict[str, Observation] = {}
@@ -382,7 +386,7 @@ def observe_registry(
         p
         for p in runnable
         if all(registry.upstreams[u].start_from == "beginning" for u in runnable[p])
-        and first_load(p)
+        and (p in reload or first_load(p))
     )
     overwrite = tuple(p for p in runnable if registry.pipelines[p].write is WriteMode.OVERWRITE)
     return RegistryObservation(

@@ -81,6 +81,8 @@ def look_before_planning(
         # A watermark change whose process died before recording its history row.
         store.flush_pending_history(pending)
 
+    abandoned, owed = reloads_after_abandon(registry, store, marks)
+
     def observe(current: Mapping[str, Watermark]) -> RegistryObservation:
         return observe_registry(
             registry,
@@ -88,9 +90,11 @@ def look_before_planning(
             {u: w.committed_version for u, w in current.items()},
             marks=current,
             ever_succeeded=lambda p: store.newest_success(p) is not None,
+            reload=owed,
         )
 
     def ready(found: RegistryObservation, started: StartingPoints) -> Look:
+        found = hold_unreloadable(registry, found, owed, abandoned)
         return Look(block_unreadable_ranges(registry, found) if check_ranges else found, started)
 
     look = observe(marks)
@@ -112,6 +116,63 @@ def look_before_planning(
         return ready(observe(marks), points)
     started = store.initialize_watermarks(points, actor=actor, table_ids=look.table_ids)
     return ready(observe(store.committed()), {n: points[n] for n in started})
+
+
+def reloads_after_abandon(
+    registry: Registry, store: WatermarkStore, marks: Mapping[str, Watermark]
+) -> tuple[str | None, tuple[str, ...]]:
+    """When a forced change abandoned the newest scheduled batch: its id, and the pipelines
+    whose next batch must reload their target in full
+    (:func:`~watermark_dagster.core.finalizing.reloads_owed`). A pipeline holds the batch
+    when it succeeded (or was recovered) for it, or when its target records the batch's
+    write: a run the forced change could not fence (its target did not exist yet) wrote it
+    late. This is how a plan reconciles from the targets' own records after an abandon.
+
+    Reads the newest scheduled batch; only after an abandon also its checkpoints and the
+    logs of the targets of its unfinished pipelines.
+    """
+    from watermark_dagster.core.finalizing import reloads_owed
+    from watermark_dagster.write.targets import applied_by_target
+
+    newest = store.newest_scheduled()
+    if newest is None or newest.status is not BatchStatus.ABANDONED:
+        return None, ()
+    holding = set(succeeded(store, newest))
+    for name in newest.pipelines:
+        pipeline = registry.pipelines.get(name)
+        if name in holding or pipeline is None:
+            continue
+        if applied_by_target(pipeline, newest.batch_id, newest.write_seq) is not None:
+            holding.add(name)
+    return newest.batch_id, reloads_owed(newest, holding, marks, registry.pipeline_inputs())
+
+
+def hold_unreloadable(
+    registry: Registry, look: RegistryObservation, owed: Collection[str], batch_id: str | None
+) -> RegistryObservation:
+    """``look`` with the upstreams of each pipeline that owes a reload it cannot have
+    blocked: some of its upstreams start from somewhere other than the beginning, so a
+    reload from snapshots would load what the pipeline was told to skip. Planning it as
+    usual would read the abandoned batch's changes into its target a second time; blocked,
+    the operator chooses with ``watermark reset``."""
+    held = [p for p in owed if p in look.runnable and p not in look.bootstrap]
+    found: dict[str, TerminalError] = {}
+    for name in held:
+        upstreams = look.runnable[name]
+        resets = " and ".join(f"`watermark reset -t {u}`" for u in upstreams)
+        for upstream in upstreams:
+            found[upstream] = TerminalError(
+                f"Pipeline '{name}' holds rows of batch {batch_id}, which a forced change "
+                f"abandoned, that the committed watermarks of {list(upstreams)} do not "
+                "cover; it cannot be reloaded from the beginning, because its upstreams do "
+                "not all start there. Nothing is planned for these upstreams.",
+                pipeline=name,
+                upstream=upstream,
+                batch_id=batch_id,
+                fix=f"{resets}: the next batch loads each as a snapshot, and its readers "
+                f"reload {registry.pipelines[name].target} and their other targets in full.",
+            )
+    return look.with_blocked(found)
 
 
 def block_unreadable_ranges(registry: Registry, look: RegistryObservation) -> RegistryObservation:

@@ -109,6 +109,10 @@ class ChangeResult:
     recovered: tuple[str, ...] = ()
     stopped: tuple[str, ...] = ()
     fenced: tuple[str, ...] = ()
+    reloads: tuple[str, ...] = ()
+    """Pipelines whose next batch reloads their target in full: they hold rows of the
+    abandoned batch that the watermarks do not cover
+    (:func:`~watermark_dagster.operations.coordinate.reloads_after_abandon`)."""
 
 
 def _versions(first: int, last: int) -> str:
@@ -316,6 +320,11 @@ def apply_change(
         expected=preview.expected,
         detail={"resolved": preview.resolved.as_dict()} if preview.resolved else None,
     )
+    reloads: tuple[str, ...] = ()
+    if change.abandoned:
+        from watermark_dagster.operations.coordinate import reloads_after_abandon
+
+        _, reloads = reloads_after_abandon(registry, store, store.committed())
     return ChangeResult(
         preview=preview,
         change=change,
@@ -324,6 +333,7 @@ def apply_change(
         recovered=recovered,
         stopped=stopped,
         fenced=fenced,
+        reloads=reloads,
     )
 
 

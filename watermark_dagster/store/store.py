@@ -293,6 +293,13 @@ class WatermarkStore(ControlTables):
         found.reverse()
         return found[:limit] if limit is not None else found
 
+    def newest_scheduled(self) -> Batch | None:
+        """The SCHEDULED batch with the highest sequence (None before the first). Reads
+        buckets from the newest until one holds one."""
+        scheduled = _where(kind=BatchKind.SCHEDULED.value)
+        rows = self._rows_newest_first(self._load(_BATCHES), scheduled, enough=bool)
+        return max(codec.batches(rows), key=lambda b: b.seq, default=None)
+
     def last_planned_at(self) -> datetime | None:
         """When the newest batch was planned (None before the first). Reads the newest
         bucket's ``created_at`` only."""

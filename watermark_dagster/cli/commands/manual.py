@@ -171,6 +171,7 @@ def _change(
         advanced=list(done.advanced),
         stopped=list(done.stopped),
         fenced=list(done.fenced),
+        reloads=list(done.reloads),
         effect=done.effect,
     )
     if args.json:
@@ -206,6 +207,11 @@ def _change(
         ctx.console.print(
             f"  batch {batch_id} {ctx.console.paint('ABANDONED', 'bad')}; the next plan starts "
             "from the new value"
+        )
+    if done.reloads:
+        ctx.console.print(
+            f"  reload in full at the next batch: {', '.join(done.reloads)} (their targets "
+            "hold rows of the abandoned batch that the watermarks do not cover)"
         )
     ctx.console.print(f"  {done.effect}")
     ctx.console.print(
