@@ -8,7 +8,8 @@ fences it (:class:`Fencing`): the batch's in-flight runs are stopped and waited 
 :func:`recover_applied` records the pipelines whose target already holds the batch (a
 run killed before its checkpoint), :func:`fence_batch` makes every other target refuse
 the batch's writes from then on, and :func:`advance_finished` commits the upstreams it
-already applied everywhere (I4).
+already applied everywhere (I4). What a target still holds of the batch beyond that, the
+next plan reloads (:func:`~watermark_dagster.operations.coordinate.reloads_after_abandon`).
 """
 
 from collections.abc import Callable, Sequence
@@ -286,7 +287,8 @@ def apply_change(
     before its write guards the batch), the pipelines that already applied it are
     recorded as succeeded, its other upstreams whose consumers all applied it are
     advanced (:func:`advance_finished`), then the store abandons it and moves the
-    watermark.
+    watermark. ``reloads`` in the result names the pipelines the next batch reloads in
+    full: they hold rows of the batch that the watermarks do not cover.
 
     Raises:
         BatchStateError: an open batch reads the upstream and ``force`` is False, or
@@ -431,7 +433,7 @@ def fence_batch(
             continue
         options = resolved_options(pipeline.storage_options) or {}
         if existing_target(pipeline.target, options) is None:
-            continue  # no log to fence (a known gap: docs/reliability.md)
+            continue  # no log to fence: the next plan finds a late write (reloads_after_abandon)
         fence = fence_target(spark(), pipeline, batch_id, batch.write_seq)
         if fence.applied is not None:
             _record_recovered(store, name, batch_id, fence.applied, actor=actor)

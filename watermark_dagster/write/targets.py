@@ -396,10 +396,9 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     write landed first, the fence commits nothing and the evidence is returned: the
     caller records the pipeline as succeeded instead.
 
-    A target that does not exist yet is not fenced (there is no log to commit to). Known
-    gap: a late first write that creates it before the next plan makes the target look
-    loaded, and an append pipeline then appends the same rows again (see the known gaps in
-    docs/reliability.md).
+    A target that does not exist yet is not fenced (there is no log to commit to): a late
+    first write that creates it is found by the next plan, which reloads the target in full
+    (:func:`~watermark_dagster.operations.coordinate.reloads_after_abandon`).
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
