@@ -634,3 +634,71 @@ def test_a_reload_killed_before_it_clustered_the_target_again_finishes_on_retry(
     assert targets.clustering_columns(spark, pipeline.target) == ("id",)
     assert _last_operation(pipeline.target)["operation"] == "CLUSTER BY"
     assert _version(pipeline.target) == data_commit + 1  # the recluster, no second write
+
+
+def test_a_write_that_loses_its_commit_to_a_concurrent_writer_is_decided_again(
+    lake: Lake,
+) -> None:
+    """Two runs replaying into one target (a backfill of two partitions) race their
+    commits: Delta fails the loser with a concurrent-modification conflict. The write is
+    decided again on the target's new version, with a pause, until it lands; nothing is
+    applied twice and the conflict is counted in its result. Here a writer appends rows
+    of other keys to the target, one commit after another, while the MERGE runs, until
+    the MERGE has lost once. Before, the run failed with Delta's raw
+    ``DELTA_CONCURRENT_APPEND``."""
+    import logging
+    import threading
+
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id",))
+    first = _rows(spark, range(3000))
+    write_target(spark, first, merge, batch_id="b1", write_seq=1, full_load=True)
+    # Another writer: its own session (the MERGE's transaction settings are per session).
+    other_writer = spark.newSession()
+    row = other_writer.read.format("delta").load(merge.target).limit(1).localCheckpoint()
+    lost = threading.Event()
+
+    class Conflicts(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "a concurrent writer committed" in record.getMessage():
+                lost.set()
+
+    handler = Conflicts()
+    logging.getLogger("watermark_dagster").addHandler(handler)
+    appended: list[int] = []
+
+    def append_until_lost(stop: threading.Event) -> None:
+        key = 100_000
+        while not lost.is_set() and not stop.is_set():
+            other = row.withColumn("id", F.lit(key).cast("long"))
+            other.write.format("delta").mode("append").save(merge.target)
+            appended.append(key)
+            key += 1
+
+    try:
+        results = []
+        for seq in range(2, 7):  # a few tries: the MERGE must overlap a commit once
+            stop = threading.Event()
+            writer = threading.Thread(target=append_until_lost, args=(stop,))
+            writer.start()
+            try:
+                changes = _rows(spark, range(0, 3000, 2)).withColumn("value", F.lit(seq))
+                results.append(
+                    write_target(
+                        spark, changes, merge, batch_id=f"b{seq}", write_seq=seq, full_load=False
+                    )
+                )
+            finally:
+                stop.set()
+                writer.join()
+            if lost.is_set():
+                break
+    finally:
+        logging.getLogger("watermark_dagster").removeHandler(handler)
+    assert lost.is_set(), "no commit raced the MERGE in 5 tries"
+    assert results[-1].conflicts >= 1, results[-1]
+    assert results[-1].rows_updated == 1500, results[-1]
+    rows = spark.read.format("delta").load(merge.target)
+    assert rows.count() == 3000 + len(appended)
+    merged = rows.where(F.col("id") < 3000).where("id % 2 = 0").where(f"value = {seq}")
+    assert merged.count() == 1500

@@ -85,3 +85,22 @@ def test_watermark_spark_conf_reaches_the_code_locations_resource(
 def _bytes(size: str) -> int:
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     return int(size[:-1]) * units[size[-1].lower()]
+
+
+@pytest.mark.parametrize(
+    ("text", "conflict"),
+    [
+        ("[DELTA_CONCURRENT_APPEND.WITHOUT_HINT] Transaction conflict detected.", True),
+        ("io.delta.exceptions.ConcurrentDeleteReadException: This transaction ...", True),
+        ("[DELTA_METADATA_CHANGED] MetadataChangedException: The metadata ...", True),
+        ("[DELTA_CONCURRENT_TRANSACTION] ConcurrentTransactionException: ...", True),
+        ("[DELTA_TABLE_NOT_FOUND] Delta table `x` doesn't exist.", False),
+        ("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column ... cannot be resolved.", False),
+    ],
+)
+def test_only_delta_concurrent_modification_conflicts_are_written_again(
+    text: str, conflict: bool
+) -> None:
+    from watermark_dagster.write.targets import is_write_conflict
+
+    assert is_write_conflict(RuntimeError(text)) is conflict

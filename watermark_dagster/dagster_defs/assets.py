@@ -271,6 +271,7 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         meta["files_touched"] = write.files_touched
         meta["target_version"] = write.target_version
         meta["already_applied"] = write.already_applied
+        meta["write_conflicts"] = write.conflicts
     meta["attempt"] = outcome.attempt or 0
     return meta
 

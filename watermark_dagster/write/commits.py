@@ -53,6 +53,8 @@ class WriteResult:
         files_added, files_removed: data files the commits added and removed.
         files_touched: existing files the write changed: removed, or given a deletion
             vector.
+        conflicts: commits of concurrent writers to the target this write lost to and was
+            decided again after (Delta's concurrent-modification conflicts).
     """
 
     target_version: int
@@ -66,6 +68,7 @@ class WriteResult:
     files_added: int = 0
     files_removed: int = 0
     files_touched: int = 0
+    conflicts: int = 0
 
     @property
     def rows_written(self) -> int:

@@ -19,8 +19,10 @@ own commits only.
 """
 
 import logging
+import random
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
@@ -39,7 +41,7 @@ from watermark_dagster.core.columns import (
     SEQ_COLUMN,
 )
 from watermark_dagster.core.faults import fault_point
-from watermark_dagster.errors import BatchStateError, TerminalError
+from watermark_dagster.errors import BatchStateError, RetryableError, TerminalError
 from watermark_dagster.read.changes import is_delete, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
     WriteResult,
@@ -441,6 +443,50 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     )
 
 
+# Delta's optimistic concurrency: another writer committed to the target between this
+# write's read and its commit, in a way that conflicts with it (Delta 4's error classes
+# and exception names, as they reach Python through Py4J or Spark Connect).
+_CONFLICTS = (
+    "DELTA_CONCURRENT_",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+)
+# How many times one write is decided again after losing a commit race, and the first
+# pause (doubled each time, with jitter): two or three runs replaying into one target
+# (a backfill) settle within a few attempts.
+CONFLICT_ATTEMPTS = 6
+CONFLICT_PAUSE_SECONDS = 0.5
+
+
+def is_write_conflict(error: BaseException) -> bool:
+    """Whether ``error`` is Delta's concurrent-modification conflict on a commit: another
+    writer won, and the same write decided again on the new version may succeed."""
+    text = f"{type(error).__name__}: {error}"
+    return any(marker in text for marker in _CONFLICTS)
+
+
+def _conflict_error(
+    pipeline: Pipeline, batch_id: str, attempts: int, error: Exception
+) -> RetryableError:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return RetryableError(
+        f"Pipeline '{pipeline.name}': its write of batch {batch_id} to {pipeline.target} lost "
+        f"{attempts} commit races in a row to concurrent writers of the target ({first[:300]}).",
+        pipeline=pipeline.name,
+        batch_id=batch_id,
+        fix="something else writes this target continuously (another job, or many runs of "
+        "this pipeline at once); the batch is retried by the coordinator, or re-run the "
+        "partition once the other writers are done.",
+    )
+
+
 def write_target(
     spark: SparkSession,
     output: DataFrame,
@@ -473,7 +519,7 @@ def write_target(
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
 
-    def write() -> WriteResult:
+    def write(retried: bool) -> WriteResult:
         if full_load or pipeline.write is not WriteMode.MERGE:
             overwrite = full_load or pipeline.write is WriteMode.OVERWRITE
             return _txn_write(
@@ -510,16 +556,41 @@ def write_target(
             transaction=None if replay else (transaction_app_id(pipeline), write_seq),
         )
 
-    try:
-        result = write()
-    except BatchStateError:
-        raise
-    except Exception:
-        # A fence that landed while this write ran fails it (Delta's concurrent
-        # transaction): say that, not Delta's conflict.
-        if not replay and (table := existing_target(pipeline.target, options)) is not None:
-            refuse_fenced(table, pipeline, batch_id)
-        raise
+    conflicts = 0
+    while True:
+        try:
+            result = write(retried or conflicts > 0)
+            break
+        except BatchStateError:
+            raise
+        except Exception as e:
+            # A fence that landed while this write ran fails it (Delta's concurrent
+            # transaction): say that, not Delta's conflict.
+            if not replay and (table := existing_target(pipeline.target, options)) is not None:
+                refuse_fenced(table, pipeline, batch_id)
+            if not is_write_conflict(e):
+                raise
+            conflicts += 1
+            if conflicts >= CONFLICT_ATTEMPTS:
+                raise _conflict_error(pipeline, batch_id, conflicts, e) from e
+            # Decided again on the target's new version: an append or overwrite finds its
+            # transaction if it did commit, a MERGE its labelled commit; a replay's MERGE
+            # is ordered by the _wm_seq guard whatever it races with.
+            pause = CONFLICT_PAUSE_SECONDS * 2 ** (conflicts - 1) * (0.5 + random.random())
+            log.warning(
+                "pipeline=%s batch=%s: a concurrent writer committed to %s first (%s); "
+                "writing again in %.1f s (attempt %d of %d)",
+                pipeline.name,
+                batch_id,
+                pipeline.target,
+                type(e).__name__,
+                pause,
+                conflicts + 1,
+                CONFLICT_ATTEMPTS,
+            )
+            time.sleep(pause)
+    if conflicts:
+        result = replace(result, conflicts=conflicts)
     if not result.committed and not replay:
         # Delta skips a write whose transaction the target records: a fence is no write.
         table = existing_target(pipeline.target, options)
