@@ -83,6 +83,12 @@ class UpstreamRecreatedError(TerminalError):
     """An upstream's latest version fell below the committed one: it was dropped and recreated."""
 
 
+class ReloadHeldError(TerminalError):
+    """A pipeline owes a reload in full after a forced change abandoned a batch it
+    applied, and cannot have it automatically: its upstreams start from somewhere other
+    than the beginning. Its upstreams are held until an operator resets them."""
+
+
 class WatermarkGapError(TerminalError):
     """An advance would skip versions that some consumer has not applied (invariant I1)."""
 

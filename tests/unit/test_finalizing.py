@@ -17,7 +17,7 @@ from watermark_dagster.core.finalizing import (
     finalize_step,
     manual_watermark,
     refuse_open_batch,
-    reloads_owed,
+    reloads_due,
     require_open,
     stale_after_manual_change,
 )
@@ -265,29 +265,46 @@ def test_a_pipeline_holding_an_abandoned_batch_reloads_where_a_watermark_falls_s
     # had not applied it): reading [6, 8] again would append it twice.
     split = dataclasses.replace(batch, advanced=frozenset({"up1"}))
     marks = _marks(up1=5, up2=5, clicks=None)
-    assert reloads_owed(split, {"pipeline_a"}, marks, READS) == ("pipeline_a", "pipeline_b")
+    assert reloads_due(split, {"pipeline_a"}, marks, READS) == ("pipeline_a", "pipeline_b")
     # The forced change set up2 past what the batch read: nothing to read twice.
-    assert reloads_owed(split, {"pipeline_a"}, _marks(up1=5, up2=8), READS) == ("pipeline_b",)
+    assert reloads_due(split, {"pipeline_a"}, _marks(up1=5, up2=8), READS) == ("pipeline_b",)
     # ... or reset it: every reader loads it as a snapshot anyway.
-    assert reloads_owed(split, {"pipeline_a", "pipeline_b"}, _marks(up1=5, up2=None), READS) == ()
+    assert reloads_due(split, {"pipeline_a", "pipeline_b"}, _marks(up1=5, up2=None), READS) == ()
     # Set below what the batch read: the holder would read part of it again.
-    assert reloads_owed(split, {"pipeline_a"}, _marks(up1=5, up2=7), READS)[0] == "pipeline_a"
+    assert reloads_due(split, {"pipeline_a"}, _marks(up1=5, up2=7), READS)[0] == "pipeline_a"
 
 
 def test_a_cursor_window_not_advanced_is_read_again() -> None:
     batch = _abandoned(up1=None, up2=None)
     marks = _marks(up1=2, up2=2, clicks=None)
-    assert reloads_owed(batch, {"pipeline_c"}, marks, READS) == ("pipeline_b", "pipeline_c")
+    assert reloads_due(batch, {"pipeline_c"}, marks, READS) == ("pipeline_b", "pipeline_c")
     advanced = dataclasses.replace(batch, advanced=frozenset({"clicks"}))
-    assert reloads_owed(advanced, {"pipeline_c"}, marks, READS) == ("pipeline_b",)
+    assert reloads_due(advanced, {"pipeline_c"}, marks, READS) == ("pipeline_b",)
 
 
 def test_a_planned_reload_not_applied_is_still_owed_and_unknown_pipelines_are_skipped() -> None:
     batch = _abandoned(up1=(3, 5), up2=(6, 8))
     marks = _marks(up1=2, up2=5)
     # Nothing held, nothing owed but the first load pipeline_b was planned for.
-    assert reloads_owed(batch, set(), marks, READS) == ("pipeline_b",)
-    assert reloads_owed(batch, set(), marks, {"pipeline_a": ("up1", "up2")}) == ()
+    assert reloads_due(batch, set(), marks, READS) == ("pipeline_b",)
+    assert reloads_due(batch, set(), marks, {"pipeline_a": ("up1", "up2")}) == ()
+    # Not one that reloads anyway (an overwrite, or a reader of an upstream reset).
+    assert reloads_due(batch, set(), marks, READS, reloading=("pipeline_b",)) == ()
+
+
+def test_a_reload_a_batch_could_not_plan_stays_owed_until_one_plans_it() -> None:
+    assert reloads_due(None, set(), {}, READS) == ()
+    carried = dataclasses.replace(
+        _batch("b000004", up1=(6, 7), status=BatchStatus.COMPLETED), reloads_owed=("pipeline_a",)
+    )
+    assert reloads_due(carried, set(), _marks(up1=7), READS) == ("pipeline_a",)
+    # Abandoned in turn: what it carried, and what it owes itself.
+    abandoned = dataclasses.replace(
+        _abandoned(up1=(3, 5), up2=(6, 8)), reloads_owed=("pipeline_c",)
+    )
+    marks = _marks(up1=5, up2=5)
+    assert reloads_due(abandoned, set(), marks, READS) == ("pipeline_b", "pipeline_c")
+    assert reloads_due(abandoned, set(), marks, {"pipeline_a": ("up1",)}) == ()
 
 
 def test_a_reload_that_would_load_what_start_from_skipped_blocks_its_upstreams() -> None:

@@ -495,40 +495,48 @@ def stale_after_manual_change(batch: Batch | None, upstream: str, version: int |
     return planned.range.start != first
 
 
-def reloads_owed(
-    abandoned: Batch,
+def reloads_due(
+    newest: Batch | None,
     holding: Collection[str],
     marks: Mapping[str, Watermark],
     pipeline_inputs: Mapping[str, Collection[str]],
+    *,
+    reloading: Collection[str] = (),
 ) -> tuple[str, ...]:
-    """The pipelines whose next batch must reload their target in full, after a forced
-    change abandoned ``abandoned`` (the newest scheduled batch).
+    """The pipelines the next plan owes a reload in full, from the newest scheduled batch.
 
-    ``holding`` names the pipelines whose target holds the batch's rows: succeeded,
-    recovered by the forced change, or written late by a run the change could not fence
-    (its target did not exist yet). Such a target agrees with the watermarks only where
-    they cover what the batch read. For an upstream not advanced for the batch and whose
-    committed version is below the one the batch read up to, the next batch would read
-    those changes again, and an append target would hold them twice (I4); reloading the
-    target from the next batch's snapshots makes it whole again. A pipeline of the batch's
-    ``full_load`` that does not hold the batch still owes the reload it was planned for:
-    its target may hold the rows of an earlier abandoned batch.
+    A pipeline stays owed until a batch plans its reload: ``newest.reloads_owed`` names
+    those the newest batch could not plan (their upstreams were blocked or unavailable).
+    When a forced change abandoned ``newest``, these are owed too:
 
-    A versioned upstream with nothing committed needs no reload of its own: every reader
-    loads it as a snapshot next, and reloads anyway.
+    * a pipeline that holds the batch (``holding``: succeeded, recovered by the forced
+      change, or written late by a run the change could not fence because its target did
+      not exist yet) and read an upstream whose committed watermark does not cover what
+      the batch read: not advanced for the batch, and for a versioned one below the version
+      it read up to. The next batch would read those changes again, and an append target
+      would hold them twice (I4); reloading the target from the next batch's snapshots
+      makes it whole again;
+    * a pipeline the batch was to reload that does not hold it: its target may hold the
+      rows of an earlier abandoned batch.
+
+    None is owed by a pipeline that reloads in the next plan anyway (``reloading``: an
+    overwrite pipeline, or one reading a versioned upstream with nothing committed, which
+    it loads as a snapshot), nor by one no longer in ``pipeline_inputs``.
     """
-    owed: list[str] = []
-    for pipeline in abandoned.pipelines:
-        upstreams = pipeline_inputs.get(pipeline)
-        if upstreams is None:
-            continue  # no longer registered
-        if pipeline not in holding:
-            if pipeline in abandoned.full_load:
-                owed.append(pipeline)
-            continue
-        if not all(_covers(abandoned, u, marks.get(u)) for u in upstreams):
-            owed.append(pipeline)
-    return tuple(owed)
+    if newest is None:
+        return ()
+    owed = set(newest.reloads_owed)
+    if newest.status is BatchStatus.ABANDONED:
+        for pipeline in newest.pipelines:
+            upstreams = pipeline_inputs.get(pipeline)
+            if upstreams is None:
+                continue
+            if pipeline in holding:
+                if not all(_covers(newest, u, marks.get(u)) for u in upstreams):
+                    owed.add(pipeline)
+            elif pipeline in newest.full_load:
+                owed.add(pipeline)
+    return tuple(sorted(p for p in owed if p in pipeline_inputs and p not in reloading))
 
 
 def _covers(batch: Batch, upstream: str, mark: Watermark | None) -> bool:

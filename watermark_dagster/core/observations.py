@@ -129,6 +129,8 @@ class RegistryObservation:
         bootstrap: pipelines whose target is missing or empty (their next batch loads
             snapshots), among those whose upstreams all start from the beginning.
         overwrite: pipelines that replace their target on every run.
+        pipeline_inputs: every registered pipeline -> the upstreams it reads (runnable or
+            not); empty when not given (then nothing is :attr:`frozen`).
     """
 
     observed: Mapping[str, Observation]
@@ -139,6 +141,18 @@ class RegistryObservation:
     overwrite: tuple[str, ...] = ()
     marks: Mapping[str, Watermark] = field(default_factory=dict[str, Watermark])
     blocked: Mapping[str, TerminalError] = field(default_factory=dict[str, TerminalError])
+    pipeline_inputs: Mapping[str, tuple[str, ...]] = field(
+        default_factory=dict[str, tuple[str, ...]]
+    )
+
+    @property
+    def frozen(self) -> frozenset[str]:
+        """Upstreams that also feed a pipeline left out of ``runnable`` (another of its
+        upstreams is unavailable or blocked): planned NOOP, so they do not advance past
+        changes that pipeline has not applied (I1)."""
+        return frozenset(
+            u for p, ups in self.pipeline_inputs.items() if p not in self.runnable for u in ups
+        )
 
     @property
     def table_ids(self) -> dict[str, str | None]:
@@ -186,7 +200,11 @@ class RegistryObservation:
             for p in self.positions
         ]
         return plan_batch(
-            positions, self.runnable, bootstrap=self.bootstrap, overwrite=self.overwrite
+            positions,
+            self.runnable,
+            bootstrap=self.bootstrap,
+            overwrite=self.overwrite,
+            frozen=self.frozen,
         )
 
 

@@ -111,6 +111,7 @@ def plan_batch(
     *,
     bootstrap: Iterable[str] = (),
     overwrite: Iterable[str] = (),
+    frozen: Collection[str] = (),
 ) -> Plan:
     """Plan the next batch from where each upstream stands.
 
@@ -128,6 +129,10 @@ def plan_batch(
         bootstrap: pipelines whose target is missing or empty: they load a snapshot of
             every upstream they read and create their target, even if nothing changed.
         overwrite: pipelines that replace their target whenever they run.
+        frozen: upstreams that also feed a pipeline left out of this plan (its other
+            upstreams are blocked or unavailable): they are planned NOOP, read as of their
+            committed watermark, so they cannot advance past changes that pipeline has not
+            applied (I1).
 
     Returns:
         The plan; ``plan.has_work`` is False when there is nothing to do.
@@ -141,7 +146,10 @@ def plan_batch(
     if missing:
         raise ValueError(f"no position given for upstream(s) {missing}")
 
-    inputs = {name: _plan_input(by_name[name], name in consumed) for name in sorted(by_name)}
+    inputs = {
+        name: _plan_input(by_name[name], name in consumed and name not in frozen)
+        for name in sorted(by_name)
+    }
     first_loads = set(bootstrap) & set(pipeline_inputs)
     pipelines = tuple(
         sorted(

@@ -61,7 +61,11 @@ from watermark_dagster.dagster_defs.runs import (
     batch_runs,
     mark_deaths_recorded,
 )
-from watermark_dagster.errors import UpstreamRecreatedError, UpstreamUnavailableError
+from watermark_dagster.errors import (
+    ReloadHeldError,
+    UpstreamRecreatedError,
+    UpstreamUnavailableError,
+)
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import (
     finalize_batch,
@@ -286,10 +290,16 @@ def build_coordinator_sensor(
                         f"; blocked, dropped and recreated: {recreated} (see their "
                         "watermark_continuity check for the fix)"
                     )
-                if set(look.blocked) - set(recreated):
+                held = sorted(n for n, e in look.blocked.items() if isinstance(e, ReloadHeldError))
+                if held:
                     reason += (
-                        "; blocked, next range no longer readable: "
-                        f"{sorted(set(look.blocked) - set(recreated))} (see their "
+                        f"; blocked, a pipeline reading them owes a reload it cannot have: "
+                        f"{held} ({look.blocked[held[0]].fix})"
+                    )
+                unreadable = sorted(set(look.blocked) - set(recreated) - set(held))
+                if unreadable:
+                    reason += (
+                        f"; blocked, next range no longer readable: {unreadable} (see their "
                         "watermark_continuity check for the fix)"
                     )
                 if set(errors) - set(look.blocked):

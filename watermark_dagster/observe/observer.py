@@ -390,7 +390,15 @@ def observe_registry(
     )
     overwrite = tuple(p for p in runnable if registry.pipelines[p].write is WriteMode.OVERWRITE)
     return RegistryObservation(
-        observed, errors, positions, runnable, bootstrap, overwrite, dict(marks), blocked
+        observed,
+        errors,
+        positions,
+        runnable,
+        bootstrap,
+        overwrite,
+        dict(marks),
+        blocked,
+        registry.pipeline_inputs(),
     )
 
 

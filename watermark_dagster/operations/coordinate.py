@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from watermark_dagster.config.pipeline import WriteMode
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.finalizing import FinalizeStep, finalize_step
@@ -31,7 +32,7 @@ from watermark_dagster.core.resuming import (
     resume_step,
     unfinished_pipelines,
 )
-from watermark_dagster.errors import TerminalError, UpstreamUnreadableError
+from watermark_dagster.errors import ReloadHeldError, TerminalError, UpstreamUnreadableError
 from watermark_dagster.observe.observer import Observer, observe_registry, starting_points
 from watermark_dagster.read.preflight import next_range_unreadable
 from watermark_dagster.store import WatermarkStore
@@ -45,6 +46,9 @@ class Look:
 
     observation: RegistryObservation
     started: StartingPoints
+    reloads_owed: tuple[str, ...] = ()
+    """Pipelines owed a reload in full after a forced change's abandon (see
+    :func:`reloads_after_abandon`); a plan reloads those it can and carries the others."""
 
 
 def look_before_planning(
@@ -95,7 +99,8 @@ def look_before_planning(
 
     def ready(found: RegistryObservation, started: StartingPoints) -> Look:
         found = hold_unreloadable(registry, found, owed, abandoned)
-        return Look(block_unreadable_ranges(registry, found) if check_ranges else found, started)
+        found = block_unreadable_ranges(registry, found) if check_ranges else found
+        return Look(found, started, owed)
 
     look = observe(marks)
     points = starting_points(registry, look, now)
@@ -121,30 +126,60 @@ def look_before_planning(
 def reloads_after_abandon(
     registry: Registry, store: WatermarkStore, marks: Mapping[str, Watermark]
 ) -> tuple[str | None, tuple[str, ...]]:
-    """When a forced change abandoned the newest scheduled batch: its id, and the pipelines
-    whose next batch must reload their target in full
-    (:func:`~watermark_dagster.core.finalizing.reloads_owed`). A pipeline holds the batch
-    when it succeeded (or was recovered) for it, or when its target records the batch's
-    write: a run the forced change could not fence (its target did not exist yet) wrote it
-    late. This is how a plan reconciles from the targets' own records after an abandon.
+    """The newest scheduled batch's id and the pipelines the next plan owes a reload in
+    full (:func:`~watermark_dagster.core.finalizing.reloads_due`): those a batch could not
+    plan yet, and, when a forced change abandoned the newest batch, those whose target
+    holds rows of it that the committed watermarks do not cover. A pipeline holds the
+    batch when it succeeded (or was recovered) for it, or when its target records the
+    batch's write: a run the forced change could not fence (its target did not exist yet)
+    wrote it late. This is how a plan reconciles from the targets' own records.
 
-    Reads the newest scheduled batch; only after an abandon also its checkpoints and the
-    logs of the targets of its unfinished pipelines.
+    Reads the newest scheduled batch; only while it is an abandoned one also its
+    checkpoints and the logs of its unfinished pipelines' targets.
     """
-    from watermark_dagster.core.finalizing import reloads_owed
+    from watermark_dagster.core.finalizing import reloads_due
     from watermark_dagster.write.targets import applied_by_target
 
     newest = store.newest_scheduled()
-    if newest is None or newest.status is not BatchStatus.ABANDONED:
+    if newest is None:
         return None, ()
-    holding = set(succeeded(store, newest))
-    for name in newest.pipelines:
-        pipeline = registry.pipelines.get(name)
-        if name in holding or pipeline is None:
-            continue
-        if applied_by_target(pipeline, newest.batch_id, newest.write_seq) is not None:
-            holding.add(name)
-    return newest.batch_id, reloads_owed(newest, holding, marks, registry.pipeline_inputs())
+    holding: set[str] = set()
+    if newest.status is BatchStatus.ABANDONED:
+        holding = set(succeeded(store, newest))
+        for name in newest.pipelines:
+            pipeline = registry.pipelines.get(name)
+            if name in holding or pipeline is None:
+                continue
+            if applied_by_target(pipeline, newest.batch_id, newest.write_seq) is not None:
+                holding.add(name)
+    owed = reloads_due(
+        newest,
+        holding,
+        marks,
+        registry.pipeline_inputs(),
+        reloading=reloading_anyway(registry, marks),
+    )
+    return newest.batch_id, owed
+
+
+def reloading_anyway(registry: Registry, marks: Mapping[str, Watermark]) -> frozenset[str]:
+    """Pipelines whose next batch reloads them in full whatever they owe: overwrite
+    pipelines, and readers of a versioned upstream with nothing committed (read as a
+    snapshot: after `watermark reset`)."""
+
+    def unread(upstream: str) -> bool:
+        mark = marks.get(upstream)
+        return (
+            not registry.upstreams[upstream].is_cursor
+            and mark is not None
+            and mark.committed_version is None
+        )
+
+    return frozenset(
+        name
+        for name, pipeline in registry.pipelines.items()
+        if pipeline.write is WriteMode.OVERWRITE or any(unread(u) for u in pipeline.upstreams)
+    )
 
 
 def hold_unreloadable(
@@ -161,11 +196,12 @@ def hold_unreloadable(
         upstreams = look.runnable[name]
         resets = " and ".join(f"`watermark reset -t {u}`" for u in upstreams)
         for upstream in upstreams:
-            found[upstream] = TerminalError(
-                f"Pipeline '{name}' holds rows of batch {batch_id}, which a forced change "
-                f"abandoned, that the committed watermarks of {list(upstreams)} do not "
-                "cover; it cannot be reloaded from the beginning, because its upstreams do "
-                "not all start there. Nothing is planned for these upstreams.",
+            found[upstream] = ReloadHeldError(
+                f"Pipeline '{name}' owes a reload in full (newest batch {batch_id}): a "
+                "forced change abandoned a batch whose rows its target holds beyond what the "
+                f"committed watermarks of {list(upstreams)} cover. It cannot be reloaded "
+                "from the beginning, because its upstreams do not all start there. Nothing "
+                "is planned for these upstreams.",
                 pipeline=name,
                 upstream=upstream,
                 batch_id=batch_id,
@@ -210,7 +246,8 @@ def unreadable_next_ranges(
 
 
 def plan_next(store: WatermarkStore, look: Look, *, actor: str) -> tuple[Batch | None, bool]:
-    """Plan the next batch from ``look`` (see :meth:`WatermarkStore.create_batch`)."""
+    """Plan the next batch from ``look`` (see :meth:`WatermarkStore.create_batch`); the
+    reloads it owes and cannot plan are carried in the batch."""
     obs = look.observation
     return store.create_batch(
         obs.positions,
@@ -222,6 +259,8 @@ def plan_next(store: WatermarkStore, look: Look, *, actor: str) -> tuple[Batch |
         locations=obs.locations,
         bootstrap=obs.bootstrap,
         overwrite=obs.overwrite,
+        reloads_owed=look.reloads_owed,
+        frozen=obs.frozen,
     )
 
 

@@ -42,6 +42,9 @@ BATCHES = pa.schema(
         # Where the upstream was read from when planned: a catalog table's resolved location,
         # which each run checks the name still points at (I6).
         pa.field("location", pa.string()),
+        # Pipelines still owed a reload after a forced change's abandon that this batch
+        # could not plan (JSON list): the next plans carry them until one reloads them.
+        pa.field("reloads_owed", pa.string()),
         pa.field("bucket", pa.int64(), nullable=False),
     ]
 )

@@ -18,7 +18,7 @@ in between leaves them without their history row (the state itself stays consist
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -321,6 +321,8 @@ class WatermarkStore(ControlTables):
         bootstrap: Sequence[str] = (),
         overwrite: Sequence[str] = (),
         locations: Mapping[str, str | None] | None = None,
+        reloads_owed: Sequence[str] = (),
+        frozen: Collection[str] = (),
     ) -> tuple[Batch | None, bool]:
         """Plan and record the next SCHEDULED batch in one commit, unless one is open.
 
@@ -328,6 +330,9 @@ class WatermarkStore(ControlTables):
         starts anywhere but right after them. A cursor upstream has new data when its
         ``source_states`` entry differs from the state recorded with its committed position.
         ``locations`` (upstream -> where it was observed) are recorded with the plan.
+        ``reloads_owed`` that the plan does not reload are recorded with it, so the next
+        plans still owe them; ``frozen`` upstreams are planned NOOP (see
+        :func:`~watermark_dagster.core.planning.plan_batch`).
 
         Returns:
             ``(batch, True)`` for a new batch; ``(open_batch, False)`` when a batch is
@@ -347,7 +352,9 @@ class WatermarkStore(ControlTables):
             fresh = [
                 with_committed(p, marks.get(p.name), source_states.get(p.name)) for p in positions
             ]
-            plan = plan_batch(fresh, pipeline_inputs, bootstrap=bootstrap, overwrite=overwrite)
+            plan = plan_batch(
+                fresh, pipeline_inputs, bootstrap=bootstrap, overwrite=overwrite, frozen=frozen
+            )
             if not plan.has_work:
                 return None, False
             batch = codec.new_batch(
@@ -357,6 +364,7 @@ class WatermarkStore(ControlTables):
                 pipelines=plan.pipelines,
                 actor=actor,
                 full_load=plan.full_load,
+                reloads_owed=tuple(sorted(set(reloads_owed) - set(plan.full_load))),
                 table_ids={u: table_ids.get(u) for u in plan.inputs},
                 schema_fingerprints={u: schema_fingerprints.get(u) for u in plan.inputs},
                 source_states={u: source_states.get(u) for u in plan.inputs},
@@ -391,6 +399,7 @@ class WatermarkStore(ControlTables):
                 "pipelines": list(batch.pipelines),
                 "full_load": list(batch.full_load),
                 "ranges": {u: i.describe() for u, i in batch.inputs.items()},
+                **({"reloads_owed": list(batch.reloads_owed)} if batch.reloads_owed else {}),
             },
         )
 
