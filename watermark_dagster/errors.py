@@ -55,6 +55,26 @@ class WatermarkError(Exception):
         return {k: v for k, v in fields.items() if v is not None}
 
 
+# Where a stack begins in an error's text: Spark's JVM stack (a captured Spark error, or
+# Py4J's "at ..." frames) and a Python traceback.
+_STACKS = ("\nJVM stacktrace:", "\n\tat ", "\n    at ", "\nTraceback (most recent call last)")
+
+
+def one_line(text: str) -> str:
+    """An error's text as one line: the stack Spark's errors carry in their text (JVM
+    frames, a Python traceback) cut off, whitespace folded."""
+    for marker in _STACKS:
+        text = text.split(marker, 1)[0]
+    return " ".join(text.split())
+
+
+def error_line(error: BaseException, *, limit: int = 2000) -> str:
+    """One line naming ``error`` for tables and control-table rows: its type and message
+    (with the fix, for one of ours), without its stack (that stays in the run's log)."""
+    line = one_line(str(error))
+    return f"{type(error).__name__}: {line}"[:limit] if line else type(error).__name__
+
+
 class TerminalError(WatermarkError):
     """Retrying will not help; an operator has to act."""
 

@@ -50,7 +50,12 @@ from watermark_dagster.dagster_defs.runs import (
     worker_tags,
 )
 from watermark_dagster.dagster_defs.targets import TARGET_VERSION_KEY, target_metadata
-from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
+from watermark_dagster.errors import (
+    TerminalError,
+    UpstreamUnavailableError,
+    WatermarkError,
+    error_line,
+)
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.run_pipeline import (
     PipelineDecision,
@@ -571,7 +576,7 @@ def build_pipeline_asset(
                         decision.batch.batch_id,
                         BatchStatus.FAILED,
                         actor=context.run.run_id,
-                        error=f"{type(e).__name__}: {e}"[:4000],
+                        error=error_line(e, limit=4000),
                     )
                 raise
             if replayed is not None:

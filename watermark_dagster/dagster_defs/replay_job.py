@@ -29,7 +29,7 @@ from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, REPLAY_OP, LocationNames
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import error_failure_metadata
-from watermark_dagster.errors import UsageError, WatermarkError
+from watermark_dagster.errors import UsageError, WatermarkError, error_line
 
 
 class ReplayConfig(Config):
@@ -113,7 +113,7 @@ def build_replay_job(
                     )
                 except Exception as e:
                     context.log.error(f"{name} on replay batch {batch_id}: {e}")
-                    errors.append(f"{name}: {type(e).__name__}: {e}")
+                    errors.append(f"{name}: {error_line(e)}")
                     continue
                 pipeline = registry.pipelines[name]
                 context.log_event(

@@ -6,7 +6,6 @@ No Dagster here: the asset is a thin wrapper, and tests or the command line can 
 
 import logging
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,7 +22,7 @@ from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
 from watermark_dagster.core.planning import PlannedInput, delta_source_version
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
-from watermark_dagster.errors import BatchStateError, TerminalError, replay_refused
+from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.derive import choose_strategy, transform_of
@@ -109,8 +108,9 @@ class PipelineOutcome:
 
 
 def _error_text(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    return text[:4000]
+    """The one line a failed checkpoint records (the whole error, stack included, is in
+    the run's log)."""
+    return error_line(exc, limit=4000)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import STATUS_STYLES, Styled
 from watermark_dagster.core.records import CheckpointStatus
-from watermark_dagster.errors import UsageError
+from watermark_dagster.errors import UsageError, one_line
 from watermark_dagster.operations.status import stuck_batches
 
 if TYPE_CHECKING:
@@ -126,10 +126,6 @@ def cmd_batches(ctx: Context) -> int:
     return EXIT_OK
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _say(ctx: Context, text: str) -> None:
     """A line of prose: wrapped to the terminal's width on a terminal, whole elsewhere."""
     console = ctx.console
@@ -149,7 +145,7 @@ def _print_errors(ctx: Context, checkpoints: Sequence[dict[str, Any]]) -> None:
         [c["pipeline"], c["attempt"], c["status"], c["rows_read"], c["rows_written"]]
         for c in checkpoints
     ]
-    errors = [_one_line(c["error"]) if c["error"] else None for c in checkpoints]
+    errors = [one_line(c["error"]) if c["error"] else None for c in checkpoints]
     if not console.terminal or console.width is None:
         console.table(headers, [r + [e] for r, e in zip(rows, errors, strict=True)])
         return
@@ -237,7 +233,7 @@ def cmd_batch(ctx: Context) -> int:
             + (f"; pipelines {stuck['pipelines']} unfinished" if stuck["pipelines"] else "")
         )
         if stuck["reason"]:
-            _say(ctx, f"  reason: {_one_line(stuck['reason'])}")
+            _say(ctx, f"  reason: {one_line(stuck['reason'])}")
         _say(ctx, f"  fix: {stuck['fix']}")
     ctx.console.print()
     ctx.console.table(
@@ -390,7 +386,7 @@ def cmd_plan(ctx: Context) -> int:
             )
         )
         if stuck["reason"]:
-            console.print(f"  reason: {_one_line(stuck['reason'])}")
+            console.print(f"  reason: {one_line(stuck['reason'])}")
         console.print(f"  fix: {stuck['fix']}")
         console.print("The next plan after it would be:")
     elif open_batch is not None:
