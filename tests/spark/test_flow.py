@@ -484,6 +484,18 @@ def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
     assert meta["orders/read_mode"] == "CDF"
     assert meta["rows_read"] > 0
     assert launched.tags[REPLAY_TAG] == by_launchpad.batch_id
+    # It says it was a replay, of which batch and ranges, by whom (the run).
+    assert meta["replay_of"] == "b000002", meta
+    assert meta["replay_batch_id"] == by_launchpad.batch_id
+    assert meta["replay_ranges"] == f"orders CDF {second}"
+    assert meta["replay_actor"] == launched.run_id
+    assert meta["replay"].startswith(f"replayed: orders CDF {second}, applied by batch b000002")
+    # The pipeline the replay does not concern shows its partition done, not missing.
+    other = _materialization_metadata(
+        location.instance, "customer_payments", by_launchpad.batch_id
+    )
+    assert other["skip_kind"] == "not_in_batch", other
+    assert "does not concern 'customer_payments'" in other["skipped"]
     _assert_targets_exact(spark, location.paths)
     # The coordinator has nothing to do: a replay is no open batch.
     report = location.runner.run_until_idle()

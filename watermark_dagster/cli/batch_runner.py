@@ -18,6 +18,7 @@ def headless_executor(ctx: Context) -> BatchExecutor:
     def execute(batch_id: str, pipelines: Sequence[str]) -> list[str | None]:
         from dagster import DagsterInstance, RunRequest, SensorResult
 
+        from watermark_dagster.dagster_defs.assets import nothing_to_do_events
         from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
         from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
 
@@ -25,6 +26,9 @@ def headless_executor(ctx: Context) -> BatchExecutor:
         names = ctx.location.names
         instance.add_dynamic_partitions(names.batches_partitions, [batch_id])
         runner = HeadlessRunner(ctx.defs, instance, name=names.prefix)
+        # The pipelines the batch does not concern show its partition done, not missing.
+        for event in nothing_to_do_events(ctx.store.get_batch(batch_id), runner.pipeline_keys):
+            instance.report_runless_asset_event(event)
         report = CycleReport()
         keys = [runner.pipeline_key(p) for p in pipelines]
         spark = ctx.spark()

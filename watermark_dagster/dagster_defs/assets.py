@@ -1,5 +1,6 @@
 """Dagster assets: upstreams as observable sources, pipelines as batch-partitioned assets."""
 
+import json
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -29,7 +30,7 @@ from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.ranges import ReadMode
-from watermark_dagster.core.records import Batch, BatchStatus
+from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, batch_id_for
 from watermark_dagster.dagster_defs.names import (
     BATCHES_PARTITIONS_NAME as BATCHES_PARTITIONS_NAME,
 )
@@ -321,13 +322,20 @@ def report_skip(context: AssetExecutionContext, decision: PipelineDecision) -> N
 
 def nothing_to_do_metadata(batch: Batch, pipeline: str) -> dict[str, Any]:
     """The materialization of a batch partition for a pipeline the batch did not need:
-    none of its upstreams changed, so its target already reflects the batch."""
+    none of its upstreams changed, so its target already reflects the batch (a replay:
+    the replay does not concern it)."""
+    why = (
+        f"replay batch {batch.batch_id} does not concern '{pipeline}': its target is "
+        "unchanged by it"
+        if batch.kind is BatchKind.REPLAY
+        else f"no upstream of '{pipeline}' changed in batch {batch.batch_id}: its target "
+        "already reflects this batch"
+    )
     return {
         "batch_id": batch.batch_id,
         "batch_seq": batch.seq,
         PLAN_ID_METADATA: batch.plan_id,
-        "skipped": f"no upstream of '{pipeline}' changed in batch {batch.batch_id}: its "
-        "target already reflects this batch (nothing to do, nothing written)",
+        "skipped": f"{why} (nothing to do, nothing written)",
         "skip_kind": SkipKind.NOT_IN_BATCH.value,
         "rows_read": 0,
         "rows_written": 0,
@@ -430,21 +438,52 @@ def start_replay(
     )
 
 
-def replay_metadata(replayed: Batch, replay: Batch) -> dict[str, Any]:
-    """What the materialization of a backfilled partition says on top of the replay's
-    ranges and write figures: it was a replay, of which batch, as which REPLAY batch."""
-    return {
-        "batch_id": replayed.batch_id,
-        "batch_seq": replayed.seq,
-        PLAN_ID_METADATA: replayed.plan_id,
-        "replay": (
-            f"replayed: batch {replayed.batch_id}'s ranges re-read as REPLAY batch "
-            f"{replay.batch_id}, written at the position of batch seq {replay.order_seq}; "
-            "newer rows untouched, no committed watermark moved"
-        ),
+def replay_metadata(
+    store: WatermarkStore, replay: Batch, replayed: Batch | None = None
+) -> dict[str, Any]:
+    """What the materialization of a replay says, wherever it ran (a backfill of an
+    applied batch partition, the launchpad's replay job, ``watermark replay``): that it was
+    a replay, of which batch, the ranges it re-read, why and by whom. ``replayed`` is the
+    batch whose partition a backfill materializes again (its id names the partition).
+    Reads the replay's own history rows (one bucket)."""
+    planned = next(
+        (h for h in store.history(batch_id=replay.batch_id) if h["event"] == "BATCH_PLANNED"),
+        None,
+    )
+    raw = planned.get("detail") if planned else None
+    detail: dict[str, Any] = json.loads(raw) if isinstance(raw, str) and raw else {}
+    if replayed is not None:
+        origin: str | None = replayed.batch_id
+    else:
+        origin = detail.get("replays") or (
+            batch_id_for(replay.order_seq) if replay.order_seq is not None else None
+        )
+    ranges = ", ".join(f"{u} {i.describe()}" for u, i in sorted(replay.inputs.items()) if i.reads)
+    what = (
+        f"batch {origin}'s ranges re-read as REPLAY batch {replay.batch_id} ({ranges})"
+        if replayed is not None or detail.get("replays")
+        else f"{ranges}, applied by batch {origin}, re-read as REPLAY batch {replay.batch_id}"
+    )
+    meta: dict[str, Any] = {
+        "replay": f"replayed: {what}, written at the position of batch seq "
+        f"{replay.order_seq}; newer rows untouched, no committed watermark moved",
+        "replay_of": origin or "",
         "replay_batch_id": replay.batch_id,
         "replay_batch_seq": replay.seq,
+        "replay_ranges": ranges,
+        "replay_reason": detail.get("reason") or "",
+        "replay_actor": replay.actor or "",
     }
+    if replayed is not None:
+        # The partition is the replayed batch's: its id, not the replay's.
+        meta.update(
+            {
+                "batch_id": replayed.batch_id,
+                "batch_seq": replayed.seq,
+                PLAN_ID_METADATA: replayed.plan_id,
+            }
+        )
+    return meta
 
 
 # Run tag naming where a run's Spark ran: "connect:<url>" (the home's engine), "remote:<url>"
@@ -611,8 +650,11 @@ def build_pipeline_asset(
         if version is None and TARGET_VERSION_KEY in table:
             version = table[TARGET_VERSION_KEY].value
         metadata = {**table, **outcome_metadata(outcome)}
-        if replayed is not None:
-            metadata.update(replay_metadata(replayed, outcome.batch))
+        if outcome.batch.kind is BatchKind.REPLAY:
+            metadata.update(replay_metadata(store, outcome.batch, replayed))
+            # A backfill tagged its run when it recorded the replay; `watermark replay`
+            # runs the replay batch's own partition.
+            context.instance.add_run_tags(context.run.run_id, {REPLAY_TAG: outcome.batch.batch_id})
         yield MaterializeResult(
             metadata=metadata,
             data_version=DataVersion(str(version)) if version is not None else None,

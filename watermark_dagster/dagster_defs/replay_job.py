@@ -87,7 +87,12 @@ def build_replay_job(
     )
     def watermark_replay(context: OpExecutionContext, config: ReplayConfig) -> None:
         """Record the REPLAY batch, run its pipelines in this process, end it."""
-        from watermark_dagster.dagster_defs.assets import REPLAY_TAG, outcome_metadata
+        from watermark_dagster.dagster_defs.assets import (
+            REPLAY_TAG,
+            nothing_to_do_events,
+            outcome_metadata,
+            replay_metadata,
+        )
         from watermark_dagster.dagster_defs.targets import target_metadata
         from watermark_dagster.operations.replay import plan_replay, run_replay
         from watermark_dagster.operations.run_pipeline import execute_pipeline
@@ -100,6 +105,10 @@ def build_replay_job(
         def execute(batch_id: str, pipelines: Sequence[str]) -> list[str | None]:
             context.instance.add_dynamic_partitions(names.batches_partitions, [batch_id])
             context.instance.add_run_tags(run_id, {REPLAY_TAG: batch_id})
+            # The pipelines the replay does not concern show its partition done, not
+            # missing (as the finalizer does for a scheduled batch).
+            for event in nothing_to_do_events(store.get_batch(batch_id), pipeline_keys):
+                context.log_event(event)
             errors: list[str | None] = []
             for name in pipelines:
                 try:
@@ -120,7 +129,11 @@ def build_replay_job(
                     AssetMaterialization(
                         asset_key=pipeline_keys[name],
                         partition=batch_id,
-                        metadata={**target_metadata(pipeline), **outcome_metadata(outcome)},
+                        metadata={
+                            **target_metadata(pipeline),
+                            **outcome_metadata(outcome),
+                            **replay_metadata(store, outcome.batch),
+                        },
                     )
                 )
             return errors
