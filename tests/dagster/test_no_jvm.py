@@ -165,7 +165,7 @@ _BACKFILL = textwrap.dedent(
             control_root=location.control_root,
         )
     instance = DagsterInstance.get()
-    instance.add_dynamic_partitions("watermark_batches", ["b000001", "b000002"])
+    instance.add_dynamic_partitions("watermark_batches", sorted({"b000001", "b000002", partition}))
     lines = []
     runner = HeadlessRunner(defs, instance, log=lines.append)
     report = CycleReport()
@@ -284,3 +284,21 @@ def test_a_pipeline_the_batch_did_not_need_is_done_with_nothing_to_do(
     assert out["tags"] == ["customer_payments=not_in_batch"] * 2
     # A coordinator's request runs the pipeline alone, not the checks on its asset.
     assert out["steps"] == ["customer_payments"]
+
+
+@pytest.mark.parametrize("partition", ["b000009", "monday-rerun"])
+def test_a_partition_added_by_hand_is_refused_as_no_batch(
+    home: Path, tmp_path: Path, partition: str
+) -> None:
+    """The launchpad's "Add a partition" invents a batch partition; a run of it pins
+    nothing to read. It fails before any Spark work or write, saying it is no batch and
+    how to go on. Before, an id that does not parse failed with a raw ValueError."""
+    out = _run_both(home, tmp_path, partition, "orders_enriched")
+    assert out["success"] == [False, False]
+    [failure] = out["failures"]
+    assert f"Partition '{partition}' is not a batch" in failure, failure
+    assert "Nothing was read or written" in failure
+    assert "delete that partition" in failure
+    assert out["materialized"] == [0, 0]
+    store = WatermarkStore(DemoPaths(home).control_root)
+    assert [b.batch_id for b in store.batches()] == ["b000002", "b000001"]

@@ -491,9 +491,7 @@ def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
     assert meta["replay_actor"] == launched.run_id
     assert meta["replay"].startswith(f"replayed: orders CDF {second}, applied by batch b000002")
     # The pipeline the replay does not concern shows its partition done, not missing.
-    other = _materialization_metadata(
-        location.instance, "customer_payments", by_launchpad.batch_id
-    )
+    other = _materialization_metadata(location.instance, "customer_payments", by_launchpad.batch_id)
     assert other["skip_kind"] == "not_in_batch", other
     assert "does not concern 'customer_payments'" in other["skipped"]
     _assert_targets_exact(spark, location.paths)

@@ -21,7 +21,13 @@ from watermark_dagster.core.faults import SimulatedCrash, fault_point
 from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
 from watermark_dagster.core.planning import PlannedInput, delta_source_version
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
-from watermark_dagster.core.records import Batch, BatchKind, BatchStatus, CheckpointStatus
+from watermark_dagster.core.records import (
+    Batch,
+    BatchKind,
+    BatchStatus,
+    CheckpointStatus,
+    seq_of,
+)
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
@@ -137,6 +143,28 @@ class PipelineDecision:
         )
 
 
+def _batch_of_partition(store: WatermarkStore, pipeline_name: str, partition: str) -> Batch:
+    """The batch a run's partition names.
+
+    Raises:
+        BatchStateError: the partition is no batch (added by hand: it pins nothing).
+    """
+    try:
+        seq_of(partition)
+        return store.get_batch(partition)
+    except (ValueError, BatchStateError):
+        raise BatchStateError(
+            f"Partition '{partition}' is not a batch, so pipeline '{pipeline_name}' has no "
+            "version ranges pinned to read for it. Batch partitions are added by the "
+            "coordinator when it plans a batch, and by a replay; one added by hand (the "
+            'launchpad\'s "Add a partition") pins nothing. Nothing was read or written.',
+            pipeline=pipeline_name,
+            batch_id=partition,
+            fix="delete that partition, and let the coordinator plan the next batch "
+            "(`watermark plan` shows it); to read a batch again, backfill its partition.",
+        ) from None
+
+
 def decide_pipeline(
     *, store: WatermarkStore, registry: Registry, pipeline_name: str, batch_id: str
 ) -> PipelineDecision:
@@ -151,7 +179,7 @@ def decide_pipeline(
             pipeline's upstreams.
     """
     pipeline: Pipeline = registry.pipelines[pipeline_name]
-    batch = store.get_batch(batch_id)
+    batch = _batch_of_partition(store, pipeline_name, batch_id)
     if batch.status is BatchStatus.ABANDONED:
         raise BatchStateError(
             f"Batch {batch_id} was abandoned; pipeline '{pipeline_name}' will not run it.",
