@@ -489,6 +489,45 @@ def test_the_stuck_check_passes_again_after_each_batch_so_it_is_never_not_evalua
     assert not _checks(_tick(defs, lake.instance, after.cursor), STUCK_CHECK)
 
 
+def test_a_stuck_check_behind_a_newer_materialization_is_reported_again(lake: Lake) -> None:
+    defs = lake.defs()
+    first = _tick(defs, lake.instance)  # plans b000001
+    lake.instance.add_dynamic_partitions("watermark_batches", ["b000001"])
+    for pipeline in PIPELINES:
+        lake.instance.report_runless_asset_event(
+            AssetMaterialization(pipeline, partition="b000001")
+        )
+    _finish(lake.store)
+    ended = _tick(defs, lake.instance, first.cursor)
+    for evaluation in _checks(ended, STUCK_CHECK).values():
+        lake.instance.report_runless_asset_event(evaluation)
+    quiet = _tick(defs, lake.instance, ended.cursor)
+    assert not _checks(quiet, STUCK_CHECK)
+
+    # pipeline_a gets a newer materialization that no execution of its check belongs to,
+    # as when a backfill's runs of it end in another order than they started (Dagster
+    # takes the last started run's execution for the newest): the UI would show the check
+    # "Not evaluated". The next tick reports it again, for that materialization, though
+    # its outcome did not change; pipeline_b's is left alone.
+    lake.instance.report_runless_asset_event(
+        AssetMaterialization("pipeline_a", partition="b000001")
+    )
+    again = _tick(defs, lake.instance, quiet.cursor)
+    checks = _checks(again, STUCK_CHECK)
+    assert set(checks) == {"pipeline_a"}, checks
+    assert checks["pipeline_a"].passed
+    [newest] = lake.instance.fetch_materializations(AssetKey("pipeline_a"), limit=1).records
+    target = checks["pipeline_a"].target_materialization_data
+    assert target is not None
+    assert target.storage_id == newest.storage_id
+    lake.instance.report_runless_asset_event(checks["pipeline_a"])
+    key = AssetCheckKey(AssetKey("pipeline_a"), STUCK_CHECK)
+    record = lake.instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
+    assert asyncio.run(record.targets_latest_materialization(LoadingContextForTest(lake.instance)))
+    # Then quiet again.
+    assert not _checks(_tick(defs, lake.instance, again.cursor), STUCK_CHECK)
+
+
 def test_the_ui_lists_the_coordinator_as_the_automation_of_every_upstream(lake: Lake) -> None:
     from dagster._core.remote_representation.external import RemoteRepository
     from dagster._core.remote_representation.external_data import RepositorySnap

@@ -1,6 +1,7 @@
 """Observe → plan → run → finalize with real Spark, real Delta tables and a real Dagster
 instance (SQLite in a temporary DAGSTER_HOME), driven tick by tick like the daemon would."""
 
+import asyncio
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     AssetRecordsFilter,
     DagsterInstance,
@@ -24,6 +26,7 @@ from dagster import (
 )
 from dagster._core.execution.backfill import BulkActionStatus
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.loader import LoadingContextForTest
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import functions as F
 
@@ -34,6 +37,7 @@ from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointSta
 from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.dagster_defs.health import STUCK_CHECK
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, DIED_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
@@ -494,6 +498,28 @@ def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
     other = _materialization_metadata(location.instance, "customer_payments", by_launchpad.batch_id)
     assert other["skip_kind"] == "not_in_batch", other
     assert "does not concern 'customer_payments'" in other["skipped"]
+    # No pipeline's partition is missing: every batch partition (the replay's included)
+    # has a materialization of each pipeline.
+    partitions = set(location.instance.get_dynamic_partitions("watermark_batches"))
+    assert by_launchpad.batch_id in partitions
+    for pipeline in pipelines:
+        materialized = location.instance.get_materialized_partitions(AssetKey(pipeline))
+        assert partitions <= materialized, (pipeline, sorted(partitions - materialized))
+    # The checks are evaluated after the replay: each pipeline's latest check execution is
+    # the launchpad run's and belongs to its new materialization (the UI shows it for that
+    # one, not "Not evaluated").
+    for pipeline in pipelines:
+        [latest] = location.instance.fetch_materializations(AssetKey(pipeline), limit=1).records
+        assert (latest.run_id, latest.partition_key) == (launched.run_id, by_launchpad.batch_id)
+        key = AssetCheckKey(AssetKey(pipeline), STUCK_CHECK)
+        storage = location.instance.event_log_storage
+        record = storage.get_latest_asset_check_execution_by_key([key])[key]
+        assert record.run_id == launched.run_id, record
+        assert record.evaluation is not None, record
+        assert record.evaluation.passed, record.evaluation
+        assert asyncio.run(
+            record.targets_latest_materialization(LoadingContextForTest(location.instance))
+        ), record
     _assert_targets_exact(spark, location.paths)
     # The coordinator has nothing to do: a replay is no open batch.
     report = location.runner.run_until_idle()

@@ -16,10 +16,11 @@ def headless_executor(ctx: Context) -> BatchExecutor:
     the current Dagster instance."""
 
     def execute(batch_id: str, pipelines: Sequence[str]) -> list[str | None]:
-        from dagster import DagsterInstance, RunRequest, SensorResult
+        from dagster import AssetCheckKey, DagsterInstance, RunRequest, SensorResult
 
-        from watermark_dagster.dagster_defs.assets import nothing_to_do_events
+        from watermark_dagster.dagster_defs.assets import REPLAY_TAG, nothing_to_do_events
         from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+        from watermark_dagster.dagster_defs.health import STUCK_CHECK
         from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
 
         instance = DagsterInstance.get()
@@ -47,6 +48,13 @@ def headless_executor(ctx: Context) -> BatchExecutor:
             )
         finally:
             spark.stop()
+        # The batch job leaves the pipelines' checks to the coordinator, which reports them
+        # when a batch ends; a replay ends no batch of its: they are evaluated here, after
+        # every materialization of the replay's partition (replayed or nothing to do).
+        runner.evaluate_checks(
+            [AssetCheckKey(k, STUCK_CHECK) for k in runner.pipeline_keys.values()],
+            {REPLAY_TAG: batch_id},
+        )
         return [r.error for r in report.failed_runs]
 
     return execute

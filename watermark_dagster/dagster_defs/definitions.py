@@ -231,7 +231,12 @@ def build_location(
                 names=names,
             ),
         ],
-        jobs=[job, observe_job, build_replay_job(registry, pipeline_keys, names), *retention_jobs],
+        jobs=[
+            job,
+            observe_job,
+            build_replay_job(registry, pipeline_keys, names, settings.retry_policy),
+            *retention_jobs,
+        ],
         schedules=retention_schedules,
         sensors=[
             build_coordinator_sensor(

@@ -11,12 +11,13 @@ to do, or whose runs all skip, starts no JVM.
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from dagster import (
+    AssetCheckKey,
     AssetKey,
     DagsterInstance,
     DagsterRunStatus,
@@ -271,6 +272,30 @@ class HeadlessRunner:
                 self.log(head + f"FAILED: {error}")
                 for trace in traces:
                     self.log(trace.rstrip())
+
+    def evaluate_checks(self, keys: Sequence[AssetCheckKey], tags: Mapping[str, str]) -> bool:
+        """Execute the checks ``keys`` in this process, in a run of their own (tagged
+        ``tags``), as the UI's "Execute" of a check does: the location's own check
+        definitions, each result naming its asset's latest materialization. For runs of
+        the batch job, which leaves the checks to the coordinator, when no batch ending
+        will make the coordinator report them (a replay). Whether the run succeeded."""
+        if not keys:
+            return True
+        job = self.defs.resolve_implicit_global_asset_job_def().get_subset(
+            asset_selection=set(), asset_check_selection=set(keys)
+        )
+        outcome = job.execute_in_process(
+            instance=self.instance,
+            tags=dict(tags),
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": self.run_log_level}}}},
+        )
+        names = ", ".join(sorted(k.to_user_string() for k in keys))
+        self.log(
+            f"run {outcome.run_id[:8]} checks {names}: "
+            + ("evaluated" if outcome.success else "FAILED to evaluate")
+        )
+        return outcome.success
 
     def retry_request(self, store: WatermarkStore) -> SensorResult | None:
         """One more run of the open batch's unfinished pipelines, whatever its failed runs

@@ -23,11 +23,11 @@ The ``retention_horizon`` check runs on a schedule shipped RUNNING
 (:func:`with_freshness`) that Dagster's freshness daemon evaluates.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetCheckEvaluation,
@@ -85,6 +85,9 @@ from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableErro
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.observe.retention import commit_time, format_duration
 from watermark_dagster.operations.coordinate import unfinished
+
+if TYPE_CHECKING:
+    from watermark_dagster.store import WatermarkStore
 
 LAG_CHECK = "watermark_lag"
 STUCK_CHECK = "watermark_stuck_batch"
@@ -473,25 +476,72 @@ class HealthReporter:
 
         Every check gets a result at the first tick, and a passing one again once each
         batch ended (after its materializations), so a healthy pipeline never shows its
-        check "Not evaluated" for its latest materialization."""
+        check "Not evaluated" for its latest materialization. With ``instance``, a check
+        whose newest execution ended for another materialization than its pipeline's
+        latest (see :func:`evaluated_before_latest`: runs that ran at once, a backfill's) is
+        reported again, whatever its outcome."""
         events: list[AssetCheckEvaluation] = []
         error: str | None = None
         looked = False
+        behind = (
+            set() if instance is None else evaluated_before_latest(instance, self._pipeline_keys)
+        )
         for name, key in self._pipeline_keys.items():
             passed, outcome, _, _ = stuck_result(name, step, after=after)
             check = AssetCheckKey(key, STUCK_CHECK).to_user_string()
-            if outcomes.get(check) == outcome:
+            if outcomes.get(check) == outcome and name not in behind:
                 continue
             if not passed and not looked and instance is not None and step is not None:
                 # Read once per newly stuck state: one run lookup and its failure events.
                 error, looked = last_failure(instance, step.batch_id), True
             passed, outcome, description, meta = stuck_result(name, step, error, after=after)
-            if outcomes.get(check) != outcome:
+            if outcomes.get(check) != outcome or name in behind:
                 outcomes[check] = outcome
                 events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))
         if events and instance is not None:
             events = targeting_latest_materialization(instance, events)
         return events
+
+
+# The statuses of a check execution that has ended (by value: the enum is not exported).
+_ENDED = ("SUCCEEDED", "FAILED")
+
+
+def evaluated_before_latest(
+    instance: DagsterInstance, pipeline_keys: Mapping[str, AssetKey]
+) -> set[str]:
+    """The pipelines whose newest ``watermark_stuck_batch`` execution has ended and belongs
+    to another materialization than the pipeline's latest, so the UI shows the check "Not
+    evaluated" (two queries, whatever the history).
+
+    Dagster takes a check's newest execution to be the one its run planned last. Runs of
+    one pipeline in flight at once (a backfill of several partitions, the pool letting two
+    go) can end in another order than they started: the run that started last then holds
+    the newest execution while another one holds the newest materialization. An execution
+    still planned (its run is evaluating it) is left to its run."""
+    checks = {AssetCheckKey(key, STUCK_CHECK): name for name, key in pipeline_keys.items()}
+    executions = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(checks))
+    latest = {
+        record.asset_entry.asset_key: record.asset_entry.last_materialization_record
+        for record in instance.get_asset_records(list(pipeline_keys.values()))
+    }
+    behind: set[str] = set()
+    for check, name in checks.items():
+        materialized, execution = latest.get(check.asset_key), executions.get(check)
+        if materialized is None or execution is None or execution.status.value not in _ENDED:
+            # Nothing to show it for, never evaluated (the first tick reports it), or
+            # still planned.
+            continue
+        if execution.run_id and execution.run_id == materialized.run_id:
+            continue  # evaluated in the run that materialized
+        evaluation = execution.evaluation
+        target = evaluation.target_materialization_data if evaluation is not None else None
+        if target is not None and target.storage_id == materialized.storage_id:
+            continue
+        if target is None and materialized.timestamp < execution.create_timestamp:
+            continue
+        behind.add(name)
+    return behind
 
 
 def targeting_latest_materialization(
@@ -603,7 +653,7 @@ def build_health_checks(
             counts only the runs of its own pipelines (batch ids repeat across locations).
     """
     checks: list[AssetChecksDefinition] = []
-    scope = frozenset(pipeline_keys.values()) if names.prefix else None
+    scope = runs_scope(pipeline_keys, names)
     lagging, specs = per_upstream_check_specs(
         _versioned(registry.consumed_upstreams()),
         upstream_keys,
@@ -667,17 +717,12 @@ def build_health_checks(
     )
     def stuck_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
         watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
-        store = watermark_store.get_store()
-        batch = store.open_batch()
-        step = None
-        if batch is not None:
-            facts = batch_runs(context.instance, batch.batch_id, pipeline_keys=scope).facts
-            todo = unfinished(store, batch, pipeline_keys.keys())
-            step = resume_step(batch.batch_id, todo, facts, policy=policy)
-        error = (
-            last_failure(context.instance, step.batch_id, pipeline_keys=scope)
-            if step is not None and step.action is ResumeAction.STUCK
-            else None
+        step, error = stuck_state(
+            context.instance,
+            watermark_store.get_store(),
+            pipeline_keys.keys(),
+            policy,
+            scope=scope,
         )
         for key in _sorted(context.selected_asset_check_keys):
             passed, _, description, meta = stuck_result(stuck_keys[key], step, error)
@@ -686,6 +731,59 @@ def build_health_checks(
 
     checks.append(stuck_checks)
     return checks
+
+
+def runs_scope(
+    pipeline_keys: Mapping[str, AssetKey], names: LocationNames
+) -> frozenset[AssetKey] | None:
+    """The pipelines whose runs a location counts as its own: all runs of a batch when it
+    is unprefixed, else only its pipelines' (batch ids repeat across locations)."""
+    return frozenset(pipeline_keys.values()) if names.prefix else None
+
+
+def stuck_state(
+    instance: DagsterInstance,
+    store: "WatermarkStore",
+    pipelines: Collection[str],
+    policy: RetryPolicy,
+    *,
+    scope: AbstractSet[AssetKey] | None = None,
+) -> tuple[ResumeStep | None, str | None]:
+    """What the ``watermark_stuck_batch`` checks are evaluated from: the coordinator's
+    decision for the open batch (None: no batch is open) and, when the batch is stuck, the
+    error of its newest failed run (see :func:`stuck_result`)."""
+    batch = store.open_batch()
+    step = None
+    if batch is not None:
+        facts = batch_runs(instance, batch.batch_id, pipeline_keys=scope).facts
+        todo = unfinished(store, batch, pipelines)
+        step = resume_step(batch.batch_id, todo, facts, policy=policy)
+    error = (
+        last_failure(instance, step.batch_id, pipeline_keys=scope)
+        if step is not None and step.action is ResumeAction.STUCK
+        else None
+    )
+    return step, error
+
+
+def stuck_evaluations(
+    instance: DagsterInstance,
+    store: "WatermarkStore",
+    pipeline_keys: Mapping[str, AssetKey],
+    policy: RetryPolicy,
+    *,
+    scope: AbstractSet[AssetKey] | None = None,
+) -> list[AssetCheckEvaluation]:
+    """Every pipeline's ``watermark_stuck_batch`` check evaluated now, as the check's own
+    op evaluates it, as events a run logs after it materialized the pipelines outside the
+    batch job (a replay from the launchpad): without them the check shows "Not evaluated"
+    for the new materializations until the coordinator next reports a change."""
+    step, error = stuck_state(instance, store, pipeline_keys.keys(), policy, scope=scope)
+    events = []
+    for name, key in sorted(pipeline_keys.items()):
+        passed, _, description, meta = stuck_result(name, step, error)
+        events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))
+    return events
 
 
 def _sorted(keys: Iterable[AssetCheckKey]) -> list[AssetCheckKey]:

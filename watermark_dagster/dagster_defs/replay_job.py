@@ -6,7 +6,9 @@ The job records the same REPLAY batch as the command (see
 where the scheduled batch that applied the range's end pinned them, and the replay
 writes at that batch's position, so newer rows are left alone (I5) and no committed
 watermark moves. Each pipeline's materialization of the replay's batch partition is
-recorded as the batch job records it (ranges, rows, write figures).
+recorded as the batch job records it (ranges, rows, write figures), and the pipelines'
+``watermark_stuck_batch`` checks are evaluated after them, in the same run, so the UI
+shows them evaluated for the new materializations.
 """
 
 from collections.abc import Mapping, Sequence
@@ -26,6 +28,7 @@ from pydantic import Field
 
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.core.resuming import RetryPolicy
 from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, REPLAY_OP, LocationNames
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import error_failure_metadata
@@ -76,10 +79,13 @@ def build_replay_job(
     registry: Registry,
     pipeline_keys: Mapping[str, AssetKey],
     names: LocationNames = DEFAULT_NAMES,
+    policy: RetryPolicy | None = None,
 ) -> JobDefinition:
     """The job that replays an applied version range of one upstream, configured in the
     launchpad with :class:`ReplayConfig`; ``names`` gives its name, its op's, the batch
-    partitions' and the resource keys."""
+    partitions' and the resource keys, ``policy`` the coordinator's (its stuck-batch
+    checks are evaluated with it after the replay)."""
+    policy = policy or RetryPolicy()
 
     @op(
         name=names.of(REPLAY_OP),
@@ -93,6 +99,7 @@ def build_replay_job(
             outcome_metadata,
             replay_metadata,
         )
+        from watermark_dagster.dagster_defs.health import runs_scope, stuck_evaluations
         from watermark_dagster.dagster_defs.targets import target_metadata
         from watermark_dagster.operations.replay import plan_replay, run_replay
         from watermark_dagster.operations.run_pipeline import execute_pipeline
@@ -136,6 +143,17 @@ def build_replay_job(
                         },
                     )
                 )
+            # Every pipeline's partition got a materialization in this run (its replay, or
+            # nothing to do): its checks are evaluated after it, as a batch's are.
+            for evaluation in stuck_evaluations(
+                context.instance,
+                store,
+                pipeline_keys,
+                policy,
+                scope=runs_scope(pipeline_keys, names),
+            ):
+                # Dagster takes check evaluations here (not in its annotation).
+                context.log_event(evaluation)  # pyright: ignore[reportArgumentType]
             return errors
 
         try:
