@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import requests
+from deltalake import DeltaTable as RsDeltaTable
 from deltalake.exceptions import DeltaError
 
 from tests.spark.test_engine import _engine
@@ -38,6 +39,7 @@ from watermark_dagster.demo import (
 from watermark_dagster.demo.data import UPSTREAMS as SCHEMAS
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.store import WatermarkStore
+from watermark_dagster.write.commits import label_prefix
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]
 
@@ -479,7 +481,7 @@ RUNS_QUERY = """
 query Runs($filter: RunsFilter) {
   runsOrError(filter: $filter) {
     __typename
-    ... on Runs { results { runId jobName status tags { key value } } }
+    ... on Runs { results { runId jobName status startTime endTime tags { key value } } }
     ... on PythonError { message }
   }
 }
@@ -642,19 +644,87 @@ def _freshness(dev: DagsterDev, asset: str) -> str | None:
     return info["freshnessStatus"] if info else None
 
 
-def _backfill_runs(dev: DagsterDev, asset: str, partition: str) -> list[dict[str, Any]]:
-    """Launch a UI asset backfill of one partition; its runs once they all finished."""
-    params = {"partitionNames": [partition], "assetSelection": [{"path": [asset]}]}
+BACKFILL_QUERY = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { status }
+    ... on PythonError { message }
+  }
+}
+"""
+
+CHECKS_QUERY = """
+query Checks($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode {
+      assetChecksOrError {
+        __typename
+        ... on AssetChecks { checks { name executionForLatestMaterialization { status } } }
+      }
+    }
+  }
+}
+"""
+
+# Bound on waiting for a backfill's runs (two at a time in the pool), not an expectation.
+BACKFILL_TIMEOUT = 420
+
+
+def _backfill(
+    dev: DagsterDev, partitions: dict[str, list[str]]
+) -> tuple[str, str, list[dict[str, Any]]]:
+    """Launch ONE UI asset backfill of the given partitions of each asset
+    (``partitionsByAssets``, as the UI's partition picker per asset sends it); its id, its
+    final status and its runs, once the daemon ended it."""
+    params = {
+        "partitionsByAssets": [
+            {
+                "assetKey": {"path": [asset]},
+                "partitions": {"ranges": [{"start": p, "end": p} for p in keys]},
+            }
+            for asset, keys in partitions.items()
+        ]
+    }
     answer = dev.graphql(BACKFILL_MUTATION, {"params": params})["launchPartitionBackfill"]
     assert answer["__typename"] == "LaunchBackfillSuccess", answer
-    tag = {"key": "dagster/backfill", "value": answer["backfillId"]}
+    backfill_id = answer["backfillId"]
+    tag = {"key": "dagster/backfill", "value": backfill_id}
 
-    def finished() -> list[dict[str, Any]] | None:
+    def finished() -> tuple[str, list[dict[str, Any]]] | None:
+        found = dev.graphql(BACKFILL_QUERY, {"id": backfill_id})["partitionBackfillOrError"]
+        assert found["__typename"] == "PartitionBackfill", found
+        if found["status"] in ("REQUESTED", "CANCELING", "FAILING"):
+            return None
         runs = dev.graphql(RUNS_QUERY, {"filter": {"tags": [tag]}})["runsOrError"]["results"]
         done = {"SUCCESS", "FAILURE", "CANCELED"}
-        return runs if runs and all(r["status"] in done for r in runs) else None
+        return (found["status"], runs) if all(r["status"] in done for r in runs) else None
 
-    return dev.wait_for(f"the backfill of {asset} {partition} to finish", finished, 180)
+    status, runs = dev.wait_for(f"backfill {backfill_id} to end", finished, BACKFILL_TIMEOUT)
+    return backfill_id, status, runs
+
+
+def _overlapping(runs: list[dict[str, Any]]) -> int:
+    """How many pairs of ``runs`` were in flight at the same time (reported, not asserted:
+    the pool allows it, the daemon decides)."""
+    spans = [(r["startTime"], r["endTime"]) for r in runs if r["startTime"] and r["endTime"]]
+    return sum(
+        1 for i, a in enumerate(spans) for b in spans[i + 1 :] if a[0] < b[1] and b[0] < a[1]
+    )
+
+
+def _checks_for_latest(dev: DagsterDev, asset: str) -> dict[str, str | None]:
+    """Each check of ``asset`` -> the status of its execution for the asset's latest
+    materialization, None where the UI shows "Not evaluated"."""
+    node = dev.graphql(CHECKS_QUERY, {"key": {"path": [asset]}})["assetNodeOrError"]
+    assert node["__typename"] == "AssetNode", node
+    checks = node["assetChecksOrError"]
+    assert checks["__typename"] == "AssetChecks", checks
+    return {
+        c["name"]: (c["executionForLatestMaterialization"] or {}).get("status")
+        for c in checks["checks"]
+    }
 
 
 def _run_events(dev: DagsterDev, run_id: str) -> list[dict[str, Any]]:
@@ -807,6 +877,69 @@ def _assert_targets_match_full_recompute(
             f"  only in reference: {sorted(set(want) - set(got), key=repr)}"
         )
         assert len({r[columns.index(TARGET_KEYS[name])] for r in got}) == len(got), name
+
+
+def _with_change_feed(spark: Any, target: str) -> int:
+    """Turn the target's change data feed on (one metadata commit); its version then."""
+    spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    return RsDeltaTable(target).version()
+
+
+def _assert_replays_applied_once(
+    spark: Any,
+    target: str,
+    pipeline: str,
+    since: dict[str, int],
+    replays: dict[str, dict[str, Any]],
+) -> None:
+    """Every commit to ``target`` after ``since[pipeline]`` is the one data commit of one
+    of ``replays`` (replay batch id -> its materialization's metadata), and that commit's
+    change feed carries each changed row once: as many inserts, updates and deletes as the
+    materialization reports, no key twice."""
+    start = since[pipeline]
+    commits = [c for c in RsDeltaTable(target).history() if c["version"] > start]
+    owners: dict[str, list[int]] = {}
+    for commit in commits:
+        label = str(commit.get("userMetadata") or "")
+        mine = [r for r in replays if label.startswith(label_prefix(pipeline, r))]
+        assert len(mine) == 1, (pipeline, commit, sorted(replays))
+        owners.setdefault(mine[0], []).append(commit["version"])
+    for replay, meta in replays.items():
+        versions = owners.get(replay, [])
+        assert len(versions) == (1 if meta["committed"] else 0), (pipeline, replay, versions, meta)
+        if versions:
+            assert meta["target_version"] == versions[0], (pipeline, replay, meta)
+    if not commits:
+        return
+    key = TARGET_KEYS[pipeline]
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", start + 1)
+        .load(target)
+        .select(key, "_change_type", "_commit_version")
+        .collect()
+    )
+    seen: dict[tuple[Any, str, int], int] = {}
+    for row in feed:
+        at = (row[key], row["_change_type"], row["_commit_version"])
+        seen[at] = seen.get(at, 0) + 1
+    twice = {at: n for at, n in seen.items() if n > 1}
+    assert not twice, f"{pipeline}: rows changed more than once by one commit: {twice}"
+    for replay, meta in replays.items():
+        if not meta["committed"]:
+            continue
+        kinds: dict[str, int] = {}
+        for _, kind, version in seen:
+            if version == meta["target_version"]:
+                kinds[kind] = kinds.get(kind, 0) + 1
+        assert kinds.get("update_preimage", 0) == kinds.get("update_postimage", 0), kinds
+        figures = (meta["rows_inserted"], meta["rows_updated"], meta["rows_deleted"])
+        assert figures == (
+            kinds.get("insert", 0),
+            kinds.get("update_postimage", 0),
+            kinds.get("delete", 0),
+        ), (pipeline, replay, figures, kinds)
 
 
 # ------------------------------------------------------------------------ dagster dev log
@@ -1028,31 +1161,87 @@ def _dagster_dev_runs_batches_by_itself(
         )
         timings["freshness healthy"] = time.monotonic() - began
 
-        # ---- a UI backfill of the first batch replays its ranges: a REPLAY batch at its
-        # position, named by the partition's new materialization; no watermark moves and
-        # the targets still equal a full recompute
-        committed = _store(paths).committed_versions()  # type: ignore[union-attr]
-        [replayed] = _backfill_runs(dev, "orders_enriched", first.batch_id)
-        assert replayed["status"] == "SUCCESS", replayed
-        # A replay is a batch run like the others: one process (its steps are the pipeline
-        # and, as for any UI backfill, the pipeline's checks), one JVM (checked at the end).
-        [engine] = [
-            e["message"]
-            for e in _run_events(dev, replayed["runId"])
-            if e.get("eventType") == "ENGINE_EVENT" and "Executing steps" in (e["message"] or "")
-        ]
-        found = re.fullmatch(r"Executing steps in process \(pid: (\d+)\)", engine)
-        assert found, engine
-        run_pids[replayed["runId"]] = int(found.group(1))
-        [latest_mat, *_] = _materializations(dev, "orders_enriched", first.batch_id)
-        assert latest_mat["runId"] == replayed["runId"], latest_mat
-        meta = _metadata(latest_mat)
-        replay = _store(paths).get_batch(meta["replay_batch_id"])  # type: ignore[union-attr]
-        assert replay.kind is BatchKind.REPLAY, replay
-        assert replay.order_seq == first.seq, replay
-        assert meta["orders/end_version"] == 0, meta
-        assert _store(paths).committed_versions() == committed  # type: ignore[union-attr]
+        # ---- ONE UI backfill of old partitions of both pipelines (three of orders_enriched,
+        # two of customer_payments), the pool letting two runs go at once: each partition is
+        # replayed as a REPLAY batch at its position, runs writing the same target race and
+        # settle (serialized or retried), every replay lands once, nothing newer regresses,
+        # no watermark moves and no partition is left missing or failed.
+        store = _store(paths)
+        assert store is not None
+        committed = store.committed_versions()
+        ran = {p: [b for b in batches if p in b.pipelines] for p in PIPELINES}
+        chosen = {"orders_enriched": ran["orders_enriched"][:3]}
+        chosen["customer_payments"] = ran["customer_payments"][:2]
+        assert [len(v) for v in chosen.values()] == [3, 2], ran
+        # The targets get a change data feed (as one another pipeline reads would have), so
+        # the test can read what each replay's commit changed.
+        since = {p: _with_change_feed(spark, paths.target(p)) for p in PIPELINES}
+        backfill_id, status, runs = _backfill(
+            dev, {p: [b.batch_id for b in bs] for p, bs in chosen.items()}
+        )
+        timings["backfill of 5 partitions"] = time.monotonic() - began
+        overlaps = _overlapping(runs)
+        print(f"\nbackfill {backfill_id}: {len(runs)} runs, {overlaps} pair(s) ran at once")
+        assert status == "COMPLETED_SUCCESS", dev.explain(f"backfill {backfill_id}: {status}")
+        assert all(r["status"] == "SUCCESS" for r in runs), dev.explain(
+            f"backfill runs: {[(r['runId'], r['status']) for r in runs]}"
+        )
+        backfill_runs = {r["runId"] for r in runs}
+        for run in runs:
+            # A replay is a batch run like the others: one process (its steps are the
+            # pipelines and, as for any UI backfill, the pipelines' checks), one JVM
+            # (checked at the end).
+            [engine] = [
+                e["message"]
+                for e in _run_events(dev, run["runId"])
+                if e.get("eventType") == "ENGINE_EVENT"
+                and "Executing steps" in (e["message"] or "")
+            ]
+            found = re.fullmatch(r"Executing steps in process \(pid: (\d+)\)", engine)
+            assert found, engine
+            run_pids[run["runId"]] = int(found.group(1))
+        conflicts = 0
+        for pipeline, replayed in chosen.items():
+            replays: dict[str, dict[str, Any]] = {}
+            for batch in replayed:
+                [latest_mat, *_] = _materializations(dev, pipeline, batch.batch_id)
+                assert latest_mat["runId"] in backfill_runs, (pipeline, batch.batch_id, latest_mat)
+                meta = _metadata(latest_mat)
+                replay = store.get_batch(meta["replay_batch_id"])
+                assert replay.kind is BatchKind.REPLAY, replay
+                assert replay.status is BatchStatus.COMPLETED, replay
+                assert replay.pipelines == (pipeline,), replay
+                assert replay.order_seq == batch.seq, (replay, batch)
+                assert (meta["batch_id"], meta["replay_of"]) == (batch.batch_id,) * 2, meta
+                for upstream in PIPELINES[pipeline]:
+                    if batch.inputs[upstream].range is not None:
+                        assert replay.inputs[upstream].range == batch.inputs[upstream].range
+                        end = batch.inputs[upstream].range.end  # type: ignore[union-attr]
+                        assert meta[f"{upstream}/end_version"] == end, meta
+                replays[replay.batch_id] = meta
+                conflicts += meta["write_conflicts"]
+            _assert_replays_applied_once(spark, paths.target(pipeline), pipeline, since, replays)
+        print(f"write conflicts retried by the backfill's replays: {conflicts}")
+        assert store.committed_versions() == committed
+        assert store.open_batch() is None
         _assert_targets_match_full_recompute(spark, paths, latest)
+        ids = [b.batch_id for b in store.batches() if b.kind is not BatchKind.REPLAY]
+        for pipeline in PIPELINES:
+            states = _partition_states(dev, pipeline, ids)
+            assert states["unmaterializedPartitions"] == [], (pipeline, states)
+            assert states["failedPartitions"] == [], (pipeline, states)
+        # The checks are evaluated for each pipeline's newest materialization: by the
+        # backfill's runs, or, where runs of a pipeline ended in another order than they
+        # started (Dagster then takes the last started run's execution for the newest), by
+        # the coordinator's next tick.
+        dev.wait_for(
+            "each pipeline's check evaluated for its newest materialization",
+            lambda: all(
+                _checks_for_latest(dev, p) == {"watermark_stuck_batch": "SUCCEEDED"}
+                for p in PIPELINES
+            ),
+            60,
+        )
         timings["backfill replayed"] = time.monotonic() - began
 
         problems = _watermark_problems(dev.log_text())
