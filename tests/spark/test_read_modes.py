@@ -4,6 +4,7 @@ Each location is driven by the real coordinator and finalizer sensors (HeadlessR
 targets are compared with what the upstreams hold.
 """
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,8 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance
 from dagster._core.instance.ref import InstanceRef
+from dagster._core.loader import LoadingContextForTest
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsDeltaTable
 from deltalake import write_deltalake
@@ -35,7 +37,9 @@ from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
+from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.dagster_defs.health import STUCK_CHECK
 from watermark_dagster.errors import ReplayRefusedError, UpstreamUnreadableError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
@@ -673,6 +677,19 @@ def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: La
     assert lake.rows("copy") == before
     assert lake.store.committed_versions()["prices"] == 2
     assert lake.store.get_batch(result["batch_id"]).kind.value == "REPLAY"
+    # The pipeline's check is evaluated after the replay (the batch job runs none), in a run
+    # of its own tagged with the replay batch, for the replay's materialization: the UI
+    # shows it evaluated, not "Not evaluated".
+    [newest] = lake.instance.fetch_materializations(AssetKey("prices_copy"), limit=1).records
+    assert newest.partition_key == result["batch_id"]
+    key = AssetCheckKey(AssetKey("prices_copy"), STUCK_CHECK)
+    record = lake.instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
+    run = lake.instance.get_run_by_id(record.run_id)
+    assert run is not None
+    assert run.tags[REPLAY_TAG] == result["batch_id"]
+    assert record.evaluation is not None
+    assert record.evaluation.passed, record.evaluation
+    assert asyncio.run(record.targets_latest_materialization(LoadingContextForTest(lake.instance)))
 
 
 # ------------------------------------------------------------------ loud failures (I6)
