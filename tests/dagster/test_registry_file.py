@@ -586,7 +586,7 @@ BAD_FILES = [
         UP + "pipelines:\n  p:\n    upstreams: {orders: id}\n    target: /l/t\n    keys: [id]\n"
         "    sql: SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders\n",
         8,
-        ["Pipeline 'p': its SQL (line 1) uses OVER: a window function"],
+        ["Pipeline 'p': its SQL (line 1) uses a window that is not partitioned by columns"],
     ),
     (
         # The big_spenders: the subquery is on the SQL's line 4, the file's line 11.
@@ -600,8 +600,9 @@ BAD_FILES = [
         "      HAVING SUM(o.amount) > (SELECT AVG(amount) * 2 FROM orders)\n",
         11,
         [
-            "Pipeline 'big_spenders': its SQL (line 4) reads upstream 'orders' in a subquery "
-            "that is not correlated on its key-path column(s) ['customer_id']",
+            "Pipeline 'big_spenders': its SQL (line 4) reads upstream 'orders' (as 'orders', in "
+            "a subquery) with no equality between columns that leads from its rows to the "
+            "target keys",
         ],
     ),
     (

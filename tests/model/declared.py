@@ -160,35 +160,35 @@ REFUSED = [
         "HAVING SUM(p.amount_cents) > (SELECT AVG(amount_cents) * 2 FROM payments)",
         TOTALS,
         ["customer_id"],
-        "reads upstream 'payments' in a subquery that is not correlated",
+        "reads upstream 'payments' (as 'payments', in a subquery) with no equality",
     ),
     (
         "SELECT c.customer_id, t.n FROM customers c CROSS JOIN "
         "(SELECT COUNT(*) AS n FROM payments) t",
         TOTALS,
         ["customer_id"],
-        "aggregates rows of upstream 'payments' over all its rows",
+        "reads upstream 'payments' (as 'payments', in a derived table) with no equality",
     ),
     (
         "SELECT c.region_id AS customer_id, COUNT(*) AS n FROM customers c "
         "LEFT JOIN payments p ON p.customer_id = c.customer_id GROUP BY c.region_id",
         TOTALS,
         ["customer_id"],
-        "groups rows by something other than the target key(s) ['customer_id']",
+        "but its declared key path is 'customer_id', which the query's equalities do not",
     ),
     (
         "SELECT o.order_id, RANK() OVER (PARTITION BY o.customer_id ORDER BY o.amount_cents) "
         f"AS r {OC_FROM}",
         OC,
         ["order_id"],
-        "uses OVER",
+        "uses a window not partitioned by the target keys",
     ),
     (
         f"SELECT o.order_id, c.name {OC_FROM} "
         "WHERE EXISTS (SELECT 1 FROM customers WHERE region_id IS NULL)",
         OC,
         ["order_id"],
-        "reads upstream 'customers' in a subquery that is not correlated",
+        "reads upstream 'customers' (as 'customers', in a subquery) with no equality",
     ),
     (
         f"SELECT o.order_id, rand() AS draw {OC_FROM}",

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from benchmarks.declared import PlanWork, measuring
+from tests.support.cycles import run_cycle
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.demo.data import ORDERS, DemoPaths, apply_round, seed
@@ -36,23 +37,6 @@ ENRICHED_SQL = """
     SELECT o.order_id, o.customer_id, c.name AS customer_name, o.amount_cents, o.status
     FROM orders AS o LEFT JOIN customers AS c ON o.customer_id = c.customer_id
 """
-
-
-def _cycle(spark: SparkSession, registry: Registry, store: WatermarkStore) -> str:
-    look = look_before_planning(registry, Observer(), store, actor="test")
-    batch, _ = plan_next(store, look, actor="test")
-    assert batch is not None
-    for name in batch.pipelines:
-        execute_pipeline(
-            spark=spark,
-            store=store,
-            registry=registry,
-            pipeline_name=name,
-            batch_id=batch.batch_id,
-            run_id="test",
-        )
-    finalize_batch(store, store.get_batch(batch.batch_id), registry=registry, actor="test")
-    return batch.batch_id
 
 
 def _rows(frame: DataFrame, columns: list[str]) -> list[tuple]:
@@ -91,7 +75,7 @@ def test_sql_and_function_forms_match_a_full_recompute_batch_after_batch(
     for round_no in range(3):
         if round_no:
             apply_round(spark, paths, round_no)  # renames, moved and deleted orders
-        _cycle(spark, registry, store)
+        run_cycle(spark, registry, store)
         orders = spark.read.format("delta").load(paths.upstream("orders"))
         customers = spark.read.format("delta").load(paths.upstream("customers"))
         full = full_orders_enriched(orders, customers)
@@ -137,7 +121,7 @@ def test_past_the_inline_keys_limit_the_derivation_joins_and_matches_a_recompute
     for round_no in range(3):
         if round_no:
             apply_round(spark, paths, round_no)  # renames, moved and deleted orders
-        _cycle(spark, registry, store)
+        run_cycle(spark, registry, store)
         orders = spark.read.format("delta").load(paths.upstream("orders"))
         customers = spark.read.format("delta").load(paths.upstream("customers"))
         full = full_orders_enriched(orders, customers)
@@ -171,11 +155,11 @@ def test_a_replay_past_the_inline_keys_limit_stays_incremental_and_rolls_nothing
     )
     registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
     store = WatermarkStore(paths.control_root)
-    _cycle(spark, registry, store)
+    run_cycle(spark, registry, store)
     apply_round(spark, paths, 1)
-    replayed = store.get_batch(_cycle(spark, registry, store))
+    replayed = store.get_batch(run_cycle(spark, registry, store))
     apply_round(spark, paths, 2)
-    _cycle(spark, registry, store)
+    run_cycle(spark, registry, store)
     orders_range = replayed.inputs["orders"].range
     assert orders_range is not None
     replay = store.create_replay_batch(
@@ -247,14 +231,39 @@ def test_a_key_path_column_the_upstream_lacks_is_refused_before_writing(
 def test_a_full_transform_without_the_key_column_is_refused_before_writing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    pipeline = sql_pipeline(
+    def no_key(orders: DataFrame, customers: DataFrame) -> DataFrame:
+        return orders.join(customers, "customer_id").select("customer_id", "name")
+
+    pipeline = declared_pipeline(
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=str(tmp_path / "wm" / "never"),
+        keys=["order_id"],
         name="no_key",
-        sql="SELECT o.customer_id, c.name FROM orders o JOIN customers c USING (customer_id)",
+    )(no_key)
+    _refused(spark, tmp_path, pipeline, "output has no key column(s) ['order_id']")
+
+
+def test_sql_the_definitions_could_not_place_is_proven_by_the_batch_before_writing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Unqualified, `status` could be a column of either table until the schemas say it is
+    # the orders': then the window is per status, not per order, and the batch refuses it.
+    pipeline = sql_pipeline(
+        name="per_status",
+        sql="SELECT order_id, name FROM orders JOIN customers USING (customer_id)\n"
+        "QUALIFY ROW_NUMBER() OVER (PARTITION BY status ORDER BY order_id) = 1",
         upstreams={"orders": "order_id", "customers": JOIN},
         target=str(tmp_path / "wm" / "never"),
         keys=["order_id"],
     )
-    _refused(spark, tmp_path, pipeline, "output has no key column(s) ['order_id']")
+    assert pipeline.declared is not None
+    assert pipeline.declared.inferred is None
+    _refused(
+        spark,
+        tmp_path,
+        pipeline,
+        "its SQL (line 2) uses a window not partitioned by the target keys",
+    )
 
 
 def _tiers_table(spark: SparkSession, tmp_path: Path) -> str:
@@ -273,7 +282,7 @@ def _refused_on_the_second_batch(
     with ``second``: it must stop with a TerminalError (its text is returned) and leave the
     target at the first batch's version."""
     store = WatermarkStore(paths.control_root)
-    _cycle(spark, first, store)
+    run_cycle(spark, first, store)
     target = DeltaTable.forPath(spark, first.pipelines[name].target)
     version = target.history(1).first()
     assert version is not None
@@ -414,7 +423,7 @@ def test_an_incremental_batch_of_a_declared_pipeline_stays_within_its_job_budget
         pipelines=[replace(p, strategy="incremental") for p in registry.pipelines.values()],
     )
     store = WatermarkStore(paths.control_root)
-    _cycle(spark, registry, store)  # the first load
+    run_cycle(spark, registry, store)  # the first load
     apply_round(spark, paths, 1)
     look = look_before_planning(registry, Observer(), store, actor="test")
     batch, _ = plan_next(store, look, actor="test")
@@ -617,12 +626,12 @@ def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_is_refused(
     )
     registry = Registry(upstreams=[DeltaUpstream(name="up", path=up)], pipelines=[pipeline])
     store = WatermarkStore(str(tmp_path / "control"))
-    _cycle(spark, registry, store)
+    run_cycle(spark, registry, store)
     table = DeltaTable.forPath(spark, up)
     table.update("id = 1", {"value": "99"})
     table.update("id = 1", {"value": "10"})
     table.update("id = 2", {"value": "21"})
-    batch = store.get_batch(_cycle(spark, registry, store))
+    batch = store.get_batch(run_cycle(spark, registry, store))
     assert str(batch.inputs["up"].range) == str(VersionRange(1, 3))
 
     with pytest.raises(ReplayRefusedError, match=f"ends inside batch {batch.batch_id}") as e:

@@ -19,7 +19,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tests.spark.test_declared import _cycle
+from tests.support.cycles import run_cycle
 from watermark_dagster.config.pipeline import BatchContext, Pipeline, pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -159,7 +159,7 @@ def test_null_groups_and_null_keys_follow_every_change(spark: SparkSession, tmp_
     registry = _registry(root)
     store = WatermarkStore(root / "_control")
 
-    _cycle(spark, registry, store)  # first loads: the NULL group holds 4 orders, 96
+    run_cycle(spark, registry, store)  # first loads: the NULL group holds 4 orders, 96
     _check(spark, root, "first load")
     assert _expected_by_region(root)[None] == (4, 96)
 
@@ -188,7 +188,7 @@ def test_null_groups_and_null_keys_follow_every_change(spark: SparkSession, tmp_
         customers, orders, tags = (
             DeltaTable(str(root / n)) for n in ("customers", "orders", "tags")
         )
-        _cycle(spark, registry, store)
+        run_cycle(spark, registry, store)
         _check(spark, root, step)
     # The NULL group went away and came back: region 20 lost customer 4 to it.
     assert _expected_by_region(root)[None] == (1, 40)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from watermark_dagster.config.declared_sql import check_sql
+from watermark_dagster.config.key_paths import Hop, KeyPath
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.errors import ConfigurationError
 
@@ -59,53 +60,6 @@ _PATH_EXAMPLE = "customers.customer_id -> orders.customer_id -> orders.order_id"
 
 
 @dataclass(frozen=True)
-class Hop:
-    """One step of a key path: rows of ``upstream`` whose ``match`` columns equal the
-    values carried so far; their ``carry`` columns go on."""
-
-    upstream: str
-    match: tuple[str, ...]
-    carry: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class KeyPath:
-    """How one upstream's rows reach the target's keys.
-
-    ``start`` are the upstream's own columns whose changed values start the walk; each hop
-    joins the pinned snapshot of another upstream. With no hops, ``start`` are the columns
-    holding the target keys (in the order of the target's ``keys``).
-    """
-
-    upstream: str
-    start: tuple[str, ...]
-    hops: tuple[Hop, ...] = ()
-
-    @property
-    def direct(self) -> bool:
-        """True when the upstream holds the target keys itself."""
-        return not self.hops
-
-    @property
-    def end(self) -> tuple[str, ...]:
-        """The columns the walk ends at: the target keys, in order."""
-        return self.hops[-1].carry if self.hops else self.start
-
-    def __str__(self) -> str:
-        def step(table: str, columns: tuple[str, ...]) -> str:
-            return (
-                f"{table}.{columns[0]}" if len(columns) == 1 else f"{table}.({', '.join(columns)})"
-            )
-
-        if self.direct:
-            return ", ".join(self.start)
-        parts = [step(self.upstream, self.start)]
-        for hop in self.hops:
-            parts += [step(hop.upstream, hop.match), step(hop.upstream, hop.carry)]
-        return " -> ".join(parts)
-
-
-@dataclass(frozen=True)
 class Declared:
     """The declared form of a pipeline: the full transform and every upstream's key path.
 
@@ -120,6 +74,45 @@ class Declared:
     key_paths: Mapping[str, KeyPath]
     function: FullTransform | None = None
     sql: str | None = None
+    # SQL only: every path a batch follows, per upstream (the declared one first, then
+    # those the query adds: an upstream joined to itself has one per reference); None
+    # until the upstreams' schemas place every column (see paths_for_batch).
+    inferred: Mapping[str, tuple[KeyPath, ...]] | None = None
+
+
+def _every_path(
+    declared: Mapping[str, KeyPath], inferred: Mapping[str, tuple[KeyPath, ...]]
+) -> dict[str, tuple[KeyPath, ...]]:
+    every: dict[str, tuple[KeyPath, ...]] = {}
+    for upstream, path in declared.items():
+        more = [p for p in inferred.get(upstream.lower(), ()) if p != path.folded()]
+        every[upstream] = (path, *(KeyPath(upstream, p.start, p.hops) for p in more))
+    return every
+
+
+def paths_for_batch(
+    pipeline: str,
+    declared: Declared,
+    keys: Sequence[str],
+    schemas: Mapping[str, Sequence[str]],
+) -> dict[str, tuple[KeyPath, ...]]:
+    """Every key path a batch follows, per upstream: the declared ones for a function;
+    for SQL, those the query proves, inferred again with the snapshots' ``schemas`` when
+    the definitions could not place every column.
+
+    Raises:
+        ConfigurationError: the SQL is refused once the schemas place its columns.
+    """
+    if declared.sql is None:
+        return {u: (p,) for u, p in declared.key_paths.items()}
+    every = declared.inferred
+    if every is None:
+        inferred = check_sql(
+            pipeline, declared.sql, paths=declared.key_paths, keys=keys, schemas=schemas
+        )
+        assert inferred is not None  # with schemas the proof is never open
+        every = _every_path(declared.key_paths, inferred.paths)
+    return dict(every)
 
 
 def _columns(text: str, pipeline: str, upstream: str, written: str) -> tuple[str, ...]:
@@ -325,13 +318,21 @@ def declare(
     if function is not None:
         check_function(pipeline, function, names)
     if sql is not None:
-        check_sql(pipeline, sql, starts={u: p.start for u, p in paths.items()}, keys=keys)
+        inferred = check_sql(pipeline, sql, paths=paths, keys=keys)
+        if inferred is not None:
+            return Declared(paths, sql=sql, inferred=_every_path(paths, inferred.paths))
     return Declared(key_paths=paths, function=function, sql=sql)
 
 
 def describe(declared: Declared) -> dict[str, Any]:
     """The declaration as shown in the Dagster UI and ``watermark list``."""
-    return {
+    described: dict[str, Any] = {
         "form": "sql" if declared.sql is not None else "function",
         "key_paths": {u: str(p) for u, p in declared.key_paths.items()},
     }
+    # Paths the query adds to the declared ones (an upstream joined to itself, a column
+    # it is also joined on): a batch follows them too.
+    more = {u: [str(p) for p in ps[1:]] for u, ps in (declared.inferred or {}).items() if ps[1:]}
+    if more:
+        described["inferred_key_paths"] = more
+    return described

@@ -3,39 +3,39 @@
 A batch runs the declared SQL over views of the pinned snapshots in which every upstream
 that holds the target keys is cut down to the rows of the keys the batch touched. That
 gives each touched key the row a full recompute gives it only if the row depends on
-nothing but the rows that reach that key along the key paths (the declaration's promise,
-see :mod:`watermark_dagster.config.declared`). This module refuses SQL that breaks the
-promise in a way the text shows, parsed with sqlglot's Spark dialect:
+nothing but the rows that reach that key along the key paths. This module accepts only
+SQL for which the query itself proves that (parsed with sqlglot's Spark dialect):
 
-* anything but one query, or a table other than the upstreams' views and the query's own
-  ``WITH`` names (a qualified name, a path, a table function);
-* constructs whose rows depend on rows of other keys: windows (``OVER``, ``WINDOW``,
-  ``QUALIFY``), ``LIMIT``/``OFFSET``, ``TABLESAMPLE``, ``ROLLUP``/``CUBE``/``GROUPING SETS``;
-* non-deterministic functions (``rand()``, ``uuid()``, ``current_timestamp`` ...);
-* a top-level aggregate that does not group by every target key, or aggregates all rows;
-* an aggregate in a derived table, a ``WITH`` query or a subquery over an upstream whose
-  groups are not made of whole key-path groups: it must group by (or be correlated on)
-  the upstream's key-path start columns;
-* a scalar, ``EXISTS`` or ``IN`` subquery over an upstream that is not correlated on the
-  upstream's key-path start columns (an ``IN`` may instead select them). An uncorrelated
-  ``(SELECT AVG(amount) FROM orders)`` is computed over the cut-down view and changes
-  with every order, so the keys a batch did not touch would keep stale rows.
+* one query, reading no table but the upstreams' views and its own ``WITH`` names (no
+  qualified name, path or table function), and no recursive ``WITH``;
+* no construct whose rows depend on rows of other keys: ``LIMIT``/``OFFSET``/``FETCH``,
+  ``TABLESAMPLE``, ``ROLLUP``/``CUBE``/``GROUPING SETS``, ``PIVOT``/``UNPIVOT``;
+* no ``NOT IN (subquery)``: one NULL among the subquery's values empties the answer for
+  every key;
+* no non-deterministic function (``rand()``, ``uuid()``, ``current_timestamp``,
+  ``reflect`` ...);
+* every upstream reference reaches the target keys through equalities of the query, each
+  key is a plain column of a row that is never NULL-extended, and every window is
+  partitioned by the keys (:mod:`~watermark_dagster.config.key_inference`, which infers
+  each reference's key path); a declared key path must be one the query follows.
 
-Columns are matched by name (Spark's identifiers are case-insensitive), because the
-upstreams' schemas are not read when the definitions load; an unqualified column inside a
-subquery is taken as the subquery's own. What the text cannot show (a Python full
-transform, a function sqlglot does not know) is checked on Spark's analyzed plan before
-the first write (:mod:`watermark_dagster.read.derive`).
+Columns are matched by name (Spark's identifiers are case-insensitive). When the
+definitions load the upstreams' schemas are not read: a column that several tables of a
+join could hold, unqualified, leaves the proof to the batch, which repeats it with the
+snapshots' schemas before it writes. What the text cannot show (a Python full transform,
+a function sqlglot does not know) is checked on Spark's analyzed plan before the first
+write (:mod:`watermark_dagster.read.derive`).
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.optimizer.scope import Scope, ScopeType, build_scope
 
+from watermark_dagster.config.key_inference import Inference, Refusal, infer
+from watermark_dagster.config.key_paths import KeyPath
 from watermark_dagster.errors import ConfigurationError
 
 
@@ -68,6 +68,10 @@ NON_DETERMINISTIC = frozenset(
         "INPUT_FILE_NAME",
         "INPUT_FILE_BLOCK_START",
         "INPUT_FILE_BLOCK_LENGTH",
+        # They call any Java method: its answer may differ from call to call.
+        "REFLECT",
+        "JAVA_METHOD",
+        "TRY_REFLECT",
     }
 )
 # Functions written without parentheses; sqlglot reads some of them as columns.
@@ -78,8 +82,6 @@ _PER_KEY = (
     "incremental transform by hand with @pipeline."
 )
 _ACROSS_KEYS: tuple[tuple[type[exp.Expr], str, str], ...] = (
-    (exp.Window, "OVER", "a window function computes a row from other keys' rows"),
-    (exp.Qualify, "QUALIFY", "QUALIFY filters on a window over other keys' rows"),
     (exp.Limit, "LIMIT", "LIMIT keeps rows depending on the other keys present"),
     (exp.Fetch, "FETCH", "FETCH keeps rows depending on the other keys present"),
     (exp.Offset, "OFFSET", "OFFSET drops rows depending on the other keys present"),
@@ -87,6 +89,7 @@ _ACROSS_KEYS: tuple[tuple[type[exp.Expr], str, str], ...] = (
     (exp.Rollup, "ROLLUP", "ROLLUP adds subtotal rows over several keys"),
     (exp.Cube, "CUBE", "CUBE adds subtotal rows over several keys"),
     (exp.GroupingSets, "GROUPING SETS", "GROUPING SETS adds rows over several keys"),
+    (exp.Pivot, "PIVOT", "PIVOT aggregates over the rows of every key it does not name"),
 )
 
 
@@ -95,7 +98,6 @@ class _Sql:
     """One parsed query and what the pipeline declares about it."""
 
     pipeline: str
-    starts: Mapping[str, tuple[str, ...]]  # upstream (lower case) -> key-path start columns
     names: Mapping[str, str]  # upstream (lower case) -> as declared
     keys: tuple[str, ...]  # target keys, lower case
 
@@ -115,11 +117,22 @@ class _Sql:
 
 
 def check_sql(
-    pipeline: str, sql: str, *, starts: Mapping[str, Sequence[str]], keys: Sequence[str]
-) -> None:
-    """Refuse, when the definitions load, declared SQL whose incremental form would differ
-    from a full recompute (see the module docstring). ``starts`` gives each upstream's
-    key-path start columns (``KeyPath.start``).
+    pipeline: str,
+    sql: str,
+    *,
+    paths: Mapping[str, KeyPath],
+    keys: Sequence[str],
+    schemas: Mapping[str, Sequence[str]] | None = None,
+) -> Inference | None:
+    """Refuse declared SQL whose incremental form could differ from a full recompute (see
+    the module docstring), and infer the key path of each of its upstream references.
+
+    ``paths`` are the declared key paths; each must be one the query follows. ``schemas``
+    (each upstream's columns) place the unqualified columns of a join; without them such
+    a column leaves the proof open.
+
+    Returns:
+        The inference, or None when it is open (no schemas and a column only they place).
 
     Raises:
         DeclaredSqlError: naming the pipeline, the line, the construct and the fix.
@@ -130,12 +143,7 @@ def check_sql(
             pipeline=pipeline,
             fix="give one SELECT over views named after the upstreams.",
         )
-    checked = _Sql(
-        pipeline,
-        starts={u.lower(): tuple(c.lower() for c in cs) for u, cs in starts.items()},
-        names={u.lower(): u for u in starts},
-        keys=tuple(k.lower() for k in keys),
-    )
+    checked = _Sql(pipeline, names={u.lower(): u for u in paths}, keys=tuple(keys))
     query = _parse(checked, sql)
     _check_constructs(checked, query)
     read = _check_tables(checked, query)
@@ -147,9 +155,53 @@ def check_sql(
                 f"read it (FROM {name} / JOIN {name}), or remove it from the pipeline's upstreams.",
                 upstream=lower,
             )
-    root = build_scope(query)
-    assert root is not None  # a query always has a scope
-    _check_scopes(checked, root)
+    try:
+        inferred = infer(
+            query, upstreams=list(paths), keys=keys, schemas=schemas, known=_named(paths)
+        )
+    except Refusal as refusal:
+        raise checked.refuse(
+            refusal.node, refusal.problem, refusal.fix, upstream=refusal.upstream
+        ) from None
+    if inferred.open:
+        if schemas is None:
+            return None
+        assert inferred.graph is not None
+        where = inferred.graph.unresolved[0] if inferred.graph.unresolved else None
+        written = where.sql(dialect="spark") if where is not None else "a column"
+        raise checked.refuse(
+            where,
+            f"names {written}, which no table of its FROM clause can be told to hold",
+            "qualify the column with its table's alias (o.customer_id).",
+        )
+    for upstream, declared in paths.items():
+        if inferred.explains(declared):
+            continue
+        found = inferred.paths.get(upstream.lower(), ())
+        assert inferred.graph is not None
+        table = next((r.table for r in inferred.graph.refs if r.upstream == upstream.lower()), None)
+        raise checked.refuse(
+            table,
+            f"relates upstream '{upstream}' to the target keys as "
+            f"{' and '.join(repr(str(p)) for p in found)}, but its declared key path is "
+            f"'{declared}', which the query's equalities do not follow",
+            f"declare the key path '{found[0]}' for '{upstream}', or change the query's "
+            "join to the one the key path names.",
+            upstream=upstream,
+        )
+    return inferred
+
+
+def _named(paths: Mapping[str, KeyPath]) -> dict[str, set[str]]:
+    """The columns the key paths name, per upstream: each upstream has them."""
+    named: dict[str, set[str]] = {}
+    for path in paths.values():
+        named.setdefault(path.upstream.lower(), set()).update(c.lower() for c in path.start)
+        for hop in path.hops:
+            named.setdefault(hop.upstream.lower(), set()).update(
+                c.lower() for c in (*hop.match, *hop.carry)
+            )
+    return named
 
 
 def _parse(checked: _Sql, sql: str) -> exp.Query:
@@ -194,6 +246,23 @@ def _parse(checked: _Sql, sql: str) -> exp.Query:
 
 def _check_constructs(checked: _Sql, query: exp.Query) -> None:
     for node in query.walk():
+        if isinstance(node, exp.With) and node.args.get("recursive"):
+            raise checked.refuse(
+                node,
+                "uses WITH RECURSIVE: a recursive query walks rows of other keys",
+                "write the pipeline's incremental transform by hand with @pipeline.",
+            )
+        if isinstance(node, exp.In) and node.args.get("query") is not None:
+            parent = node.parent
+            while isinstance(parent, exp.Paren):
+                parent = parent.parent
+            if isinstance(parent, exp.Not):
+                raise checked.refuse(
+                    node,
+                    "uses NOT IN (subquery): one NULL among the subquery's values makes it "
+                    "false for every row, so a change to one key changes every key",
+                    "use NOT EXISTS (SELECT 1 FROM ... WHERE inner.column = outer.column).",
+                )
         for kind, construct, why in _ACROSS_KEYS:
             if isinstance(node, kind):
                 raise checked.refuse(node, f"uses {construct}: {why}", _PER_KEY)
@@ -250,178 +319,6 @@ def _check_tables(checked: _Sql, query: exp.Query) -> set[str]:
                 outside,
             )
     return read
-
-
-# ------------------------------------------------------------------------- scopes
-
-
-def _check_scopes(checked: _Sql, root: Scope) -> None:
-    reach_memo: dict[int, frozenset[str]] = {}
-
-    def reach(scope: Scope) -> frozenset[str]:
-        """The upstreams whose rows flow into ``scope``'s FROM clause (through derived
-        tables, WITH queries and set operations; not its expression subqueries)."""
-        if id(scope) not in reach_memo:
-            reach_memo[id(scope)] = frozenset()  # a recursive WITH stops here
-            found: set[str] = set()
-            for branch in scope.set_operation_scopes:
-                found |= reach(branch)
-            for _, source in scope.selected_sources.values():
-                if isinstance(source, Scope):
-                    found |= reach(source)
-                elif source.name.lower() in checked.names:  # a table
-                    found.add(source.name.lower())
-            reach_memo[id(scope)] = frozenset(found)
-        return reach_memo[id(scope)]
-
-    for scope in root.traverse():
-        select = scope.expression
-        if not isinstance(select, exp.Select):
-            continue
-        role = _role(scope)
-        grouped = _grouped(select)
-        if role == "top":
-            _check_top_grouping(checked, select, grouped)
-            continue
-        pinned = _correlated(scope)
-        if role == "subquery":
-            matched = pinned | _in_selected(scope)
-            for upstream in sorted(reach(scope)):
-                missing = [c for c in checked.starts[upstream] if c not in matched]
-                if missing:
-                    name = checked.names[upstream]
-                    raise checked.refuse(
-                        select,
-                        f"reads upstream '{name}' in a subquery that is not correlated on its "
-                        f"key-path column(s) {missing}: its value depends on the rows of every "
-                        "key (keys a batch did not touch would keep stale rows)",
-                        f"correlate the subquery on the key-path column(s) "
-                        f"{list(checked.starts[upstream])} of {name} (e.g. WHERE "
-                        f"{name}.{missing[0]} = outer.{missing[0]}), or write the pipeline's "
-                        "incremental transform by hand with @pipeline.",
-                        upstream=upstream,
-                    )
-        if grouped is not None:
-            for upstream in sorted(reach(scope)):
-                missing = [c for c in checked.starts[upstream] if c not in grouped | pinned]
-                if missing:
-                    by = f"grouped by {sorted(grouped)}" if grouped else "over all its rows"
-                    raise checked.refuse(
-                        select,
-                        f"aggregates rows of upstream '{checked.names[upstream]}' {by}, not per "
-                        f"its key-path column(s) {missing}: a group holds rows of keys a batch "
-                        "did not touch",
-                        f"GROUP BY (or correlate on) the key-path column(s) "
-                        f"{list(checked.starts[upstream])} of {checked.names[upstream]}, or "
-                        "write the pipeline's incremental transform by hand with @pipeline.",
-                        upstream=upstream,
-                    )
-
-
-def _role(scope: Scope) -> str:
-    """``top`` (the query's own rows), ``subquery`` (a scalar, EXISTS or IN subquery) or
-    ``source`` (a derived table or a WITH query)."""
-    while scope.scope_type == ScopeType.SET_OPERATION and scope.parent is not None:
-        scope = scope.parent
-    if scope.scope_type == ScopeType.ROOT:
-        return "top"
-    if scope.scope_type == ScopeType.SUBQUERY:
-        return "subquery"
-    return "source"
-
-
-def _own(select: exp.Select) -> Iterator[exp.Expr]:
-    """The nodes of ``select`` that are not in a nested query."""
-    for node in select.walk(prune=lambda n: n is not select and isinstance(n, exp.Query)):
-        if node is select or not isinstance(node, exp.Query):
-            yield node
-
-
-def _grouped(select: exp.Select) -> set[str] | None:
-    """The column names ``select`` groups by, or None when it does not aggregate.
-
-    ``GROUP BY ALL`` and ``DISTINCT`` group by the selected non-aggregate columns.
-    """
-    group = select.args.get("group")
-    projections = list(select.expressions)
-    if group is not None and group.args.get("all"):
-        return {p.alias_or_name.lower() for p in projections if not p.find(exp.AggFunc)}
-    if group is not None:
-        names: set[str] = set()
-        for item in group.expressions:
-            if isinstance(item, exp.Literal) and item.is_int:  # GROUP BY 1
-                position = int(item.name) - 1
-                if 0 <= position < len(projections):
-                    names.add(projections[position].alias_or_name.lower())
-            elif isinstance(item, exp.Column):
-                names.add(item.name.lower())
-        return names
-    if select.args.get("distinct") is not None:
-        return {p.alias_or_name.lower() for p in projections}
-    aggregates = any(
-        isinstance(n, exp.AggFunc)
-        for n in _own(select)
-        if n.parent is None or not isinstance(n.parent, exp.Window)
-    )
-    return set() if aggregates else None
-
-
-def _check_top_grouping(checked: _Sql, select: exp.Select, grouped: set[str] | None) -> None:
-    if grouped is None:
-        return
-    missing = [k for k in checked.keys if k not in grouped]
-    if not missing:
-        return
-    if not grouped:
-        raise checked.refuse(
-            select,
-            "aggregates all rows into one (an aggregate with no GROUP BY)",
-            f"GROUP BY the target key columns {list(checked.keys)}, so each output row "
-            "belongs to one key.",
-        )
-    raise checked.refuse(
-        select.args.get("group") or select,
-        f"groups rows by something other than the target key(s) {missing}",
-        f"GROUP BY the target key columns {list(checked.keys)}, so each output row belongs "
-        "to one key.",
-    )
-
-
-def _correlated(scope: Scope) -> set[str]:
-    """Names of ``scope``'s own columns equated to a column of an enclosing query, in its
-    WHERE, HAVING or JOIN conditions (``o.customer_id = c.customer_id``)."""
-    inner = {name.lower() for name in scope.selected_sources}
-    names: set[str] = set()
-    select = scope.expression
-    assert isinstance(select, exp.Select)
-    for node in _own(select):
-        if not isinstance(node, (exp.EQ, exp.NullSafeEQ)):
-            continue
-        left, right = node.this, node.expression
-        if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
-            continue
-        for mine, other in ((left, right), (right, left)):
-            mine_inner = not mine.table or mine.table.lower() in inner
-            other_outer = bool(other.table) and other.table.lower() not in inner
-            if mine_inner and other_outer:
-                names.add(mine.name.lower())
-    return names
-
-
-def _in_selected(scope: Scope) -> set[str]:
-    """For the query of ``x IN (SELECT c ...)``: the columns it selects, which ``IN``
-    matches against ``x`` (as a correlation would)."""
-    outer = scope
-    while outer.scope_type == ScopeType.SET_OPERATION and outer.parent is not None:
-        outer = outer.parent
-    node = outer.expression.parent
-    if isinstance(node, exp.Subquery):
-        node = node.parent
-    if not isinstance(node, exp.In):
-        return set()
-    select = scope.expression
-    assert isinstance(select, exp.Select)
-    return {p.alias_or_name.lower() for p in select.expressions}
 
 
 def _line(node: exp.Expr) -> int | None:

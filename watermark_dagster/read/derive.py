@@ -48,7 +48,8 @@ from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.declared import Declared, KeyPath
+from watermark_dagster.config.declared import Declared, paths_for_batch
+from watermark_dagster.config.key_paths import Hop, KeyPath, restrictable
 from watermark_dagster.config.pipeline import (
     BatchContext,
     Pipeline,
@@ -108,19 +109,22 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     """The changes that bring ``pipeline``'s target up to the batch's pinned snapshots."""
     keys = list(pipeline.keys)
     snapshots = {u: batch[u].snapshot for u in pipeline.upstreams}
-    for path in declared.key_paths.values():
+    paths = key_paths(pipeline, declared, snapshots)
+    for path in (p for ps in paths.values() for p in ps):
         _check_columns(pipeline, path, snapshots)
     # The full transform over the whole snapshots: Spark analyses it (no job) so that what
     # it reads and how it computes can be checked before anything is written.
     whole = _checked(pipeline, full(declared, snapshots, batch))
-    _computes_per_key(pipeline, whole)
+    # Declared SQL proved its windows per key when it loaded (key_inference); a Python
+    # full transform's windows are refused here.
+    _computes_per_key(pipeline, whole, windows_proven=declared.sql is not None)
     _reads_only_upstreams(pipeline, batch, whole)
     if batch.full_load:
         return whole
     choice = batch.strategy
     if choice is not None and choice.strategy is Strategy.FULL:
         return diff_against_target(batch.spark, whole, pipeline)
-    values = _touched_values(declared, batch, snapshots)
+    values = _touched_values(paths, batch, snapshots)
     if (
         values is None
         and choice is not None
@@ -134,10 +138,12 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
         )
         return diff_against_target(batch.spark, whole, pipeline)
     if values is None:  # more touched keys than the driver holds: joins with a plan
-        return _derived_by_joins(pipeline, declared, batch, snapshots, keys)
+        return _derived_by_joins(pipeline, declared, paths, batch, snapshots, keys)
     restricted = {
-        u: where_in(snapshots[u], list(path.start), values) if path.direct else snapshots[u]
-        for u, path in declared.key_paths.items()
+        u: where_in(snapshots[u], list(start), values)
+        if (start := restrictable(paths[u]))
+        else snapshots[u]
+        for u in paths
     }
     current = _checked(pipeline, full(declared, restricted, batch))
     return _changes_for_values(batch.spark, values, current, keys)
@@ -156,14 +162,50 @@ def _collected(frame: DataFrame, limit: int) -> list[tuple[object, ...]] | None:
     return None if len(rows) > limit else [tuple(r) for r in rows]
 
 
+def key_paths(
+    pipeline: Pipeline, declared: Declared, snapshots: Mapping[str, DataFrame]
+) -> dict[str, tuple[KeyPath, ...]]:
+    """Every key path a batch of ``pipeline`` follows, per upstream, its columns spelled
+    as the snapshots spell them (:func:`~watermark_dagster.config.declared.paths_for_batch`;
+    for SQL that the definitions could not prove without the schemas, proven here, before
+    anything is written).
+
+    Raises:
+        ConfigurationError: the SQL is refused once the schemas place its columns.
+    """
+    schemas = {u: snapshots[u].columns for u in pipeline.upstreams}
+    paths = paths_for_batch(pipeline.name, declared, pipeline.keys, schemas)
+
+    def spelled(upstream: str, columns: tuple[str, ...]) -> tuple[str, ...]:
+        names = {c.lower(): c for c in schemas.get(upstream, ())}
+        return tuple(names.get(c.lower(), c) for c in columns)
+
+    return {
+        u: tuple(
+            KeyPath(
+                p.upstream,
+                spelled(p.upstream, p.start),
+                tuple(
+                    Hop(h.upstream, spelled(h.upstream, h.match), spelled(h.upstream, h.carry))
+                    for h in p.hops
+                ),
+            )
+            for p in ps
+        )
+        for u, ps in paths.items()
+    }
+
+
 def _touched_values(
-    declared: Declared, batch: BatchContext, snapshots: Mapping[str, DataFrame]
+    paths: Mapping[str, tuple[KeyPath, ...]],
+    batch: BatchContext,
+    snapshots: Mapping[str, DataFrame],
 ) -> list[tuple[object, ...]] | None:
     """The touched target keys' values, each once (see the module's docstring), walked
     hop by hop with the values collected at each step; None past ``INLINE_KEYS_LIMIT``."""
     limit = INLINE_KEYS_LIMIT
     found: set[tuple[object, ...]] = set()
-    for upstream, path in declared.key_paths.items():
+    for upstream, path in ((u, p) for u, ps in paths.items() for p in ps):
         values = _collected(batch[upstream].changed_keys(list(path.start)), limit)
         for hop in path.hops:
             if not values:  # None (too many) or none at all: nothing more to carry
@@ -225,19 +267,20 @@ _FOUND = "_wm_found"
 def _derived_by_joins(
     pipeline: Pipeline,
     declared: Declared,
+    paths: Mapping[str, tuple[KeyPath, ...]],
     batch: BatchContext,
     snapshots: Mapping[str, DataFrame],
     keys: list[str],
 ) -> DataFrame:
     """The derivation with the touched keys as a plan, semi-joined where they are used."""
-    touched = _touched_keys(declared, batch, snapshots, keys)
+    touched = _touched_keys(paths, batch, snapshots, keys)
     restricted = {
         u: (
-            matching_keys(snapshots[u], touched, list(path.start), keys)
-            if path.direct
+            matching_keys(snapshots[u], touched, list(start), keys)
+            if (start := restrictable(paths[u]))
             else snapshots[u]
         )
-        for u, path in declared.key_paths.items()
+        for u in paths
     }
     current = _checked(pipeline, full(declared, restricted, batch))
     return recompute(touched, current, keys)
@@ -398,10 +441,13 @@ def full(declared: Declared, snapshots: Mapping[str, DataFrame], batch: BatchCon
 
 
 def _touched_keys(
-    declared: Declared, batch: BatchContext, snapshots: Mapping[str, DataFrame], keys: list[str]
+    paths: Mapping[str, tuple[KeyPath, ...]],
+    batch: BatchContext,
+    snapshots: Mapping[str, DataFrame],
+    keys: list[str],
 ) -> DataFrame:
     found: DataFrame | None = None
-    for upstream, path in declared.key_paths.items():
+    for upstream, path in ((u, p) for u, ps in paths.items() for p in ps):
         values = batch[upstream].changed_keys(list(path.start))
         carried = list(path.start)
         for hop in path.hops:
@@ -608,7 +654,9 @@ _NON_DETERMINISTIC_EXPRESSIONS = frozenset(
 _SUBQUERIES = frozenset({"ScalarSubquery", "ListQuery", "Exists", "LateralSubquery"})
 
 
-def _computes_per_key(pipeline: Pipeline, output: DataFrame) -> None:
+def _computes_per_key(
+    pipeline: Pipeline, output: DataFrame, *, windows_proven: bool = False
+) -> None:
     """Refuse a full transform whose analyzed plan mixes keys or is non-deterministic.
 
     The plan (one call: Catalyst's JSON form of the analyzed plan) is searched for windows,
@@ -617,7 +665,9 @@ def _computes_per_key(pipeline: Pipeline, output: DataFrame) -> None:
     Subquery plans are not searched; the SQL form's subqueries are analysed when it loads
     (:mod:`~watermark_dagster.config.declared_sql`). On Spark Connect the analyzed plan is
     not reachable from the client, so this check does not run there: the load-time SQL
-    analysis and the input-file check still do.
+    analysis and the input-file check still do. With ``windows_proven`` (declared SQL,
+    whose windows :mod:`~watermark_dagster.config.key_inference` proved partitioned by the
+    keys) windows pass.
 
     Raises:
         TerminalError: naming the pipeline, the construct and the fix; nothing is written.
@@ -625,7 +675,8 @@ def _computes_per_key(pipeline: Pipeline, output: DataFrame) -> None:
     jdf = getattr(output, "_jdf", None)
     if jdf is None:  # a Spark Connect DataFrame
         return
-    found = _first_across_keys(json.loads(jdf.queryExecution().analyzed().toJSON()))
+    skip = frozenset({"Window"}) if windows_proven else frozenset()
+    found = _first_across_keys(json.loads(jdf.queryExecution().analyzed().toJSON()), skip)
     if found is not None:
         raise TerminalError(
             f"Pipeline '{pipeline.name}': its full transform {found}, so the incremental "
@@ -637,11 +688,11 @@ def _computes_per_key(pipeline: Pipeline, output: DataFrame) -> None:
         )
 
 
-def _first_across_keys(tree: object) -> str | None:
+def _first_across_keys(tree: object, skip: frozenset[str] = frozenset()) -> str | None:
     """The first construct in a Catalyst JSON tree that mixes keys, described, or None."""
     if isinstance(tree, list):
         for item in cast("list[object]", tree):
-            found = _first_across_keys(item)
+            found = _first_across_keys(item, skip)
             if found is not None:
                 return found
         return None
@@ -651,7 +702,7 @@ def _first_across_keys(tree: object) -> str | None:
     kind = str(node.get("class", "")).rsplit(".", 1)[-1].rstrip("$")
     if kind in _SUBQUERIES:
         return None
-    if kind in _ACROSS_KEYS_NODES:
+    if kind in _ACROSS_KEYS_NODES and kind not in skip:
         return f"uses {kind}: {_ACROSS_KEYS_NODES[kind]}"
     if kind in _NON_DETERMINISTIC_EXPRESSIONS:
         return (
@@ -661,7 +712,7 @@ def _first_across_keys(tree: object) -> str | None:
     if kind == "Aggregate" and node.get("groupingExpressions") == []:
         return "aggregates all rows into one (an aggregate with no grouping)"
     for value in node.values():
-        found = _first_across_keys(value)
+        found = _first_across_keys(value, skip)
         if found is not None:
             return found
     return None

@@ -1,0 +1,352 @@
+"""Declared SQL is accepted only when the query proves its incremental form: the eight
+classes of shapes that wrote wrong targets with exit 0 are refused when the definitions
+load (naming the line and a fix), or accepted with the key paths that make them exact
+(tests/spark/test_declared_proofs.py runs those against a recompute). No JVM."""
+
+import pytest
+
+from watermark_dagster.config.declared import paths_for_batch
+from watermark_dagster.config.key_paths import Hop, KeyPath
+from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
+from watermark_dagster.errors import ConfigurationError
+
+BY_CUSTOMER = "customers.customer_id -> orders.customer_id -> orders.order_id"
+
+
+def _load(sql: str, upstreams: dict[str, str], keys: list[str]) -> Pipeline:
+    return sql_pipeline(name="p", sql=sql, upstreams=upstreams, target="/lake/p", keys=keys)
+
+
+def _refused(sql: str, upstreams: dict[str, str], keys: list[str]) -> str:
+    with pytest.raises(ConfigurationError) as caught:
+        _load(sql, upstreams, keys)
+    message = str(caught.value)
+    assert message.startswith("Pipeline 'p': its SQL (line "), message
+    assert "Fix: " in message, message
+    return message
+
+
+# (id, sql, upstreams, keys, what the refusal says, the SQL line it names)
+REFUSED = [
+    # 1. A recursive walk over one upstream's rows.
+    (
+        "recursive-cte",
+        "WITH RECURSIVE chain AS (SELECT emp_id, manager_id FROM employees\n"
+        "UNION ALL SELECT e.emp_id, c.manager_id FROM employees e JOIN chain c "
+        "ON e.manager_id = c.emp_id)\nSELECT emp_id, manager_id FROM chain",
+        {"employees": "emp_id"},
+        ["emp_id"],
+        "uses WITH RECURSIVE",
+        1,
+    ),
+    # 2. A join or correlation on a column other than the declared path.
+    (
+        "join-on-another-column",
+        "SELECT o.order_id, c.name\nFROM orders o\n"
+        "JOIN customers c ON c.customer_id = o.referrer_id",
+        {"orders": "order_id", "customers": BY_CUSTOMER},
+        ["order_id"],
+        "relates upstream 'customers' to the target keys as 'customers.customer_id -> "
+        "orders.referrer_id -> orders.order_id', but its declared key path is '" + BY_CUSTOMER,
+        3,
+    ),
+    (
+        "join-on-expressions",
+        "SELECT o.order_id, c.name FROM orders o\n"
+        "JOIN customers c ON LOWER(o.email) = LOWER(c.email)",
+        {"orders": "order_id", "customers": BY_CUSTOMER},
+        ["order_id"],
+        "reads upstream 'customers' (as 'c') with no equality between columns",
+        2,
+    ),
+    (
+        "exists-on-another-column",
+        "SELECT o.order_id FROM orders o WHERE EXISTS\n"
+        "(SELECT 1 FROM customers c WHERE c.email = o.email)",
+        {"orders": "order_id", "customers": BY_CUSTOMER},
+        ["order_id"],
+        "relates upstream 'customers' to the target keys as 'customers.email -> "
+        "orders.email -> orders.order_id'",
+        2,
+    ),
+    (
+        "in-on-another-column",
+        "SELECT o.order_id FROM orders o\n"
+        "WHERE o.referrer_id IN (SELECT c.customer_id FROM customers c)",
+        {"orders": "order_id", "customers": BY_CUSTOMER},
+        ["order_id"],
+        "orders.referrer_id -> orders.order_id', but its declared key path",
+        2,
+    ),
+    (
+        "semi-join-on-another-column",
+        "SELECT o.order_id FROM orders o\n"
+        "LEFT SEMI JOIN customers c ON c.customer_id = o.referrer_id",
+        {"orders": "order_id", "customers": BY_CUSTOMER},
+        ["order_id"],
+        "orders.referrer_id -> orders.order_id', but its declared key path",
+        2,
+    ),
+    # 3. A key produced by an expression under its own name.
+    (
+        "coalesced-key",
+        "SELECT COALESCE(region_id, -1) AS region_id, COUNT(*) AS n\nFROM customers GROUP BY 1",
+        {"customers": "region_id"},
+        ["region_id"],
+        "computes the key column 'region_id' with an expression or aggregate",
+        1,
+    ),
+    (
+        "lowered-key",
+        "SELECT LOWER(email) AS email, name FROM customers",
+        {"customers": "email"},
+        ["email"],
+        "computes the key column 'email' with an expression or aggregate",
+        1,
+    ),
+    # 4. NOT IN over a column that may hold NULL.
+    (
+        "not-in",
+        "SELECT o.order_id FROM orders o\n"
+        "WHERE o.customer_id NOT IN (SELECT b.customer_id FROM blocked b)",
+        {
+            "orders": "order_id",
+            "blocked": "blocked.customer_id -> orders.customer_id -> orders.order_id",
+        },
+        ["order_id"],
+        "uses NOT IN (subquery)",
+        2,
+    ),
+    # 5. An outer join grouped by, or keyed on, its nullable side.
+    (
+        "left-join-grouped-by-its-right-side",
+        "SELECT c.customer_id, SUM(o.amount) AS total\n"
+        "FROM orders o LEFT JOIN customers c ON o.customer_id = c.customer_id\n"
+        "GROUP BY c.customer_id",
+        {"orders": "customer_id", "customers": "customer_id"},
+        ["customer_id"],
+        "takes the key column 'customer_id' from the optional side of an outer join",
+        1,
+    ),
+    (
+        "right-join-keyed-on-its-left-side",
+        "SELECT o.order_id, c.name FROM orders o RIGHT JOIN customers c "
+        "ON o.customer_id = c.customer_id",
+        {"orders": "order_id", "customers": BY_CUSTOMER},
+        ["order_id"],
+        "takes the key column 'order_id' from the optional side of an outer join",
+        1,
+    ),
+    (
+        "full-join",
+        "SELECT a.customer_id, a.total, b.refunded FROM totals a FULL JOIN refunds b "
+        "ON a.customer_id = b.customer_id",
+        {"totals": "customer_id", "refunds": "customer_id"},
+        ["customer_id"],
+        "takes the key column 'customer_id' from the optional side of an outer join",
+        1,
+    ),
+    # 6. "Correlation" by an equality inside CASE, OR or NOT.
+    (
+        "correlated-inside-case",
+        "SELECT c.customer_id,\n(SELECT SUM(CASE WHEN p.customer_id = c.customer_id "
+        "THEN p.amount END) / SUM(p.amount) FROM payments p) AS share\nFROM customers c",
+        {"customers": "customer_id", "payments": "customer_id"},
+        ["customer_id"],
+        "reads upstream 'payments' (as 'p', in a subquery) with no equality",
+        2,
+    ),
+    (
+        "correlated-inside-or",
+        "SELECT c.customer_id FROM customers c WHERE EXISTS (SELECT 1 FROM payments p\n"
+        "WHERE p.customer_id = c.customer_id OR p.amount > 100)",
+        {"customers": "customer_id", "payments": "customer_id"},
+        ["customer_id"],
+        "reads upstream 'payments' (as 'p', in a subquery) with no equality",
+        1,
+    ),
+    (
+        "correlated-inside-not",
+        "SELECT c.customer_id FROM customers c WHERE EXISTS (SELECT 1 FROM payments p\n"
+        "WHERE NOT (p.customer_id = c.customer_id AND p.amount < 0))",
+        {"customers": "customer_id", "payments": "customer_id"},
+        ["customer_id"],
+        "reads upstream 'payments' (as 'p', in a subquery) with no equality",
+        1,
+    ),
+    # 7. PIVOT inside a derived table.
+    (
+        "pivot-in-a-derived-table",
+        "SELECT c.customer_id, s.paid FROM customers c JOIN (SELECT * FROM\n"
+        "(SELECT customer_id, status, amount FROM payments)\n"
+        "PIVOT (SUM(amount) FOR status IN ('paid' AS paid))) s ON s.customer_id = c.customer_id",
+        {"customers": "customer_id", "payments": "customer_id"},
+        ["customer_id"],
+        "uses PIVOT",
+        3,
+    ),
+    # 8. Functions that call arbitrary Java methods.
+    (
+        "reflect",
+        "SELECT order_id, reflect('java.util.UUID', 'randomUUID') AS tag FROM orders",
+        {"orders": "order_id"},
+        ["order_id"],
+        "calls reflect, which is non-deterministic",
+        1,
+    ),
+    (
+        "java-method",
+        "SELECT order_id, java_method('java.lang.Math', 'random') AS r FROM orders",
+        {"orders": "order_id"},
+        ["order_id"],
+        "calls java_method, which is non-deterministic",
+        1,
+    ),
+    (
+        "try-reflect",
+        "SELECT order_id, try_reflect('java.lang.Math', 'random') AS r FROM orders",
+        {"orders": "order_id"},
+        ["order_id"],
+        "calls try_reflect, which is non-deterministic",
+        1,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("sql", "upstreams", "keys", "fragment", "line"),
+    [case[1:] for case in REFUSED],
+    ids=[case[0] for case in REFUSED],
+)
+def test_shapes_whose_incremental_form_differs_are_refused_when_they_load(
+    sql: str, upstreams: dict[str, str], keys: list[str], fragment: str, line: int
+) -> None:
+    message = _refused(sql, upstreams, keys)
+    assert fragment in message, message
+    assert message.startswith(f"Pipeline 'p': its SQL (line {line})"), message
+
+
+def test_a_self_join_gets_a_key_path_per_reference_and_is_not_cut_down() -> None:
+    managers = _load(
+        "SELECT e.emp_id, e.name, m.name AS manager_name\n"
+        "FROM employees e LEFT JOIN employees m ON e.manager_id = m.emp_id",
+        {"employees": "emp_id"},
+        ["emp_id"],
+    )
+    assert managers.declared is not None
+    assert managers.declared.inferred == {
+        "employees": (
+            KeyPath("employees", ("emp_id",)),
+            # A manager's row reaches their reports' keys through their manager_id.
+            KeyPath("employees", ("emp_id",), (Hop("employees", ("manager_id",), ("emp_id",)),)),
+        )
+    }
+    reports = _load(
+        "SELECT m.emp_id, COUNT(e.emp_id) AS reports\n"
+        "FROM employees m LEFT JOIN employees e ON e.manager_id = m.emp_id GROUP BY m.emp_id",
+        {"employees": "emp_id"},
+        ["emp_id"],
+    )
+    assert reports.declared is not None
+    assert reports.declared.inferred is not None
+    # A report's row reaches its manager's key: a second direct path, by manager_id.
+    assert [str(p) for p in reports.declared.inferred["employees"]] == ["emp_id", "manager_id"]
+
+
+# Shapes the denylist refused that the query proves exact (each runs against a recompute
+# in tests/spark/test_declared_proofs.py).
+ACCEPTED = [
+    (
+        "hop-aggregate-in-a-derived-table",
+        "SELECT c.customer_id, COALESCE(t.total, 0) AS total FROM customers c LEFT JOIN\n"
+        "(SELECT o.customer_id, SUM(p.amount) AS total FROM payments p JOIN orders o\n"
+        "ON p.order_id = o.order_id GROUP BY o.customer_id) t ON t.customer_id = c.customer_id",
+        {
+            "customers": "customer_id",
+            "orders": "customer_id",
+            "payments": "payments.order_id -> orders.order_id -> orders.customer_id",
+        },
+        ["customer_id"],
+    ),
+    (
+        "hop-aggregate-in-a-scalar-subquery",
+        "SELECT c.customer_id, (SELECT SUM(p.amount) FROM payments p JOIN orders o\n"
+        "ON p.order_id = o.order_id WHERE o.customer_id = c.customer_id) AS total\n"
+        "FROM customers c",
+        {
+            "customers": "customer_id",
+            "orders": "customer_id",
+            "payments": "payments.order_id -> orders.order_id -> orders.customer_id",
+        },
+        ["customer_id"],
+    ),
+    (
+        "renamed-direct-path",
+        "SELECT cust_id AS customer_id, COUNT(*) AS n FROM orders GROUP BY cust_id",
+        {"orders": "cust_id"},
+        ["customer_id"],
+    ),
+    (
+        "latest-row-per-key",
+        "SELECT customer_id, amount FROM (SELECT *, ROW_NUMBER() OVER\n"
+        "(PARTITION BY customer_id ORDER BY ts DESC) AS rn FROM updates) WHERE rn = 1",
+        {"updates": "customer_id"},
+        ["customer_id"],
+    ),
+    (
+        "qualify-per-key",
+        "SELECT customer_id, amount FROM updates\n"
+        "QUALIFY ROW_NUMBER() OVER (PARTITION BY customer_id ORDER BY ts DESC) = 1",
+        {"updates": "customer_id"},
+        ["customer_id"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("sql", "upstreams", "keys"),
+    [case[1:] for case in ACCEPTED],
+    ids=[case[0] for case in ACCEPTED],
+)
+def test_shapes_the_query_proves_are_accepted(
+    sql: str, upstreams: dict[str, str], keys: list[str]
+) -> None:
+    pipeline = _load(sql, upstreams, keys)
+    assert pipeline.declared is not None
+    assert pipeline.declared.inferred is not None
+    for upstream, path in pipeline.declared.key_paths.items():
+        assert pipeline.declared.inferred[upstream][0] == path
+
+
+def test_the_batch_proves_what_the_definitions_could_not_place() -> None:
+    # Unqualified in a join, `name` and `zone` could be either table's without the schemas.
+    upstreams = {
+        "customers": "customer_id",
+        "regions": "regions.region_id -> customers.region_id -> customers.customer_id",
+    }
+    by_zone = _load(
+        "SELECT customer_id, name FROM customers JOIN regions USING (region_id)\n"
+        "QUALIFY RANK() OVER (PARTITION BY zone ORDER BY name) < 3",
+        upstreams,
+        ["customer_id"],
+    )
+    assert by_zone.declared is not None
+    assert by_zone.declared.inferred is None
+    schemas = {"customers": ["customer_id", "name", "region_id"], "regions": ["region_id", "zone"]}
+    with pytest.raises(ConfigurationError) as caught:
+        paths_for_batch("p", by_zone.declared, ["customer_id"], schemas)
+    assert "(line 2) uses a window not partitioned by the target keys" in str(caught.value)
+    # Partitioned by the key, the same query is proven once the schemas place the columns.
+    per_key = _load(
+        "SELECT customer_id, name FROM customers JOIN regions USING (region_id)\n"
+        "QUALIFY RANK() OVER (PARTITION BY customer_id ORDER BY zone) < 3",
+        upstreams,
+        ["customer_id"],
+    )
+    assert per_key.declared is not None
+    assert per_key.declared.inferred is None
+    paths = paths_for_batch("p", per_key.declared, ["customer_id"], schemas)
+    assert {u: [str(p) for p in ps] for u, ps in paths.items()} == {
+        "customers": ["customer_id"],
+        "regions": ["regions.region_id -> customers.region_id -> customers.customer_id"],
+    }

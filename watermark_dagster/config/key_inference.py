@@ -1,0 +1,666 @@
+"""Key paths inferred from a declared query: what a batch must recompute, proven from the
+query's own equalities rather than trusted from the declaration.
+
+A batch recomputes the target keys its changes touched (:mod:`watermark_dagster.read.derive`):
+every changed row's before- and after-image is followed along a key path to the keys it
+reaches. That is exact when, for every row any upstream reference contributes to an
+output row, the key path's equalities hold between that row and the output row's key.
+This module finds such paths in the query itself:
+
+* Every equality ``a.x = b.y`` (or ``<=>``) that is a top-level ``AND`` conjunct of a
+  ``WHERE``, ``HAVING`` or ``JOIN ... ON`` holds for every combination of rows that
+  contributes to the query's output, and so does ``a.x IN (SELECT b.y ...)`` as a
+  conjunct, a ``USING`` column, a plain column carried out of a derived table, a ``WITH``
+  query or a set operation's branch, and a ``GROUP BY`` column (every row of a group has
+  its value). Those equalities put columns in classes of equal values.
+* An equality inside ``OR``, ``CASE``, ``NOT`` or a function does not hold for every
+  contributing row, and a comparison of expressions (``LOWER(a.x) = b.y``) relates no
+  column: neither links anything.
+* A reference holds the keys directly when it has a column in the class of every output
+  key column; another reference reaches the keys through one that does, by the columns
+  they share a class with, and so on (a breadth-first search from the keys). Each
+  reference of an upstream (an upstream joined to itself has two) gets its own path.
+* The output key columns must be plain columns of a reference that is never
+  NULL-extended (not on the optional side of an outer join): a key computed by an
+  expression (``COALESCE(x, -1) AS x``) is never equal to the raw values a change
+  carries, and an outer join's NULL group is fed by rows whose own key is not NULL.
+* A window must be partitioned by the output keys' classes.
+
+A reference no path reaches is refused: its rows change output rows whose keys no change
+of it names. The search needs to know which reference an unqualified column belongs to;
+without the upstreams' schemas (when the definitions load) a column that several
+references could hold leaves the answer open, and the batch decides it before writing
+(with the snapshots' schemas).
+"""
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from sqlglot import exp
+from sqlglot.optimizer.scope import Scope, build_scope
+
+from watermark_dagster.config.key_paths import Hop, KeyPath
+
+Branches = frozenset[tuple[int, int]]
+"""(set operation, branch) pairs a reference lies in."""
+
+Node = tuple[int, str]
+"""A column of one reference: (reference id, column); negative ids are columns of no
+upstream row (a set operation's output, an unresolved name)."""
+
+
+class Refusal(Exception):
+    """The query is not proven: ``node`` is where (for its line), ``problem`` and ``fix``
+    complete the caller's message."""
+
+    def __init__(
+        self, node: exp.Expr | None, problem: str, fix: str, upstream: str | None = None
+    ) -> None:
+        super().__init__(problem)
+        self.node = node
+        self.problem = problem
+        self.fix = fix
+        self.upstream = upstream
+
+
+@dataclass(frozen=True)
+class Inference:
+    """What the query proves.
+
+    ``paths``: per upstream (lower case), the key path of each of its references, each
+    once. ``open``: a column could not be placed without the schemas (the verdict is the
+    batch's); the paths are then incomplete and not to be used.
+    """
+
+    paths: Mapping[str, tuple[KeyPath, ...]]
+    open: bool
+    graph: "_Graph | None" = None
+
+    def explains(self, path: KeyPath) -> bool:
+        """True when ``path`` (declared) follows equalities of the query from one of its
+        upstream's references to the keys."""
+        if path.folded() in self.paths.get(path.upstream.lower(), ()):
+            return True
+        return self.graph is not None and self.graph.follows(path.folded())
+
+
+@dataclass
+class _Ref:
+    id: int
+    upstream: str
+    alias: str
+    table: exp.Expr
+    nullable: bool
+    branches: Branches
+    within: str  # "" at the top, else where: "in a subquery", "in a derived table ..."
+    columns: set[str] = field(default_factory=set[str])
+
+    def compatible(self, other: "_Ref") -> bool:
+        """False when the two are in different branches of one set operation (their rows
+        never meet)."""
+        mine = dict(self.branches)
+        return all(mine.get(union, branch) == branch for union, branch in other.branches)
+
+
+class _Source:
+    """What a name in a FROM clause reads: an upstream reference, a derived table or
+    ``WITH`` query, or something whose columns lead nowhere (a generator)."""
+
+    def node(self, column: str) -> Node | None:
+        raise NotImplementedError
+
+    def has(self, column: str) -> bool | None:
+        """Whether it has ``column``; None when unknown (no schema)."""
+        raise NotImplementedError
+
+
+class _TableSource(_Source):
+    """An upstream reference. Without its schema, the columns its key paths name are known
+    to be there; a column Spark finds in it is in no other table of the FROM clause (an
+    unqualified name two tables hold is an error), so a known column places the name."""
+
+    def __init__(self, ref: _Ref, columns: Sequence[str] | None, known: set[str]) -> None:
+        self.ref = ref
+        self.columns = None if columns is None else {c.lower() for c in columns}
+        self.known = known
+
+    def node(self, column: str) -> Node | None:
+        self.ref.columns.add(column)
+        return (self.ref.id, column)
+
+    def has(self, column: str) -> bool | None:
+        if self.columns is not None:
+            return column in self.columns
+        return True if column in self.known else None
+
+
+class _Opaque(_Source):
+    def __init__(self, graph: "_Graph") -> None:
+        self.graph = graph
+
+    def node(self, column: str) -> Node | None:
+        return None
+
+    def has(self, column: str) -> bool | None:
+        return None
+
+
+class _Derived(_Source):
+    def __init__(
+        self,
+        graph: "_Graph",
+        outputs: dict[str, Node | None],
+        ordered: list[str],
+        stars: list[_Source],
+    ) -> None:
+        self.graph = graph
+        self.outputs = outputs
+        self.ordered = ordered
+        self.stars = stars
+
+    def node(self, column: str) -> Node | None:
+        if column in self.outputs:
+            return self.outputs[column]
+        found = [s for s in self.stars if s.has(column) is not False]
+        sure = [s for s in found if s.has(column) is True]
+        if len(sure) == 1 or len(found) == 1:
+            return (sure or found)[0].node(column)
+        return self.graph.unknowable(exp.column(column), column)
+
+    def has(self, column: str) -> bool | None:
+        if column in self.outputs:
+            return True
+        answers = [s.has(column) for s in self.stars]
+        if any(a is True for a in answers):
+            return True
+        return None if any(a is None for a in answers) else False
+
+    def at(self, position: int) -> Node | None:
+        if position < len(self.ordered):
+            return self.outputs[self.ordered[position]]
+        # a star's columns, in an order unknown here
+        return self.graph.unknowable(exp.Star(), f"#{position}")
+
+
+_PER_KEY_FIX = (
+    "relate every upstream to the target keys with '=' between columns, in a JOIN's ON or a "
+    "WHERE that is AND-ed (not inside OR, CASE or NOT), or write the pipeline's incremental "
+    "transform by hand with @pipeline."
+)
+
+
+class _Graph:
+    def __init__(
+        self,
+        upstreams: Sequence[str],
+        schemas: Mapping[str, Sequence[str]] | None,
+        known: Mapping[str, set[str]],
+    ):
+        self.upstreams = {u.lower() for u in upstreams}
+        self.known = {u.lower(): {c.lower() for c in cs} for u, cs in known.items()}
+        self.schemas = {u.lower(): cs for u, cs in (schemas or {}).items()}
+        self.parent: dict[Node, Node] = {}
+        self.refs: list[_Ref] = []
+        self.null_joints: set[Node] = set()
+        self.windows: list[tuple[exp.Expr, list[Node]]] = []
+        self.unknown: set[Node] = set()
+        self.unresolved: list[exp.Expr] = []
+        self.open = False
+        self._fresh = 0
+
+    # ---------------------------------------------------------------- classes
+
+    def find(self, node: Node) -> Node:
+        root = node
+        while root in self.parent:
+            root = self.parent[root]
+        while node != root:
+            following = self.parent[node]
+            self.parent[node] = root
+            node = following
+        return root
+
+    def union(self, a: Node | None, b: Node | None) -> None:
+        if a is None or b is None:
+            return
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+    def joint(self, column: str) -> Node:
+        self._fresh -= 1
+        return (self._fresh, column)
+
+    def unknowable(self, where: exp.Expr, column: str) -> Node:
+        """A node for a column no source could be told to hold without the schemas."""
+        self.open = True
+        self.unresolved.append(where)
+        node = self.joint(column)
+        self.unknown.add(node)
+        return node
+
+    def null_extended(self, node: Node) -> bool:
+        if node[0] >= 0:
+            return self.refs[node[0]].nullable
+        return node in self.null_joints
+
+    # ---------------------------------------------------------------- scopes
+
+    def source_of_scope(
+        self,
+        scope: Scope,
+        env: list[dict[str, _Source]],
+        nullable: bool,
+        branches: Branches,
+        within: str = "",
+    ) -> _Derived:
+        expression = scope.expression
+        if isinstance(expression, exp.SetOperation):
+            union = self.joint("union")[0]
+            parts = [
+                self.source_of_scope(branch, env, nullable, branches | {(union, i)}, within)
+                for i, branch in enumerate(scope.set_operation_scopes)
+            ]
+            names = parts[0].ordered
+            outputs: dict[str, Node | None] = {}
+            for position, name in enumerate(names):
+                joint: Node | None = self.joint(name)
+                for part in parts:
+                    node = part.at(position)
+                    if node is None:
+                        joint = None
+                        break
+                    assert joint is not None
+                    self.union(joint, node)
+                    if self.null_extended(node):
+                        self.null_joints.add(joint)
+                outputs[name] = joint
+            return _renamed(_Derived(self, outputs, names, []), expression)
+        if not isinstance(expression, exp.Select):
+            raise Refusal(
+                expression, f"uses {expression.key.upper()}, which is not analysed", _PER_KEY_FIX
+            )
+        derived = self._select(scope, expression, env, nullable, branches, within)
+        return _renamed(derived, expression)
+
+    def _select(
+        self,
+        scope: Scope,
+        select: exp.Select,
+        env: list[dict[str, _Source]],
+        nullable: bool,
+        branches: Branches,
+        within: str,
+    ) -> _Derived:
+        from_ = select.args.get("from_")
+        joins: list[exp.Join] = list(select.args.get("joins") or [])
+        order = [from_.this.alias_or_name.lower()] if from_ is not None else []
+        optional: set[str] = set()
+        hidden: set[str] = set()  # the right side of a semi- or anti-join
+        using: dict[str, str] = {}  # a USING column -> the alias whose value it is
+        for join in joins:
+            alias = join.this.alias_or_name.lower()
+            side, kind = (join.side or "").upper(), (join.kind or "").upper()
+            if kind in ("SEMI", "ANTI"):
+                hidden.add(alias)
+            elif side == "LEFT":
+                optional.add(alias)
+            elif side == "RIGHT":
+                optional.update(order)
+            elif side == "FULL":
+                optional.update(order)
+                optional.add(alias)
+            for identifier in _identifiers(join):
+                name = identifier.name.lower()
+                if side == "FULL":
+                    using[name] = ""  # COALESCE of both sides
+                elif side == "RIGHT":
+                    using[name] = alias
+                else:
+                    using.setdefault(name, order[0] if order else alias)
+            order.append(alias)
+        sources: dict[str, _Source] = {}
+        for alias, source in scope.sources.items():
+            name = alias.lower()
+            extended = nullable or name in optional
+            if isinstance(source, exp.Table):
+                upstream = source.name.lower()
+                if upstream in self.upstreams:
+                    ref = _Ref(len(self.refs), upstream, name, source, extended, branches, within)
+                    self.refs.append(ref)
+                    sources[name] = _TableSource(
+                        ref, self.schemas.get(upstream), self.known.get(upstream, set())
+                    )
+                else:
+                    sources[name] = _Opaque(self)
+            elif source.is_udtf:  # LATERAL VIEW explode(...): row-local values
+                sources[name] = _Opaque(self)
+            else:  # a derived table or a WITH query: sees no sibling (not LATERAL)
+                where = "in a WITH query" if source.is_cte else "in a derived table"
+                sources[name] = self.source_of_scope(source, env, extended, branches, where)
+        levels = [sources, *env]
+        selectable = {a: s for a, s in sources.items() if a not in hidden}
+
+        def resolve(column: exp.Column) -> Node | None:
+            name = column.name.lower()
+            table = column.table.lower()
+            if table:
+                for level in levels:
+                    if table in level:
+                        return level[table].node(name)
+                return self.unknowable(column, name)
+            if name in using and not column.table:
+                holder = using[name]
+                if holder in sources:
+                    return sources[holder].node(name)
+                return self.unknowable(column, name)
+            for level in levels:
+                visible = selectable if level is sources else level
+                maybe = [s for s in visible.values() if s.has(name) is not False]
+                sure = [s for s in maybe if s.has(name) is True]
+                if len(sure) == 1:
+                    return sure[0].node(name)
+                if len(maybe) == 1:
+                    return maybe[0].node(name)
+                if maybe:  # several could hold it: the schemas decide
+                    return self.unknowable(column, name)
+            return self.unknowable(column, name)
+
+        subqueries: dict[int, _Derived] = {}
+        for sub in scope.subquery_scopes:
+            subqueries[id(sub.expression)] = self.source_of_scope(
+                sub, levels, False, branches, "in a subquery"
+            )
+
+        conditions: list[exp.Expr] = []
+        where, having = select.args.get("where"), select.args.get("having")
+        for clause in (where, having):
+            if clause is not None:
+                conditions.append(clause.this)
+        for join in joins:
+            if join.args.get("on") is not None:
+                conditions.append(join.args["on"])
+        for condition in conditions:
+            for conjunct in _conjuncts(condition):
+                self._link(conjunct, resolve, subqueries)
+        for position, join in enumerate(joins):
+            for identifier in _identifiers(join):
+                name = identifier.name.lower()
+                alias = join.this.alias_or_name.lower()
+                before = [sources[a] for a in order[: position + 1] if a in sources]
+                maybe = [s for s in before if s.has(name) is not False]
+                if len(maybe) != 1:
+                    self.unknowable(identifier, name)
+                    continue
+                self.union(sources[alias].node(name), maybe[0].node(name))
+
+        for window in _own(select, exp.Window):
+            parts = cast("list[exp.Expr]", window.args.get("partition_by") or [])
+            if not parts or not all(isinstance(p, exp.Column) for p in parts):
+                raise Refusal(
+                    window,
+                    "uses a window that is not partitioned by columns: it computes a row "
+                    "from other keys' rows",
+                    "partition the window by the target key columns (PARTITION BY the keys), "
+                    "or write the pipeline's incremental transform by hand with @pipeline.",
+                )
+            nodes = [resolve(p) for p in parts if isinstance(p, exp.Column)]
+            self.windows.append((window, [n for n in nodes if n is not None]))
+
+        outputs: dict[str, Node | None] = {}
+        ordered: list[str] = []
+        stars: list[_Source] = []
+        for projection in select.expressions:
+            inner = projection.unalias()
+            while isinstance(inner, exp.Paren):
+                inner = inner.this
+            if isinstance(inner, exp.Star):
+                stars.extend(selectable.values())
+                continue
+            if isinstance(inner, exp.Column) and isinstance(inner.this, exp.Star):
+                table = inner.table.lower()
+                if table in selectable:
+                    stars.append(selectable[table])
+                else:
+                    self.unknowable(inner, f"{table}.*")
+                continue
+            name = projection.alias_or_name.lower()
+            ordered.append(name)
+            outputs[name] = resolve(inner) if isinstance(inner, exp.Column) else None
+        return _Derived(self, outputs, ordered, stars)
+
+    def _link(
+        self,
+        conjunct: exp.Expr,
+        resolve: Callable[[exp.Column], Node | None],
+        subqueries: Mapping[int, _Derived],
+    ) -> None:
+        if isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+            left, right = _bare(conjunct.this), _bare(conjunct.expression)
+            if isinstance(left, exp.Column) and isinstance(right, exp.Column):
+                self.union(resolve(left), resolve(right))
+            return
+        if isinstance(conjunct, exp.In):
+            query = conjunct.args.get("query")
+            inner = query.this if isinstance(query, exp.Subquery) else query
+            if inner is None or id(inner) not in subqueries:
+                return
+            derived = subqueries[id(inner)]
+            lhs = _bare(conjunct.this)
+            columns = list(lhs.expressions) if isinstance(lhs, exp.Tuple) else [lhs]
+            for position, column in enumerate(columns):
+                column = _bare(column)
+                if isinstance(column, exp.Column):
+                    self.union(resolve(column), derived.at(position))
+
+    # ---------------------------------------------------------------- paths
+
+    def follows(self, path: KeyPath) -> bool:
+        """True when ``path``'s equalities are the query's, from some reference of its
+        upstream to the keys (a declared path the search did not pick)."""
+        targets = tuple(self.find(k) for k in self._key_nodes)
+
+        def walk(hops: tuple[Hop, ...], classes: list[Node], ref: _Ref) -> bool:
+            if not hops:
+                return tuple(classes) == targets
+            hop = hops[0]
+            for other in self.refs:
+                if other.upstream != hop.upstream or not other.compatible(ref):
+                    continue
+                if len(hop.match) == len(classes) and all(
+                    self.find((other.id, m)) == c for m, c in zip(hop.match, classes, strict=True)
+                ):
+                    carried = [self.find((other.id, c)) for c in hop.carry]
+                    if walk(hops[1:], carried, other):
+                        return True
+            return False
+
+        return any(
+            walk(path.hops, [self.find((ref.id, c)) for c in path.start], ref)
+            for ref in self.refs
+            if ref.upstream == path.upstream
+        )
+
+    _key_nodes: tuple[Node, ...] = ()
+
+    def paths(self, keys: Sequence[str], key_nodes: Sequence[Node]) -> dict[int, KeyPath]:
+        """A key path per reference, breadth first from the references holding the keys."""
+        self._key_nodes = tuple(key_nodes)
+        classes = [self.find(n) for n in key_nodes]
+
+        def columns_in(ref: _Ref, target: Node, prefer: str) -> list[str]:
+            found = sorted(c for c in ref.columns if self.find((ref.id, c)) == target)
+            return sorted(found, key=lambda c: c != prefer)
+
+        solved: dict[int, KeyPath] = {}
+        queue: list[_Ref] = []
+        for ref in self.refs:
+            held = [columns_in(ref, c, k) for c, k in zip(classes, keys, strict=True)]
+            if all(held):
+                solved[ref.id] = KeyPath(ref.upstream, tuple(h[0] for h in held))
+                queue.append(ref)
+        while queue:
+            near = queue.pop(0)
+            near_path = solved[near.id]
+            by_class: dict[Node, str] = {}
+            for column in sorted(near.columns):
+                by_class.setdefault(self.find((near.id, column)), column)
+            for ref in self.refs:
+                if ref.id in solved or not ref.compatible(near):
+                    continue
+                pairs: list[tuple[str, str]] = []
+                for column in sorted(ref.columns):
+                    target = by_class.get(self.find((ref.id, column)))
+                    if target is not None and target not in [t for _, t in pairs]:
+                        pairs.append((column, target))
+                if not pairs:
+                    continue
+                hop = Hop(near.upstream, tuple(t for _, t in pairs), near_path.start)
+                solved[ref.id] = KeyPath(
+                    ref.upstream, tuple(c for c, _ in pairs), (hop, *near_path.hops)
+                )
+                queue.append(ref)
+        return solved
+
+
+def _renamed(derived: _Derived, expression: exp.Expr) -> _Derived:
+    """``derived`` under the column names its alias gives (``WITH t (a, b) AS (...)``,
+    ``(SELECT ...) AS t (a, b)``), by position."""
+    holder = expression.parent
+    alias = holder.args.get("alias") if isinstance(holder, (exp.CTE, exp.Subquery)) else None
+    names = [c.name.lower() for c in alias.columns] if isinstance(alias, exp.TableAlias) else []
+    if not names:
+        return derived
+    outputs = {n: derived.at(i) for i, n in enumerate(names)}
+    return _Derived(derived.graph, outputs, names, [])
+
+
+def _bare(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _identifiers(join: exp.Join) -> list[exp.Expr]:
+    """The columns of a join's USING clause."""
+    return cast("list[exp.Expr]", join.args.get("using") or [])
+
+
+def _conjuncts(condition: exp.Expr) -> Iterator[exp.Expr]:
+    condition = _bare(condition)
+    if isinstance(condition, exp.And):
+        yield from _conjuncts(condition.this)
+        yield from _conjuncts(condition.expression)
+    else:
+        yield condition
+
+
+def _own(select: exp.Select, kind: type[exp.Expr]) -> Iterator[exp.Expr]:
+    """The ``kind`` nodes of ``select`` that are not in a nested query."""
+    for node in select.walk(prune=lambda n: n is not select and isinstance(n, exp.Query)):
+        if isinstance(node, kind):
+            yield node
+
+
+def infer(
+    query: exp.Query,
+    *,
+    upstreams: Sequence[str],
+    keys: Sequence[str],
+    schemas: Mapping[str, Sequence[str]] | None = None,
+    known: Mapping[str, set[str]] | None = None,
+) -> Inference:
+    """The key path of every upstream reference of ``query`` (see the module docstring).
+
+    Raises:
+        Refusal: a key is computed or NULL-extended, a window is not per key, or a
+            reference reaches no key.
+    """
+    graph = _Graph(upstreams, schemas, known or {})
+    root = build_scope(query)
+    assert root is not None  # a query always has a scope
+    top = graph.source_of_scope(root, [], False, frozenset())
+    key_nodes: list[Node] = []
+    for key in keys:
+        name = key.lower()
+        if name not in top.outputs and top.has(name) is False:
+            raise Refusal(
+                query,
+                f"has no output column '{key}' (a target key)",
+                f"select the target key columns {list(keys)}.",
+            )
+        node = top.node(name)
+        if node in graph.unknown:
+            return Inference({}, open=True, graph=graph)
+        if node is None:
+            raise Refusal(
+                _projection(query, name),
+                f"computes the key column '{key}' with an expression or aggregate (its "
+                "values are not the raw values a changed row carries, which name the keys a "
+                "batch recomputes)",
+                f"select the key as a plain column of an upstream (e.g. o.{key}); compute "
+                "any expression of it in an upstream of its own.",
+            )
+        if graph.null_extended(node):
+            raise Refusal(
+                _projection(query, name),
+                f"takes the key column '{key}' from the optional side of an outer join "
+                "(unmatched rows give it NULL, and the NULL key's row is made of rows whose "
+                "own key is not NULL: no change names it)",
+                f"take '{key}' from the preserved side of the join (for 'a LEFT JOIN b ON "
+                f"a.{key} = b.{key}', a.{key}), or use an inner join.",
+            )
+        key_nodes.append(node)
+    if graph.open:
+        return Inference({}, open=True, graph=graph)
+    solved = graph.paths(keys, key_nodes)
+    classes = {graph.find(n) for n in key_nodes}
+    for window, nodes in graph.windows:
+        if not classes <= {graph.find(n) for n in nodes}:
+            raise Refusal(
+                window,
+                "uses a window not partitioned by the target keys: it computes a row from "
+                "other keys' rows",
+                f"partition the window by the target key columns {list(keys)}, or write "
+                "the pipeline's incremental transform by hand with @pipeline.",
+            )
+    for ref in graph.refs:
+        if ref.id not in solved:
+            where = f"'{ref.alias}'" + (f", {ref.within}" if ref.within else "")
+            fix = _PER_KEY_FIX
+            if ref.within == "in a subquery":
+                fix = (
+                    f"correlate the subquery on a column that leads to the target keys "
+                    f"(e.g. WHERE {ref.alias}.{keys[0]} = outer.{keys[0]}), AND-ed with its "
+                    "other conditions; or write the pipeline's incremental transform by hand "
+                    "with @pipeline."
+                )
+            raise Refusal(
+                ref.table,
+                f"reads upstream '{ref.upstream}' (as {where}) with no equality between "
+                "columns that leads from its rows to the target keys (an aggregate over "
+                "all its rows, a filter or join on other columns, an '=' inside OR, CASE "
+                "or NOT): a change to it does not name the keys whose rows it changes",
+                fix,
+                upstream=ref.upstream,
+            )
+    paths: dict[str, list[KeyPath]] = {}
+    for ref in graph.refs:
+        found = paths.setdefault(ref.upstream, [])
+        if solved[ref.id] not in found:
+            found.append(solved[ref.id])
+    return Inference(
+        {u: tuple(ps) for u, ps in paths.items()},
+        open=False,
+        graph=graph,
+    )
+
+
+def _projection(query: exp.Query, name: str) -> exp.Expr:
+    select = query if isinstance(query, exp.Select) else query.find(exp.Select)
+    if select is not None:
+        for projection in select.expressions:
+            if projection.alias_or_name.lower() == name:
+                return projection
+    return query
