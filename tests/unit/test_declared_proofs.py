@@ -350,3 +350,43 @@ def test_the_batch_proves_what_the_definitions_could_not_place() -> None:
         "customers": ["customer_id"],
         "regions": ["regions.region_id -> customers.region_id -> customers.customer_id"],
     }
+
+
+# An equality that holds only for the rows of one side (an outer join's ON, a correlated
+# subquery's WHERE) does not make two columns of the other side equal: an order whose
+# customer is missing, or has no blocked row, keeps customer_id <> referrer_id.
+CONDITIONAL = [
+    (
+        "outer-join-on",
+        "SELECT o.order_id, x.label FROM orders o\n"
+        "LEFT JOIN customers c ON c.customer_id = o.customer_id AND c.customer_id = o.referrer_id\n"
+        "JOIN labels x ON x.customer_id = o.referrer_id",
+    ),
+    (
+        "not-exists",
+        "SELECT o.order_id, x.label FROM orders o\n"
+        "JOIN labels x ON x.customer_id = o.referrer_id WHERE NOT EXISTS\n"
+        "(SELECT 1 FROM customers c WHERE c.customer_id = o.customer_id "
+        "AND c.customer_id = o.referrer_id)",
+    ),
+    (
+        "scalar-subquery",
+        "SELECT o.order_id, x.label, (SELECT MAX(c.name) FROM customers c\n"
+        "WHERE c.customer_id = o.customer_id AND c.customer_id = o.referrer_id) AS name\n"
+        "FROM orders o JOIN labels x ON x.customer_id = o.referrer_id",
+    ),
+]
+
+
+@pytest.mark.parametrize("sql", [c[1] for c in CONDITIONAL], ids=[c[0] for c in CONDITIONAL])
+def test_an_equality_of_one_side_does_not_equate_the_other_sides_columns(sql: str) -> None:
+    by_referrer = "labels.customer_id -> orders.referrer_id -> orders.order_id"
+    upstreams = {"orders": "order_id", "customers": BY_CUSTOMER, "labels": by_referrer}
+    pipeline = _load(sql, upstreams, ["order_id"])
+    assert pipeline.declared is not None
+    assert pipeline.declared.inferred is not None
+    assert [str(p) for p in pipeline.declared.inferred["labels"]] == [by_referrer]
+    # Declared through the buyer, the labels' path is one the query does not follow.
+    wrong = {**upstreams, "labels": "labels.customer_id -> orders.customer_id -> orders.order_id"}
+    message = _refused(sql, wrong, ["order_id"])
+    assert "relates upstream 'labels' to the target keys as '" + by_referrer in message

@@ -183,6 +183,89 @@ class _Derived(_Source):
         return self.graph.unknowable(exp.Star(), f"#{position}")
 
 
+class _Rule:
+    """How an equality between two columns, each with the alias of the scope that holds
+    it (None: a column of an enclosing query), is recorded."""
+
+    def apply(
+        self,
+        graph: "_Graph",
+        left: tuple[Node | None, str | None],
+        right: tuple[Node | None, str | None],
+    ) -> None:
+        raise NotImplementedError
+
+
+class _Always(_Rule):
+    """``WHERE``, ``HAVING``, an inner join's ``ON``: every output row satisfies it. Two
+    columns of the scope merge; a column of the scope and one of an enclosing query (a
+    correlation) link the scope's to the enclosing one's: the enclosing query's rows
+    reach the output whether or not a row of the subquery matches."""
+
+    def apply(
+        self,
+        graph: "_Graph",
+        left: tuple[Node | None, str | None],
+        right: tuple[Node | None, str | None],
+    ) -> None:
+        (left_node, left_alias), (right_node, right_alias) = left, right
+        if left_alias is not None and right_alias is not None:
+            graph.union(left_node, right_node)
+        elif left_alias is not None:
+            graph.link(left_node, right_node)
+        elif right_alias is not None:
+            graph.link(right_node, left_node)
+
+
+class _Optional(_Rule):
+    """An outer, semi- or anti-join's ``ON``: rows of the ``optional`` side reach the
+    output only through a match (or, for an anti-join, by its absence), rows of the
+    other side whatever it says. Two optional columns merge; an optional column links to
+    the other side's; two columns of the other side prove nothing (the ``ON`` filters
+    none of its rows)."""
+
+    def __init__(self, optional: set[str]) -> None:
+        self.optional = optional
+
+    def apply(
+        self,
+        graph: "_Graph",
+        left: tuple[Node | None, str | None],
+        right: tuple[Node | None, str | None],
+    ) -> None:
+        (left_node, left_alias), (right_node, right_alias) = left, right
+        left_optional, right_optional = left_alias in self.optional, right_alias in self.optional
+        if left_optional and right_optional:
+            graph.union(left_node, right_node)
+        elif left_optional:
+            graph.link(left_node, right_node)
+        elif right_optional:
+            graph.link(right_node, left_node)
+
+
+class _Nothing(_Rule):
+    """A full outer join's ``ON``: each side's rows reach the output matched or not."""
+
+    def apply(
+        self,
+        graph: "_Graph",
+        left: tuple[Node | None, str | None],
+        right: tuple[Node | None, str | None],
+    ) -> None:
+        return None
+
+
+def _join_rule(join: exp.Join, alias: str, earlier: set[str]) -> _Rule:
+    side, kind = (join.side or "").upper(), (join.kind or "").upper()
+    if kind in ("SEMI", "ANTI") or side == "LEFT":
+        return _Optional({alias})
+    if side == "RIGHT":
+        return _Optional(earlier)
+    if side == "FULL":
+        return _Nothing()
+    return _Always()
+
+
 _PER_KEY_FIX = (
     "relate every upstream to the target keys with '=' between columns, in a JOIN's ON or a "
     "WHERE that is AND-ed (not inside OR, CASE or NOT), or write the pipeline's incremental "
@@ -205,6 +288,8 @@ class _Graph:
         self.null_joints: set[Node] = set()
         self.windows: list[tuple[exp.Expr, list[Node]]] = []
         self.unknown: set[Node] = set()
+        self.links: list[tuple[Node, Node]] = []
+        self._link_classes: dict[Node, set[Node]] | None = None
         self.unresolved: list[exp.Expr] = []
         self.open = False
         self._fresh = 0
@@ -272,7 +357,8 @@ class _Graph:
                         joint = None
                         break
                     assert joint is not None
-                    self.union(joint, node)
+                    self.link(node, joint)  # a branch's rows hold it, not the others'
+
                     if self.null_extended(node):
                         self.null_joints.add(joint)
                 outputs[name] = joint
@@ -342,30 +428,35 @@ class _Graph:
         levels = [sources, *env]
         selectable = {a: s for a, s in sources.items() if a not in hidden}
 
-        def resolve(column: exp.Column) -> Node | None:
+        def locate(column: exp.Column) -> tuple[Node | None, str | None]:
+            """The column's node, and the alias of this scope that holds it (None for a
+            column of an enclosing query, or one no source can be told to hold)."""
             name = column.name.lower()
             table = column.table.lower()
             if table:
-                for level in levels:
+                for depth, level in enumerate(levels):
                     if table in level:
-                        return level[table].node(name)
-                return self.unknowable(column, name)
-            if name in using and not column.table:
+                        return level[table].node(name), table if depth == 0 else None
+                return self.unknowable(column, name), None
+            if name in using:
                 holder = using[name]
                 if holder in sources:
-                    return sources[holder].node(name)
-                return self.unknowable(column, name)
-            for level in levels:
-                visible = selectable if level is sources else level
-                maybe = [s for s in visible.values() if s.has(name) is not False]
-                sure = [s for s in maybe if s.has(name) is True]
-                if len(sure) == 1:
-                    return sure[0].node(name)
-                if len(maybe) == 1:
-                    return maybe[0].node(name)
+                    return sources[holder].node(name), holder
+                return self.unknowable(column, name), None
+            for depth, level in enumerate(levels):
+                visible = selectable if depth == 0 else level
+                maybe = [(a, s) for a, s in visible.items() if s.has(name) is not False]
+                sure = [(a, s) for a, s in maybe if s.has(name) is True]
+                found = sure if len(sure) == 1 else maybe if len(maybe) == 1 else None
+                if found:
+                    alias, source = found[0]
+                    return source.node(name), alias if depth == 0 else None
                 if maybe:  # several could hold it: the schemas decide
-                    return self.unknowable(column, name)
-            return self.unknowable(column, name)
+                    return self.unknowable(column, name), None
+            return self.unknowable(column, name), None
+
+        def resolve(column: exp.Column) -> Node | None:
+            return locate(column)[0]
 
         subqueries: dict[int, _Derived] = {}
         for sub in scope.subquery_scopes:
@@ -373,27 +464,30 @@ class _Graph:
                 sub, levels, False, branches, "in a subquery"
             )
 
-        conditions: list[exp.Expr] = []
+        # Which equalities hold for every row that reaches the output (they merge
+        # classes), and which only for the rows of one side (a link from that side's
+        # class to the other's, followed one way): see _Graph.equate.
         where, having = select.args.get("where"), select.args.get("having")
         for clause in (where, having):
             if clause is not None:
-                conditions.append(clause.this)
-        for join in joins:
-            if join.args.get("on") is not None:
-                conditions.append(join.args["on"])
-        for condition in conditions:
-            for conjunct in _conjuncts(condition):
-                self._link(conjunct, resolve, subqueries)
+                for conjunct in _conjuncts(clause.this):
+                    self._equate(conjunct, locate, subqueries, _Always())
         for position, join in enumerate(joins):
+            alias = join.this.alias_or_name.lower()
+            earlier = set(order[: position + 1]) - {alias}
+            rule = _join_rule(join, alias, earlier)
+            if join.args.get("on") is not None:
+                for conjunct in _conjuncts(join.args["on"]):
+                    self._equate(conjunct, locate, subqueries, rule)
             for identifier in _identifiers(join):
                 name = identifier.name.lower()
-                alias = join.this.alias_or_name.lower()
-                before = [sources[a] for a in order[: position + 1] if a in sources]
-                maybe = [s for s in before if s.has(name) is not False]
+                before = [(a, sources[a]) for a in order[: position + 1] if a in sources]
+                maybe = [(a, s) for a, s in before if s.has(name) is not False and a != alias]
                 if len(maybe) != 1:
                     self.unknowable(identifier, name)
                     continue
-                self.union(sources[alias].node(name), maybe[0].node(name))
+                other, source = maybe[0]
+                rule.apply(self, (sources[alias].node(name), alias), (source.node(name), other))
 
         for window in _own(select, exp.Window):
             parts = cast("list[exp.Expr]", window.args.get("partition_by") or [])
@@ -430,18 +524,22 @@ class _Graph:
             outputs[name] = resolve(inner) if isinstance(inner, exp.Column) else None
         return _Derived(self, outputs, ordered, stars)
 
-    def _link(
+    def _equate(
         self,
         conjunct: exp.Expr,
-        resolve: Callable[[exp.Column], Node | None],
+        locate: Callable[[exp.Column], tuple[Node | None, str | None]],
         subqueries: Mapping[int, _Derived],
+        rule: "_Rule",
     ) -> None:
+        """Record what one conjunct proves: ``a = b`` between two columns by ``rule``;
+        ``a IN (SELECT b ...)`` as a link from the subquery's column to ``a`` (only the
+        subquery rows that match hold it)."""
         if isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
             left, right = _bare(conjunct.this), _bare(conjunct.expression)
             if isinstance(left, exp.Column) and isinstance(right, exp.Column):
-                self.union(resolve(left), resolve(right))
+                rule.apply(self, locate(left), locate(right))
             return
-        if isinstance(conjunct, exp.In):
+        if isinstance(conjunct, exp.In) and isinstance(rule, _Always):
             query = conjunct.args.get("query")
             inner = query.this if isinstance(query, exp.Subquery) else query
             if inner is None or id(inner) not in subqueries:
@@ -452,32 +550,57 @@ class _Graph:
             for position, column in enumerate(columns):
                 column = _bare(column)
                 if isinstance(column, exp.Column):
-                    self.union(resolve(column), derived.at(position))
+                    self.link(derived.at(position), locate(column)[0])
+
+    def link(self, inner: Node | None, outer: Node | None) -> None:
+        """``inner`` equals ``outer`` for every row of ``inner``'s side that reaches the
+        output, not for every row of ``outer``'s: a path may go from inner to outer."""
+        if inner is not None and outer is not None:
+            self.links.append((inner, outer))
+
+    def reach(self, node: Node) -> set[Node]:
+        """The classes ``node``'s class equals or links to, through any number of links."""
+        if self._link_classes is None:
+            self._link_classes = {}
+            for inner, outer in self.links:
+                self._link_classes.setdefault(self.find(inner), set()).add(self.find(outer))
+        start = self.find(node)
+        seen, stack = {start}, [start]
+        while stack:
+            for following in self._link_classes.get(stack.pop(), set()):
+                if following not in seen:
+                    seen.add(following)
+                    stack.append(following)
+        return seen
 
     # ---------------------------------------------------------------- paths
 
     def follows(self, path: KeyPath) -> bool:
         """True when ``path``'s equalities are the query's, from some reference of its
         upstream to the keys (a declared path the search did not pick)."""
-        targets = tuple(self.find(k) for k in self._key_nodes)
+        targets = [self.find(k) for k in self._key_nodes]
 
-        def walk(hops: tuple[Hop, ...], classes: list[Node], ref: _Ref) -> bool:
+        def walk(hops: tuple[Hop, ...], columns: list[Node]) -> bool:
+            reached = [self.reach(c) for c in columns]
             if not hops:
-                return tuple(classes) == targets
+                return len(columns) == len(targets) and all(
+                    t in r for t, r in zip(targets, reached, strict=True)
+                )
             hop = hops[0]
+            if len(hop.match) != len(columns):
+                return False
             for other in self.refs:
-                if other.upstream != hop.upstream or not other.compatible(ref):
+                if other.upstream != hop.upstream:
                     continue
-                if len(hop.match) == len(classes) and all(
-                    self.find((other.id, m)) == c for m, c in zip(hop.match, classes, strict=True)
+                matched = zip(hop.match, reached, strict=True)
+                if all(self.find((other.id, m)) in r for m, r in matched) and walk(
+                    hops[1:], [(other.id, c) for c in hop.carry]
                 ):
-                    carried = [self.find((other.id, c)) for c in hop.carry]
-                    if walk(hops[1:], carried, other):
-                        return True
+                    return True
             return False
 
         return any(
-            walk(path.hops, [self.find((ref.id, c)) for c in path.start], ref)
+            walk(path.hops, [(ref.id, c) for c in path.start])
             for ref in self.refs
             if ref.upstream == path.upstream
         )
@@ -489,14 +612,14 @@ class _Graph:
         self._key_nodes = tuple(key_nodes)
         classes = [self.find(n) for n in key_nodes]
 
-        def columns_in(ref: _Ref, target: Node, prefer: str) -> list[str]:
-            found = sorted(c for c in ref.columns if self.find((ref.id, c)) == target)
+        def columns_reaching(ref: _Ref, target: Node, prefer: str) -> list[str]:
+            found = sorted(c for c in ref.columns if target in self.reach((ref.id, c)))
             return sorted(found, key=lambda c: c != prefer)
 
         solved: dict[int, KeyPath] = {}
         queue: list[_Ref] = []
         for ref in self.refs:
-            held = [columns_in(ref, c, k) for c, k in zip(classes, keys, strict=True)]
+            held = [columns_reaching(ref, c, k) for c, k in zip(classes, keys, strict=True)]
             if all(held):
                 solved[ref.id] = KeyPath(ref.upstream, tuple(h[0] for h in held))
                 queue.append(ref)
@@ -511,9 +634,10 @@ class _Graph:
                     continue
                 pairs: list[tuple[str, str]] = []
                 for column in sorted(ref.columns):
-                    target = by_class.get(self.find((ref.id, column)))
-                    if target is not None and target not in [t for _, t in pairs]:
-                        pairs.append((column, target))
+                    for reached in sorted(self.reach((ref.id, column))):
+                        target = by_class.get(reached)
+                        if target is not None and target not in [t for _, t in pairs]:
+                            pairs.append((column, target))
                 if not pairs:
                     continue
                 hop = Hop(near.upstream, tuple(t for _, t in pairs), near_path.start)
@@ -617,7 +741,8 @@ def infer(
     solved = graph.paths(keys, key_nodes)
     classes = {graph.find(n) for n in key_nodes}
     for window, nodes in graph.windows:
-        if not classes <= {graph.find(n) for n in nodes}:
+        reached = set[Node]().union(*(graph.reach(n) for n in nodes))
+        if not classes <= reached:
             raise Refusal(
                 window,
                 "uses a window not partitioned by the target keys: it computes a row from "
