@@ -2,9 +2,10 @@
 
 Runs the demo in a fresh temporary home (``watermark demo --fresh --rounds 2``), starts
 ``watermark dev`` on a free loopback port, commits to ``orders`` only (with delta-rs) so the
-daemon plans a batch that ``customer_payments`` does not need, lets the sensors tick, then
-opens the UI in headless Chromium and saves one PNG per page under ``docs/img/``. Stops
-``watermark dev`` (SIGTERM) at the end.
+daemon plans a batch that ``customer_payments`` does not need, launches one backfill of old
+batch partitions of both pipelines (as the UI's "Materialize" of selected partitions does)
+and waits for it to end, lets the sensors tick, then opens the UI in headless Chromium and
+saves one PNG per page under ``docs/img/``. Stops ``watermark dev`` (SIGTERM) at the end.
 
 Needs Chromium (Debian: ``apt-get install chromium``) and the ``docs`` extra (Playwright's
 Python client, used with that Chromium; no browser download)::
@@ -50,12 +51,29 @@ PAGES = [
         "/assets/customer_payments?view=partitions&partition={noop_batch}",
         "a batch the pipeline did not need: done with nothing to do",
     ),
+    (
+        "backfill.png",
+        "/runs/b/{backfill}?tab=overview",
+        "one backfill of old partitions of both pipelines, every partition replayed",
+    ),
+    (
+        "replay-materialization.png",
+        "/assets/orders_enriched?view=partitions&partition={replayed}",
+        "a backfilled partition: its materialization says it was a replay, of what and why",
+    ),
     ("upstream.png", "/assets/orders", "an upstream: its latest observation and lag"),
     ("upstream-events.png", "/assets/orders?view=events", "an upstream's observations over time"),
     ("upstream-checks.png", "/assets/orders?view=checks", "an upstream's checks"),
     ("pipeline-checks.png", "/assets/orders_enriched?view=checks", "a pipeline's checks"),
     ("sensors.png", "/automation", "the coordinator and finalizer sensors"),
 ]
+
+
+# Per page: text to wait for before shooting (the backfill's table of assets renders after
+# the page settled), and text to scroll to the middle of the view (the replay's metadata
+# comes after the ranges and the write figures).
+WAIT_FOR = {"backfill.png": "customer_payments"}
+FOCUS = {"replay-materialization.png": "replay_batch_id"}
 
 
 def _free_port() -> int:
@@ -119,6 +137,64 @@ def _wait_for_orders_only_batch(home: Path, dev: subprocess.Popen, timeout: floa
     raise SystemExit("the daemon did not complete the orders-only batch in time")
 
 
+BACKFILL = """
+mutation Backfill($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message }
+  }
+}
+"""
+
+BACKFILL_STATUS = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } }
+}
+"""
+
+
+def _backfill(url: str, home: Path, dev: subprocess.Popen, timeout: float = 600) -> str:
+    """One backfill of the first three batch partitions orders_enriched ran and the first
+    two customer_payments ran (each replays its batch's ranges); its id, once it ended."""
+    batches = _batches(home)
+    wanted = {
+        "orders_enriched": [b.batch_id for b in batches if "orders_enriched" in b.pipelines][:3],
+        "customer_payments": [b.batch_id for b in batches if "customer_payments" in b.pipelines][
+            :2
+        ],
+    }
+    params = {
+        "partitionsByAssets": [
+            {
+                "assetKey": {"path": [asset]},
+                "partitions": {"ranges": [{"start": p, "end": p} for p in keys]},
+            }
+            for asset, keys in wanted.items()
+        ]
+    }
+    answer = requests.post(
+        f"{url}/graphql", json={"query": BACKFILL, "variables": {"params": params}}, timeout=60
+    ).json()["data"]["launchPartitionBackfill"]
+    if answer["__typename"] != "LaunchBackfillSuccess":
+        raise SystemExit(f"the backfill was not launched: {answer}")
+    backfill = answer["backfillId"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if dev.poll() is not None:
+            raise SystemExit(f"watermark dev exited ({dev.returncode})")
+        found = requests.post(
+            f"{url}/graphql",
+            json={"query": BACKFILL_STATUS, "variables": {"id": backfill}},
+            timeout=60,
+        ).json()["data"]["partitionBackfillOrError"]
+        if found.get("status") not in (None, "REQUESTED", "CANCELING", "FAILING"):
+            print(f"backfill {backfill}: {found['status']} ({wanted})", flush=True)
+            return backfill
+        time.sleep(5)
+    raise SystemExit(f"backfill {backfill} did not end in time")
+
+
 def _wait_until_loaded(page, name: str, timeout: float = 120) -> None:
     """Wait until no element of the page reads "Loading" (the asset graph's nodes show
     "Loading…" until their live data arrives, after the network went idle)."""
@@ -148,7 +224,14 @@ def _shoot(url: str, pages: list[tuple[str, str, str]], out: Path, settle: float
         for name, path, what in pages:
             page.goto(url + path, wait_until="networkidle", timeout=120_000)
             _wait_until_loaded(page, name)
+            if name in WAIT_FOR:
+                page.get_by_text(WAIT_FOR[name]).first.wait_for(timeout=120_000)
             time.sleep(settle)  # the UI renders after its GraphQL answers
+            if name in FOCUS:
+                page.get_by_text(FOCUS[name], exact=True).first.evaluate(
+                    "e => e.scrollIntoView({block: 'center'})"
+                )
+                time.sleep(1)
             page.screenshot(path=str(out / name))
             print(f"{out / name}: {what}", flush=True)
         browser.close()
@@ -187,11 +270,16 @@ def main() -> None:
         _wait_loaded(url, dev)
         _commit_orders_only(home)
         _wait_for_orders_only_batch(home, dev)
+        backfill = _backfill(url, home, dev)
         time.sleep(args.ticks)
-        batches = _batches(home)
+        batches = [b for b in _batches(home) if b.kind.value != "REPLAY"]
         batch = batches[-1].batch_id
         noop = next((b.batch_id for b in batches if "customer_payments" not in b.pipelines), batch)
-        pages = [(n, p.format(batch=batch, noop_batch=noop), w) for n, p, w in PAGES]
+        values = {"batch": batch, "noop_batch": noop, "backfill": backfill}
+        # The second partition of orders_enriched the backfill replayed (a range of changes).
+        ran = [b.batch_id for b in batches if "orders_enriched" in b.pipelines]
+        values["replayed"] = ran[1] if len(ran) > 1 else ran[0]
+        pages = [(n, p.format(**values), w) for n, p, w in PAGES]
         _shoot(url, pages, args.out, args.settle)
     finally:
         with contextlib.suppress(ProcessLookupError):
