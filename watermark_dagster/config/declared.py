@@ -24,10 +24,10 @@ deletes through the target's MERGE.
 
 What cannot be derived is refused when the definitions load, naming the pipeline, the
 upstream and the fix: a missing or malformed key path, a path through an upstream the
-pipeline does not read, a function whose parameters are not the upstreams, and SQL whose
-rows would depend on other keys' rows (analysed in
-:mod:`~watermark_dagster.config.declared_sql`: windows, LIMIT, sampling, non-deterministic
-functions, aggregates and subqueries not per key path).
+pipeline does not read, a function whose parameters are not the upstreams, and SQL that
+its own equalities do not prove exact (:mod:`~watermark_dagster.config.declared_sql` and
+:mod:`~watermark_dagster.config.key_inference`, which also infers the paths the query
+follows: a declared path must be one of them, and a batch follows them all).
 
 The promise the declaration makes, and that the library relies on: the full transform's
 row for target key ``k`` depends only on the rows that reach ``k`` along the key paths.
