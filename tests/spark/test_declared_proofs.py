@@ -14,6 +14,7 @@ from tests.support.cycles import run_cycle
 from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark
@@ -217,3 +218,82 @@ def test_proven_shapes_equal_a_recompute_batch_after_batch(
     for pipeline in pipelines:
         strategies = [str(r.strategy) for r in store.strategy_runs(pipeline.name)]
         assert strategies[-len(ROUNDS) :] == ["incremental"] * len(ROUNDS), (pipeline.name,)
+
+
+def test_a_full_batch_finds_the_keys_a_wrong_derivation_left_stale(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deliberately wrong incremental derivation (a test-only hook: the touched keys lose
+    customer 2's orders) leaves two target rows stale with exit 0. The next full batch
+    counts exactly those as drift, though its own changes touched neither, says which, and
+    writes the correct rows."""
+    from watermark_dagster.dagster_defs.health import drift_result
+    from watermark_dagster.operations.coordinate import look_before_planning, plan_next
+    from watermark_dagster.operations.run_pipeline import execute_pipeline
+    from watermark_dagster.read import derive
+
+    root = tmp_path / "lake"
+    for table in ("customers", "orders"):
+        spark.createDataFrame(SEED[table], _schema(table)).write.format("delta").option(
+            "delta.enableChangeDataFeed", "true"
+        ).save(str(root / table))
+    sql = (
+        "SELECT o.order_id, c.name FROM orders o JOIN customers c ON c.customer_id = o.customer_id"
+    )
+    paths = {
+        "orders": "order_id",
+        "customers": "customers.customer_id -> orders.customer_id -> orders.order_id",
+    }
+
+    def registry(strategy: str) -> Registry:
+        pipeline = sql_pipeline(
+            name="named",
+            sql=sql,
+            upstreams=paths,
+            keys=["order_id"],
+            target=str(tmp_path / "targets" / "named"),
+            strategy=strategy,
+        )
+        upstreams = [DeltaUpstream(name=t, path=str(root / t)) for t in ("customers", "orders")]
+        return Registry(upstreams=upstreams, pipelines=[pipeline])
+
+    store = WatermarkStore(str(tmp_path / "control"))
+    run_cycle(spark, registry("incremental"), store)  # the first load
+    touched = derive._touched_values
+
+    def dropping(*args, **kwargs):
+        values = touched(*args, **kwargs)
+        return None if values is None else [v for v in values if v[0] not in (10, 11)]
+
+    # Customers 1 and 2 are renamed; the derivation "forgets" customer 1's orders 10, 11.
+    _apply(spark, root, ("customers", "update", "customer_id IN (1, 2)", {"name": "'new'"}))
+    monkeypatch.setattr(derive, "_touched_values", dropping)
+    run_cycle(spark, registry("incremental"), store)
+    monkeypatch.setattr(derive, "_touched_values", touched)
+    stale = {
+        r["order_id"]: r["name"]
+        for r in spark.read.format("delta").load(str(tmp_path / "targets" / "named")).collect()
+    }
+    assert (stale[10], stale[11], stale[12]) == ("c1", "c1", "new")  # drifted, exit 0
+
+    # A full batch for an unrelated change (customer 4 renamed: order 14).
+    _apply(spark, root, ("customers", "update", "customer_id = 4", {"name": "'four'"}))
+    full = registry("full")
+    look = look_before_planning(full, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    outcome = execute_pipeline(
+        spark=spark, store=store, registry=full, pipeline_name="named", batch_id=batch.batch_id
+    )
+    assert outcome.write is not None
+    assert outcome.write.drift == 2  # orders 10 and 11; not 14, which the batch touched
+    assert outcome.write.drift_sample == ({"order_id": 10}, {"order_id": 11})
+    assert outcome.write.rows_updated == 3
+    assert _target(spark, full.pipelines["named"], ["order_id", "name"]) == _recomputed(
+        spark, root, full.pipelines["named"]
+    )
+    passed, description, _ = drift_result(
+        "named", {"drift_keys": 2, "batch_id": batch.batch_id, "drift_keys_sample": [10, 11]}
+    )
+    assert not passed
+    assert f"its full batch {batch.batch_id} found 2 key(s)" in description

@@ -37,7 +37,7 @@ from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointSta
 from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
-from watermark_dagster.dagster_defs.health import STUCK_CHECK
+from watermark_dagster.dagster_defs.health import DRIFT_CHECK, STUCK_CHECK
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, DIED_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
@@ -423,6 +423,15 @@ def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
     location.runner.run_until_idle()
     apply_round(spark, location.paths, 1)  # deletes an order and a payment, among others
     location.runner.run_until_idle()
+    # The declared pipeline's batch (full: `auto` on tables this small) measured drift, and
+    # its run evaluated the watermark_drift check for its materialization: none found.
+    drift = AssetCheckKey(AssetKey("orders_enriched"), DRIFT_CHECK)
+    record = location.instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [drift]
+    )[drift]
+    assert record.evaluation is not None, record
+    assert record.evaluation.passed, record.evaluation
+    assert record.evaluation.metadata["drift_keys"].value == 0, record.evaluation
     pipelines = tuple(PIPELINES)
     targets = {p: location.paths.target(p) for p in pipelines}
     before = {p: _target_rows(spark, t) for p, t in targets.items()}

@@ -25,4 +25,8 @@ BEFORE_IMAGES = (DELETE, PREIMAGE)
 RESERVED_PREFIX = "_wm_"
 # Per target row: the sequence number and id of the batch that last wrote it.
 SEQ_COLUMN = "_wm_seq"
+# On a full batch's changes: true where the batch's own changes touched no row reaching the
+# key, so the target's row differed from the full transform's before this batch: drift
+# (write/summary.py counts it; the write drops the column).
+UNTOUCHED = "_wm_untouched"
 BATCH_COLUMN = "_wm_batch_id"

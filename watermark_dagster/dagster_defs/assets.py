@@ -42,6 +42,7 @@ from watermark_dagster.dagster_defs.names import (
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     ATTEMPT_TAG,
+    DRIFT_METADATA,
     PIPELINE_METADATA,
     PLAN_ID_METADATA,
     WATERMARK_POOL,
@@ -278,6 +279,11 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         meta["target_version"] = write.target_version
         meta["already_applied"] = write.already_applied
         meta["write_conflicts"] = write.conflicts
+        if write.drift is not None:
+            # A full batch of a declared pipeline: the keys it corrected that its own
+            # changes did not touch (the watermark_drift check reads them).
+            meta[DRIFT_METADATA] = write.drift
+            meta[f"{DRIFT_METADATA}_sample"] = MetadataValue.json(list(write.drift_sample))
     meta["attempt"] = outcome.attempt or 0
     return meta
 
@@ -659,5 +665,12 @@ def build_pipeline_asset(
             metadata=metadata,
             data_version=DataVersion(str(version)) if version is not None else None,
         )
+        if pipeline.declared is not None:
+            # Its watermark_drift check, for this materialization (a full batch measured
+            # drift; another says it did not).
+            from watermark_dagster.dagster_defs.health import drift_evaluation
+
+            evaluation = drift_evaluation(context.asset_key, pipeline.name, metadata)
+            context.log_event(evaluation)  # pyright: ignore[reportArgumentType]
 
     return _pipeline_asset

@@ -73,6 +73,7 @@ from watermark_dagster.core.resuming import ResumeAction, ResumeStep, RetryPolic
 from watermark_dagster.dagster_defs.checks import per_upstream_check_specs
 from watermark_dagster.dagster_defs.names import (
     DEFAULT_NAMES,
+    DRIFT_CHECKS_OP,
     LAG_CHECKS_OP,
     STUCK_CHECKS_OP,
     LocationNames,
@@ -80,7 +81,7 @@ from watermark_dagster.dagster_defs.names import (
 from watermark_dagster.dagster_defs.names import RETENTION_JOB as RETENTION_JOB
 from watermark_dagster.dagster_defs.names import RETENTION_SCHEDULE as RETENTION_SCHEDULE
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
-from watermark_dagster.dagster_defs.runs import BATCH_TAG, batch_runs, owns_run
+from watermark_dagster.dagster_defs.runs import BATCH_TAG, DRIFT_METADATA, batch_runs, owns_run
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.observe.retention import commit_time, format_duration
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
 
 LAG_CHECK = "watermark_lag"
 STUCK_CHECK = "watermark_stuck_batch"
+DRIFT_CHECK = "watermark_drift"
 # The longest run error a stuck-batch check quotes.
 ERROR_CHARS = 500
 # Dagster refuses a time-window freshness policy shorter than this.
@@ -730,7 +732,90 @@ def build_health_checks(
             yield _result(key, passed, description, meta)
 
     checks.append(stuck_checks)
+
+    drift_keys = {
+        AssetCheckKey(k, DRIFT_CHECK): p
+        for p, k in pipeline_keys.items()
+        if registry.pipelines[p].declared is not None
+    }
+    if drift_keys:
+
+        @multi_asset_check(
+            specs=[
+                AssetCheckSpec(
+                    DRIFT_CHECK,
+                    asset=key.asset_key,
+                    description=f"Fails when a full batch of '{p}' found target rows that "
+                    "differed from the full transform for keys its changes did not touch "
+                    "(drift). Each batch run evaluates it for its materialization.",
+                )
+                for key, p in drift_keys.items()
+            ],
+            can_subset=True,
+            name=names.of(DRIFT_CHECKS_OP),
+            description="Whether the newest full batch found the target drifted.",
+        )
+        def drift_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+            for key in _sorted(context.selected_asset_check_keys):
+                event = context.instance.get_latest_materialization_event(key.asset_key)
+                materialization = event.asset_materialization if event is not None else None
+                metadata = materialization.metadata if materialization is not None else None
+                passed, description, meta = drift_result(drift_keys[key], metadata)
+                (context.log.info if passed else context.log.error)(description)
+                yield _result(key, passed, description, meta)
+
+        checks.append(drift_checks)
     return checks
+
+
+def drift_result(
+    pipeline: str, metadata: Mapping[str, Any] | None
+) -> tuple[bool, str, dict[str, Any]]:
+    """The ``watermark_drift`` check of ``pipeline`` from its newest materialization's
+    ``metadata`` (None: none yet): passed, the description, the check's metadata.
+
+    A full batch of a declared pipeline counts the keys it rewrote that its own changes did
+    not touch: rows a recompute gives that the target did not hold although nothing that
+    reaches them changed. A wrong incremental derivation leaves such rows, and so does a
+    write to the target from outside; the batch writes the correct rows either way.
+    """
+    drift = _metadata_value((metadata or {}).get(DRIFT_METADATA))
+    batch = _metadata_value((metadata or {}).get("batch_id"))
+    if drift is None:
+        return (
+            True,
+            f"Pipeline '{pipeline}': drift not measured by its newest batch "
+            f"{batch or '(none yet)'} (a full batch measures it).",
+            {},
+        )
+    sample = _metadata_value((metadata or {}).get(f"{DRIFT_METADATA}_sample")) or []
+    meta: dict[str, Any] = {DRIFT_METADATA: drift, "batch_id": batch}
+    if not drift:
+        return True, f"Pipeline '{pipeline}': no drift found by its full batch {batch}.", meta
+    meta[f"{DRIFT_METADATA}_sample"] = MetadataValue.json(sample)
+    return (
+        False,
+        f"Pipeline '{pipeline}': its full batch {batch} found {drift} key(s) whose target row "
+        "differed from the full transform although the batch's changes did not touch them "
+        f"(e.g. {', '.join(str(k) for k in sample)}): the target had drifted. The batch wrote "
+        "the correct rows. Fix: look for writes to the target from outside the pipeline; if "
+        "there are none, the incremental derivation missed these keys: report the pipeline's "
+        "SQL and key paths, and set strategy: full until it is fixed.",
+        meta,
+    )
+
+
+def _metadata_value(entry: object) -> Any:
+    return entry.value if isinstance(entry, MetadataValue) else entry
+
+
+def drift_evaluation(
+    key: AssetKey, pipeline: str, metadata: Mapping[str, Any]
+) -> AssetCheckEvaluation:
+    """The ``watermark_drift`` check evaluated for the materialization a pipeline's run just
+    recorded with ``metadata``, as an event of that run."""
+    passed, description, meta = drift_result(pipeline, metadata)
+    return _evaluation(key, DRIFT_CHECK, passed, description, meta)
 
 
 def runs_scope(

@@ -59,6 +59,9 @@ BATCH_TAG = "watermark/batch"
 PLAN_ID_METADATA = "watermark/plan_id"
 # Asset metadata naming the registry pipeline an asset runs (whatever its asset key).
 PIPELINE_METADATA = "watermark/pipeline"
+# Materialization metadata of a declared pipeline's full batch: the keys it corrected that
+# its own changes did not touch (drift); `<this>_sample` holds up to two of them.
+DRIFT_METADATA = "drift_keys"
 # Failure metadata naming the class of our own error that failed a step (a WatermarkError).
 ERROR_METADATA = "error"
 # Set on a run whose pipeline raised a TerminalError: the coordinator does not resubmit it.

@@ -358,6 +358,20 @@ def run_pipeline(
             if strategy is not None
             else "",
         )
+        if write.drift:
+            # A full batch rewrote keys its own changes did not touch: the target had
+            # drifted from the full transform (a wrong incremental derivation, or a write
+            # to the target from outside). The rows written are the correct ones.
+            log.warning(
+                "pipeline=%s batch=%s target=%s: DRIFT: %d key(s) differed from the full "
+                "transform although this batch's changes did not touch them (e.g. %s); "
+                "corrected by this batch",
+                pipeline_name,
+                batch_id,
+                pipeline.target,
+                write.drift,
+                ", ".join(str(k) for k in write.drift_sample),
+            )
         target_name = pipeline.table_parts
         if target_name is not None and register_table(spark, target_name, pipeline.target):
             # The first write created the target by path; now the name finds it too. A

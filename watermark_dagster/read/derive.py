@@ -58,7 +58,7 @@ from watermark_dagster.config.pipeline import (
     StrategyRun,
     Transform,
 )
-from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE, DELETE, UPSERT
+from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE, DELETE, UNTOUCHED, UPSERT
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import matching_keys, quoted, recompute
 from watermark_dagster.read.inputs import UpstreamInput
@@ -122,9 +122,11 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     if batch.full_load:
         return whole
     choice = batch.strategy
-    if choice is not None and choice.strategy is Strategy.FULL:
-        return diff_against_target(batch.spark, whole, pipeline)
     values = _touched_values(paths, batch, snapshots)
+    if choice is not None and choice.strategy is Strategy.FULL:
+        # The diff's keys that the batch's own changes did not touch had drifted: the
+        # write counts them (write/summary.py) and still writes the correct rows.
+        return flag_untouched(diff_against_target(batch.spark, whole, pipeline), keys, values)
     if (
         values is None
         and choice is not None
@@ -218,6 +220,32 @@ def _touched_values(
         if len(found) > limit:
             return None
     return list(found)
+
+
+def flag_untouched(
+    changes: DataFrame, keys: list[str], values: list[tuple[object, ...]] | None
+) -> DataFrame:
+    """``changes`` with ``_wm_untouched`` set on the rows whose key is not one of the
+    touched ``values`` (NULL equal to NULL); unchanged when the values were too many to
+    hold (drift is then not measured)."""
+    if values is None:
+        return changes
+    hit = "_wm_hit"
+    if len(keys) == 1:
+        column = quoted(keys[0])
+        present = [v[0] for v in values if v[0] is not None]
+        touched = column.isin(present) if present else F.lit(False)
+        if len(present) < len(values):
+            touched = touched | column.isNull()
+        return changes.withColumn(UNTOUCHED, ~F.coalesce(touched, F.lit(False)))
+    names = [f"_wm_touched{i}" for i in range(len(keys))]
+    schema = changes.select(*[quoted(k).alias(n) for k, n in zip(keys, names, strict=True)])
+    local = changes.sparkSession.createDataFrame(values, schema.schema).withColumn(hit, F.lit(True))
+    on = reduce(
+        operator.and_, [quoted(k).eqNullSafe(F.col(n)) for k, n in zip(keys, names, strict=True)]
+    )
+    joined = changes.join(F.broadcast(local), on, "left_outer")
+    return joined.withColumn(UNTOUCHED, F.col(hit).isNull()).drop(hit, *names)
 
 
 def where_in(frame: DataFrame, columns: list[str], values: list[tuple[object, ...]]) -> DataFrame:

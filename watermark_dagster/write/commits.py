@@ -55,6 +55,9 @@ class WriteResult:
             vector.
         conflicts: commits of concurrent writers to the target this write lost to and was
             decided again after (Delta's concurrent-modification conflicts).
+        drift: target keys a full batch changed that its own changes did not touch (the
+            target had drifted from the full transform); None when not measured.
+        drift_sample: up to two of those keys.
     """
 
     target_version: int
@@ -69,6 +72,8 @@ class WriteResult:
     files_removed: int = 0
     files_touched: int = 0
     conflicts: int = 0
+    drift: int | None = None
+    drift_sample: tuple[dict[str, Any], ...] = ()
 
     @property
     def rows_written(self) -> int:

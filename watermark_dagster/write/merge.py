@@ -20,7 +20,7 @@ import operator
 import re
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 from typing import Any
 
@@ -37,6 +37,7 @@ from watermark_dagster.core.columns import (
     COMMIT_TIMESTAMP,
     COMMIT_VERSION,
     SEQ_COLUMN,
+    UNTOUCHED,
     UPSERT,
 )
 from watermark_dagster.core.faults import fault_point
@@ -290,7 +291,8 @@ def merge_into_target(
     )
     # Evaluate the transform once: the summary and the MERGE (which scans its source more
     # than once) read the persisted rows.
-    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    persisted = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    prepared = persisted
     try:
         summary = summarize(
             prepared,
@@ -301,12 +303,15 @@ def merge_into_target(
         error = duplicate_key_error(summary, pipeline=pipeline, batch_id=batch_id)
         if error is not None:
             raise error
+        drift = {"drift": summary.drift, "drift_sample": summary.drift_sample}
+        # The drift flag was for the summary; the MERGE writes the target's columns.
+        prepared = persisted.drop(UNTOUCHED)
         # The target's log, read once for what this write decides from it.
         table = existing_target(target, storage_options)
         before = None if table is None else table.version()
         if before is not None and summary.rows == 0:
             log.info("pipeline=%s batch=%s: no changes; nothing committed", pipeline, batch_id)
-            return WriteResult.nothing(before)
+            return replace(WriteResult.nothing(before), **drift)
         label = new_label(pipeline, batch_id, batch_seq)
         with labelled_commits(spark, label):
             if table is None:
@@ -355,9 +360,9 @@ def merge_into_target(
                         transaction=transaction,
                     )
         version, commits = commits_since(target, storage_options, before, label, table=table)
-        return WriteResult.from_commits(version, commits, created=before is None)
+        return replace(WriteResult.from_commits(version, commits, created=before is None), **drift)
     finally:
-        prepared.unpersist()
+        persisted.unpersist()
 
 
 def _rewrite_bytes(

@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from watermark_dagster.core.columns import CHANGE_TYPE
+from watermark_dagster.core.columns import CHANGE_TYPE, UNTOUCHED
 from watermark_dagster.read.changes import is_delete, quoted
 
 # Key types whose values come back from Spark as Python values that turn into literals of
@@ -44,6 +44,9 @@ class OutputSummary:
             values.
         null_keys: the range-eligible key columns that are NULL in some output row (a
             NULL key is a key like any other: a file-skipping range must keep its rows).
+        drift: keys whose change the batch's own changes did not cause (the output's
+            ``_wm_untouched`` rows), None when the output does not say.
+        drift_sample: up to two such keys (the least and the greatest).
     """
 
     rows: int
@@ -51,6 +54,8 @@ class OutputSummary:
     duplicate: dict[str, Any] | None = None
     key_ranges: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     null_keys: frozenset[str] = frozenset()
+    drift: int | None = None
+    drift_sample: tuple[dict[str, Any], ...] = ()
 
     @property
     def upserts(self) -> int:
@@ -88,16 +93,30 @@ def summarize(
             F.max(quoted(k)).alias(f"_wm_hi{i}"),
             F.max(quoted(k).isNull().cast("int")).alias(f"_wm_null{i}"),
         ]
+    flagged = UNTOUCHED in frame.columns and bool(keys)
+    key_struct = F.struct(*[quoted(k) for k in keys])
+
+    def drift_aggs(flag: Column) -> list[Column]:
+        if not flagged:
+            return [F.lit(None).alias("drift"), F.lit(None).alias("lo"), F.lit(None).alias("hi")]
+        drifted = F.when(flag, key_struct)
+        return [
+            F.sum(flag.cast("long")).alias("drift"),
+            F.min(drifted).alias("lo"),
+            F.max(drifted).alias("hi"),
+        ]
+
     if check_duplicates and keys:
+        untouched = [F.max(F.col(UNTOUCHED)).alias(UNTOUCHED)] if flagged else []
         per_key = frame.groupBy(*[quoted(k) for k in keys]).agg(
-            F.count(F.lit(1)).alias("_wm_n"), F.sum(delete).alias("_wm_d")
+            F.count(F.lit(1)).alias("_wm_n"), F.sum(delete).alias("_wm_d"), *untouched
         )
-        key_struct = F.struct(*[quoted(k) for k in keys])
         row = per_key.agg(
             F.sum("_wm_n").alias("rows"),
             F.sum("_wm_d").alias("deletes"),
             F.max("_wm_n").alias("most"),
             F.max_by(key_struct, F.col("_wm_n")).alias("example"),
+            *drift_aggs(F.col(UNTOUCHED)),
             *range_aggs,
         ).first()
     else:
@@ -106,6 +125,7 @@ def summarize(
             F.sum(delete).alias("deletes"),
             F.lit(None).alias("most"),
             F.lit(None).alias("example"),
+            *drift_aggs(F.col(UNTOUCHED) if flagged else F.lit(False)),
             *range_aggs,
         ).first()
     assert row is not None
@@ -117,7 +137,10 @@ def summarize(
         for i, k in enumerate(ranges)
         if row[f"_wm_lo{i}"] is not None
     }
+    sample = [row[e].asDict() for e in ("lo", "hi") if row[e] is not None]
     return OutputSummary(
+        drift=int(row["drift"] or 0) if flagged else None,
+        drift_sample=tuple(sample[:1] if len(sample) == 2 and sample[0] == sample[1] else sample),
         rows=int(row["rows"] or 0),
         deletes=int(row["deletes"] or 0),
         duplicate=duplicate,
