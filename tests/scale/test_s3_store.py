@@ -5,7 +5,9 @@ are refused before anything is written. No JVM."""
 import multiprocessing
 import time
 from collections.abc import Iterator
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,12 +49,12 @@ def test_processes_racing_the_watermark_cas_on_s3_advance_it_once(s3: S3Server) 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(3) as pool:
         start = time.time() + 3
-        created = pool.starmap(_plan_at, [(root, start, 5 + i) for i in range(3)])
+        created = _within(pool.starmap_async(_plan_at, [(root, start, 5 + i) for i in range(3)]))
         assert sum(created) == 1, created
         # Then finalizers race the same watermark's compare-and-swap: exactly one moves
         # it, the others find it moved (the store's outcome for a lost race).
         start = time.time() + 3
-        results = pool.starmap(_advance_at, [(root, start, "up2")] * 3)
+        results = _within(pool.starmap_async(_advance_at, [(root, start, "up2")] * 3))
     assert sorted(results) == ["ADVANCE", "ALREADY_DONE", "ALREADY_DONE"], results
     batches = store.batches()
     assert len(batches) == 1
@@ -75,9 +77,18 @@ def _advance_together(root: str, endpoint: str) -> list[str]:
     watermark; the proxy holds their commits until both arrive, both decided against one
     version of the table."""
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        return sorted(
-            pool.starmap(_advance_via, [(root, endpoint, "racer-a"), (root, endpoint, "racer-b")])
-        )
+        racers = [(root, endpoint, "racer-a"), (root, endpoint, "racer-b")]
+        return sorted(_within(pool.starmap_async(_advance_via, racers)))
+
+
+# A pool whose worker process dies (killed, out of memory) never answers ``starmap``: the
+# test fails after this long instead of hanging CI (a fresh-clone run hung here once).
+POOL_TIMEOUT_SECONDS = 300
+
+
+def _within(result: AsyncResult[list[Any]]) -> list[Any]:
+    """The pool's answer, or a TimeoutError naming the limit."""
+    return result.get(timeout=POOL_TIMEOUT_SECONDS)
 
 
 def test_simultaneous_commits_of_one_cas_on_s3_land_once(s3: S3Server) -> None:
