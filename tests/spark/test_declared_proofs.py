@@ -297,3 +297,41 @@ def test_a_full_batch_finds_the_keys_a_wrong_derivation_left_stale(
     )
     assert not passed
     assert f"its full batch {batch.batch_id} found 2 key(s)" in description
+
+
+def test_a_full_batch_refuses_a_key_its_transform_gives_twice(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A second row for customer 1 makes the join give orders 10 and 11 twice, one of the
+    two rows equal to what the target holds. The diff used to keep only the differing one
+    and write it with exit 0; a full batch now refuses it as an incremental batch does."""
+    from watermark_dagster.errors import TerminalError
+
+    root = tmp_path / "lake"
+    for table in ("customers", "orders"):
+        spark.createDataFrame(SEED[table], _schema(table)).write.format("delta").option(
+            "delta.enableChangeDataFeed", "true"
+        ).save(str(root / table))
+    pipeline = sql_pipeline(
+        name="named",
+        sql="SELECT o.order_id, c.name FROM orders o JOIN customers c "
+        "ON c.customer_id = o.customer_id",
+        upstreams={
+            "orders": "order_id",
+            "customers": "customers.customer_id -> orders.customer_id -> orders.order_id",
+        },
+        keys=["order_id"],
+        target=str(tmp_path / "targets" / "named"),
+        strategy="full",
+    )
+    registry = Registry(
+        upstreams=[DeltaUpstream(name=t, path=str(root / t)) for t in ("customers", "orders")],
+        pipelines=[pipeline],
+    )
+    store = WatermarkStore(str(tmp_path / "control"))
+    run_cycle(spark, registry, store)
+    before = _target(spark, pipeline, ["order_id", "name"])
+    _apply(spark, root, ("customers", "insert", None, [(1, "twin")]))
+    with pytest.raises(TerminalError, match=r"several rows for key \{'order_id': 1[01]\}"):
+        run_cycle(spark, registry, store)
+    assert _target(spark, pipeline, ["order_id", "name"]) == before  # nothing written

@@ -45,7 +45,7 @@ from typing import cast
 from urllib.parse import unquote, urlsplit
 
 from py4j.protocol import Py4JError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from watermark_dagster.config.declared import Declared, paths_for_batch
@@ -422,6 +422,7 @@ def decide_strategy(
 
 
 _OLD = "_wm_old_"
+_ROWS = "_wm_rows"
 
 
 def diff_against_target(spark: SparkSession, whole: DataFrame, pipeline: Pipeline) -> DataFrame:
@@ -433,6 +434,13 @@ def diff_against_target(spark: SparkSession, whole: DataFrame, pipeline: Pipelin
     keys = list(pipeline.keys)
     target = spark.read.format("delta").load(pipeline.target)
     shared = [c for c in whole.columns if c in target.columns]
+    # Rows per key, over the same partitioning as the join (no extra shuffle): a key the
+    # full transform gives several rows is kept whatever the target holds, so the write's
+    # duplicate check refuses it, as it refuses an incremental batch's.
+    computed = whole.columns
+    whole = whole.withColumn(
+        _ROWS, F.count(F.lit(1)).over(Window.partitionBy(*[quoted(k) for k in keys]))
+    )
     old = target.select(
         *[quoted(c).alias(_OLD + c) for c in shared], F.lit(True).alias(_OLD + _FOUND)
     )
@@ -443,14 +451,15 @@ def diff_against_target(spark: SparkSession, whole: DataFrame, pipeline: Pipelin
     same = reduce(
         operator.and_,
         [quoted(c).eqNullSafe(F.col(_OLD + c)) for c in shared],
-        F.lit(len(shared) == len(whole.columns)),
+        F.lit(len(shared) == len(computed)),
     )
     columns = [
         F.when(present, quoted(c)).otherwise(F.col(_OLD + c)).alias(c) if c in keys else quoted(c)
-        for c in whole.columns
+        for c in computed
     ]
     change = F.when(present, F.lit(UPSERT)).otherwise(F.lit(DELETE))
-    return joined.where((present & ~(was & same)) | (~present & was)).select(
+    several = F.coalesce(F.col(_ROWS) > 1, F.lit(False))
+    return joined.where(several | (present & ~(was & same)) | (~present & was)).select(
         *columns, change.alias(CHANGE_TYPE)
     )
 
