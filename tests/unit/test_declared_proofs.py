@@ -294,6 +294,19 @@ ACCEPTED = [
         ["customer_id"],
     ),
     (
+        "aliased-cte",
+        "WITH t AS (SELECT customer_id, SUM(amount) AS s FROM orders GROUP BY customer_id)\n"
+        "SELECT c.customer_id, a.s FROM customers c JOIN t a ON a.customer_id = c.customer_id",
+        {"customers": "customer_id", "orders": "customer_id"},
+        ["customer_id"],
+    ),
+    (
+        "using-chain",
+        "SELECT a.k, b.v, c.w FROM a JOIN b USING (k) JOIN c USING (k)",
+        {"a": "k", "b": "k", "c": "k"},
+        ["k"],
+    ),
+    (
         "qualify-per-key",
         "SELECT customer_id, amount FROM updates\n"
         "QUALIFY ROW_NUMBER() OVER (PARTITION BY customer_id ORDER BY ts DESC) = 1",

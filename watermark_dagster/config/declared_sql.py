@@ -72,6 +72,13 @@ NON_DETERMINISTIC = frozenset(
         "REFLECT",
         "JAVA_METHOD",
         "TRY_REFLECT",
+        # Any row of the group, as the plan happens to read them.
+        "FIRST",
+        "LAST",
+        "ANY_VALUE",
+        # A random initialization vector.
+        "AES_ENCRYPT",
+        "TRY_AES_ENCRYPT",
     }
 )
 # Functions written without parentheses; sqlglot reads some of them as columns.
@@ -179,6 +186,13 @@ def check_sql(
             continue
         found = inferred.paths.get(upstream.lower(), ())
         assert inferred.graph is not None
+        if not found:  # read only where no reference is made (a generator's input)
+            raise checked.refuse(
+                None,
+                f"reads upstream '{upstream}' only where no path to the keys can be found",
+                "read it in the FROM clause, joined on columns that lead to the keys.",
+                upstream=upstream,
+            )
         table = next((r.table for r in inferred.graph.refs if r.upstream == upstream.lower()), None)
         raise checked.refuse(
             table,
@@ -251,6 +265,13 @@ def _check_constructs(checked: _Sql, query: exp.Query) -> None:
                 node,
                 "uses WITH RECURSIVE: a recursive query walks rows of other keys",
                 "write the pipeline's incremental transform by hand with @pipeline.",
+            )
+        if isinstance(node, exp.Lateral) and isinstance(node.this, (exp.Subquery, exp.Query)):
+            raise checked.refuse(
+                node,
+                "uses a LATERAL subquery, whose rows this analysis does not relate to the keys",
+                "join a derived table on the key columns instead, or write the pipeline's "
+                "incremental transform by hand with @pipeline.",
             )
         if isinstance(node, exp.In) and node.args.get("query") is not None:
             parent = node.parent

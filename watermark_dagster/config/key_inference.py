@@ -135,6 +135,28 @@ class _TableSource(_Source):
         return True if column in self.known else None
 
 
+class _RenamedTable(_Source):
+    """An upstream reference whose alias renames its columns by position (``FROM t AS x
+    (a, b)``): without the schema no name can be placed."""
+
+    def __init__(
+        self, graph: "_Graph", ref: _Ref, names: list[str], schema: Sequence[str] | None
+    ) -> None:
+        self.graph = graph
+        self.ref = ref
+        columns = [c.lower() for c in schema] if schema is not None else None
+        self.mapping = None if columns is None else dict(zip(names, columns, strict=False))
+
+    def node(self, column: str) -> Node | None:
+        if self.mapping is None or column not in self.mapping:
+            return self.graph.unknowable(exp.column(column), column)
+        self.ref.columns.add(self.mapping[column])
+        return (self.ref.id, self.mapping[column])
+
+    def has(self, column: str) -> bool | None:
+        return None if self.mapping is None else column in self.mapping
+
+
 class _Opaque(_Source):
     def __init__(self, graph: "_Graph") -> None:
         self.graph = graph
@@ -177,7 +199,7 @@ class _Derived(_Source):
         return None if any(a is None for a in answers) else False
 
     def at(self, position: int) -> Node | None:
-        if position < len(self.ordered):
+        if position < len(self.ordered) and not self.stars:
             return self.outputs[self.ordered[position]]
         # a star's columns, in an order unknown here
         return self.graph.unknowable(exp.Star(), f"#{position}")
@@ -286,7 +308,11 @@ class _Graph:
         self.parent: dict[Node, Node] = {}
         self.refs: list[_Ref] = []
         self.null_joints: set[Node] = set()
-        self.windows: list[tuple[exp.Expr, list[Node]]] = []
+        # Each window: its node, its partition columns' nodes, and per reference feeding it
+        # the columns equal to a partition column within the window's own scope (an
+        # equality of an enclosing query holds for its output row, not for the others of
+        # the partition).
+        self.windows: list[tuple[exp.Expr, list[Node], dict[int, set[str]]]] = []
         self.unknown: set[Node] = set()
         self.links: list[tuple[Node, Node]] = []
         self._link_classes: dict[Node, set[Node]] | None = None
@@ -407,17 +433,32 @@ class _Graph:
                     using.setdefault(name, order[0] if order else alias)
             order.append(alias)
         sources: dict[str, _Source] = {}
-        for alias, source in scope.sources.items():
-            name = alias.lower()
+        named = {alias.lower(): source for alias, source in scope.sources.items()}
+        laterals = [
+            lateral.alias_or_name.lower()
+            for lateral in cast("list[exp.Expr]", select.args.get("laterals") or [])
+        ]
+        first_ref = len(self.refs)
+        for name in dict.fromkeys([*order, *laterals]):
+            source = named.get(name)
+            if source is None:
+                sources[name] = _Opaque(self)
+                continue
             extended = nullable or name in optional
             if isinstance(source, exp.Table):
                 upstream = source.name.lower()
                 if upstream in self.upstreams:
                     ref = _Ref(len(self.refs), upstream, name, source, extended, branches, within)
                     self.refs.append(ref)
-                    sources[name] = _TableSource(
-                        ref, self.schemas.get(upstream), self.known.get(upstream, set())
-                    )
+                    schema = self.schemas.get(upstream)
+                    alias = source.args.get("alias")
+                    renamed = alias.columns if isinstance(alias, exp.TableAlias) else []
+                    if renamed:  # FROM t AS x (a, b): the table's columns by position
+                        sources[name] = _RenamedTable(
+                            self, ref, [c.name.lower() for c in renamed], schema
+                        )
+                    else:
+                        sources[name] = _TableSource(ref, schema, self.known.get(upstream, set()))
                 else:
                     sources[name] = _Opaque(self)
             elif source.is_udtf:  # LATERAL VIEW explode(...): row-local values
@@ -425,6 +466,7 @@ class _Graph:
             else:  # a derived table or a WITH query: sees no sibling (not LATERAL)
                 where = "in a WITH query" if source.is_cte else "in a derived table"
                 sources[name] = self.source_of_scope(source, env, extended, branches, where)
+        fed = range(first_ref, len(self.refs))  # the references this scope's rows come from
         levels = [sources, *env]
         selectable = {a: s for a, s in sources.items() if a not in hidden}
 
@@ -433,6 +475,10 @@ class _Graph:
             column of an enclosing query, or one no source can be told to hold)."""
             name = column.name.lower()
             table = column.table.lower()
+            if column.args.get("db") is not None or column.args.get("catalog") is not None:
+                # a.b.c: a struct field of b in table a, or of a table's column: a name
+                # this analysis does not place.
+                return self.unknowable(column, f"{column.sql(dialect='spark')}"), None
             if table:
                 for depth, level in enumerate(levels):
                     if table in level:
@@ -472,6 +518,7 @@ class _Graph:
             if clause is not None:
                 for conjunct in _conjuncts(clause.this):
                     self._equate(conjunct, locate, subqueries, _Always())
+        merged: dict[str, str] = {}  # a USING column seen before -> the alias holding it
         for position, join in enumerate(joins):
             alias = join.this.alias_or_name.lower()
             earlier = set(order[: position + 1]) - {alias}
@@ -483,11 +530,14 @@ class _Graph:
                 name = identifier.name.lower()
                 before = [(a, sources[a]) for a in order[: position + 1] if a in sources]
                 maybe = [(a, s) for a, s in before if s.has(name) is not False and a != alias]
+                if name in merged:  # the column an earlier USING merged
+                    maybe = [(merged[name], sources[merged[name]])]
                 if len(maybe) != 1:
                     self.unknowable(identifier, name)
                     continue
                 other, source = maybe[0]
                 rule.apply(self, (sources[alias].node(name), alias), (source.node(name), other))
+                merged.setdefault(name, using.get(name) or other)
 
         for window in _own(select, exp.Window):
             parts = cast("list[exp.Expr]", window.args.get("partition_by") or [])
@@ -499,8 +549,21 @@ class _Graph:
                     "partition the window by the target key columns (PARTITION BY the keys), "
                     "or write the pipeline's incremental transform by hand with @pipeline.",
                 )
-            nodes = [resolve(p) for p in parts if isinstance(p, exp.Column)]
-            self.windows.append((window, [n for n in nodes if n is not None]))
+            nodes = [n for n in (resolve(p) for p in parts if isinstance(p, exp.Column)) if n]
+            if any(self.null_extended(n) for n in nodes):
+                raise Refusal(
+                    window,
+                    "uses a window partitioned by a column of the optional side of an outer "
+                    "join: its unmatched rows share the NULL partition, and no change names "
+                    "the keys of the others",
+                    "partition the window by a column of the preserved side (the keys), or "
+                    "write the pipeline's incremental transform by hand with @pipeline.",
+                )
+            classes = {self.find(n) for n in nodes}
+            related = {
+                i: {c for c in self.refs[i].columns if self.find((i, c)) in classes} for i in fed
+            }
+            self.windows.append((window, nodes, related))
 
         outputs: dict[str, Node | None] = {}
         ordered: list[str] = []
@@ -537,7 +600,14 @@ class _Graph:
         if isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
             left, right = _bare(conjunct.this), _bare(conjunct.expression)
             if isinstance(left, exp.Column) and isinstance(right, exp.Column):
-                rule.apply(self, locate(left), locate(right))
+                located = locate(left), locate(right)
+                if isinstance(conjunct, exp.NullSafeEQ) and any(
+                    node is not None and self.null_extended(node) for node, _ in located
+                ):
+                    # NULL <=> NULL is true: a row with NULL matches every unmatched row
+                    # of the outer join, whatever keys they reach.
+                    return
+                rule.apply(self, *located)
             return
         if isinstance(conjunct, exp.In) and isinstance(rule, _Always):
             query = conjunct.args.get("query")
@@ -612,9 +682,16 @@ class _Graph:
         self._key_nodes = tuple(key_nodes)
         classes = [self.find(n) for n in key_nodes]
 
+        # A reference feeding a window starts from its partition columns where it can.
+        partitioned: dict[int, set[str]] = {}
+        for _, _, within in self.windows:
+            for i, columns in within.items():
+                partitioned.setdefault(i, set()).update(columns)
+
         def columns_reaching(ref: _Ref, target: Node, prefer: str) -> list[str]:
             found = sorted(c for c in ref.columns if target in self.reach((ref.id, c)))
-            return sorted(found, key=lambda c: c != prefer)
+            windowed = partitioned.get(ref.id, set())
+            return sorted(found, key=lambda c: (c not in windowed, c != prefer))
 
         solved: dict[int, KeyPath] = {}
         queue: list[_Ref] = []
@@ -740,15 +817,24 @@ def infer(
         return Inference({}, open=True, graph=graph)
     solved = graph.paths(keys, key_nodes)
     classes = {graph.find(n) for n in key_nodes}
-    for window, nodes in graph.windows:
+    for window, nodes, within in graph.windows:
         reached = set[Node]().union(*(graph.reach(n) for n in nodes))
-        if not classes <= reached:
+        # Every reference feeding the window that holds the keys must hold them in its
+        # partition columns as the window's own scope relates them: an equality applied
+        # after the window holds for the output row, not for the rest of its partition.
+        unpartitioned = [
+            graph.refs[i]
+            for i, columns in within.items()
+            if i in solved and solved[i].direct and not set(solved[i].start) <= columns
+        ]
+        if not classes <= reached or unpartitioned:
             raise Refusal(
                 window,
                 "uses a window not partitioned by the target keys: it computes a row from "
                 "other keys' rows",
                 f"partition the window by the target key columns {list(keys)}, or write "
                 "the pipeline's incremental transform by hand with @pipeline.",
+                upstream=unpartitioned[0].upstream if unpartitioned else None,
             )
     for ref in graph.refs:
         if ref.id not in solved:
