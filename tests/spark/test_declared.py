@@ -654,3 +654,56 @@ def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_is_refused(
     assert replay.run_replay(store, registry, plan, execute=execute).status.value == "COMPLETED"
     target = spark.read.format("delta").load(str(tmp_path / "copied"))
     assert _rows(target, ["id", "value"]) == [(1, 10), (2, 21), (3, 30)]
+
+
+def _outside_in_a_subquery(tiers: str):
+    """A full transform reading a table it was not given inside an EXISTS subquery (the
+    plan's leaves do not show it: a subquery's plan is an expression's)."""
+
+    def enriched_with_gold(orders: DataFrame, customers: DataFrame) -> DataFrame:
+        tier = orders.sparkSession.read.format("delta").load(tiers)
+        gold = tier.where(F.col("tier") == "gold").exists()
+        return full_orders_enriched(orders, customers).withColumn("any_gold", gold)
+
+    return enriched_with_gold
+
+
+def _checkpointed(orders: DataFrame, customers: DataFrame) -> DataFrame:
+    """A full transform joining rows computed before (a local checkpoint)."""
+    return full_orders_enriched(orders, customers.localCheckpoint())
+
+
+def _reflected(orders: DataFrame, customers: DataFrame) -> DataFrame:
+    """A Java method per row: Spark marks it non-deterministic; no list here names it."""
+    tag = F.expr("reflect('java.util.UUID', 'randomUUID')")
+    return full_orders_enriched(orders, customers).withColumn("tag", tag)
+
+
+def _share_of_all(orders: DataFrame, customers: DataFrame) -> DataFrame:
+    """Each order's share of all orders' amounts, through an uncorrelated subquery."""
+    total = orders.select(F.sum("amount_cents")).scalar()
+    return full_orders_enriched(orders, customers).withColumn(
+        "share", F.col("amount_cents") / total
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [
+        (lambda tiers: _outside_in_a_subquery(tiers), "outside its upstreams"),
+        (lambda tiers: _checkpointed, "rows computed before the batch (LogicalRDD"),
+        (lambda tiers: _reflected, "computes a non-deterministic expression"),
+        (lambda tiers: _share_of_all, "aggregates all rows into one"),
+    ],
+    ids=["outside-table-in-a-subquery", "local-checkpoint", "reflect", "uncorrelated-total"],
+)
+def test_what_a_python_full_transform_hides_in_its_plan_is_refused_before_writing(
+    spark: SparkSession, tmp_path: Path, build, fragment: str
+) -> None:
+    pipeline = declared_pipeline(
+        upstreams={"orders": "order_id", "customers": JOIN},
+        target=str(tmp_path / "wm" / "never"),
+        keys=["order_id"],
+        name="hiding",
+    )(build(_tiers_table(spark, tmp_path)))
+    _refused(spark, tmp_path, pipeline, fragment)

@@ -577,7 +577,10 @@ def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataF
 
 
 # Leaves of an analyzed plan that read no storage.
-_READS_NOTHING = frozenset({"LocalRelation", "LogicalRDD", "Range", "OneRowRelation"})
+_READS_NOTHING = frozenset({"LocalRelation", "Range", "OneRowRelation"})
+# A leaf whose rows were computed before (localCheckpoint, checkpoint, an RDD): what it
+# read cannot be told, and it is no pinned snapshot.
+_PRECOMPUTED = "LogicalRDD"
 
 
 def _relation_roots(output: DataFrame) -> list[str] | None:
@@ -588,12 +591,21 @@ def _relation_roots(output: DataFrame) -> list[str] | None:
     jdf = getattr(output, "_jdf", None)
     if jdf is None:
         return _connect_read_roots(output)
-    leaves = jdf.queryExecution().analyzed().collectLeaves()
+    analyzed = jdf.queryExecution().analyzed()
+    # The plan's leaves and those of every subquery in it (a scalar, IN or EXISTS
+    # subquery's plan is an expression's, not a child's).
+    plans = [analyzed]
+    nested = analyzed.subqueriesAll()
+    plans += [nested.apply(i) for i in range(nested.size())]
+    leaves = [p.collectLeaves() for p in plans]
+    leaves = [group.apply(i) for group in leaves for i in range(group.size())]
     roots: list[str] = []
-    for i in range(leaves.size()):
-        leaf = leaves.apply(i)
+    for leaf in leaves:
         kind = leaf.nodeName()
         if kind in _READS_NOTHING:
+            continue
+        if kind == _PRECOMPUTED:
+            roots.append(f"rows computed before the batch ({kind}: a checkpoint or an RDD)")
             continue
         if kind != "LogicalRelation":
             return None
@@ -699,8 +711,9 @@ def _computes_per_key(
     The plan (one call: Catalyst's JSON form of the analyzed plan) is searched for windows,
     limits, offsets, samples, aggregates over all rows and non-deterministic functions:
     what the SQL form is refused for when it loads, here for a Python full transform too.
-    Subquery plans are not searched; the SQL form's subqueries are analysed when it loads
-    (:mod:`~watermark_dagster.config.declared_sql`). On Spark Connect the analyzed plan is
+    Subquery plans are searched too (in a correlated one an aggregate over its rows is per
+    outer row), and Spark's own ``deterministic`` flag of the plan is consulted for what
+    the list does not name. On Spark Connect the analyzed plan is
     not reachable from the client, so this check does not run there: the load-time SQL
     analysis and the input-file check still do. With ``windows_proven`` (declared SQL,
     whose windows :mod:`~watermark_dagster.config.key_inference` proved partitioned by the
@@ -713,7 +726,15 @@ def _computes_per_key(
     if jdf is None:  # a Spark Connect DataFrame
         return
     skip = frozenset({"Window"}) if windows_proven else frozenset()
-    found = _first_across_keys(json.loads(jdf.queryExecution().analyzed().toJSON()), skip)
+    analyzed = jdf.queryExecution().analyzed()
+    found = _first_across_keys(json.loads(analyzed.toJSON()), skip)
+    if found is None and not analyzed.deterministic():
+        # Spark's own verdict, for what the list above does not name (reflect, a
+        # non-deterministic UDF ...).
+        found = (
+            "computes a non-deterministic expression (Spark's plan says so): a recomputed "
+            "key would not get the value a full recompute gives"
+        )
     if found is not None:
         raise TerminalError(
             f"Pipeline '{pipeline.name}': its full transform {found}, so the incremental "
@@ -725,11 +746,17 @@ def _computes_per_key(
         )
 
 
-def _first_across_keys(tree: object, skip: frozenset[str] = frozenset()) -> str | None:
-    """The first construct in a Catalyst JSON tree that mixes keys, described, or None."""
+def _first_across_keys(
+    tree: object, skip: frozenset[str] = frozenset(), *, correlated: bool = False
+) -> str | None:
+    """The first construct in a Catalyst JSON tree that mixes keys, described, or None.
+
+    A subquery's plan is searched too; in a correlated one an aggregate over all its rows
+    is per outer row (``SUM(x) ... WHERE p.k = outer.k``), in an uncorrelated one it is
+    over every key's rows."""
     if isinstance(tree, list):
         for item in cast("list[object]", tree):
-            found = _first_across_keys(item, skip)
+            found = _first_across_keys(item, skip, correlated=correlated)
             if found is not None:
                 return found
         return None
@@ -738,7 +765,8 @@ def _first_across_keys(tree: object, skip: frozenset[str] = frozenset()) -> str 
     node = cast("dict[str, object]", tree)
     kind = str(node.get("class", "")).rsplit(".", 1)[-1].rstrip("$")
     if kind in _SUBQUERIES:
-        return None
+        inner = bool(node.get("outerAttrs")) or correlated
+        return _first_across_keys(node.get("plan"), skip, correlated=inner)
     if kind in _ACROSS_KEYS_NODES and kind not in skip:
         return f"uses {kind}: {_ACROSS_KEYS_NODES[kind]}"
     if kind in _NON_DETERMINISTIC_EXPRESSIONS:
@@ -746,10 +774,10 @@ def _first_across_keys(tree: object, skip: frozenset[str] = frozenset()) -> str 
             f"calls {kind}, which is non-deterministic: a recomputed key would not get the "
             "value a full recompute gives"
         )
-    if kind == "Aggregate" and node.get("groupingExpressions") == []:
+    if kind == "Aggregate" and node.get("groupingExpressions") == [] and not correlated:
         return "aggregates all rows into one (an aggregate with no grouping)"
     for value in node.values():
-        found = _first_across_keys(value, skip)
+        found = _first_across_keys(value, skip, correlated=correlated)
         if found is not None:
             return found
     return None
