@@ -185,6 +185,15 @@ REFUSED = [
         "uses PIVOT",
         3,
     ),
+    # Two keys that are one column (the batch's key walk would fail on an ambiguous name).
+    (
+        "one-column-two-keys",
+        "SELECT o.order_id AS k1, o.order_id AS k2, o.amount FROM orders o",
+        {"orders": "k1, k2"},
+        ["k1", "k2"],
+        "gives the key column 'k2' the same column as another key",
+        1,
+    ),
     # 8. Functions that call arbitrary Java methods.
     (
         "reflect",

@@ -97,22 +97,23 @@ def paths_for_batch(
     schemas: Mapping[str, Sequence[str]],
 ) -> dict[str, tuple[KeyPath, ...]]:
     """Every key path a batch follows, per upstream: the declared ones for a function;
-    for SQL, those the query proves, inferred again with the snapshots' ``schemas`` when
-    the definitions could not place every column.
+    for SQL, those the query proves with the snapshots' ``schemas`` (proven again every
+    batch: the definitions may have left it open, or placed a name that a column of the
+    schemas shadows).
 
     Raises:
         ConfigurationError: the SQL is refused once the schemas place its columns.
     """
     if declared.sql is None:
         return {u: (p,) for u, p in declared.key_paths.items()}
-    every = declared.inferred
-    if every is None:
-        inferred = check_sql(
-            pipeline, declared.sql, paths=declared.key_paths, keys=keys, schemas=schemas
-        )
-        assert inferred is not None  # with schemas the proof is never open
-        every = _every_path(declared.key_paths, inferred.paths)
-    return dict(every)
+    # Proven again with the schemas every batch (milliseconds): what the definitions
+    # placed by name alone (an alias that a column of the subquery's own table shadows)
+    # is settled here, before anything is written.
+    inferred = check_sql(
+        pipeline, declared.sql, paths=declared.key_paths, keys=keys, schemas=schemas
+    )
+    assert inferred is not None  # with schemas the proof is never open
+    return _every_path(declared.key_paths, inferred.paths)
 
 
 def _columns(text: str, pipeline: str, upstream: str, written: str) -> tuple[str, ...]:

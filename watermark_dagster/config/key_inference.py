@@ -205,6 +205,42 @@ class _Derived(_Source):
         return self.graph.unknowable(exp.Star(), f"#{position}")
 
 
+@dataclass
+class _Window:
+    """A window as its own scope relates it: ``related`` gives, per reference feeding it,
+    the columns equal to a partition column there, and ``parent`` is the union-find of
+    classes as it stood there (before any enclosing query's equality)."""
+
+    node: exp.Expr
+    nodes: list[Node]
+    related: dict[int, set[str]]
+    parent: dict[Node, Node]
+
+    def _find(self, node: Node) -> Node:
+        while node in self.parent:
+            node = self.parent[node]
+        return node
+
+    def partitions(self, ref: int, solved: Mapping[int, KeyPath], via: Mapping[int, int]) -> bool:
+        """True when ``ref``'s path reaches the keys through the window's partition within
+        the window's scope: each hop into a reference feeding the window, on columns equal
+        there, ending at one that holds the keys in its partition columns."""
+        seen: set[int] = set()
+        while ref not in seen:
+            seen.add(ref)
+            path = solved[ref]
+            if path.direct:
+                return set(path.start) <= self.related.get(ref, set())
+            into = via.get(ref)
+            if into is None or into not in self.related:
+                return False
+            pairs = zip(path.start, path.hops[0].match, strict=True)
+            if any(self._find((ref, a)) != self._find((into, b)) for a, b in pairs):
+                return False
+            ref = into
+        return False
+
+
 class _Rule:
     """How an equality between two columns, each with the alias of the scope that holds
     it (None: a column of an enclosing query), is recorded."""
@@ -312,7 +348,8 @@ class _Graph:
         # the columns equal to a partition column within the window's own scope (an
         # equality of an enclosing query holds for its output row, not for the others of
         # the partition).
-        self.windows: list[tuple[exp.Expr, list[Node], dict[int, set[str]]]] = []
+        self.windows: list[_Window] = []
+        self.via: dict[int, int] = {}  # a reference with a hop path -> the one it hops into
         self.unknown: set[Node] = set()
         self.links: list[tuple[Node, Node]] = []
         self._link_classes: dict[Node, set[Node]] | None = None
@@ -439,6 +476,11 @@ class _Graph:
             for lateral in cast("list[exp.Expr]", select.args.get("laterals") or [])
         ]
         first_ref = len(self.refs)
+        tables = {
+            t.alias_or_name.lower(): t
+            for t in [*([from_.this] if from_ is not None else []), *(j.this for j in joins)]
+            if isinstance(t, exp.Table)
+        }
         for name in dict.fromkeys([*order, *laterals]):
             source = named.get(name)
             if source is None:
@@ -465,8 +507,15 @@ class _Graph:
                 sources[name] = _Opaque(self)
             else:  # a derived table or a WITH query: sees no sibling (not LATERAL)
                 where = "in a WITH query" if source.is_cte else "in a derived table"
-                sources[name] = self.source_of_scope(source, env, extended, branches, where)
-        fed = range(first_ref, len(self.refs))  # the references this scope's rows come from
+                derived = self.source_of_scope(source, env, extended, branches, where)
+                reference = tables.get(name)
+                alias = reference.args.get("alias") if reference is not None else None
+                if isinstance(alias, exp.TableAlias) and alias.columns:
+                    # FROM w AS q (a, b): the WITH query's columns renamed by position
+                    names = [c.name.lower() for c in alias.columns]
+                    outputs = {n: derived.at(i) for i, n in enumerate(names)}
+                    derived = _Derived(self, outputs, names, [])
+                sources[name] = derived
         levels = [sources, *env]
         selectable = {a: s for a, s in sources.items() if a not in hidden}
 
@@ -483,6 +532,10 @@ class _Graph:
                 for depth, level in enumerate(levels):
                     if table in level:
                         return level[table].node(name), table if depth == 0 else None
+                    if depth == 0 and any(s.has(table) for s in selectable.values()):
+                        # Spark reads `s.k` as the field k of this scope's column s before
+                        # an enclosing query's alias s: it relates nothing.
+                        return None, None
                 return self.unknowable(column, name), None
             if name in using:
                 holder = using[name]
@@ -514,10 +567,23 @@ class _Graph:
         # classes), and which only for the rows of one side (a link from that side's
         # class to the other's, followed one way): see _Graph.equate.
         where, having = select.args.get("where"), select.args.get("having")
+        # A name in HAVING that a projection gives to an expression is Spark's alias for it
+        # (when the FROM clause's column of that name is neither grouped nor aggregated).
+        aliased = {
+            p.alias.lower()
+            for p in select.expressions
+            if isinstance(p, exp.Alias)
+            and not (isinstance(p.this, exp.Column) and p.this.name.lower() == p.alias.lower())
+        }
         for clause in (where, having):
-            if clause is not None:
-                for conjunct in _conjuncts(clause.this):
-                    self._equate(conjunct, locate, subqueries, _Always())
+            if clause is None:
+                continue
+            for conjunct in _conjuncts(clause.this):
+                if clause is having and any(
+                    not c.table and c.name.lower() in aliased for c in conjunct.find_all(exp.Column)
+                ):
+                    continue
+                self._equate(conjunct, locate, subqueries, _Always())
         merged: dict[str, str] = {}  # a USING column seen before -> the alias holding it
         for position, join in enumerate(joins):
             alias = join.this.alias_or_name.lower()
@@ -539,6 +605,7 @@ class _Graph:
                 rule.apply(self, (sources[alias].node(name), alias), (source.node(name), other))
                 merged.setdefault(name, using.get(name) or other)
 
+        fed = range(first_ref, len(self.refs))  # what this scope's rows come from
         for window in _own(select, exp.Window):
             parts = cast("list[exp.Expr]", window.args.get("partition_by") or [])
             if not parts or not all(isinstance(p, exp.Column) for p in parts):
@@ -563,7 +630,7 @@ class _Graph:
             related = {
                 i: {c for c in self.refs[i].columns if self.find((i, c)) in classes} for i in fed
             }
-            self.windows.append((window, nodes, related))
+            self.windows.append(_Window(window, nodes, related, dict(self.parent)))
 
         outputs: dict[str, Node | None] = {}
         ordered: list[str] = []
@@ -684,8 +751,8 @@ class _Graph:
 
         # A reference feeding a window starts from its partition columns where it can.
         partitioned: dict[int, set[str]] = {}
-        for _, _, within in self.windows:
-            for i, columns in within.items():
+        for window in self.windows:
+            for i, columns in window.related.items():
                 partitioned.setdefault(i, set()).update(columns)
 
         def columns_reaching(ref: _Ref, target: Node, prefer: str) -> list[str]:
@@ -718,6 +785,7 @@ class _Graph:
                 if not pairs:
                     continue
                 hop = Hop(near.upstream, tuple(t for _, t in pairs), near_path.start)
+                self.via[ref.id] = near.id
                 solved[ref.id] = KeyPath(
                     ref.upstream, tuple(c for c, _ in pairs), (hop, *near_path.hops)
                 )
@@ -812,24 +880,30 @@ def infer(
                 f"take '{key}' from the preserved side of the join (for 'a LEFT JOIN b ON "
                 f"a.{key} = b.{key}', a.{key}), or use an inner join.",
             )
+        if node in key_nodes:
+            raise Refusal(
+                _projection(query, name),
+                f"gives the key column '{key}' the same column as another key",
+                "key the target by distinct columns (drop the repeated one from keys).",
+            )
         key_nodes.append(node)
     if graph.open:
         return Inference({}, open=True, graph=graph)
     solved = graph.paths(keys, key_nodes)
     classes = {graph.find(n) for n in key_nodes}
-    for window, nodes, within in graph.windows:
-        reached = set[Node]().union(*(graph.reach(n) for n in nodes))
-        # Every reference feeding the window that holds the keys must hold them in its
-        # partition columns as the window's own scope relates them: an equality applied
-        # after the window holds for the output row, not for the rest of its partition.
+    for window in graph.windows:
+        reached = set[Node]().union(*(graph.reach(n) for n in window.nodes))
+        # Every reference feeding the window must reach the keys through its partition as
+        # the window's own scope relates them: an equality applied after the window holds
+        # for the output row, not for the rest of its partition.
         unpartitioned = [
             graph.refs[i]
-            for i, columns in within.items()
-            if i in solved and solved[i].direct and not set(solved[i].start) <= columns
+            for i in window.related
+            if i in solved and not window.partitions(i, solved, graph.via)
         ]
         if not classes <= reached or unpartitioned:
             raise Refusal(
-                window,
+                window.node,
                 "uses a window not partitioned by the target keys: it computes a row from "
                 "other keys' rows",
                 f"partition the window by the target key columns {list(keys)}, or write "
