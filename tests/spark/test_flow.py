@@ -426,9 +426,8 @@ def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
     # The declared pipeline's batch (full: `auto` on tables this small) measured drift, and
     # its run evaluated the watermark_drift check for its materialization: none found.
     drift = AssetCheckKey(AssetKey("orders_enriched"), DRIFT_CHECK)
-    record = location.instance.event_log_storage.get_latest_asset_check_execution_by_key(
-        [drift]
-    )[drift]
+    storage = location.instance.event_log_storage
+    record = storage.get_latest_asset_check_execution_by_key([drift])[drift]
     assert record.evaluation is not None, record
     assert record.evaluation.passed, record.evaluation
     assert record.evaluation.metadata["drift_keys"].value == 0, record.evaluation
