@@ -335,3 +335,45 @@ def test_a_full_batch_refuses_a_key_its_transform_gives_twice(
     with pytest.raises(TerminalError, match=r"several rows for key \{'order_id': 1[01]\}"):
         run_cycle(spark, registry, store)
     assert _target(spark, pipeline, ["order_id", "name"]) == before  # nothing written
+
+
+def test_timestamp_keys_of_a_repeated_hour_stay_apart(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the driver in New York, 05:30Z and 06:30Z on 2024-11-03 are both 01:30 local.
+    PySpark collects a TIMESTAMP as a naive local datetime and writes one back ignoring its
+    fold, so the touched key of the 06:30Z row went back as 05:30Z: that row was never
+    rewritten (found by an adversarial review; target v = {1, 2}, recompute {1, 20})."""
+    import time
+    from datetime import UTC, datetime
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        root = tmp_path / "lake"
+        rows = [(datetime(2024, 11, 3, h, 30, tzinfo=UTC), v) for h, v in ((5, 1), (6, 2))]
+        spark.createDataFrame(rows, "ts TIMESTAMP, v LONG").write.format("delta").option(
+            "delta.enableChangeDataFeed", "true"
+        ).save(str(root / "ev"))
+        pipeline = sql_pipeline(
+            name="events",
+            sql="SELECT ts, v FROM ev",
+            upstreams={"ev": "ts"},
+            keys=["ts"],
+            target=str(tmp_path / "targets" / "events"),
+            strategy="incremental",
+        )
+        registry = Registry(
+            upstreams=[DeltaUpstream(name="ev", path=str(root / "ev"))], pipelines=[pipeline]
+        )
+        store = WatermarkStore(str(tmp_path / "control"))
+        run_cycle(spark, registry, store)
+        _apply(spark, root, ("ev", "update", "v = 2", {"v": "20"}))
+        run_cycle(spark, registry, store)
+        target = spark.read.format("delta").load(pipeline.target)
+        found = sorted(tuple(r) for r in target.selectExpr("unix_micros(ts)", "v").collect())
+        start = int(datetime(2024, 11, 3, 5, 30, tzinfo=UTC).timestamp()) * 1_000_000
+        assert found == [(start, 1), (start + 3_600_000_000, 20)], found
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -175,13 +175,19 @@ class _Derived(_Source):
         outputs: dict[str, Node | None],
         ordered: list[str],
         stars: list[_Source],
+        positions: list[Node | None] | None = None,
     ) -> None:
         self.graph = graph
         self.outputs = outputs
         self.ordered = ordered
         self.stars = stars
+        # Each output column by position (a name may repeat: SELECT b.k, c.k).
+        self.positions = positions if positions is not None else [outputs[n] for n in ordered]
+        self.repeated = {n for n in ordered if ordered.count(n) > 1}
 
     def node(self, column: str) -> Node | None:
+        if column in self.repeated:  # Spark: an ambiguous reference
+            return self.graph.unknowable(exp.column(column), column)
         if column in self.outputs:
             return self.outputs[column]
         found = [s for s in self.stars if s.has(column) is not False]
@@ -199,8 +205,8 @@ class _Derived(_Source):
         return None if any(a is None for a in answers) else False
 
     def at(self, position: int) -> Node | None:
-        if position < len(self.ordered) and not self.stars:
-            return self.outputs[self.ordered[position]]
+        if position < len(self.positions) and not self.stars:
+            return self.positions[position]
         # a star's columns, in an order unknown here
         return self.graph.unknowable(exp.Star(), f"#{position}")
 
@@ -412,6 +418,7 @@ class _Graph:
             ]
             names = parts[0].ordered
             outputs: dict[str, Node | None] = {}
+            positions: list[Node | None] = []
             for position, name in enumerate(names):
                 joint: Node | None = self.joint(name)
                 for part in parts:
@@ -424,8 +431,9 @@ class _Graph:
 
                     if self.null_extended(node):
                         self.null_joints.add(joint)
-                outputs[name] = joint
-            return _renamed(_Derived(self, outputs, names, []), expression)
+                positions.append(joint)
+                outputs.setdefault(name, joint)
+            return _renamed(_Derived(self, outputs, names, [], positions), expression)
         if not isinstance(expression, exp.Select):
             raise Refusal(
                 expression, f"uses {expression.key.upper()}, which is not analysed", _PER_KEY_FIX
@@ -519,9 +527,14 @@ class _Graph:
         levels = [sources, *env]
         selectable = {a: s for a, s in sources.items() if a not in hidden}
 
-        def locate(column: exp.Column) -> tuple[Node | None, str | None]:
+        def locate(
+            column: exp.Column, names: "set[str] | None" = None
+        ) -> tuple[Node | None, str | None]:
             """The column's node, and the alias of this scope that holds it (None for a
-            column of an enclosing query, or one no source can be told to hold)."""
+            column of an enclosing query, or one no source can be told to hold). ``names``
+            are the aliases a join's ``ON`` sees (those up to it, its own right side even
+            for a semi- or anti-join); elsewhere the selectable ones."""
+            here = selectable if names is None else {a: sources[a] for a in names if a in sources}
             name = column.name.lower()
             table = column.table.lower()
             if column.args.get("db") is not None or column.args.get("catalog") is not None:
@@ -532,7 +545,7 @@ class _Graph:
                 for depth, level in enumerate(levels):
                     if table in level:
                         return level[table].node(name), table if depth == 0 else None
-                    if depth == 0 and any(s.has(table) for s in selectable.values()):
+                    if depth == 0 and any(s.has(table) for s in here.values()):
                         # Spark reads `s.k` as the field k of this scope's column s before
                         # an enclosing query's alias s: it relates nothing.
                         return None, None
@@ -543,7 +556,7 @@ class _Graph:
                     return sources[holder].node(name), holder
                 return self.unknowable(column, name), None
             for depth, level in enumerate(levels):
-                visible = selectable if depth == 0 else level
+                visible = here if depth == 0 else level
                 maybe = [(a, s) for a, s in visible.items() if s.has(name) is not False]
                 sure = [(a, s) for a, s in maybe if s.has(name) is True]
                 found = sure if len(sure) == 1 else maybe if len(maybe) == 1 else None
@@ -590,8 +603,15 @@ class _Graph:
             earlier = set(order[: position + 1]) - {alias}
             rule = _join_rule(join, alias, earlier)
             if join.args.get("on") is not None:
+                seen = set(order[: position + 2])  # the tables up to this join, its own too
+
+                def locate_on(
+                    column: exp.Column, seen: set[str] = seen
+                ) -> tuple[Node | None, str | None]:
+                    return locate(column, seen)
+
                 for conjunct in _conjuncts(join.args["on"]):
-                    self._equate(conjunct, locate, subqueries, rule)
+                    self._equate(conjunct, locate_on, subqueries, rule)
             for identifier in _identifiers(join):
                 name = identifier.name.lower()
                 before = [(a, sources[a]) for a in order[: position + 1] if a in sources]
@@ -634,6 +654,7 @@ class _Graph:
 
         outputs: dict[str, Node | None] = {}
         ordered: list[str] = []
+        positions: list[Node | None] = []
         stars: list[_Source] = []
         for projection in select.expressions:
             inner = projection.unalias()
@@ -651,8 +672,10 @@ class _Graph:
                 continue
             name = projection.alias_or_name.lower()
             ordered.append(name)
-            outputs[name] = resolve(inner) if isinstance(inner, exp.Column) else None
-        return _Derived(self, outputs, ordered, stars)
+            node = resolve(inner) if isinstance(inner, exp.Column) else None
+            positions.append(node)
+            outputs.setdefault(name, node)
+        return _Derived(self, outputs, ordered, stars, positions)
 
     def _equate(
         self,

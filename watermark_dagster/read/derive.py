@@ -40,6 +40,7 @@ import operator
 import posixpath
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from functools import reduce
 from typing import cast
 from urllib.parse import unquote, urlsplit
@@ -47,6 +48,7 @@ from urllib.parse import unquote, urlsplit
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from watermark_dagster.config.declared import Declared, paths_for_batch
 from watermark_dagster.config.key_paths import Hop, KeyPath, restrictable
@@ -159,9 +161,25 @@ INLINE_KEYS_LIMIT = 50_000
 
 
 def _collected(frame: DataFrame, limit: int) -> list[tuple[object, ...]] | None:
-    """The rows of ``frame`` as tuples, or None when it has more than ``limit``."""
+    """The rows of ``frame`` as tuples, or None when it has more than ``limit``.
+
+    PySpark gives a TIMESTAMP as a naive datetime in the driver's local time zone and
+    writes a naive one back ignoring its ``fold``: the two instants of an hour that
+    daylight saving repeats would come back as one. They are kept as UTC-aware values,
+    which go back exactly (TIMESTAMP_NTZ values are naive by nature and stay so)."""
     rows = frame.limit(limit + 1).collect()
-    return None if len(rows) > limit else [tuple(r) for r in rows]
+    if len(rows) > limit:
+        return None
+    stamps = {
+        i for i, f in enumerate(frame.schema.fields) if isinstance(f.dataType, T.TimestampType)
+    }
+    return [
+        tuple(
+            v.astimezone(UTC) if i in stamps and isinstance(v, datetime) and not v.tzinfo else v
+            for i, v in enumerate(r)
+        )
+        for r in rows
+    ]
 
 
 def key_paths(
