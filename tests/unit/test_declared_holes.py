@@ -7,62 +7,9 @@ batch of the change named in its comment, the target compared with the same SQL
 recomputed): each target came out stale. No JVM here.
 """
 
-from collections.abc import Mapping, Sequence
-
 import pytest
 
-from watermark_dagster.config.declared import paths_for_batch
-from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
-from watermark_dagster.errors import ConfigurationError
-
-
-def _load(sql: str, upstreams: dict[str, str], keys: list[str]) -> Pipeline:
-    return sql_pipeline(name="pipe", sql=sql, upstreams=upstreams, target="/lake/pipe", keys=keys)
-
-
-def _paths(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-) -> dict[str, list[str]] | None:
-    """The key paths a batch follows, per upstream, as text; None when the SQL is refused
-    (when it loads, or once the batch places its columns with ``schemas``)."""
-    try:
-        pipeline = _load(sql, upstreams, keys)
-    except ConfigurationError:
-        return None
-    assert pipeline.declared is not None
-    try:
-        paths = paths_for_batch("pipe", pipeline.declared, keys, schemas)
-    except ConfigurationError:
-        return None
-    return {u: [str(p) for p in ps] for u, ps in paths.items()}
-
-
-def _refused(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-) -> None:
-    paths = _paths(sql, upstreams, keys, schemas)
-    assert paths is None, f"accepted with key paths {paths}"
-
-
-def _refused_or_follows(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-    upstream: str,
-    needed: str,
-) -> None:
-    paths = _paths(sql, upstreams, keys, schemas)
-    assert paths is None or needed in paths[upstream], (
-        f"accepted without the key path {needed!r} for '{upstream}': {paths}"
-    )
-
+from tests.support.declared_sql import refused, refused_or_follows
 
 # 1. A window evaluated before an equality that relates its partition to the keys.
 #
@@ -131,7 +78,7 @@ def test_a_window_is_keyed_by_its_own_partition_not_by_a_later_equality(
     upstream: str,
     needed: str,
 ) -> None:
-    _refused_or_follows(sql, upstreams, keys, schemas, upstream, needed)
+    refused_or_follows(sql, upstreams, keys, schemas, upstream, needed)
 
 
 # 2. A window partitioned by the optional side of an outer join.
@@ -147,7 +94,7 @@ def test_a_window_is_keyed_by_its_own_partition_not_by_a_later_equality(
 # for matched rows; refuse a window whose partition column is NULL-extended
 # (graph.null_extended), as a key column is.
 def test_a_window_partitioned_by_a_null_extended_column_is_refused() -> None:
-    _refused(
+    refused(
         "SELECT c.customer_id, COUNT(*) OVER (PARTITION BY t.customer_id) AS n\n"
         "FROM customers c LEFT JOIN (SELECT customer_id, SUM(amount) AS total FROM payments\n"
         "GROUP BY customer_id) t ON t.customer_id = c.customer_id",
@@ -155,7 +102,7 @@ def test_a_window_partitioned_by_a_null_extended_column_is_refused() -> None:
         ["customer_id"],
         {"customers": ["customer_id"], "payments": ["payment_id", "customer_id", "amount"]},
     )
-    _refused(
+    refused(
         "SELECT c.customer_id, COUNT(*) OVER (PARTITION BY p.customer_id) AS n\n"
         "FROM customers c LEFT JOIN payments p ON p.customer_id = c.customer_id",
         {"customers": "customer_id", "payments": "customer_id"},
@@ -201,7 +148,7 @@ NULL_SAFE_ON_NULLABLE = [
     "sql", [c[1] for c in NULL_SAFE_ON_NULLABLE], ids=[c[0] for c in NULL_SAFE_ON_NULLABLE]
 )
 def test_a_null_safe_equality_with_a_null_extended_column_links_nothing(sql: str) -> None:
-    _refused(
+    refused(
         sql,
         {"a": "k", "b": "k", "p": "p.j -> b.j -> b.k"},
         ["k"],
@@ -221,14 +168,14 @@ def test_a_null_safe_equality_with_a_null_extended_column_links_nothing(sql: str
 # Fix: analyse a LATERAL subquery's scope like a correlated subquery whose enclosing level
 # is the FROM clause before it (its refs, links to the siblings it names).
 def test_a_lateral_subquery_over_all_rows_is_refused() -> None:
-    _refused(
+    refused(
         "SELECT c.customer_id, t.s FROM customers c,\n"
         "LATERAL (SELECT SUM(c2.amount) AS s FROM customers c2) t",
         {"customers": "customer_id"},
         ["customer_id"],
         {"customers": ["customer_id", "amount"]},
     )
-    _refused(
+    refused(
         "SELECT c.customer_id, p.amount, t.s FROM customers c\n"
         "JOIN payments p ON p.customer_id = c.customer_id,\n"
         "LATERAL (SELECT SUM(p2.amount) AS s FROM payments p2) t",
@@ -242,7 +189,7 @@ def test_a_correlated_lateral_subquery_is_proven_or_refused_not_crashed() -> Non
     # payments is read only inside the LATERAL subquery: it has no reference, and the
     # declared path's check indexes an empty tuple (IndexError, not a ConfigurationError).
     # Per key (correlated on the key), this one is exact with payments' path customer_id.
-    _refused_or_follows(
+    refused_or_follows(
         "SELECT c.customer_id, t.s FROM customers c,\n"
         "LATERAL (SELECT SUM(p.amount) AS s FROM payments p WHERE p.customer_id = c.customer_id) t",
         {"customers": "customer_id", "payments": "customer_id"},
@@ -266,7 +213,7 @@ def test_a_correlated_lateral_subquery_is_proven_or_refused_not_crashed() -> Non
 # Fix: at(position) is unknowable when a star precedes the position (and names of a set
 # operation come from its first branch only when that branch has no star before them).
 def test_a_star_before_a_set_operations_columns_does_not_shift_them() -> None:
-    _refused_or_follows(
+    refused_or_follows(
         "SELECT x.*, x.k AS kk FROM x\n"
         "UNION ALL SELECT y.*, z.w, z.k FROM y JOIN z ON z.yid = y.id",
         {"x": "k", "z": "w", "y": "y.id -> z.yid -> z.w"},
@@ -289,7 +236,7 @@ def test_a_star_before_a_set_operations_columns_does_not_shift_them() -> None:
 # Fix: a table reference with alias columns is a source whose column i is the schema's
 # column i (unknowable without the schemas: open at load, placed by the batch).
 def test_a_table_alias_column_list_renames_by_position() -> None:
-    _refused_or_follows(
+    refused_or_follows(
         "SELECT e.dst AS node_id, e.w FROM edges AS e(dst, src, w)",
         {"edges": "dst"},
         ["node_id"],
@@ -298,7 +245,7 @@ def test_a_table_alias_column_list_renames_by_position() -> None:
         "src",
     )
     # The same through a join: incoming edges counted per node, by the real dst.
-    _refused_or_follows(
+    refused_or_follows(
         "SELECT n.node_id, COUNT(e.src) AS incoming FROM nodes n\n"
         "LEFT JOIN edges AS e(dst, src) ON e.src = n.node_id GROUP BY n.node_id",
         {"nodes": "node_id", "edges": "src"},
@@ -321,7 +268,7 @@ def test_a_table_alias_column_list_renames_by_position() -> None:
 # Fix: a column with a db (or catalog) part is unknowable (or resolved as table.column.field
 # against the schemas), never alias.column.
 def test_a_struct_field_is_not_read_as_another_tables_column() -> None:
-    _refused(
+    refused(
         "SELECT c.customer_id, SUM(p.amount) AS total FROM customers c\n"
         "JOIN payments p ON p.customer_id = p.c.customer_id GROUP BY c.customer_id",
         {"customers": "customer_id", "payments": "customer_id"},

@@ -9,62 +9,9 @@ compared with the same SQL recomputed): each target came out stale, with exit 0;
 variants marked so were not run (same mechanism). No JVM here.
 """
 
-from collections.abc import Mapping, Sequence
-
 import pytest
 
-from watermark_dagster.config.declared import paths_for_batch
-from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
-from watermark_dagster.errors import ConfigurationError
-
-
-def _load(sql: str, upstreams: dict[str, str], keys: list[str]) -> Pipeline:
-    return sql_pipeline(name="pipe", sql=sql, upstreams=upstreams, target="/lake/pipe", keys=keys)
-
-
-def _paths(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-) -> dict[str, list[str]] | None:
-    """The key paths a batch follows, per upstream, as text; None when the SQL is refused
-    (when it loads, or once the batch places its columns with ``schemas``)."""
-    try:
-        pipeline = _load(sql, upstreams, keys)
-    except ConfigurationError:
-        return None
-    assert pipeline.declared is not None
-    try:
-        paths = paths_for_batch("pipe", pipeline.declared, keys, schemas)
-    except ConfigurationError:
-        return None
-    return {u: [str(p) for p in ps] for u, ps in paths.items()}
-
-
-def _refused(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-) -> None:
-    paths = _paths(sql, upstreams, keys, schemas)
-    assert paths is None, f"accepted with key paths {paths}"
-
-
-def _refused_or_follows(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-    upstream: str,
-    needed: str,
-) -> None:
-    paths = _paths(sql, upstreams, keys, schemas)
-    assert paths is None or needed in paths[upstream], (
-        f"accepted without the key path {needed!r} for '{upstream}': {paths}"
-    )
-
+from tests.support.declared_sql import refused, refused_or_follows
 
 # 1. A window's rows filtered by a subquery of the window's own scope.
 #
@@ -114,7 +61,7 @@ WINDOW_FILTERED_BY_A_SUBQUERY = [
 def test_a_subquery_filtering_a_windows_rows_is_keyed_through_the_partition(
     sql: str, upstreams: dict[str, str], schemas: dict[str, list[str]]
 ) -> None:
-    _refused_or_follows(sql, upstreams, ["k"], schemas, "d", "d.id -> b.x -> b.g")
+    refused_or_follows(sql, upstreams, ["k"], schemas, "d", "d.id -> b.x -> b.g")
 
 
 # 2. A window fed by a reference that reaches the keys through a hop, not through the
@@ -137,7 +84,7 @@ def test_a_subquery_filtering_a_windows_rows_is_keyed_through_the_partition(
 # window scope's classes and links, ending at the partition columns (b.cid -> c.id ->
 # c.h), or the query is refused.
 def test_a_window_fed_through_a_hop_is_keyed_through_the_partition() -> None:
-    _refused_or_follows(
+    refused_or_follows(
         "SELECT a.k, t.n FROM a JOIN (SELECT b.x, c.h, COUNT(*) OVER (PARTITION BY c.h) AS n\n"
         "FROM b JOIN c ON c.id = b.cid) t ON t.x = a.j AND t.h = a.k",
         {"a": "k", "b": "b.x -> a.j -> a.k", "c": "h"},
@@ -170,7 +117,7 @@ def test_a_window_fed_through_a_hop_is_keyed_through_the_partition() -> None:
 # (and that is not that same plain column, grouped) relates nothing: the aggregate's
 # value, like any computed column (or leave it unknowable).
 def test_a_having_name_spark_reads_as_an_alias_relates_nothing() -> None:
-    _refused_or_follows(
+    refused_or_follows(
         "SELECT a.k, MAX(b.c) AS c FROM a JOIN b ON b.g = a.g GROUP BY a.k HAVING c = a.k",
         {"a": "k", "b": "c"},
         ["k"],
@@ -178,7 +125,7 @@ def test_a_having_name_spark_reads_as_an_alias_relates_nothing() -> None:
         "b",
         "b.g -> a.g -> a.k",
     )
-    _refused(
+    refused(
         "SELECT a.k, (SELECT MAX(b.k) AS k FROM b HAVING k = a.k) AS m FROM a",
         {"a": "k", "b": "k"},
         ["k"],
@@ -227,7 +174,7 @@ CTE_REFERENCE_RENAMED = [
 def test_a_column_list_on_a_with_query_reference_renames_by_position(
     sql: str, upstreams: dict[str, str], schemas: dict[str, list[str]]
 ) -> None:
-    _refused_or_follows(sql, upstreams, ["k"], schemas, "a", "v")
+    refused_or_follows(sql, upstreams, ["k"], schemas, "a", "v")
 
 
 # 5. A two-part name in a subquery whose first part is a struct column of the subquery's
@@ -250,7 +197,7 @@ def test_a_column_list_on_a_with_query_reference_renames_by_position(
 # reference: unknowable without the schemas; with them, a struct field (relating nothing)
 # when a source of the nearer level has a column of that name.
 def test_a_struct_field_of_the_inner_table_is_not_an_outer_reference() -> None:
-    _refused(
+    refused(
         "SELECT s.k FROM customers s WHERE EXISTS (SELECT 1 FROM payments p WHERE p.k = s.k)",
         {"customers": "k", "payments": "k"},
         ["k"],

@@ -11,62 +11,9 @@ SQL recomputed): each target came out stale, with exit 0. The variants marked so
 run (same mechanism). No JVM here.
 """
 
-from collections.abc import Mapping, Sequence
-
 import pytest
 
-from watermark_dagster.config.declared import paths_for_batch
-from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
-from watermark_dagster.errors import ConfigurationError
-
-
-def _load(sql: str, upstreams: dict[str, str], keys: list[str]) -> Pipeline:
-    return sql_pipeline(name="pipe", sql=sql, upstreams=upstreams, target="/lake/pipe", keys=keys)
-
-
-def _paths(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-) -> dict[str, list[str]] | None:
-    """The key paths a batch follows, per upstream, as text; None when the SQL is refused
-    (when it loads, or once the batch places its columns with ``schemas``)."""
-    try:
-        pipeline = _load(sql, upstreams, keys)
-    except ConfigurationError:
-        return None
-    assert pipeline.declared is not None
-    try:
-        paths = paths_for_batch("pipe", pipeline.declared, keys, schemas)
-    except ConfigurationError:
-        return None
-    return {u: [str(p) for p in ps] for u, ps in paths.items()}
-
-
-def _refused(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-) -> None:
-    paths = _paths(sql, upstreams, keys, schemas)
-    assert paths is None, f"accepted with key paths {paths}"
-
-
-def _refused_or_follows(
-    sql: str,
-    upstreams: dict[str, str],
-    keys: list[str],
-    schemas: Mapping[str, Sequence[str]],
-    upstream: str,
-    needed: str,
-) -> None:
-    paths = _paths(sql, upstreams, keys, schemas)
-    assert paths is None or needed in paths[upstream], (
-        f"accepted without the key path {needed!r} for '{upstream}': {paths}"
-    )
-
+from tests.support.declared_sql import refused, refused_or_follows
 
 # 1. An unqualified name in a semi- or anti-join's ON that only its right side holds.
 #
@@ -129,7 +76,7 @@ def test_a_name_in_a_semi_joins_on_is_resolved_against_its_right_side(
     sql: str, upstreams: dict[str, str], keys: list[str], schemas: dict[str, list[str]]
 ) -> None:
     # b.k2 = b.x relates b to no key: the query is to be refused.
-    _refused(sql, upstreams, keys, schemas)
+    refused(sql, upstreams, keys, schemas)
 
 
 # 2. Two output columns of one name, then placed by position.
@@ -212,7 +159,7 @@ def test_columns_placed_by_position_are_not_confused_by_a_repeated_name(
     upstream: str,
     needed: str,
 ) -> None:
-    _refused_or_follows(sql, upstreams, keys, schemas, upstream, needed)
+    refused_or_follows(sql, upstreams, keys, schemas, upstream, needed)
 
 
 # 3. A TIMESTAMP key in the hour a daylight-saving change repeats.

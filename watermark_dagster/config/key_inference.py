@@ -49,6 +49,9 @@ Node = tuple[int, str]
 """A column of one reference: (reference id, column); negative ids are columns of no
 upstream row (a set operation's output, an unresolved name)."""
 
+Located = tuple[Node | None, str | None]
+"""A column's node and the alias of the scope that holds it (None: an enclosing query's)."""
+
 
 class Refusal(Exception):
     """The query is not proven: ``node`` is where (for its line), ``problem`` and ``fix``
@@ -254,8 +257,8 @@ class _Rule:
     def apply(
         self,
         graph: "_Graph",
-        left: tuple[Node | None, str | None],
-        right: tuple[Node | None, str | None],
+        left: Located,
+        right: Located,
     ) -> None:
         raise NotImplementedError
 
@@ -269,8 +272,8 @@ class _Always(_Rule):
     def apply(
         self,
         graph: "_Graph",
-        left: tuple[Node | None, str | None],
-        right: tuple[Node | None, str | None],
+        left: Located,
+        right: Located,
     ) -> None:
         (left_node, left_alias), (right_node, right_alias) = left, right
         if left_alias is not None and right_alias is not None:
@@ -294,8 +297,8 @@ class _Optional(_Rule):
     def apply(
         self,
         graph: "_Graph",
-        left: tuple[Node | None, str | None],
-        right: tuple[Node | None, str | None],
+        left: Located,
+        right: Located,
     ) -> None:
         (left_node, left_alias), (right_node, right_alias) = left, right
         left_optional, right_optional = left_alias in self.optional, right_alias in self.optional
@@ -313,8 +316,8 @@ class _Nothing(_Rule):
     def apply(
         self,
         graph: "_Graph",
-        left: tuple[Node | None, str | None],
-        right: tuple[Node | None, str | None],
+        left: Located,
+        right: Located,
     ) -> None:
         return None
 
@@ -527,9 +530,7 @@ class _Graph:
         levels = [sources, *env]
         selectable = {a: s for a, s in sources.items() if a not in hidden}
 
-        def locate(
-            column: exp.Column, names: "set[str] | None" = None
-        ) -> tuple[Node | None, str | None]:
+        def locate(column: exp.Column, names: "set[str] | None" = None) -> Located:
             """The column's node, and the alias of this scope that holds it (None for a
             column of an enclosing query, or one no source can be told to hold). ``names``
             are the aliases a join's ``ON`` sees (those up to it, its own right side even
@@ -605,9 +606,7 @@ class _Graph:
             if join.args.get("on") is not None:
                 seen = set(order[: position + 2])  # the tables up to this join, its own too
 
-                def locate_on(
-                    column: exp.Column, seen: set[str] = seen
-                ) -> tuple[Node | None, str | None]:
+                def locate_on(column: exp.Column, seen: set[str] = seen) -> Located:
                     return locate(column, seen)
 
                 for conjunct in _conjuncts(join.args["on"]):
@@ -680,7 +679,7 @@ class _Graph:
     def _equate(
         self,
         conjunct: exp.Expr,
-        locate: Callable[[exp.Column], tuple[Node | None, str | None]],
+        locate: Callable[[exp.Column], Located],
         subqueries: Mapping[int, _Derived],
         rule: "_Rule",
     ) -> None:
