@@ -46,7 +46,7 @@ from typing import cast
 from urllib.parse import unquote, urlsplit
 
 from py4j.protocol import Py4JError
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -250,11 +250,7 @@ def flag_untouched(
         return changes
     hit = "_wm_hit"
     if len(keys) == 1:
-        column = quoted(keys[0])
-        present = [v[0] for v in values if v[0] is not None]
-        touched = column.isin(present) if present else F.lit(False)
-        if len(present) < len(values):
-            touched = touched | column.isNull()
+        touched = _one_of(quoted(keys[0]), values)
         return changes.withColumn(UNTOUCHED, ~F.coalesce(touched, F.lit(False)))
     names = [f"_wm_touched{i}" for i in range(len(keys))]
     schema = changes.select(*[quoted(k).alias(n) for k, n in zip(keys, names, strict=True)])
@@ -266,6 +262,16 @@ def flag_untouched(
     return joined.withColumn(UNTOUCHED, F.col(hit).isNull()).drop(hit, *names)
 
 
+def _one_of(column: Column, values: list[tuple[object, ...]]) -> Column:
+    """``column`` equals the first item of one of ``values``, NULL equal to NULL: an
+    ``IN`` (which Delta also skips files with), or'd with ``IS NULL`` for a NULL value."""
+    present = [v[0] for v in values if v[0] is not None]
+    condition = column.isin(present) if present else F.lit(False)
+    if len(present) < len(values):
+        condition = condition | column.isNull()
+    return condition
+
+
 def where_in(frame: DataFrame, columns: list[str], values: list[tuple[object, ...]]) -> DataFrame:
     """The rows of ``frame`` whose ``columns`` equal one of ``values`` (NULL equal to
     NULL), as a filter: ``IN`` for one column (Delta skips files with it), else a
@@ -273,12 +279,7 @@ def where_in(frame: DataFrame, columns: list[str], values: list[tuple[object, ..
     if not values:
         return frame.where(F.lit(False))
     if len(columns) == 1:
-        column = quoted(columns[0])
-        present = [v[0] for v in values if v[0] is not None]
-        condition = column.isin(present) if present else F.lit(False)
-        if len(present) < len(values):
-            condition = condition | column.isNull()
-        return frame.where(condition)
+        return frame.where(_one_of(quoted(columns[0]), values))
     schema = frame.select(*[quoted(c) for c in columns]).schema
     local = frame.sparkSession.createDataFrame(values, schema)
     return matching_keys(frame, local, columns)
