@@ -283,7 +283,7 @@ def test_an_aggregate_grouped_by_the_target_key_is_accepted() -> None:
         ("INSERT INTO t SELECT * FROM orders, customers", "is not a query"),
         (
             "SELECT customer_id, COUNT(*) AS order_id FROM orders, customers GROUP BY customer_id",
-            "computes the key column 'order_id' with an expression or aggregate",
+            "computes the key column 'order_id' with an aggregate",
         ),
         ("SELECT (order_id FROM orders, customers", "does not parse (line 1, column"),
         ("   ", "is empty"),
@@ -407,7 +407,7 @@ def test_aggregates_and_subqueries_per_key_path_are_accepted(sql: str) -> None:
         ),
         (
             "SELECT 1 AS customer_id, COUNT(*) AS n FROM customers JOIN orders USING (customer_id)",
-            "computes the key column 'customer_id' with an expression or aggregate",
+            "computes the key column 'customer_id' from no column",
         ),
         (
             "SELECT customer_id, SUM(amount) AS total FROM customers JOIN orders "

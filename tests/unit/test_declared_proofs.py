@@ -3,10 +3,12 @@ classes of shapes that wrote wrong targets with exit 0 are refused when the defi
 load (naming the line and a fix), or accepted with the key paths that make them exact
 (tests/spark/test_declared_proofs.py runs those against a recompute). No JVM."""
 
+from dataclasses import replace
+
 import pytest
 
-from watermark_dagster.config.declared import paths_for_batch
-from watermark_dagster.config.key_paths import Hop, KeyPath
+from watermark_dagster.config.declared import describe, paths_for_batch
+from watermark_dagster.config.key_paths import Hop, KeyPath, key_input
 from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
 from watermark_dagster.errors import ConfigurationError
 
@@ -87,21 +89,70 @@ REFUSED = [
         "orders.referrer_id -> orders.order_id', but its declared key path",
         2,
     ),
-    # 3. A key produced by an expression under its own name.
+    # 3. A key produced by an expression under its own name: derived when it computes the
+    # key from one column (ACCEPTED below), refused when no change names its keys.
     (
-        "coalesced-key",
-        "SELECT COALESCE(region_id, -1) AS region_id, COUNT(*) AS n\nFROM customers GROUP BY 1",
-        {"customers": "region_id"},
-        ["region_id"],
-        "computes the key column 'region_id' with an expression or aggregate",
+        "key-from-two-columns",
+        "SELECT CONCAT(first_name, last_name) AS full_name, COUNT(*) AS n\n"
+        "FROM customers GROUP BY 1",
+        {"customers": "first_name"},
+        ["full_name"],
+        "computes the key column 'full_name' from several columns",
         1,
     ),
     (
-        "lowered-key",
-        "SELECT LOWER(email) AS email, name FROM customers",
-        {"customers": "email"},
-        ["email"],
-        "computes the key column 'email' with an expression or aggregate",
+        "key-computed-in-a-derived-table",
+        "SELECT d.day, d.n FROM\n"
+        "(SELECT DATE(created_at) AS day, COUNT(*) AS n FROM orders GROUP BY 1) d",
+        {"orders": "created_at"},
+        ["day"],
+        "computes the key column 'day' in a derived table, a WITH query or a set",
+        1,
+    ),
+    (
+        "key-computed-from-the-optional-side",
+        "SELECT COALESCE(c.region_id, -1) AS region_id, COUNT(*) AS n\n"
+        "FROM orders o LEFT JOIN customers c ON o.customer_id = c.customer_id GROUP BY 1",
+        {
+            "orders": "orders.customer_id -> customers.customer_id -> customers.region_id",
+            "customers": "region_id",
+        },
+        ["region_id"],
+        "takes the key column 'region_id' from the optional side of an outer join",
+        1,
+    ),
+    (
+        "key-by-a-window",
+        "SELECT ROW_NUMBER() OVER (PARTITION BY customer_id ORDER BY order_id)\n"
+        "AS position FROM orders",
+        {"orders": "customer_id"},
+        ["position"],
+        "computes the key column 'position' with a window",
+        1,
+    ),
+    (
+        "key-by-a-generator",
+        "SELECT explode(tags) AS tag, COUNT(*) AS n FROM orders GROUP BY 1",
+        {"orders": "tags"},
+        ["tag"],
+        "computes the key column 'tag' with EXPLODE, which makes several rows",
+        1,
+    ),
+    (
+        "key-by-an-unknown-function",
+        "SELECT my_bucket(amount) AS bucket, COUNT(*) AS n FROM orders GROUP BY 1",
+        {"orders": "amount"},
+        ["bucket"],
+        "computes the key column 'bucket' with my_bucket, a function this analysis does not",
+        1,
+    ),
+    (
+        "key-by-a-subquery",
+        "SELECT (SELECT MAX(o2.order_id) FROM orders o2 WHERE o2.order_id = o.order_id)\n"
+        "AS last_id FROM orders o",
+        {"orders": "order_id"},
+        ["last_id"],
+        "computes the key column 'last_id' with a subquery",
         1,
     ),
     # 4. NOT IN over a column that may hold NULL.
@@ -315,6 +366,30 @@ ACCEPTED = [
         {"a": "k", "b": "k", "c": "k"},
         ["k"],
     ),
+    # Keys computed from one column (class 3, GROUP BY an expression): paths end at the
+    # column, and the batch computes each touched key as the query does.
+    (
+        "coalesced-key",
+        "SELECT COALESCE(region_id, -1) AS region_id, COUNT(*) AS n\nFROM customers GROUP BY 1",
+        {"customers": "region_id"},
+        ["region_id"],
+    ),
+    (
+        "lowered-key",
+        "SELECT LOWER(email) AS email, name FROM customers",
+        {"customers": "email"},
+        ["email"],
+    ),
+    (
+        "group-by-an-expression-through-a-hop",
+        "SELECT DATE(o.created_at) AS day, SUM(p.amount) AS paid FROM payments p\n"
+        "JOIN orders o ON p.order_id = o.order_id GROUP BY DATE(o.created_at)",
+        {
+            "orders": "created_at",
+            "payments": "payments.order_id -> orders.order_id -> orders.created_at",
+        },
+        ["day"],
+    ),
     (
         "qualify-per-key",
         "SELECT customer_id, amount FROM updates\n"
@@ -337,7 +412,49 @@ def test_shapes_the_query_proves_are_accepted(
     assert pipeline.declared is not None
     assert pipeline.declared.inferred is not None
     for upstream, path in pipeline.declared.key_paths.items():
-        assert pipeline.declared.inferred[upstream][0] == path
+        assert replace(pipeline.declared.inferred[upstream][0], computed=()) == path
+
+
+def test_a_computed_key_is_followed_to_its_column_and_computed_as_the_query_does() -> None:
+    by_day = _load(
+        "SELECT DATE(o.created_at) AS day, SUM(p.amount) AS paid FROM payments p\n"
+        "JOIN orders o ON p.order_id = o.order_id GROUP BY 1",
+        {
+            "orders": "created_at",
+            "payments": "payments.order_id -> orders.order_id -> orders.created_at",
+        },
+        ["day"],
+    )
+    assert by_day.declared is not None
+    assert by_day.declared.inferred is not None
+    assert {u: [str(p) for p in ps] for u, ps in by_day.declared.inferred.items()} == {
+        "orders": ["created_at => CAST(created_at AS DATE)"],
+        "payments": [
+            "payments.order_id -> orders.order_id -> orders.created_at => CAST(created_at AS DATE)"
+        ],
+    }
+    # `watermark list` and the UI show the declared path as a batch follows it.
+    assert describe(by_day.declared)["key_paths"] == {
+        "orders": "created_at => CAST(created_at AS DATE)",
+        "payments": "payments.order_id -> orders.order_id -> orders.created_at "
+        "=> CAST(created_at AS DATE)",
+    }
+    # The expression reads the path's end column under a name of its own, so that it
+    # applies to any path's end whatever the column is called there.
+    assert by_day.declared.inferred["orders"][0].computed == (f"CAST(`{key_input(0)}` AS DATE)",)
+    # A plain key beside a computed one computes nothing.
+    two = _load(
+        "SELECT o.customer_id, DATE(o.created_at) AS day, COUNT(*) AS n FROM orders o\n"
+        "GROUP BY o.customer_id, DATE(o.created_at)",
+        {"orders": "customer_id, created_at"},
+        ["customer_id", "day"],
+    )
+    assert two.declared is not None
+    assert two.declared.inferred is not None
+    assert two.declared.inferred["orders"][0].computed == (
+        None,
+        f"CAST(`{key_input(1)}` AS DATE)",
+    )
 
 
 def test_the_batch_proves_what_the_definitions_could_not_place() -> None:

@@ -36,10 +36,11 @@ row for target key ``k`` depends only on the rows that reach ``k`` along the key
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from watermark_dagster.config.declared_sql import check_sql
+from watermark_dagster.config.key_inference import Inference
 from watermark_dagster.config.key_paths import Hop, KeyPath
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.errors import ConfigurationError
@@ -81,12 +82,13 @@ class Declared:
 
 
 def _every_path(
-    declared: Mapping[str, KeyPath], inferred: Mapping[str, tuple[KeyPath, ...]]
+    declared: Mapping[str, KeyPath], inferred: Inference
 ) -> dict[str, tuple[KeyPath, ...]]:
     every: dict[str, tuple[KeyPath, ...]] = {}
-    for upstream, path in declared.items():
-        more = [p for p in inferred.get(upstream.lower(), ()) if p != path.folded()]
-        every[upstream] = (path, *(KeyPath(upstream, p.start, p.hops) for p in more))
+    for upstream, written in declared.items():
+        path = inferred.keyed(written)
+        more = [p for p in inferred.paths.get(upstream.lower(), ()) if p != path.folded()]
+        every[upstream] = (path, *(replace(p, upstream=upstream) for p in more))
     return every
 
 
@@ -113,7 +115,7 @@ def paths_for_batch(
         pipeline, declared.sql, paths=declared.key_paths, keys=keys, schemas=schemas
     )
     assert inferred is not None  # with schemas the proof is never open
-    return _every_path(declared.key_paths, inferred.paths)
+    return _every_path(declared.key_paths, inferred)
 
 
 def _columns(text: str, pipeline: str, upstream: str, written: str) -> tuple[str, ...]:
@@ -321,7 +323,7 @@ def declare(
     if sql is not None:
         inferred = check_sql(pipeline, sql, paths=paths, keys=keys)
         if inferred is not None:
-            return Declared(paths, sql=sql, inferred=_every_path(paths, inferred.paths))
+            return Declared(paths, sql=sql, inferred=_every_path(paths, inferred))
     return Declared(key_paths=paths, function=function, sql=sql)
 
 
@@ -329,7 +331,10 @@ def describe(declared: Declared) -> dict[str, Any]:
     """The declaration as shown in the Dagster UI and ``watermark list``."""
     described: dict[str, Any] = {
         "form": "sql" if declared.sql is not None else "function",
-        "key_paths": {u: str(p) for u, p in declared.key_paths.items()},
+        # Each declared path as a batch follows it (with the expression of a computed key).
+        "key_paths": {
+            u: str((declared.inferred or {}).get(u, (p,))[0]) for u, p in declared.key_paths.items()
+        },
     }
     # Paths the query adds to the declared ones (an upstream joined to itself, a column
     # it is also joined on): a batch follows them too.

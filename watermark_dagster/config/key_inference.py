@@ -20,10 +20,14 @@ This module finds such paths in the query itself:
   key column; another reference reaches the keys through one that does, by the columns
   they share a class with, and so on (a breadth-first search from the keys). Each
   reference of an upstream (an upstream joined to itself has two) gets its own path.
-* The output key columns must be plain columns of a reference that is never
-  NULL-extended (not on the optional side of an outer join): a key computed by an
-  expression (``COALESCE(x, -1) AS x``) is never equal to the raw values a change
-  carries, and an outer join's NULL group is fed by rows whose own key is not NULL.
+* Each output key column must be a column of a reference that is never NULL-extended
+  (not on the optional side of an outer join: the NULL group is fed by rows whose own
+  key is not NULL), or a deterministic expression of one such column in the outer query
+  (``COALESCE(x, -1) AS x``, ``DATE(o.created_at) AS day`` grouped by it). Paths then end
+  at that column and the batch computes the key from each value reached, as the query
+  does: every row behind an output row has the column's value the key was computed from.
+  An aggregate, window, subquery, generator or unknown function in the expression, or
+  an expression of several columns, is refused.
 * A window must be partitioned by the output keys' classes.
 
 A reference no path reaches is refused: its rows change output rows whose keys no change
@@ -34,13 +38,13 @@ references could hold leaves the answer open, and the batch decides it before wr
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, build_scope
 
-from watermark_dagster.config.key_paths import Hop, KeyPath
+from watermark_dagster.config.key_paths import Hop, KeyPath, key_input
 
 Branches = frozenset[tuple[int, int]]
 """(set operation, branch) pairs a reference lies in."""
@@ -79,6 +83,13 @@ class Inference:
     paths: Mapping[str, tuple[KeyPath, ...]]
     open: bool
     graph: "_Graph | None" = None
+    # Per target key, the expression that computes it from its one column (see
+    # KeyPath.computed); empty when every key is a plain column.
+    computed: tuple[str | None, ...] = ()
+
+    def keyed(self, path: KeyPath) -> KeyPath:
+        """``path`` (declared: it names columns only) computing the keys as the query does."""
+        return replace(path, computed=self.computed)
 
     def explains(self, path: KeyPath) -> bool:
         """True when ``path`` (declared) follows equalities of the query from one of its
@@ -179,11 +190,15 @@ class _Derived(_Source):
         ordered: list[str],
         stars: list[_Source],
         positions: list[Node | None] | None = None,
+        computed: "dict[str, tuple[exp.Expr, Callable[[exp.Column], Node | None]]] | None" = None,
     ) -> None:
         self.graph = graph
         self.outputs = outputs
         self.ordered = ordered
         self.stars = stars
+        # The output columns computed by an expression, each with the function that
+        # places a column of it (for a target key computed from one column).
+        self.computed = computed or {}
         # Each output column by position (a name may repeat: SELECT b.k, c.k).
         self.positions = positions if positions is not None else [outputs[n] for n in ordered]
         self.repeated = {n for n in ordered if ordered.count(n) > 1}
@@ -655,6 +670,7 @@ class _Graph:
         ordered: list[str] = []
         positions: list[Node | None] = []
         stars: list[_Source] = []
+        computed: dict[str, tuple[exp.Expr, Callable[[exp.Column], Node | None]]] = {}
         for projection in select.expressions:
             inner = projection.unalias()
             while isinstance(inner, exp.Paren):
@@ -674,7 +690,9 @@ class _Graph:
             node = resolve(inner) if isinstance(inner, exp.Column) else None
             positions.append(node)
             outputs.setdefault(name, node)
-        return _Derived(self, outputs, ordered, stars, positions)
+            if not isinstance(inner, exp.Column):
+                computed.setdefault(name, (inner, resolve))
+        return _Derived(self, outputs, ordered, stars, positions, computed)
 
     def _equate(
         self,
@@ -873,7 +891,8 @@ def infer(
     assert root is not None  # a query always has a scope
     top = graph.source_of_scope(root, [], False, frozenset())
     key_nodes: list[Node] = []
-    for key in keys:
+    computed: list[str | None] = []
+    for position, key in enumerate(keys):
         name = key.lower()
         if name not in top.outputs and top.has(name) is False:
             raise Refusal(
@@ -882,16 +901,21 @@ def infer(
                 f"select the target key columns {list(keys)}.",
             )
         node = top.node(name)
+        expression: str | None = None
+        if node is None and name in top.computed and name not in top.repeated:
+            node, expression = _key_input(graph, query, key, position, *top.computed[name])
         if node in graph.unknown:
             return Inference({}, open=True, graph=graph)
         if node is None:
             raise Refusal(
                 _projection(query, name),
-                f"computes the key column '{key}' with an expression or aggregate (its "
-                "values are not the raw values a changed row carries, which name the keys a "
-                "batch recomputes)",
-                f"select the key as a plain column of an upstream (e.g. o.{key}); compute "
-                "any expression of it in an upstream of its own.",
+                f"computes the key column '{key}' in a derived table, a WITH query or a set "
+                "operation's branches (an expression or aggregate there: its values are not "
+                "a function of the values a changed row carries, which name the keys a batch "
+                "recomputes)",
+                f"compute '{key}' in the outer query, as a deterministic expression of one "
+                f"upstream column (e.g. DATE(o.created_at) AS {key}, grouped by it), or "
+                "select it as a plain column.",
             )
         if graph.null_extended(node):
             raise Refusal(
@@ -902,16 +926,18 @@ def infer(
                 f"take '{key}' from the preserved side of the join (for 'a LEFT JOIN b ON "
                 f"a.{key} = b.{key}', a.{key}), or use an inner join.",
             )
-        if node in key_nodes:
+        if graph.find(node) in {graph.find(n) for n in key_nodes}:
             raise Refusal(
                 _projection(query, name),
                 f"gives the key column '{key}' the same column as another key",
                 "key the target by distinct columns (drop the repeated one from keys).",
             )
         key_nodes.append(node)
+        computed.append(expression)
     if graph.open:
         return Inference({}, open=True, graph=graph)
-    solved = graph.paths(keys, key_nodes)
+    keyed = tuple(computed) if any(computed) else ()
+    solved = {i: replace(path, computed=keyed) for i, path in graph.paths(keys, key_nodes).items()}
     classes = {graph.find(n) for n in key_nodes}
     for window in graph.windows:
         reached = set[Node]().union(*(graph.reach(n) for n in window.nodes))
@@ -961,7 +987,92 @@ def infer(
         {u: tuple(ps) for u, ps in paths.items()},
         open=False,
         graph=graph,
+        computed=keyed,
     )
+
+
+# Generators in a projection: a row gives several keys, or none.
+_ROWS = (exp.Explode, exp.ExplodeOuter, exp.Inline, exp.Stack, exp.Unnest)
+
+
+def _key_input(
+    graph: _Graph,
+    query: exp.Query,
+    key: str,
+    position: int,
+    expression: exp.Expr,
+    resolve: Callable[[exp.Column], Node | None],
+) -> tuple[Node | None, str]:
+    """The column a key computed by ``expression`` is a function of, and the expression
+    as Spark SQL over :func:`~watermark_dagster.config.key_paths.key_input` in its place.
+
+    Every row behind an output row has the key's column equal to the one the output row's
+    key was computed from (or the row is grouped by the expression), so the expression of
+    a changed row's value is the key it touches: exact when the expression reads one
+    column (or columns the query holds equal) and nothing else that varies.
+
+    Raises:
+        Refusal: the expression aggregates, reads a window or a subquery, reads no column,
+            or reads columns that are not equal.
+    """
+    where = _projection(query, key.lower())
+    fix = (
+        f"compute '{key}' as a deterministic expression of one upstream column (e.g. "
+        f"DATE(o.created_at) AS {key}, grouped by it), or select the column itself."
+    )
+    found = expression.find(exp.AggFunc, exp.Window, exp.Query, exp.Subquery, exp.Lambda, *_ROWS)
+    if found is None:
+        found = expression.find(exp.Anonymous)
+    if found is not None:
+        if isinstance(found, exp.Anonymous):
+            why = (
+                f"with {found.name}, a function this analysis does not know (it may be "
+                "non-deterministic or make several rows)"
+            )
+        elif isinstance(found, _ROWS):
+            why = f"with {found.sql(dialect='spark').split('(')[0]}, which makes several rows"
+        else:
+            kind = (
+                "a window"
+                if isinstance(found, exp.Window)
+                else "a lambda"
+                if isinstance(found, exp.Lambda)
+                else "an aggregate"
+                if isinstance(found, exp.AggFunc)
+                else "a subquery"
+            )
+            why = (
+                f"with {kind}: its values are not a function of the values a changed row "
+                "carries, which name the keys a batch recomputes"
+            )
+        raise Refusal(where, f"computes the key column '{key}' {why}", fix)
+    columns = list(expression.find_all(exp.Column))
+    nodes = [resolve(c) for c in columns]
+    unknown = next((n for n in nodes if n in graph.unknown), None)
+    if unknown is not None:
+        return unknown, ""
+    if not columns or None in nodes:
+        raise Refusal(
+            where,
+            f"computes the key column '{key}' from "
+            + ("no column" if not columns else "a column that is itself computed")
+            + " (a change names the keys it touches by the values of the key's column)",
+            fix,
+        )
+    if len({graph.find(cast("Node", n)) for n in nodes}) > 1:
+        raise Refusal(
+            where,
+            f"computes the key column '{key}' from several columns: a batch follows one "
+            "column per key from a changed row to the keys",
+            f"key the target by each of the columns, or {fix}",
+        )
+    placeholder = key_input(position)
+
+    def put(node: exp.Expr) -> exp.Expr:
+        return exp.column(placeholder, quoted=True) if isinstance(node, exp.Column) else node
+
+    template: exp.Expr = expression.copy().transform(put)
+    return nodes[0], str(template.sql(dialect="spark"))
 
 
 def _projection(query: exp.Query, name: str) -> exp.Expr:

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from watermark_dagster.config.declared import Declared, paths_for_batch
-from watermark_dagster.config.key_paths import Hop, KeyPath, restrictable
+from watermark_dagster.config.key_paths import Hop, KeyPath, key_input, restrictable
 from watermark_dagster.config.pipeline import (
     BatchContext,
     Pipeline,
@@ -144,8 +144,8 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     if values is None:  # more touched keys than the driver holds: joins with a plan
         return _derived_by_joins(pipeline, declared, paths, batch, snapshots, keys)
     restricted = {
-        u: where_in(snapshots[u], list(start), values)
-        if (start := restrictable(paths[u]))
+        u: _where_keys(snapshots[u], path, values)
+        if (path := restrictable(paths[u]))
         else snapshots[u]
         for u in paths
     }
@@ -209,6 +209,7 @@ def key_paths(
                     Hop(h.upstream, spelled(h.upstream, h.match), spelled(h.upstream, h.carry))
                     for h in p.hops
                 ),
+                p.computed,
             )
             for p in ps
         )
@@ -226,18 +227,68 @@ def _touched_values(
     limit = INLINE_KEYS_LIMIT
     found: set[tuple[object, ...]] = set()
     for upstream, path in ((u, p) for u, ps in paths.items() for p in ps):
-        values = _collected(batch[upstream].changed_keys(list(path.start)), limit)
+        frame = batch[upstream].changed_keys(list(path.start))
+        values: list[tuple[object, ...]] | None = []
         for hop in path.hops:
+            values = _collected(frame, limit)
             if not values:  # None (too many) or none at all: nothing more to carry
                 break
             reached = where_in(snapshots[hop.upstream], list(hop.match), values)
-            values = _collected(reached.select(*[quoted(c) for c in hop.carry]).distinct(), limit)
+            frame = reached.select(*[quoted(c) for c in hop.carry]).distinct()
+        else:
+            values = _collected(_computed_keys(frame, path).distinct(), limit)
         if values is None:
             return None
         found.update(values)
         if len(found) > limit:
             return None
     return list(found)
+
+
+def _computed_keys(
+    frame: DataFrame, path: KeyPath, names: Sequence[str] | None = None
+) -> DataFrame:
+    """The target keys from ``frame``'s columns ``path.end``, named ``names`` (default
+    the end columns' names), and nothing else."""
+    names = list(names or path.end)
+    if not path.computed:
+        return _as(frame, list(path.end), names)
+    return _with_keys(frame, path, names).select(*[quoted(n) for n in names])
+
+
+def _with_keys(frame: DataFrame, path: KeyPath, names: Sequence[str]) -> DataFrame:
+    """``frame`` with the target keys added as ``names``: each its ``path.end`` column, or
+    the expression the query computes it by from that column
+    (:attr:`~watermark_dagster.config.key_paths.KeyPath.computed`)."""
+    inputs = {key_input(i): quoted(c) for i, c in enumerate(path.end)}
+    computed = path.computed or (None,) * len(names)
+    # The expression is the declared query's own, parsed and written back by sqlglot with
+    # its one column replaced by the input's name: no text of the user's is joined.
+    keys = {
+        n: F.col(i) if e is None else F.expr(e)
+        for i, e, n in zip(inputs, computed, names, strict=True)
+    }
+    return frame.withColumns(inputs).withColumns(keys).drop(*inputs)
+
+
+def _matching_keys(
+    frame: DataFrame, path: KeyPath, touched: DataFrame, keys: Sequence[str]
+) -> DataFrame:
+    """:func:`_where_keys` with the touched ``keys`` as a plan."""
+    if not path.computed:
+        return matching_keys(frame, touched, list(path.start), keys)
+    names = [f"_wm_computed{i}" for i in range(len(path.start))]
+    return matching_keys(_with_keys(frame, path, names), touched, names, keys).drop(*names)
+
+
+def _where_keys(frame: DataFrame, path: KeyPath, values: list[tuple[object, ...]]) -> DataFrame:
+    """The rows of ``frame`` (the upstream ``path`` starts at, direct) whose key is one of
+    ``values``: :func:`where_in` on the start columns, or on the keys the query computes
+    from them."""
+    if not path.computed:
+        return where_in(frame, list(path.start), values)
+    names = [f"_wm_computed{i}" for i in range(len(path.start))]
+    return where_in(_with_keys(frame, path, names), names, values).drop(*names)
 
 
 def flag_untouched(
@@ -322,11 +373,9 @@ def _derived_by_joins(
     """The derivation with the touched keys as a plan, semi-joined where they are used."""
     touched = _touched_keys(paths, batch, snapshots, keys)
     restricted = {
-        u: (
-            matching_keys(snapshots[u], touched, list(start), keys)
-            if (start := restrictable(paths[u]))
-            else snapshots[u]
-        )
+        u: _matching_keys(snapshots[u], path, touched, keys)
+        if (path := restrictable(paths[u]))
+        else snapshots[u]
         for u in paths
     }
     current = _checked(pipeline, full(declared, restricted, batch))
@@ -513,7 +562,7 @@ def _touched_keys(
                 snapshots[hop.upstream], values, list(hop.match), carried
             ).select(*[quoted(c) for c in hop.carry])
             carried = list(hop.carry)
-        keyed = _as(values, carried, keys)
+        keyed = _computed_keys(values, path, keys)
         found = keyed if found is None else found.unionByName(keyed)
     assert found is not None  # a pipeline reads at least one upstream
     return found.distinct()
