@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from benchmarks.declared import PlanWork, measuring
 from tests.support.cycles import run_cycle
+from tests.support.plan_checks import HIDING, JOIN, hiding_pipeline, refused, tiers_table
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.demo.data import ORDERS, DemoPaths, apply_round, seed
@@ -32,7 +33,6 @@ from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark
 
-JOIN = "customers.customer_id -> orders.customer_id -> orders.order_id"
 ENRICHED_SQL = """
     SELECT o.order_id, o.customer_id, c.name AS customer_name, o.amount_cents, o.status
     FROM orders AS o LEFT JOIN customers AS c ON o.customer_id = c.customer_id
@@ -188,31 +188,6 @@ def test_a_replay_past_the_inline_keys_limit_stays_incremental_and_rolls_nothing
     assert (outcome.strategy.strategy, outcome.strategy.reason) == ("incremental", "a replay")
 
 
-def _refused(spark: SparkSession, tmp_path: Path, pipeline: Pipeline, fragment: str) -> None:
-    paths = DemoPaths(tmp_path / "wm")
-    seed(spark, paths)
-    registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
-    store = WatermarkStore(paths.control_root)
-    look = look_before_planning(registry, Observer(), store, actor="test")
-    batch, _ = plan_next(store, look, actor="test")
-    assert batch is not None
-    apply_round(spark, paths, 1)  # so a second batch would read changes, not a first load
-    with pytest.raises(TerminalError) as caught:
-        execute_pipeline(
-            spark=spark,
-            store=store,
-            registry=registry,
-            pipeline_name=pipeline.name,
-            batch_id=batch.batch_id,
-            run_id="test",
-        )
-    assert fragment in str(caught.value), caught.value
-    assert f"Pipeline '{pipeline.name}'" in str(caught.value)
-    assert "Fix: " in str(caught.value)
-    assert not Path(pipeline.target).exists()  # nothing written
-    assert store.committed_versions().get("orders") is None
-
-
 def test_a_key_path_column_the_upstream_lacks_is_refused_before_writing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -225,7 +200,7 @@ def test_a_key_path_column_the_upstream_lacks_is_refused_before_writing(
         keys=["order_id"],
         name="typo",
     )(full_orders_enriched)
-    _refused(spark, tmp_path, pipeline, "names column 'cust_id', which upstream 'customers'")
+    refused(spark, tmp_path, pipeline, "names column 'cust_id', which upstream 'customers'")
 
 
 def test_a_full_transform_without_the_key_column_is_refused_before_writing(
@@ -240,7 +215,7 @@ def test_a_full_transform_without_the_key_column_is_refused_before_writing(
         keys=["order_id"],
         name="no_key",
     )(no_key)
-    _refused(spark, tmp_path, pipeline, "output has no key column(s) ['order_id']")
+    refused(spark, tmp_path, pipeline, "output has no key column(s) ['order_id']")
 
 
 def test_sql_the_definitions_could_not_place_is_proven_by_the_batch_before_writing(
@@ -258,21 +233,12 @@ def test_sql_the_definitions_could_not_place_is_proven_by_the_batch_before_writi
     )
     assert pipeline.declared is not None
     assert pipeline.declared.inferred is None
-    _refused(
+    refused(
         spark,
         tmp_path,
         pipeline,
         "its SQL (line 2) uses a window not partitioned by the target keys",
     )
-
-
-def _tiers_table(spark: SparkSession, tmp_path: Path) -> str:
-    """A Delta table outside every upstream, for a full transform to read unasked."""
-    tiers = str(tmp_path / "outside" / "tiers")
-    spark.createDataFrame([(1, "gold")], "customer_id INT, tier STRING").write.format("delta").save(
-        tiers
-    )
-    return tiers
 
 
 def _refused_on_the_second_batch(
@@ -318,14 +284,14 @@ def _reading_another_table(tiers: str):
 def test_a_full_transform_reading_a_table_it_was_not_given_is_refused_before_writing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    tiers = _tiers_table(spark, tmp_path)
+    tiers = tiers_table(spark, tmp_path)
     pipeline = declared_pipeline(
         upstreams={"orders": "order_id", "customers": JOIN},
         target=str(tmp_path / "wm" / "never"),
         keys=["order_id"],
         name="with_tiers",
     )(_reading_another_table(tiers))
-    _refused(spark, tmp_path, pipeline, "outside its upstreams ['orders', 'customers']")
+    refused(spark, tmp_path, pipeline, "outside its upstreams ['orders', 'customers']")
 
 
 def test_a_changed_transform_reading_another_table_is_refused_on_an_incremental_batch(
@@ -333,7 +299,7 @@ def test_a_changed_transform_reading_another_table_is_refused_on_an_incremental_
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
-    tiers = _tiers_table(spark, tmp_path)
+    tiers = tiers_table(spark, tmp_path)
     declare = declared_pipeline(
         upstreams={"orders": "order_id", "customers": JOIN},
         target=paths.target("enriched"),
@@ -349,12 +315,12 @@ def test_a_changed_transform_reading_another_table_is_refused_on_an_incremental_
     assert str(Path(tiers)) in error
 
 
-def test_a_hand_written_pipelines_full_transform_reading_another_table_is_refused(
+def test_a_hand_written_pipelines_full_transform_reading_another_table_isrefused(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
-    tiers = _tiers_table(spark, tmp_path)
+    tiers = tiers_table(spark, tmp_path)
     # The demo's hand-written transform, with a full transform that reads a table it was
     # not given, forced to run it: the first batch loads (the hand-written transform), the
     # second would run the full transform and is refused before writing.
@@ -397,7 +363,7 @@ def test_a_python_full_transform_mixing_keys_is_refused_before_writing(
         keys=["order_id"],
         name="mixing",
     )(function)
-    _refused(spark, tmp_path, pipeline, fragment)
+    refused(spark, tmp_path, pipeline, fragment)
 
 
 # Spark jobs of one incremental batch of each demo pipeline (execute_pipeline: bind and
@@ -597,7 +563,7 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             assert hand_changed == hand_fed == full_changed
 
 
-def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_is_refused(
+def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_isrefused(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Issue 41, sequence 4: batch 2 reads versions 1..3, where key 1 changes (v1) and
@@ -656,54 +622,12 @@ def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_is_refused(
     assert _rows(target, ["id", "value"]) == [(1, 10), (2, 21), (3, 30)]
 
 
-def _outside_in_a_subquery(tiers: str):
-    """A full transform reading a table it was not given inside an EXISTS subquery (the
-    plan's leaves do not show it: a subquery's plan is an expression's)."""
-
-    def enriched_with_gold(orders: DataFrame, customers: DataFrame) -> DataFrame:
-        tier = orders.sparkSession.read.format("delta").load(tiers)
-        gold = tier.where(F.col("tier") == "gold").exists()
-        return full_orders_enriched(orders, customers).withColumn("any_gold", gold)
-
-    return enriched_with_gold
-
-
-def _checkpointed(orders: DataFrame, customers: DataFrame) -> DataFrame:
-    """A full transform joining rows computed before (a local checkpoint)."""
-    return full_orders_enriched(orders, customers.localCheckpoint())
-
-
-def _reflected(orders: DataFrame, customers: DataFrame) -> DataFrame:
-    """A Java method per row: Spark marks it non-deterministic; no list here names it."""
-    tag = F.expr("reflect('java.util.UUID', 'randomUUID')")
-    return full_orders_enriched(orders, customers).withColumn("tag", tag)
-
-
-def _share_of_all(orders: DataFrame, customers: DataFrame) -> DataFrame:
-    """Each order's share of all orders' amounts, through an uncorrelated subquery."""
-    total = orders.select(F.sum("amount_cents")).scalar()
-    return full_orders_enriched(orders, customers).withColumn(
-        "share", F.col("amount_cents") / total
-    )
-
-
 @pytest.mark.parametrize(
-    ("build", "fragment"),
-    [
-        (lambda tiers: _outside_in_a_subquery(tiers), "outside its upstreams"),
-        (lambda tiers: _checkpointed, "rows computed before the batch (LogicalRDD"),
-        (lambda tiers: _reflected, "computes a non-deterministic expression"),
-        (lambda tiers: _share_of_all, "aggregates all rows into one"),
-    ],
-    ids=["outside-table-in-a-subquery", "local-checkpoint", "reflect", "uncorrelated-total"],
+    ("case", "fragment"), [(n, f) for n, _, f in HIDING], ids=[n for n, _, _ in HIDING]
 )
 def test_what_a_python_full_transform_hides_in_its_plan_is_refused_before_writing(
-    spark: SparkSession, tmp_path: Path, build, fragment: str
+    spark: SparkSession, tmp_path: Path, case: str, fragment: str
 ) -> None:
-    pipeline = declared_pipeline(
-        upstreams={"orders": "order_id", "customers": JOIN},
-        target=str(tmp_path / "wm" / "never"),
-        keys=["order_id"],
-        name="hiding",
-    )(build(_tiers_table(spark, tmp_path)))
-    _refused(spark, tmp_path, pipeline, fragment)
+    """The same cases run over Spark Connect in tests/spark/test_engine.py."""
+    tiers = tiers_table(spark, tmp_path)
+    refused(spark, tmp_path, hiding_pipeline(case, tmp_path, tiers), fragment)

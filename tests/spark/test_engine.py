@@ -30,6 +30,7 @@ from deltalake import DeltaTable as RsDeltaTable
 
 from tests.conftest import REPO, SPARK_TEST_CONF
 from tests.dagster.test_no_jvm import _java_shim
+from tests.support.plan_checks import HIDING
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 from watermark_dagster.dagster_defs.runs import DIED_TAG
 from watermark_dagster.demo import DemoPaths, apply_round, seed
@@ -362,6 +363,47 @@ def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
         ("a", 4),
         ("b", 4),
     ]
+
+
+HIDING_ON_CONNECT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from tests.support.plan_checks import HIDING, hiding_pipeline, refused, tiers_table
+    from watermark_dagster.runtime.spark import build_spark_session
+
+    url, root = sys.argv[1], Path(sys.argv[2])
+    spark = build_spark_session(remote=url, new_session=True)
+    said = {}
+    for name, _, fragment in HIDING:
+        folder = root / name
+        pipeline = hiding_pipeline(name, folder, tiers_table(spark, folder))
+        said[name] = refused(spark, folder, pipeline, fragment)
+    spark.stop()
+    print(json.dumps(said), flush=True)
+    """
+)
+
+
+def test_what_a_python_full_transform_hides_is_refused_on_connect_too(tmp_path: Path) -> None:
+    """The cases tests/spark/test_declared.py refuses on a local session (a table read in
+    a subquery, collected rows, a checkpoint, reflect, a total over all rows), run by a
+    client of the engine: the plan is the server's, read from its text. Each batch stops
+    before writing (tests/support/plan_checks.py asserts it)."""
+    home = tmp_path / "wm"
+    env = _env(home)
+    with _engine(home, env, tmp_path / "engine.out") as engine:
+        proc = subprocess.run(
+            [sys.executable, "-c", HIDING_ON_CONNECT, engine.record().url, str(tmp_path)],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.splitlines()[-1])
+    assert sorted(said) == sorted(name for name, _, _ in HIDING)
 
 
 KILLER = '''

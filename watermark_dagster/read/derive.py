@@ -38,11 +38,12 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 import json
 import operator
 import posixpath
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import reduce
-from typing import cast
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 from py4j.protocol import Py4JError
@@ -64,6 +65,7 @@ from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE, DELETE, UNT
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import matching_keys, quoted, recompute
 from watermark_dagster.read.inputs import UpstreamInput
+from watermark_dagster.read.plan_text import TRUNCATED, PlanNode, analyzed_tree
 
 
 def transform_of(pipeline: Pipeline) -> Transform:
@@ -120,7 +122,7 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     # Declared SQL proved its windows per key when it loaded (key_inference); a Python
     # full transform's windows are refused here.
     _computes_per_key(pipeline, whole, windows_proven=declared.sql is not None)
-    _reads_only_upstreams(pipeline, batch, whole)
+    _reads_only_upstreams(pipeline, batch, whole, literal_rows=declared.sql is not None)
     if batch.full_load:
         return whole
     choice = batch.strategy
@@ -609,7 +611,9 @@ def _checked(pipeline: Pipeline, output: object) -> DataFrame:
     return output
 
 
-def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataFrame) -> None:
+def _reads_only_upstreams(
+    pipeline: Pipeline, batch: BatchContext, output: DataFrame, *, literal_rows: bool = False
+) -> None:
     """Check that the full transform (``output``) reads no table but its upstreams.
 
     A table the transform is not given is not pinned to the batch's versions, and its
@@ -618,9 +622,11 @@ def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataF
     of the analyzed plan's file relations, or over Spark Connect the paths of the client's
     plan's reads (no Spark job either way), or, where those cannot be told (a relation
     that is not file-based, a table name or SQL text over Connect), the files of
-    ``DataFrame.inputFiles()``. A frame built from local data reads nothing and passes. It
-    cannot tell an upstream read again at another version from its pinned snapshot (both
-    are under the same location).
+    ``DataFrame.inputFiles()``. Rows computed before the batch (a checkpoint, an RDD) and,
+    unless ``literal_rows`` (declared SQL, whose ``VALUES`` are its own text), rows held by
+    the driver (``createDataFrame``, of collected rows or literals) are refused too: no
+    batch pins them. It cannot tell an upstream read again at another version from its
+    pinned snapshot (both are under the same location).
 
     Raises:
         TerminalError: naming the pipeline, what it reads outside and the fix.
@@ -629,6 +635,7 @@ def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataF
     read = _relation_roots(output)
     if read is None:
         read = output.inputFiles()
+    read = [*read, *_unpinned(_leaves(pipeline, output), literal_rows=literal_rows)]
     outside = sorted({r for r in read if not (_normalized(r).rstrip("/") + "/").startswith(roots)})
     if outside:
         raise TerminalError(
@@ -645,10 +652,41 @@ def _reads_only_upstreams(pipeline: Pipeline, batch: BatchContext, output: DataF
 
 
 # Leaves of an analyzed plan that read no storage.
-_READS_NOTHING = frozenset({"LocalRelation", "Range", "OneRowRelation"})
-# A leaf whose rows were computed before (localCheckpoint, checkpoint, an RDD): what it
-# read cannot be told, and it is no pinned snapshot.
-_PRECOMPUTED = "LogicalRDD"
+_READS_NOTHING = frozenset({"Range", "OneRowRelation"})
+# Leaves whose rows no batch pins, as the refusal names them: rows computed before
+# (localCheckpoint, checkpoint, an RDD), what they read cannot be told; rows the driver
+# holds (createDataFrame of collected rows, or of literals: the two look the same).
+_UNPINNED = {
+    "LogicalRDD": "rows computed before the batch (LogicalRDD: a checkpoint or an RDD)",
+    "LocalRelation": "rows held by the driver (LocalRelation: createDataFrame of collected "
+    "or literal rows; put them in an upstream)",
+}
+
+
+def _unpinned(leaves: Iterable[str], *, literal_rows: bool) -> list[str]:
+    """What the leaves named ``leaves`` read that no batch pins, as the refusal says it."""
+    allowed = {"LocalRelation"} if literal_rows else set()
+    return [_UNPINNED[n] for n in dict.fromkeys(leaves) if n in _UNPINNED and n not in allowed]
+
+
+def _leaves(pipeline: Pipeline, output: DataFrame) -> list[str]:
+    """The kinds of every leaf of ``output``'s analyzed plan, subquery plans' included:
+    from the plan itself in a local session, from its text over Spark Connect."""
+    jdf = getattr(output, "_jdf", None)
+    if jdf is None:
+        return [n.name for n in _connect_plan(pipeline, output).walk() if not n.children]
+    return [leaf.nodeName() for leaf in _analyzed_leaves(jdf)]
+
+
+def _analyzed_leaves(jdf: Any) -> list[Any]:
+    """The leaves of a local DataFrame's analyzed plan and of every subquery in it (a
+    scalar, IN or EXISTS subquery's plan is an expression's, not a child's)."""
+    analyzed = jdf.queryExecution().analyzed()
+    plans = [analyzed]
+    nested = analyzed.subqueriesAll()
+    plans += [nested.apply(i) for i in range(nested.size())]
+    groups = [p.collectLeaves() for p in plans]
+    return [group.apply(i) for group in groups for i in range(group.size())]
 
 
 def _relation_roots(output: DataFrame) -> list[str] | None:
@@ -659,21 +697,10 @@ def _relation_roots(output: DataFrame) -> list[str] | None:
     jdf = getattr(output, "_jdf", None)
     if jdf is None:
         return _connect_read_roots(output)
-    analyzed = jdf.queryExecution().analyzed()
-    # The plan's leaves and those of every subquery in it (a scalar, IN or EXISTS
-    # subquery's plan is an expression's, not a child's).
-    plans = [analyzed]
-    nested = analyzed.subqueriesAll()
-    plans += [nested.apply(i) for i in range(nested.size())]
-    leaves = [p.collectLeaves() for p in plans]
-    leaves = [group.apply(i) for group in leaves for i in range(group.size())]
     roots: list[str] = []
-    for leaf in leaves:
+    for leaf in _analyzed_leaves(jdf):
         kind = leaf.nodeName()
-        if kind in _READS_NOTHING:
-            continue
-        if kind == _PRECOMPUTED:
-            roots.append(f"rows computed before the batch ({kind}: a checkpoint or an RDD)")
+        if kind in _READS_NOTHING or kind in _UNPINNED:  # unpinned: see _reads_only_upstreams
             continue
         if kind != "LogicalRelation":
             return None
@@ -748,24 +775,32 @@ _ACROSS_KEYS_NODES = {
     "Tail": "a tail keeps rows depending on the other keys present",
     "Sample": "a sample keeps a random subset of rows",
 }
-_NON_DETERMINISTIC_EXPRESSIONS = frozenset(
-    {
-        "Rand",
-        "Randn",
-        "RandStr",
-        "Uniform",
-        "Uuid",
-        "Shuffle",
-        "Now",
-        "CurrentTimestamp",
-        "CurrentDate",
-        "LocalTimestamp",
-        "MonotonicallyIncreasingID",
-        "SparkPartitionID",
-        "InputFileName",
-        "InputFileBlockStart",
-        "InputFileBlockLength",
-    }
+_NON_DETERMINISTIC_EXPRESSIONS = {
+    "Rand": "rand",
+    "Randn": "randn",
+    "RandStr": "randstr",
+    "Uniform": "uniform",
+    "Uuid": "uuid",
+    "Shuffle": "shuffle",
+    "Now": "now",
+    "CurrentTimestamp": "current_timestamp",
+    "CurrentDate": "current_date",
+    "LocalTimestamp": "localtimestamp",
+    "MonotonicallyIncreasingID": "monotonically_increasing_id",
+    "SparkPartitionID": "spark_partition_id",
+    "InputFileName": "input_file_name",
+    "InputFileBlockStart": "input_file_block_start",
+    "InputFileBlockLength": "input_file_block_length",
+    # A local session asks the plan's own `deterministic` flag for these (and for a
+    # non-deterministic UDF); the plan's text over Spark Connect shows only their names.
+    "CallMethodViaReflection": "reflect",
+    "JavaMethod": "java_method",
+    "TryReflect": "try_reflect",
+}
+# A call of one of them in a line of the plan's text: `rand(42)`, `uuid(Some(7))`.
+_NON_DETERMINISTIC_CALL = re.compile(
+    r"(?<![\w.`])(" + "|".join(sorted(set(_NON_DETERMINISTIC_EXPRESSIONS.values()))) + r")\(",
+    re.IGNORECASE,
 )
 # Subquery expressions: their plans are not walked (see _computes_per_key).
 _SUBQUERIES = frozenset({"ScalarSubquery", "ListQuery", "Exists", "LateralSubquery"})
@@ -781,9 +816,9 @@ def _computes_per_key(
     what the SQL form is refused for when it loads, here for a Python full transform too.
     Subquery plans are searched too (in a correlated one an aggregate over its rows is per
     outer row), and Spark's own ``deterministic`` flag of the plan is consulted for what
-    the list does not name. On Spark Connect the analyzed plan is
-    not reachable from the client, so this check does not run there: the load-time SQL
-    analysis and the input-file check still do. With ``windows_proven`` (declared SQL,
+    the list does not name. Over Spark Connect the analyzed plan is the server's text of
+    it (:func:`_connect_plan`), searched for the same constructs by name; a Python UDF
+    marked non-deterministic does not show there. With ``windows_proven`` (declared SQL,
     whose windows :mod:`~watermark_dagster.config.key_inference` proved partitioned by the
     keys) windows pass.
 
@@ -791,18 +826,19 @@ def _computes_per_key(
         TerminalError: naming the pipeline, the construct and the fix; nothing is written.
     """
     jdf = getattr(output, "_jdf", None)
-    if jdf is None:  # a Spark Connect DataFrame
-        return
     skip = frozenset({"Window"}) if windows_proven else frozenset()
-    analyzed = jdf.queryExecution().analyzed()
-    found = _first_across_keys(json.loads(analyzed.toJSON()), skip)
-    if found is None and not analyzed.deterministic():
-        # Spark's own verdict, for what the list above does not name (reflect, a
-        # non-deterministic UDF ...).
-        found = (
-            "computes a non-deterministic expression (Spark's plan says so): a recomputed "
-            "key would not get the value a full recompute gives"
-        )
+    if jdf is None:  # a Spark Connect DataFrame: the server's plan, as text
+        found = _first_across_keys_in_text(_connect_plan(pipeline, output), skip)
+    else:
+        analyzed = jdf.queryExecution().analyzed()
+        found = _first_across_keys(json.loads(analyzed.toJSON()), skip)
+        if found is None and not analyzed.deterministic():
+            # Spark's own verdict, for what the list above does not name (reflect, a
+            # non-deterministic UDF ...).
+            found = (
+                "computes a non-deterministic expression (Spark's plan says so): a "
+                "recomputed key would not get the value a full recompute gives"
+            )
     if found is not None:
         raise TerminalError(
             f"Pipeline '{pipeline.name}': its full transform {found}, so the incremental "
@@ -849,3 +885,79 @@ def _first_across_keys(
         if found is not None:
             return found
     return None
+
+
+def _first_across_keys_in_text(
+    node: PlanNode, skip: frozenset[str] = frozenset(), *, correlated: bool = False
+) -> str | None:
+    """:func:`_first_across_keys` for a plan read from its text (Spark Connect)."""
+    if TRUNCATED.search(node.text):
+        return (
+            "has a plan whose text Spark shortened (spark.sql.debug.maxToStringFields), "
+            "so what it computes cannot be checked"
+        )
+    if node.name in _ACROSS_KEYS_NODES and node.name not in skip:
+        return f"uses {node.name}: {_ACROSS_KEYS_NODES[node.name]}"
+    call = _NON_DETERMINISTIC_CALL.search(node.text)
+    if call is not None:
+        return (
+            f"calls {call[1]}, which is non-deterministic: a recomputed key would not get "
+            "the value a full recompute gives"
+        )
+    if node.name == "Aggregate" and not node.grouped and not correlated:
+        return "aggregates all rows into one (an aggregate with no grouping)"
+    for sub in node.subqueries:
+        found = _first_across_keys_in_text(sub, skip, correlated=correlated or sub.correlated)
+        if found is not None:
+            return found
+    for child in node.children:
+        found = _first_across_keys_in_text(child, skip, correlated=correlated)
+        if found is not None:
+            return found
+    return None
+
+
+_MAX_FIELDS = "spark.sql.debug.maxToStringFields"
+# The plan last read from a Connect server, with its frame: the two checks of one full
+# transform read it once.
+_last_plan: list[tuple[DataFrame, PlanNode]] = []
+
+
+def _connect_plan(pipeline: Pipeline, output: DataFrame) -> PlanNode:
+    """The analyzed plan of a Spark Connect DataFrame, from the server's ``EXPLAIN
+    EXTENDED`` (one round trip; analysis and planning, no job), with every field shown.
+
+    Raises:
+        TerminalError: the client cannot ask for it, or its text is not a plan this
+            reader knows (nothing is written: what the transform computes is unproven).
+    """
+    if _last_plan and _last_plan[0][0] is output:
+        return _last_plan[0][1]
+    explain = getattr(output, "_explain_string", None)
+    problem = "the Spark Connect client cannot ask the server for it"
+    if explain is not None:
+        conf = output.sparkSession.conf
+        before = conf.get(_MAX_FIELDS, None)
+        conf.set(_MAX_FIELDS, str(2**31 - 1))
+        try:
+            text = str(explain(extended=True))
+        finally:
+            if before is None:
+                conf.unset(_MAX_FIELDS)
+            else:
+                conf.set(_MAX_FIELDS, before)
+        try:
+            plan = analyzed_tree(text)
+        except ValueError as e:
+            problem = f"its text is not a plan this check reads ({e})"
+        else:
+            _last_plan[:] = [(output, plan)]
+            return plan
+    raise TerminalError(
+        f"Pipeline '{pipeline.name}': the analyzed plan of its full transform could not be "
+        f"read ({problem}), so what it reads and computes cannot be checked; nothing was "
+        "written.",
+        pipeline=pipeline.name,
+        fix="run the pipeline with the PySpark version the package pins, or report the "
+        "plan text with the issue.",
+    )
