@@ -287,6 +287,16 @@ def _check_constructs(checked: _Sql, query: exp.Query) -> None:
         for kind, construct, why in _ACROSS_KEYS:
             if isinstance(node, kind):
                 raise checked.refuse(node, f"uses {construct}: {why}", _PER_KEY)
+        if isinstance(node, _ORDER_DEPENDENT):
+            written = node.sql(dialect="spark").split("(", 1)[0].lower()
+            raise checked.refuse(
+                node,
+                f"uses {written}, whose result follows the order Spark happens to read the "
+                "rows in (Spark marks it non-deterministic): a recomputed key may not get "
+                "what a full recompute gives",
+                "aggregate to values that do not depend on order (count, sum, min, max), "
+                "or write the pipeline's incremental transform by hand with @pipeline.",
+            )
         name = _function_name(node)
         if name in NON_DETERMINISTIC:
             raise checked.refuse(
@@ -295,6 +305,12 @@ def _check_constructs(checked: _Sql, query: exp.Query) -> None:
                 "not get the value a full recompute gives",
                 "pass the value in as a column of an upstream, or drop it.",
             )
+
+
+# Aggregates whose result lists the rows in the order they are read (collect_list,
+# collect_set, array_agg, string_agg, listagg): Spark marks them non-deterministic, sorted
+# or not, and a batch's plan check would refuse them.
+_ORDER_DEPENDENT = (exp.ArrayAgg, exp.ArrayUniqueAgg, exp.GroupConcat)
 
 
 def _function_name(node: exp.Expr) -> str | None:

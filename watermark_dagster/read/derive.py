@@ -796,6 +796,10 @@ _NON_DETERMINISTIC_EXPRESSIONS = {
     "CallMethodViaReflection": "reflect",
     "JavaMethod": "java_method",
     "TryReflect": "try_reflect",
+    # The rows in the order they are read (sorted or not: Spark's flag says so).
+    "CollectList": "collect_list",
+    "CollectSet": "collect_set",
+    "ListAgg": "listagg",
 }
 # A call of one of them in a line of the plan's text: `rand(42)`, `uuid(Some(7))`.
 _NON_DETERMINISTIC_CALL = re.compile(
