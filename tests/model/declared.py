@@ -36,7 +36,7 @@ versions: it shares nothing with Spark or with the derivation under test.
 
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ from watermark_dagster.errors import BatchStateError, ConfigurationError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.operations.run_pipeline import execute_pipeline
+from watermark_dagster.operations.run_pipeline import PipelineOutcome, execute_pipeline
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 
@@ -341,7 +341,7 @@ class DeclaredCase:
         self.stats = Stats(cases=1)
         self.failing: set[str] = set()
         self.paths = {u: str(root / u) for u in UPSTREAMS}
-        self.targets = {p: str(root / "targets" / p) for p in PIPELINES}
+        self.targets = {p: str(root / "targets" / p) for p in self.pipeline_names()}
         self.registry = Registry(
             upstreams=[DeltaUpstream(name=u, path=p) for u, p in self.paths.items()],
             pipelines=self._pipelines(),
@@ -354,6 +354,10 @@ class DeclaredCase:
         self.observer = Observer()
         self.high_water: dict[str, int] = {}
         self.log: list[str] = []  # what happened, for the failure message
+
+    def pipeline_names(self) -> list[str]:
+        """The pipelines :meth:`_pipelines` declares (each gets a target folder)."""
+        return list(PIPELINES)
 
     def _fail_if_set(self, name: str) -> None:
         if name in self.failing:
@@ -619,18 +623,8 @@ class DeclaredCase:
         for pipeline in batch.pipelines:
             if pipeline in done:
                 continue
-            try:
-                outcome = execute_pipeline(
-                    spark=self.spark,
-                    store=self.store,
-                    registry=self.registry,
-                    pipeline_name=pipeline,
-                    batch_id=batch.batch_id,
-                    run_id="model",
-                )
-            except RuntimeError as e:
-                if "injected failure" not in str(e):
-                    raise
+            outcome = self.execute(pipeline, batch.batch_id)
+            if outcome is None:
                 continue
             if outcome.strategy is not None:
                 full = outcome.strategy.strategy == "full"
@@ -642,6 +636,22 @@ class DeclaredCase:
         )
         self.log.append(f"cycle {batch.batch_id} {_describe(batch)}")
         return True
+
+    def execute(self, pipeline: str, batch_id: str) -> PipelineOutcome | None:
+        """Run one pipeline of a batch; None when its full transform failed on purpose."""
+        try:
+            return execute_pipeline(
+                spark=self.spark,
+                store=self.store,
+                registry=self.registry,
+                pipeline_name=pipeline,
+                batch_id=batch_id,
+                run_id="model",
+            )
+        except RuntimeError as e:
+            if "injected failure" not in str(e):
+                raise
+            return None
 
     def crash_cycle(self) -> None:
         point = self.rng.choice(CRASH_POINTS)
@@ -734,9 +744,9 @@ class DeclaredCase:
 
     # ---------------------------------------------------------------- the property
 
-    def pins(self) -> tuple[str, dict[str, int]] | None:
+    def pins(self, upstreams: Iterable[str] = UPSTREAMS) -> tuple[str, dict[str, int]] | None:
         """The newest completed scheduled batch and the snapshot version it pinned per
-        upstream (None before the first one)."""
+        upstream of ``upstreams`` (None before the first one)."""
         done = [
             b
             for b in self.store.batches(status=BatchStatus.COMPLETED)
@@ -746,7 +756,7 @@ class DeclaredCase:
             return None
         newest = max(done, key=lambda b: b.seq)
         versions: dict[str, int] = {}
-        for u in UPSTREAMS:
+        for u in upstreams:
             version = newest.inputs[u].snapshot_version
             assert version is not None, self._failure(f"{newest.batch_id} pins no {u}")
             versions[u] = version
