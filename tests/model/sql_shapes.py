@@ -722,7 +722,7 @@ class SqlShapesCase(DeclaredCase):
         """Run one pipeline of a batch; an exception is a finding, recorded."""
         self.strategy_of[pipeline] = self.registry.pipelines[pipeline].strategy
         try:
-            return super().execute(pipeline, batch_id)
+            outcome = super().execute(pipeline, batch_id)
         except Exception as e:  # a batch an accepted shape cannot run
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             shape = self.generated[pipeline][0]
@@ -732,6 +732,17 @@ class SqlShapesCase(DeclaredCase):
             )
             self.broken = True
             return None
+        write = outcome.write if outcome is not None else None
+        if write is not None and write.drift:
+            # A full batch found keys stale that its own changes did not touch: an earlier
+            # incremental batch of this shape derived them wrong (the full batch mended
+            # them, so the targets alone would not show it).
+            self.sql_stats.mismatches.append(
+                f"seed {self.seed}, {pipeline}, batch {batch_id}: a full batch found "
+                f"{write.drift} drifted key(s), e.g. {list(write.drift_sample)}\n"
+                f"{self.generated[pipeline][0].describe()}"
+            )
+        return outcome
 
     def check_targets(self) -> None:
         """With no scheduled batch open, every target equals DataFusion's answer to its SQL
