@@ -74,6 +74,13 @@ COMPUTED_KEYS = [
         {"orders": "referrer_id"},
         ["referrer_id"],
     ),
+    (  # the same, computed in a WITH query and carried out of it
+        "per_referrer_with",
+        "WITH q AS (SELECT COALESCE(referrer_id, -1) AS referrer_id, COUNT(*) AS n\n"
+        "FROM orders GROUP BY 1) SELECT q.referrer_id, q.n FROM q",
+        {"orders": "referrer_id"},
+        ["referrer_id"],
+    ),
     (
         "per_name",
         "SELECT LOWER(name) AS name, COUNT(*) AS n FROM customers GROUP BY LOWER(name)",

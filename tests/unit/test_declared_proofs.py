@@ -101,12 +101,12 @@ REFUSED = [
         1,
     ),
     (
-        "key-computed-in-a-derived-table",
-        "SELECT d.day, d.n FROM\n"
-        "(SELECT DATE(created_at) AS day, COUNT(*) AS n FROM orders GROUP BY 1) d",
+        "key-computed-in-a-set-operation",
+        "SELECT k, COUNT(*) AS n FROM (SELECT DATE(created_at) AS k FROM orders\n"
+        "UNION ALL SELECT DATE(shipped_at) FROM orders) u GROUP BY k",
         {"orders": "created_at"},
-        ["day"],
-        "computes the key column 'day' in a derived table, a WITH query or a set",
+        ["k"],
+        "computes the key column 'k' in a derived table, a WITH query or a set",
         1,
     ),
     (
@@ -398,6 +398,20 @@ ACCEPTED = [
         "SELECT LOWER(email) AS email, name FROM customers",
         {"customers": "email"},
         ["email"],
+    ),
+    (
+        "key-computed-in-a-with-query",
+        "WITH q AS (SELECT COALESCE(region_id, -1) AS region_id, COUNT(*) AS n\n"
+        "FROM customers GROUP BY 1) SELECT q.region_id, q.n FROM q",
+        {"customers": "region_id"},
+        ["region_id"],
+    ),
+    (
+        "key-computed-in-a-renamed-derived-table",
+        "SELECT d.day, d.n FROM (SELECT DATE(created_at), COUNT(*) FROM orders GROUP BY 1)\n"
+        "AS d (day, n)",
+        {"orders": "created_at"},
+        ["day"],
     ),
     (
         "group-by-an-expression-through-a-hop",

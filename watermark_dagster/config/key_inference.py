@@ -22,8 +22,9 @@ This module finds such paths in the query itself:
   reference of an upstream (an upstream joined to itself has two) gets its own path.
 * Each output key column must be a column of a reference that is never NULL-extended
   (not on the optional side of an outer join: the NULL group is fed by rows whose own
-  key is not NULL), or a deterministic expression of one such column in the outer query
-  (``COALESCE(x, -1) AS x``, ``DATE(o.created_at) AS day`` grouped by it). Paths then end
+  key is not NULL), or a deterministic expression of one such column (``COALESCE(x, -1)
+  AS x``, ``DATE(o.created_at) AS day`` grouped by it), in the outer query or in a derived
+  table or ``WITH`` query that the outer query selects it from unchanged. Paths then end
   at that column and the batch computes the key from each value reached, as the query
   does: every row behind an output row has the column's value the key was computed from.
   An aggregate, window, subquery, generator or unknown function in the expression, or
@@ -221,6 +222,16 @@ class _Derived(_Source):
         if any(a is True for a in answers):
             return True
         return None if any(a is None for a in answers) else False
+
+    def renamed(self, names: list[str]) -> "_Derived":
+        """The same columns under ``names``, by position (a column list on an alias)."""
+        outputs = {n: self.at(i) for i, n in enumerate(names)}
+        computed = {
+            n: self.computed[self.ordered[i]]
+            for i, n in enumerate(names)
+            if i < len(self.ordered) and self.ordered[i] in self.computed and not self.stars
+        }
+        return _Derived(self.graph, outputs, names, [], computed=computed)
 
     def at(self, position: int) -> Node | None:
         if position < len(self.positions) and not self.stars:
@@ -538,9 +549,7 @@ class _Graph:
                 alias = reference.args.get("alias") if reference is not None else None
                 if isinstance(alias, exp.TableAlias) and alias.columns:
                     # FROM w AS q (a, b): the WITH query's columns renamed by position
-                    names = [c.name.lower() for c in alias.columns]
-                    outputs = {n: derived.at(i) for i, n in enumerate(names)}
-                    derived = _Derived(self, outputs, names, [])
+                    derived = derived.renamed([c.name.lower() for c in alias.columns])
                 sources[name] = derived
         levels = [sources, *env]
         selectable = {a: s for a, s in sources.items() if a not in hidden}
@@ -687,11 +696,17 @@ class _Graph:
                 continue
             name = projection.alias_or_name.lower()
             ordered.append(name)
-            node = resolve(inner) if isinstance(inner, exp.Column) else None
+            node, holder = locate(inner) if isinstance(inner, exp.Column) else (None, None)
             positions.append(node)
             outputs.setdefault(name, node)
             if not isinstance(inner, exp.Column):
                 computed.setdefault(name, (inner, resolve))
+            elif node is None and isinstance(source := sources.get(holder or ""), _Derived):
+                # A derived table's computed column carried out unchanged: the key is
+                # still computed from the column inside it.
+                carried = source.computed.get(inner.name.lower())
+                if carried is not None:
+                    computed.setdefault(name, carried)
         return _Derived(self, outputs, ordered, stars, positions, computed)
 
     def _equate(
@@ -839,10 +854,7 @@ def _renamed(derived: _Derived, expression: exp.Expr) -> _Derived:
     holder = expression.parent
     alias = holder.args.get("alias") if isinstance(holder, (exp.CTE, exp.Subquery)) else None
     names = [c.name.lower() for c in alias.columns] if isinstance(alias, exp.TableAlias) else []
-    if not names:
-        return derived
-    outputs = {n: derived.at(i) for i, n in enumerate(names)}
-    return _Derived(derived.graph, outputs, names, [])
+    return derived.renamed(names) if names else derived
 
 
 def _bare(node: exp.Expr) -> exp.Expr:
