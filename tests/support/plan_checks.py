@@ -72,6 +72,20 @@ def _outside_in_a_subquery(tiers: str) -> Callable[..., DataFrame]:
     return enriched_with_gold
 
 
+def _outside_in_sql_text(tiers: str) -> Callable[..., DataFrame]:
+    """The same read in SQL text (over Spark Connect the client's plan shows only the
+    text, and the server's ``inputFiles`` leave subqueries out)."""
+
+    def enriched_with_gold_in_sql(orders: DataFrame, customers: DataFrame) -> DataFrame:
+        full_orders_enriched(orders, customers).createOrReplaceTempView("hiding_enriched")
+        return orders.sparkSession.sql(
+            "SELECT e.*, EXISTS (SELECT 1 FROM delta.`" + tiers + "` t WHERE t.tier = 'gold') "
+            "AS any_gold FROM hiding_enriched e"
+        )
+
+    return enriched_with_gold_in_sql
+
+
 def _collected(tiers: str) -> Callable[..., DataFrame]:
     """A full transform joining a table it was not given, collected to the driver and
     made a frame again: no location is left in the plan to compare."""
@@ -107,6 +121,7 @@ def _share_of_all(orders: DataFrame, customers: DataFrame) -> DataFrame:
 # (id, the transform given the outside table's path, what the refusal says)
 HIDING: list[tuple[str, Callable[[str], Callable[..., DataFrame]], str]] = [
     ("outside-table-in-a-subquery", _outside_in_a_subquery, "outside its upstreams"),
+    ("outside-table-in-sql-text", _outside_in_sql_text, "outside its upstreams"),
     # Rows made a frame again: a LocalRelation over Connect, an RDD in a local session.
     ("collected-rows", _collected, "its full transform reads rows "),
     ("local-checkpoint", lambda _: _checkpointed, "rows computed before the batch (LogicalRDD"),

@@ -122,7 +122,7 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     # Declared SQL proved its windows per key when it loaded (key_inference); a Python
     # full transform's windows are refused here.
     _computes_per_key(pipeline, whole, windows_proven=declared.sql is not None)
-    _reads_only_upstreams(pipeline, batch, whole, literal_rows=declared.sql is not None)
+    _reads_only_upstreams(pipeline, batch, whole, declared_sql=declared.sql is not None)
     if batch.full_load:
         return whole
     choice = batch.strategy
@@ -612,7 +612,7 @@ def _checked(pipeline: Pipeline, output: object) -> DataFrame:
 
 
 def _reads_only_upstreams(
-    pipeline: Pipeline, batch: BatchContext, output: DataFrame, *, literal_rows: bool = False
+    pipeline: Pipeline, batch: BatchContext, output: DataFrame, *, declared_sql: bool = False
 ) -> None:
     """Check that the full transform (``output``) reads no table but its upstreams.
 
@@ -622,11 +622,14 @@ def _reads_only_upstreams(
     of the analyzed plan's file relations, or over Spark Connect the paths of the client's
     plan's reads (no Spark job either way), or, where those cannot be told (a relation
     that is not file-based, a table name or SQL text over Connect), the files of
-    ``DataFrame.inputFiles()``. Rows computed before the batch (a checkpoint, an RDD) and,
-    unless ``literal_rows`` (declared SQL, whose ``VALUES`` are its own text), rows held by
-    the driver (``createDataFrame``, of collected rows or literals) are refused too: no
-    batch pins them. It cannot tell an upstream read again at another version from its
-    pinned snapshot (both are under the same location).
+    ``DataFrame.inputFiles()``, which leave out a subquery's: over Spark Connect a Python
+    transform's table read in a subquery of SQL text or by name is refused, as unlocated.
+    Rows computed before the batch (a checkpoint, an RDD) and rows held by the driver
+    (``createDataFrame``, of collected rows or literals) are refused too: no batch pins
+    them. With ``declared_sql`` the tables were proven to be the upstreams' views when the
+    definitions loaded, and ``VALUES`` are the query's own text: both pass. It cannot
+    tell an upstream read again at another version from its pinned snapshot (both are
+    under the same location).
 
     Raises:
         TerminalError: naming the pipeline, what it reads outside and the fix.
@@ -634,8 +637,10 @@ def _reads_only_upstreams(
     roots = tuple(_normalized(batch[u].location).rstrip("/") + "/" for u in pipeline.upstreams)
     read = _relation_roots(output)
     if read is None:
-        read = output.inputFiles()
-    read = [*read, *_unpinned(_leaves(pipeline, output), literal_rows=literal_rows)]
+        read = list(output.inputFiles())
+        if getattr(output, "_jdf", None) is None and not declared_sql:
+            read += _unlocated_in_subqueries(_connect_plan(pipeline, output))
+    read = [*read, *_unpinned(_leaves(pipeline, output), literal_rows=declared_sql)]
     outside = sorted({r for r in read if not (_normalized(r).rstrip("/") + "/").startswith(roots)})
     if outside:
         raise TerminalError(
@@ -661,6 +666,27 @@ _UNPINNED = {
     "LocalRelation": "rows held by the driver (LocalRelation: createDataFrame of collected "
     "or literal rows; put them in an upstream)",
 }
+
+
+def _unlocated_in_subqueries(plan: PlanNode) -> list[str]:
+    """What a Spark Connect plan reads in a subquery that no location is known for (the
+    server's ``inputFiles`` leave subqueries out, and its plan text shows no paths), as
+    the refusal names it."""
+    inside = [n for sub in _subquery_plans(plan) for n in sub.walk() if not n.children]
+    if any(n.name not in _READS_NOTHING and n.name not in _UNPINNED for n in inside):
+        return [
+            "a table in a subquery of SQL text or read by name (over Spark Connect its "
+            "location cannot be told; read it with the DataFrame API to have it checked)"
+        ]
+    return []
+
+
+def _subquery_plans(plan: PlanNode) -> list[PlanNode]:
+    """The plans of every subquery expression in ``plan``, outermost first."""
+    found: list[PlanNode] = []
+    for node in plan.walk():
+        found += node.subqueries
+    return found
 
 
 def _unpinned(leaves: Iterable[str], *, literal_rows: bool) -> list[str]:
