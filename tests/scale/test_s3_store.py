@@ -2,7 +2,6 @@
 processes and between simultaneous commits, and options that would leave commits unguarded
 are refused before anything is written. No JVM."""
 
-import multiprocessing
 import time
 from collections.abc import Iterator
 from multiprocessing.pool import AsyncResult
@@ -13,6 +12,7 @@ import pytest
 
 from tests.scale.s3server import S3Server, proxy, running_s3_server
 from tests.store.test_store import _advance_at
+from tests.support.processes import spawn_pool
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.store import WatermarkStore
@@ -46,8 +46,7 @@ def test_processes_racing_the_watermark_cas_on_s3_advance_it_once(s3: S3Server) 
     root = s3.uri("control")
     store = WatermarkStore(root)
     # Planners race first: one batch.
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(3) as pool:
+    with spawn_pool(3) as pool:
         start = time.time() + 3
         created = _within(pool.starmap_async(_plan_at, [(root, start, 5 + i) for i in range(3)]))
         assert sum(created) == 1, created
@@ -76,7 +75,7 @@ def _advance_together(root: str, endpoint: str) -> list[str]:
     """Two finalizers (processes: delta-rs holds the GIL while it commits) advance the same
     watermark; the proxy holds their commits until both arrive, both decided against one
     version of the table."""
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
+    with spawn_pool(2) as pool:
         racers = [(root, endpoint, "racer-a"), (root, endpoint, "racer-b")]
         return sorted(_within(pool.starmap_async(_advance_via, racers)))
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from tests.support.processes import spawn_pool
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.finalizing import AdvanceDecision
 from watermark_dagster.core.planning import UpstreamPosition
@@ -174,8 +175,7 @@ def _flush_at(root: str, start_at: float) -> int:
 
 @pytest.fixture(scope="module")
 def pool():
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(4) as p:
+    with spawn_pool(4) as p:
         yield p
 
 
@@ -252,7 +252,7 @@ def test_a_cursor_window_is_pinned_once_by_the_first_reader(tmp_path: Path) -> N
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(4)
-        with ctx.Pool(4) as pool:
+        with spawn_pool(4) as pool:
             ends = pool.starmap(_pin, [(str(tmp_path), e, barrier) for e in (10, 20, 30, 40)])
     assert len(set(ends)) == 1  # all four readers got the one end that was pinned
     assert store.get_batch("b000001").inputs["clicks"].window == CursorWindow(None, ends[0])
