@@ -238,7 +238,9 @@ def _touched_values(
             reached = where_in(snapshots[hop.upstream], list(hop.match), values)
             frame = reached.select(*[quoted(c) for c in hop.carry]).distinct()
         else:
-            values = _collected(_computed_keys(frame, path).distinct(), limit)
+            keyed = _computed_keys(frame, path)
+            # The frame is distinct already; keys computed from it may repeat.
+            values = _collected(keyed.distinct() if path.computed else keyed, limit)
         if values is None:
             return None
         found.update(values)
