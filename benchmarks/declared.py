@@ -58,20 +58,27 @@ from benchmarks.incremental import QUICK_CONF, fingerprint, machine, spark_descr
 REPO = Path(__file__).resolve().parents[1]
 OURS = (
     "declared",
+    "declared_minimal",
     "declared_incremental",
     "declared_full",
+    "declared_rewrite",
     "declared_no_aqe",
     "declared_full_dv",
     "handwritten",
 )
 CONTENDERS = {
-    "declared": "the demo's declared pipelines (strategy auto: incremental or full, chosen "
-    "per batch), production cycle on the warm session: plan, execute_pipeline per pipeline, "
-    "finalize",
+    "declared": "the demo's declared pipelines (strategy auto: incremental or rewrite, chosen "
+    "per batch; no pipeline reads their targets, so change_feed is any), production cycle on "
+    "the warm session: plan, execute_pipeline per pipeline, finalize",
+    "declared_minimal": "the declared pipelines (strategy auto) with change_feed=minimal, as "
+    "when another pipeline reads the targets: incremental or full, chosen per batch, the same "
+    "cycle",
     "declared_incremental": "the declared pipelines with strategy=incremental (the derived "
     "transform every batch), the same cycle",
     "declared_full": "the declared pipelines with strategy=full (the full transform diffed "
     "against the target, only the differences merged), the same cycle",
+    "declared_rewrite": "the declared pipelines with strategy=rewrite (the full transform "
+    "written over the target), the same cycle",
     "declared_no_aqe": "the declared pipelines (strategy auto) with Spark's adaptive query "
     "execution off for the cycle: each shuffle or broadcast stage runs inside its job instead "
     "of as a job of its own",
@@ -87,6 +94,8 @@ PIPELINES = ("orders_enriched", "customer_payments")
 RATIOS = (
     ("declared/handwritten", "declared", "handwritten"),
     ("declared/recompute", "declared", "recompute"),
+    ("declared_minimal/recompute", "declared_minimal", "recompute"),
+    ("declared_rewrite/recompute", "declared_rewrite", "recompute"),
     ("declared_incremental/recompute", "declared_incremental", "recompute"),
     ("declared_full/recompute", "declared_full", "recompute"),
     ("declared_no_aqe/declared", "declared_no_aqe", "declared"),
@@ -454,7 +463,7 @@ class Lab:
         self.counter = JobCounter(spark)
         self.paths = {n: contender_paths(root, self.upstreams, n) for n in self.names}
 
-        def with_strategy(strategy: str) -> Callable[[Any], Any]:
+        def with_strategy(strategy: str, change_feed: str | None = None) -> Callable[[Any], Any]:
             def build(paths: Any) -> Any:
                 from dataclasses import replace
 
@@ -463,15 +472,20 @@ class Lab:
                 registry = build_demo_registry(paths)
                 return Registry(
                     upstreams=list(registry.upstreams.values()),
-                    pipelines=[replace(p, strategy=strategy) for p in registry.pipelines.values()],
+                    pipelines=[
+                        replace(p, strategy=strategy, change_feed=change_feed)
+                        for p in registry.pipelines.values()
+                    ],
                 )
 
             return build
 
         builders = {
             "declared": build_demo_registry,
+            "declared_minimal": with_strategy("auto", "minimal"),
             "declared_incremental": with_strategy("incremental"),
             "declared_full": with_strategy("full"),
+            "declared_rewrite": with_strategy("rewrite"),
             "declared_no_aqe": build_demo_registry,
             "declared_full_dv": with_strategy("full"),
             "handwritten": build_handwritten_registry,

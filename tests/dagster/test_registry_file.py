@@ -249,6 +249,31 @@ def test_a_hand_written_pipeline_gives_its_full_transform_beside_its_transform(
     assert node.metadata["strategy"] == "full"
 
 
+def test_a_pipeline_says_what_its_target_s_change_feed_promises(
+    tmp_path: Path, transforms: Path
+) -> None:
+    body = f"""
+        upstreams: {{orders: /lake/orders, customers: /lake/customers}}
+        pipelines:
+          enriched:
+            upstreams: [orders, customers]
+            target: /lake/enriched
+            keys: [order_id]
+            transform: {TRANSFORMS}:orders_clean
+            full: {TRANSFORMS}:enriched
+            strategy: rewrite
+            change_feed: %s
+        """
+    registry = load_registry(_write(tmp_path, body % "any"))
+    assert registry.pipelines["enriched"].strategy == "rewrite"
+    assert registry.change_feed("enriched") == "any"
+    with pytest.raises(ConfigurationError) as refused:
+        load_registry(_write(tmp_path, body % "minimal", name="minimal.yaml"))
+    text = str(refused.value)
+    assert "strategy='rewrite' and change_feed='minimal'" in text
+    assert "minimal.yaml" in text
+
+
 def test_a_file_builds_a_code_location_without_writing(tmp_path: Path, transforms: Path) -> None:
     path = _write(
         tmp_path,

@@ -87,7 +87,7 @@ KEY = {"regions": "region_id", "customers": "customer_id", "orders": "order_id"}
 # Ids are drawn from small pools, so deleted ids are reused and parents are often missing.
 POOL = {"regions": 6, "customers": 10, "orders": 30, "payments": 30}
 # Drawn per batch for every pipeline (incremental twice as often: it is the derived form).
-STRATEGIES = ("incremental", "incremental", "full", "auto")
+STRATEGIES = ("incremental", "incremental", "full", "rewrite", "auto")
 
 UPSTREAMS = tuple(SCHEMAS)
 
@@ -324,6 +324,7 @@ class Stats:
     null_groups: int = 0  # checks at which by_region_sql held a NULL group
     incremental_runs: int = 0  # pipeline runs by strategy (drawn per batch)
     full_runs: int = 0
+    rewrite_runs: int = 0
 
     def add(self, other: "Stats") -> None:
         for name in self.__dataclass_fields__:
@@ -333,6 +334,11 @@ class Stats:
 class DeclaredCase:
     """One random history of the four upstreams, run through the six declared pipelines
     against real Spark and Delta tables under ``root``."""
+
+    # What each batch draws every pipeline's strategy from, and the change feed its target
+    # promises (None: the registry's default).
+    strategies: tuple[str, ...] = STRATEGIES
+    change_feed: str | None = None
 
     def __init__(self, spark: SparkSession, root: Path, seed: int, steps: int = 3) -> None:
         self.spark, self.root, self.seed, self.steps = spark, root, seed, steps
@@ -611,12 +617,13 @@ class DeclaredCase:
                 return False
         done = succeeded_pipelines(batch.batch_id, self.store.checkpoints(batch_id=batch.batch_id))
         self.log.append(f"  MERGEs by {draw_merge_mode(self.spark, self.merges)}")
-        # Each batch draws every pipeline's strategy: incremental, full, or auto (which
-        # these small tables resolve to full); the targets must not tell them apart.
+        # Each batch draws every pipeline's strategy: incremental, full, rewrite, or auto
+        # (which these small tables resolve to the whole form); the targets must not tell
+        # them apart.
         self.registry = Registry(
             upstreams=list(self.registry.upstreams.values()),
             pipelines=[
-                replace(p, strategy=self.rng.choice(STRATEGIES))
+                replace(p, strategy=self.rng.choice(self.strategies), change_feed=self.change_feed)
                 for p in self.registry.pipelines.values()
             ],
         )
@@ -626,11 +633,12 @@ class DeclaredCase:
             outcome = self.execute(pipeline, batch.batch_id)
             if outcome is None:
                 continue
-            if outcome.strategy is not None:
-                full = outcome.strategy.strategy == "full"
-                self.stats.full_runs += full
-                self.stats.incremental_runs += not full
-                self.log.append(f"  {pipeline}: {outcome.strategy.strategy}")
+            if outcome.strategy is not None and not outcome.full_load:
+                ran = outcome.strategy.strategy
+                self.stats.full_runs += ran == "full"
+                self.stats.rewrite_runs += ran == "rewrite"
+                self.stats.incremental_runs += ran == "incremental"
+                self.log.append(f"  {pipeline}: {ran}")
         finalize_batch(
             self.store, self.store.get_batch(batch.batch_id), registry=self.registry, actor="model"
         )

@@ -42,7 +42,7 @@ from deltalake import DeltaTable as RsTable
 from deltalake import QueryBuilder
 from pyspark.sql import SparkSession
 
-from tests.model.declared import SCHEMAS, DeclaredCase
+from tests.model.declared import SCHEMAS, STRATEGIES, DeclaredCase
 from watermark_dagster.config.declared import KeyPathSpec, paths_for_batch
 from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
 from watermark_dagster.errors import ConfigurationError
@@ -699,6 +699,12 @@ def difference(got: Counter[Row], want: Counter[Row], width: int) -> str:
 
 class SqlShapesCase(DeclaredCase):
     """Generated declared SQL pipelines over one random history of the four upstreams."""
+
+    # No rewrite: what is checked here is the derivation, and a rewrite would mend a wrong
+    # derivation silently, where a `full` batch reports it as drift (auto, on these small
+    # tables, then picks `full`).
+    strategies = tuple(s for s in STRATEGIES if s != "rewrite")
+    change_feed = "minimal"
 
     def __init__(
         self, spark: SparkSession, root: Path, seed: int, steps: int = 3, shapes: int = 20

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
+from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -22,6 +23,7 @@ from tests.support.cycles import run_cycle
 from tests.support.plan_checks import HIDING, JOIN, hiding_pipeline, refused, tiers_table
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
+from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.demo.data import ORDERS, DemoPaths, apply_round, seed
 from watermark_dagster.demo.handwritten import build_handwritten_registry
 from watermark_dagster.demo.pipelines import demo_upstreams, full_orders_enriched
@@ -457,6 +459,8 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             target=paths.target(name),
             keys=["order_id"],
             strategy=strategy,  # type: ignore[arg-type]
+            # `full` against `incremental` (a rewrite is tested on its own below).
+            change_feed="minimal",
         )
 
     # The demo's hand-written transform, with the full transform beside it: it chooses
@@ -470,6 +474,7 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             target=paths.target("hand_written"),
             full_transform=full_orders_enriched,
             strategy=strategy,  # type: ignore[arg-type]
+            change_feed="minimal",
         )
 
     store = WatermarkStore(paths.control_root)
@@ -509,7 +514,14 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             target = spark.read.format("delta").load(paths.target(name))
             assert _rows(target, full.columns) == expected, (name, round_no)
         if not round_no:
-            assert all(o.full_load and o.strategy is None for o in outcomes.values())
+            assert all(o.full_load for o in outcomes.values())
+            # A declared pipeline's full load is recorded as the rewrite it is (auto's
+            # first measure of that strategy); a hand-written one's runs its own transform.
+            assert outcomes["hand_written"].strategy is None
+            for name in ("incremental", "full", "switching"):
+                loaded = outcomes[name].strategy
+                assert loaded is not None
+                assert (loaded.strategy, loaded.reason) == ("rewrite", "a full load")
             for name in ("incremental", "full", "hand_written"):  # read downstream
                 DeltaTable.forPath(spark, paths.target(name))  # exists
                 spark.sql(
@@ -532,7 +544,12 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             meta = switching.metadata()
             # Each run's strategy and cost is in its PIPELINE_SUCCEEDED history row.
             runs = store.strategy_runs(name)
-            assert [str(r.strategy) for r in runs] == [*cycle[1:round_no], meta["strategy"]]
+            loaded = ["rewrite"] if name == "switching" else []
+            assert [str(r.strategy) for r in runs] == [
+                *loaded,
+                *cycle[1:round_no],
+                meta["strategy"],
+            ]
             assert runs[-1].seconds == switching.seconds
             if switch_to != "auto":
                 assert meta["strategy"] == switch_to, (name, meta)
@@ -542,8 +559,9 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
                 assert meta["strategy_reason"].startswith("auto: measured"), (name, meta)
                 estimates = switching.estimates
                 assert meta["strategy"] == min(estimates, key=lambda s: estimates[s])
-                assert estimates["full"] >= runs[0].seconds
-                assert estimates["incremental"] >= runs[1].seconds
+                seconds = {str(r.strategy): r.seconds for r in runs[:-1]}
+                assert estimates["full"] >= seconds["full"]
+                assert estimates["incremental"] >= seconds["incremental"]
         # The full recompute rewrote only the rows that changed: its commit's change feed
         # holds exactly the keys whose rows changed, the same keys an incremental batch
         # changed, so a downstream reader of either sees the same changes.
@@ -561,6 +579,109 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
                 spark, paths.target("hand_written"), versions["hand_written"]
             )
             assert hand_changed == hand_fed == full_changed
+
+
+def test_a_rewrite_overwrites_once_stamps_every_row_and_spares_a_minimal_change_feed(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``rewrite``: the full transform overwrites the target in one commit carrying the
+    batch's Delta transaction, every row stamped with the batch's position; a retry after
+    that commit (a crash before the checkpoint) writes nothing; a target whose change feed
+    is ``minimal`` is never rewritten (auto picks ``full`` where it would rewrite); and a
+    hand-written pipeline with a full transform rewrites as a declared one does."""
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+
+    def enriched(name: str, **options: object) -> Pipeline:
+        return sql_pipeline(
+            name=name,
+            sql=ENRICHED_SQL,
+            upstreams={"orders": "order_id", "customers": JOIN},
+            target=paths.target(name),
+            keys=["order_id"],
+            **options,  # type: ignore[arg-type]
+        )
+
+    hand_written = replace(
+        build_handwritten_registry(paths).pipelines["orders_enriched"],
+        name="hand_written",
+        target=paths.target("hand_written"),
+        full_transform=full_orders_enriched,
+        strategy="rewrite",
+    )
+    registry = Registry(
+        upstreams=demo_upstreams(paths),
+        pipelines=[
+            enriched("rewriting"),  # auto; no pipeline reads it: change feed `any`
+            enriched("guarded", change_feed="minimal"),
+            hand_written,
+        ],
+    )
+    store = WatermarkStore(paths.control_root)
+
+    def run(name: str, batch_id: str):
+        return execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=registry,
+            pipeline_name=name,
+            batch_id=batch_id,
+            run_id="test",
+        )
+
+    rewritten = ("rewriting", "hand_written")
+    for round_no in range(3):
+        if round_no:
+            apply_round(spark, paths, round_no)
+        look = look_before_planning(registry, Observer(), store, actor="test")
+        batch, _ = plan_next(store, look, actor="test")
+        assert batch is not None
+        outcomes = {}
+        for name in batch.pipelines:
+            if round_no == 2 and name in rewritten:
+                # Killed after the overwrite committed, before the checkpoint: the retry
+                # finds the batch's transaction in the target and writes nothing.
+                before = RsDeltaTable(paths.target(name)).version()
+                with pytest.raises(SimulatedCrash), simulate_crash_at("after_target_commit"):
+                    run(name, batch.batch_id)
+                assert RsDeltaTable(paths.target(name)).version() == before + 1
+                outcomes[name] = run(name, batch.batch_id)
+                assert outcomes[name].write is not None
+                assert outcomes[name].write.already_applied
+                assert RsDeltaTable(paths.target(name)).version() == before + 1
+                # Nothing measured by the retry: auto weighs only writes that ran.
+                assert store.strategy_runs(name)[-1].batch_id != batch.batch_id
+            else:
+                outcomes[name] = run(name, batch.batch_id)
+        finalize_batch(store, store.get_batch(batch.batch_id), registry=registry, actor="test")
+        orders = spark.read.format("delta").load(paths.upstream("orders"))
+        customers = spark.read.format("delta").load(paths.upstream("customers"))
+        full = full_orders_enriched(orders, customers)
+        expected = _rows(full, full.columns)
+        for name in registry.pipelines:
+            target = spark.read.format("delta").load(paths.target(name))
+            assert _rows(target, full.columns) == expected, (name, round_no)
+        if not round_no:
+            continue
+        chosen = {n: o.strategy for n, o in outcomes.items()}
+        assert all(c is not None for c in chosen.values())
+        # These small tables are read whole: rewritten where the change feed allows it.
+        assert chosen["rewriting"].strategy == "rewrite", chosen["rewriting"]
+        assert chosen["rewriting"].metadata()["change_feed"] == "any"
+        assert chosen["hand_written"].strategy == "rewrite"
+        assert chosen["guarded"].strategy == "full", chosen["guarded"]
+        assert chosen["guarded"].metadata()["change_feed"] == "minimal"
+        for name in rewritten:
+            table = DeltaTable.forPath(spark, paths.target(name))
+            last = table.history(1).collect()[0]
+            assert last["operation"] == "WRITE", (name, last)
+            assert last["operationParameters"]["mode"] == "Overwrite"
+            log = RsDeltaTable(paths.target(name))
+            assert log.transaction_version(f"watermark:{name}") == batch.write_seq
+            stamps = table.toDF().groupBy("_wm_seq", "_wm_batch_id").count().collect()
+            assert [(r[0], r[1]) for r in stamps] == [(batch.write_seq, batch.batch_id)]
+        guarded = DeltaTable.forPath(spark, paths.target("guarded")).history(1).collect()[0]
+        assert guarded["operation"] == "MERGE"
 
 
 def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_isrefused(

@@ -7,11 +7,21 @@ from dataclasses import replace
 
 import pytest
 
-from watermark_dagster.config.pipeline import Strategy, StrategyRun, pipeline, sql_pipeline
+from watermark_dagster.config.pipeline import (
+    ChangeFeed,
+    Pipeline,
+    Strategy,
+    StrategyRun,
+    pipeline,
+    sql_pipeline,
+)
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.read.derive import (
     AUTO_FULL_BELOW_BYTES,
     AUTO_FULL_FRACTION,
+    AUTO_MEASURE_WHOLE_BELOW_BYTES,
     MEASURED_RUNS,
     choose_strategy,
     decide_strategy,
@@ -41,7 +51,7 @@ def test_auto_picks_by_the_share_changed_and_the_snapshots_size(
     assert choice.snapshot_bytes == total
 
 
-@pytest.mark.parametrize("configured", [Strategy.INCREMENTAL, Strategy.FULL])
+@pytest.mark.parametrize("configured", [Strategy.INCREMENTAL, Strategy.FULL, Strategy.REWRITE])
 def test_a_configured_strategy_is_kept_whatever_the_sizes(configured: Strategy) -> None:
     for changed in (0, BIG):
         choice = decide_strategy(configured, changed, BIG, replay=False)
@@ -61,6 +71,7 @@ def test_the_metadata_names_the_choice_its_reason_sizes_and_cost() -> None:
     assert choice.metadata() == {
         "strategy": "full",
         "strategy_reason": choice.reason,
+        "change_feed": "minimal",
         "changed_bytes": 5,
         "snapshot_bytes": 10,
         "strategy_seconds": 1.5,
@@ -159,16 +170,91 @@ def test_a_run_is_scaled_up_to_a_larger_batch_and_never_down() -> None:
     assert estimate_seconds(history, Strategy.FULL, 10, BIG // 8) == (2.0, 1)
 
 
-def test_only_the_newest_runs_count_and_one_strategy_alone_leaves_the_size_rule() -> None:
+def test_only_the_newest_runs_count() -> None:
     old_and_slow = [(Strategy.FULL, 100.0, 1, BIG)] * 3
     recent = [(Strategy.FULL, 1.0, 1, BIG)] * MEASURED_RUNS
     history = _runs(*old_and_slow, *recent, (Strategy.INCREMENTAL, 2.0, 1, BIG))
     assert estimate_seconds(history, Strategy.FULL, 1, BIG) == (1.0, MEASURED_RUNS)
-    # Runs of one strategy only: nothing to compare, so the sizes decide as before.
-    alone = decide_strategy(Strategy.AUTO, 1, BIG, replay=False, history=_runs(*recent))
-    assert alone.strategy is Strategy.INCREMENTAL
-    assert alone.estimates == {}
-    assert "changed" in alone.reason
+
+
+# Large enough for the size rule to pick incremental at 0.1%, small enough to try the whole
+# form once.
+MID = 10 * AUTO_FULL_BELOW_BYTES
+
+
+@pytest.mark.parametrize("rewrite", [False, True])
+def test_one_form_measured_alone_has_the_other_measured_once(rewrite: bool) -> None:
+    whole = Strategy.REWRITE if rewrite else Strategy.FULL
+    changed = int(MID * 0.001)
+    # The whole form measured (a declared pipeline's full load counts as a rewrite): the
+    # size rule's incremental batch is run, and measured.
+    measured_whole = _runs((whole, 1.0, changed, MID))
+    first = decide_strategy(
+        Strategy.AUTO, changed, MID, replay=False, history=measured_whole, rewrite=rewrite
+    )
+    assert first.strategy is Strategy.INCREMENTAL
+    assert "measuring incremental once" in first.reason
+    assert first.estimates == {str(whole): 1.0}
+    # Incremental measured alone: the whole form is run once to measure it...
+    measured_incremental = _runs((Strategy.INCREMENTAL, 9.0, changed, MID))
+    second = decide_strategy(
+        Strategy.AUTO, changed, MID, replay=False, history=measured_incremental, rewrite=rewrite
+    )
+    assert second.strategy is whole
+    assert f"measuring {whole} once" in second.reason
+    # ... but not over snapshots too large to recompute on the off chance.
+    huge = AUTO_MEASURE_WHOLE_BELOW_BYTES
+    kept = decide_strategy(
+        Strategy.AUTO,
+        int(huge * 0.001),
+        huge,
+        replay=False,
+        history=_runs((Strategy.INCREMENTAL, 9.0, changed, MID)),
+        rewrite=rewrite,
+    )
+    assert kept.strategy is Strategy.INCREMENTAL
+    # With both measured, the cheaper runs.
+    both = decide_strategy(
+        Strategy.AUTO,
+        changed,
+        MID,
+        replay=False,
+        history=[*measured_incremental, *measured_whole],
+        rewrite=rewrite,
+    )
+    assert both.strategy is whole
+    assert both.estimates == {str(whole): 1.0, "incremental": 9.0}
+
+
+def test_rewrite_takes_full_s_place_only_where_the_change_feed_may_hold_every_row() -> None:
+    # The size rule's whole form.
+    for changed, total in ((BIG, BIG), (1, AUTO_FULL_BELOW_BYTES - 1)):
+        assert decide_strategy(Strategy.AUTO, changed, total, replay=False).strategy is (
+            Strategy.FULL
+        )
+        allowed = decide_strategy(Strategy.AUTO, changed, total, replay=False, rewrite=True)
+        assert allowed.strategy is Strategy.REWRITE
+        assert allowed.whole is Strategy.REWRITE
+    # Measured runs of a rewrite (an earlier change_feed: any) are not weighed for a
+    # minimal target: full is, against incremental.
+    changed = int(MID * 0.001)
+    history = _runs(
+        (Strategy.REWRITE, 0.5, changed, MID),
+        (Strategy.FULL, 6.0, changed, MID),
+        (Strategy.INCREMENTAL, 4.0, changed, MID),
+    )
+    minimal = decide_strategy(Strategy.AUTO, changed, MID, replay=False, history=history)
+    assert minimal.strategy is Strategy.INCREMENTAL
+    assert "rewrite" not in minimal.estimates
+    anything = decide_strategy(
+        Strategy.AUTO, changed, MID, replay=False, history=history, rewrite=True
+    )
+    assert anything.strategy is Strategy.REWRITE
+    assert anything.estimates == {"rewrite": 0.5, "full": 6.0, "incremental": 4.0}
+    assert anything.reason.startswith("auto: measured rewrite ~0.50 s against incremental")
+    # A replay never rewrites: its snapshots are older than the target.
+    replayed = decide_strategy(Strategy.REWRITE, BIG, BIG, replay=True, rewrite=True)
+    assert replayed.strategy is Strategy.INCREMENTAL
 
 
 @pytest.mark.parametrize("configured", [Strategy.INCREMENTAL, Strategy.FULL])
@@ -180,3 +266,51 @@ def test_history_moves_neither_a_configured_strategy_nor_a_replay(configured: St
     flipped = _runs((Strategy.INCREMENTAL, 50.0, 1, BIG), (Strategy.FULL, 1.0, 1, BIG))
     replayed = decide_strategy(Strategy.AUTO, 1, BIG, replay=True, history=flipped)
     assert replayed.strategy is Strategy.INCREMENTAL
+
+
+def _totals(**options: object) -> Pipeline:
+    return sql_pipeline(
+        name="totals",
+        sql="SELECT customer_id, SUM(amount) AS total FROM payments GROUP BY customer_id",
+        upstreams={"payments": "customer_id"},
+        target="/lake/totals",
+        keys=["customer_id"],
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_a_change_feed_is_minimal_where_a_pipeline_of_the_registry_reads_the_target() -> None:
+    payments = DeltaUpstream(name="payments", path="/lake/payments")
+    totals_upstream = DeltaUpstream(name="totals_up", path="/lake/totals")
+
+    @pipeline(upstreams=["totals_up"], target="/lake/ranked", keys=["customer_id"])
+    def ranked(batch):
+        return batch["totals_up"].changes
+
+    alone = Registry(upstreams=[payments], pipelines=[_totals()])
+    assert alone.change_feed("totals") is ChangeFeed.ANY
+    read = Registry(upstreams=[payments, totals_upstream], pipelines=[_totals(), ranked])
+    assert read.change_feed("totals") is ChangeFeed.MINIMAL
+    assert read.change_feed("ranked") is ChangeFeed.ANY
+    # Declared on the pipeline, it is kept either way: something outside the registry may
+    # read an unread target's change feed, and a reader may accept every row changing.
+    kept = Registry(upstreams=[payments], pipelines=[_totals(change_feed="minimal")])
+    assert kept.change_feed("totals") is ChangeFeed.MINIMAL
+    accepted = Registry(
+        upstreams=[payments, totals_upstream],
+        pipelines=[_totals(strategy="rewrite", change_feed="any"), ranked],
+    )
+    assert accepted.change_feed("totals") is ChangeFeed.ANY
+    # strategy=rewrite on a target a pipeline reads, without saying so, is refused.
+    with pytest.raises(ConfigurationError, match="upstream 'totals_up' of pipeline 'ranked'"):
+        Registry(
+            upstreams=[payments, totals_upstream], pipelines=[_totals(strategy="rewrite"), ranked]
+        )
+
+
+def test_a_change_feed_is_checked_with_the_strategy() -> None:
+    with pytest.raises(ConfigurationError, match=r"change_feed 'all' is not one of"):
+        _totals(change_feed="all")
+    with pytest.raises(ConfigurationError, match="strategy='rewrite' and change_feed='minimal'"):
+        _totals(strategy="rewrite", change_feed="minimal")
+    assert _totals(change_feed="ANY").change_feed is ChangeFeed.ANY

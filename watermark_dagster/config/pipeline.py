@@ -143,7 +143,8 @@ class WriteMode(StrEnum):
     OVERWRITE = "overwrite"
 
 
-StrategyValue = Literal["auto", "incremental", "full"]
+StrategyValue = Literal["auto", "incremental", "full", "rewrite"]
+ChangeFeedValue = Literal["minimal", "any"]
 
 
 class Strategy(StrEnum):
@@ -155,10 +156,16 @@ class Strategy(StrEnum):
       transform and the key paths), or run the hand-written transform.
     * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
       that differ from the target (its change feed carries only keys that changed).
+    * ``rewrite``: run the full transform over the pinned snapshots and overwrite the
+      target with it in one idempotent commit: what a recompute costs, but the target's
+      change feed then holds every row (deleted and inserted again), so only a target whose
+      change feed may say so (``change_feed="any"``, :class:`ChangeFeed`) is rewritten.
     * ``auto`` (default): the strategy the pipeline's own recent batches measured as
-      cheaper, once both have run; before that, ``full`` when the batch changed a large
-      share of the upstreams' bytes, or touched more keys than the driver collects, else
-      ``incremental`` (:mod:`watermark_dagster.read.derive` says how it is decided).
+      cheapest; before they have, the size rule: the whole form (``rewrite``, or ``full``
+      for a ``minimal`` change feed) when the batch changed a large share of the
+      upstreams' bytes or the snapshots are small, or touched more keys than the driver
+      collects, else ``incremental``; each form is measured once before the measurements
+      decide (:mod:`watermark_dagster.read.derive` says how).
 
     A replay always runs ``incremental``: its ranges are older than the target.
     """
@@ -166,6 +173,24 @@ class Strategy(StrEnum):
     AUTO = "auto"
     INCREMENTAL = "incremental"
     FULL = "full"
+    REWRITE = "rewrite"
+
+
+class ChangeFeed(StrEnum):
+    """What a pipeline's target's change data feed promises its readers (``change_feed=``).
+
+    * ``minimal``: a batch's commits carry only the keys whose rows changed, as an
+      incremental batch's do; the ``rewrite`` strategy never runs. The default for a target
+      that a pipeline of the registry reads as an upstream: its batches then read only
+      what changed.
+    * ``any``: a batch may rewrite the whole target, so its change feed may hold every row
+      (each deleted and inserted again). The default for a target no pipeline of the
+      registry reads; set ``change_feed="minimal"`` when something outside it reads the
+      target's change feed.
+    """
+
+    MINIMAL = "minimal"
+    ANY = "any"
 
 
 @dataclass
@@ -183,6 +208,10 @@ class StrategyChoice:
             pipeline's measured history (empty when it decided without one).
         fixed: the strategy may not change during the batch (a replay: its snapshots are
             older than the target, which a full diff would roll back).
+        whole: the form that reads everything this pipeline may use: ``rewrite`` when its
+            target's change feed may hold every row, else ``full``. ``auto`` switches an
+            incremental batch to it when the batch touches more keys than the driver
+            collects.
     """
 
     strategy: Strategy
@@ -192,10 +221,18 @@ class StrategyChoice:
     seconds: float | None = None
     estimates: dict[str, float] = field(default_factory=dict[str, float])
     fixed: bool = False
+    whole: Strategy = Strategy.FULL
 
     def metadata(self) -> dict[str, object]:
         """The choice as materialization metadata."""
-        found: dict[str, object] = {"strategy": str(self.strategy), "strategy_reason": self.reason}
+        found: dict[str, object] = {
+            "strategy": str(self.strategy),
+            "strategy_reason": self.reason,
+            # Whether the target's change feed may hold every row (its readers' promise).
+            "change_feed": str(
+                ChangeFeed.ANY if self.whole is Strategy.REWRITE else ChangeFeed.MINIMAL
+            ),
+        }
         if self.changed_bytes is not None:
             found["changed_bytes"] = self.changed_bytes
         if self.snapshot_bytes is not None:
@@ -276,7 +313,10 @@ class Pipeline:
         partition_by: partition columns the target is created with.
         cluster_by: liquid clustering columns the target is created with.
         strategy: for a declared pipeline or one with a ``full_transform``, ``auto``
-            (default), ``incremental`` or ``full`` (:class:`Strategy`).
+            (default), ``incremental``, ``full`` or ``rewrite`` (:class:`Strategy`).
+        change_feed: what the target's change feed promises, ``minimal`` or ``any``
+            (:class:`ChangeFeed`); by default ``minimal`` when a pipeline of the registry
+            reads the target, else ``any`` (:meth:`Registry.change_feed`).
         storage_options: storage options for the target on an object store (credentials
             as ``EnvRef("VARIABLE")`` or from the environment, never as text).
     """
@@ -295,6 +335,7 @@ class Pipeline:
     cluster_by: tuple[str, ...] = ()
     storage_options: StorageOptions | None = None
     strategy: StrategyValue = "auto"
+    change_feed: ChangeFeedValue | None = None
 
     def __post_init__(self) -> None:
         validate_name("pipeline name", self.name)
@@ -328,6 +369,17 @@ class Pipeline:
                 "declare the pipeline (declared_pipeline, sql_pipeline, or full:/sql: with "
                 "key paths).",
             )
+        if self.change_feed is not None:
+            change_feed = enum_value(ChangeFeed, self.change_feed, "change_feed", owner)
+            object.__setattr__(self, "change_feed", change_feed)
+            if strategy is Strategy.REWRITE and change_feed is ChangeFeed.MINIMAL:
+                raise ConfigurationError(
+                    f"{owner} sets strategy='rewrite' and change_feed='minimal': a rewrite "
+                    "puts every row of the target in its change feed.",
+                    pipeline=self.name,
+                    fix="drop strategy= (auto picks among the others), use strategy='full' "
+                    "(only the rows that differ are written), or set change_feed='any'.",
+                )
         object.__setattr__(self, "upstreams", tuple(self.upstreams))
         object.__setattr__(self, "keys", tuple(self.keys))
         object.__setattr__(self, "partition_by", tuple(self.partition_by))
@@ -461,6 +513,7 @@ def declared_pipeline(
     cluster_by: Sequence[str] = (),
     storage_options: StorageOptions | None = None,
     strategy: StrategyValue = "auto",
+    change_feed: ChangeFeedValue | None = None,
 ) -> Callable[[FullTransform], Pipeline]:
     """Declare a pipeline by its full transform; the incremental one is derived.
 
@@ -500,6 +553,7 @@ def declared_pipeline(
             cluster_by=tuple(cluster_by),
             storage_options=storage_options,
             strategy=strategy,
+            change_feed=change_feed,
         )
 
     return wrap
@@ -518,6 +572,7 @@ def sql_pipeline(
     cluster_by: Sequence[str] = (),
     storage_options: StorageOptions | None = None,
     strategy: StrategyValue = "auto",
+    change_feed: ChangeFeedValue | None = None,
 ) -> Pipeline:
     """Declare a pipeline by one Spark SQL query over views named after its upstreams; the
     incremental form is derived as for :func:`declared_pipeline`.
@@ -549,6 +604,7 @@ def sql_pipeline(
         cluster_by=tuple(cluster_by),
         storage_options=storage_options,
         strategy=strategy,
+        change_feed=change_feed,
     )
 
 
@@ -578,6 +634,7 @@ def pipeline(
     storage_options: StorageOptions | None = None,
     full_transform: FullTransform | None = None,
     strategy: StrategyValue = "auto",
+    change_feed: ChangeFeedValue | None = None,
 ) -> Callable[[Transform], Pipeline]:
     """Declare a pipeline with a decorated transform function (the arguments are those of
     :class:`Pipeline`; give ``target`` or ``table``).
@@ -608,6 +665,7 @@ def pipeline(
             storage_options=storage_options,
             full_transform=full_transform,
             strategy=strategy,
+            change_feed=change_feed,
         )
 
     return wrap

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.pipeline import ChangeFeed, Pipeline
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.errors import ConfigurationError
 
@@ -95,24 +95,13 @@ class Registry:
                 )
             targets[where] = p.name
         self._refuse_cycles()
+        self._refuse_rewrites_read()
 
     def _refuse_cycles(self) -> None:
         """Refuse pipelines that read their own output: a target that is the path of an
         upstream feeding, directly or through other pipelines, the pipeline writing it.
         Every batch would then read what the previous one wrote, without end."""
-        upstreams_at: dict[str, list[str]] = {}
-        for u in self.upstreams.values():
-            upstreams_at.setdefault(_where(u.path, u.table_parts), []).append(u.name)
-        # pipeline -> [(upstream its target is, a pipeline reading that upstream)]
-        feeds = {
-            p.name: [
-                (u, q.name)
-                for u in upstreams_at.get(_where(p.target, p.table_parts), ())
-                for q in self.pipelines.values()
-                if u in q.upstreams
-            ]
-            for p in self.pipelines.values()
-        }
+        feeds = self._feeds()
         state: dict[str, bool] = {}  # False: on the current path; True: explored
 
         def visit(name: str, trail: list[tuple[str, str, str]]) -> None:
@@ -139,6 +128,46 @@ class Registry:
         for name in self.pipelines:
             if name not in state:
                 visit(name, [])
+
+    def _feeds(self) -> dict[str, list[tuple[str, str]]]:
+        """Pipeline -> [(an upstream its target is, a pipeline reading that upstream)]."""
+        upstreams_at: dict[str, list[str]] = {}
+        for u in self.upstreams.values():
+            upstreams_at.setdefault(_where(u.path, u.table_parts), []).append(u.name)
+        return {
+            p.name: [
+                (u, q.name)
+                for u in upstreams_at.get(_where(p.target, p.table_parts), ())
+                for q in self.pipelines.values()
+                if u in q.upstreams
+            ]
+            for p in self.pipelines.values()
+        }
+
+    def _refuse_rewrites_read(self) -> None:
+        """Refuse ``strategy='rewrite'`` on a target another pipeline reads, unless the
+        pipeline says its change feed may hold every row (``change_feed='any'``)."""
+        for name, readers in self._feeds().items():
+            pipeline = self.pipelines[name]
+            if readers and pipeline.strategy == "rewrite" and pipeline.change_feed is None:
+                upstream, reader = readers[0]
+                raise ConfigurationError(
+                    f"Pipeline '{name}' sets strategy='rewrite', but its target is upstream "
+                    f"'{upstream}' of pipeline '{reader}': each batch would put every row "
+                    "of the target in the change feed that pipeline reads.",
+                    pipeline=name,
+                    fix="drop strategy= (auto then never rewrites this target), or set "
+                    "change_feed='any' to accept that its readers see every row change.",
+                )
+
+    def change_feed(self, pipeline: str) -> ChangeFeed:
+        """What ``pipeline``'s target's change feed promises: the pipeline's own
+        ``change_feed``, else ``minimal`` when a pipeline of this registry reads the
+        target (its batches read only what changed), else ``any``."""
+        declared = self.pipelines[pipeline].change_feed
+        if declared is not None:
+            return ChangeFeed(declared)
+        return ChangeFeed.MINIMAL if self._feeds()[pipeline] else ChangeFeed.ANY
 
     def _target_text(self, pipeline: str) -> str:
         found = self.pipelines[pipeline]

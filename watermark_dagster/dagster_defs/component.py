@@ -93,7 +93,8 @@ class PipelineSpec(Resolvable, Model):
     full: str | None = Field(None, description="module:function, the full transform.")
     sql: str | None = Field(None, description="One Spark SQL query over the upstreams.")
     write: Literal["merge", "append", "overwrite"] | None = None
-    strategy: Literal["auto", "incremental", "full"] | None = None
+    strategy: Literal["auto", "incremental", "full", "rewrite"] | None = None
+    change_feed: Literal["minimal", "any"] | None = None
     partition_by: str | list[str] | None = None
     cluster_by: str | list[str] | None = None
     storage_options: dict[str, OptionValue] | None = None

@@ -166,9 +166,9 @@ def _refuse_inside_full(
     ``full`` writes only the rows whose value differs, so a key the batch's range touched
     but whose value ended where it started keeps an older ``_wm_seq``, and a replay placed
     at the origin's position minus one could overwrite it with a value from inside the
-    range (I5). The incremental strategy rewrites every key the range touched, and a
-    hand-written transform is incremental. A replay up to the origin's end writes at the
-    origin's own position and is not refused.
+    range (I5). The incremental strategy rewrites every key the range touched, ``rewrite``
+    every key of the target, and a hand-written transform is incremental. A replay up to
+    the origin's end writes at the origin's own position and is not refused.
 
     Raises:
         ReplayRefusedError: naming the batch, its range, the strategy and the range to ask.
@@ -189,8 +189,8 @@ def _refuse_inside_full(
         if not registry.pipelines[name].chooses_strategy or name in origin.full_load:
             continue  # a load in full stamps every row with the batch's position
         strategy = _strategy_written(store, name, origin.batch_id)
-        if strategy == "incremental":
-            continue
+        if strategy in ("incremental", "rewrite"):
+            continue  # each stamps every key it wrote with the batch's position
         how = f"the {strategy} strategy" if strategy else "a strategy not recorded"
         raise ReplayRefusedError(
             f"Pipeline '{name}': the replay of {upstream} {rng} ends inside batch "

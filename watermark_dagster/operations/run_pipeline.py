@@ -31,7 +31,7 @@ from watermark_dagster.core.records import (
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
-from watermark_dagster.read.derive import choose_strategy, transform_of
+from watermark_dagster.read.derive import choose_strategy, full_load_choice, transform_of
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import WriteResult, existing_target
@@ -304,14 +304,16 @@ def run_pipeline(
         # and the pipeline's measured history (no Spark job).
         replay = batch.kind is BatchKind.REPLAY
         weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
+        change_feed = registry.change_feed(pipeline_name)
         strategy = (
-            None
+            full_load_choice(pipeline, inputs, change_feed)
             if full_load
             else choose_strategy(
                 pipeline,
                 inputs,
                 replay=replay,
                 history=store.strategy_runs(pipeline_name) if weighs_history and not replay else (),
+                change_feed=change_feed,
             )
         )
         context = PinnedBatch(
@@ -331,13 +333,16 @@ def run_pipeline(
         # The fence of a forced change: a batch abandoned while this run read and
         # transformed is not written to (the next batch reads its ranges again, I4).
         _refuse_abandoned(store, pipeline_name, batch_id)
+        # A rewrite (decided above, or by the transform past the keys the driver collects)
+        # overwrites the target with the full transform's output, as a full load does.
+        rewrite = strategy is not None and strategy.strategy is Strategy.REWRITE
         write = write_target(
             spark,
             output,
             pipeline,
             batch_id=batch_id,
             write_seq=batch.write_seq,
-            full_load=full_load,
+            full_load=full_load or rewrite,
             replay=replay,
             retried=attempt > 1,
         )
@@ -412,7 +417,11 @@ def run_pipeline(
         rows_read=outcome.rows_read,
         rows_written=outcome.rows_written,
     )
-    measured = strategy.measured() if strategy is not None and not replay else None
+    # A write Delta skipped (its commit landed before a crash) measured nothing, and may
+    # not be the strategy that wrote the target: recorded as unknown, which a replay
+    # inside the batch treats as `full` (operations/replay.py).
+    measuring = strategy is not None and not replay and not write.already_applied
+    measured = strategy.measured() if measuring and strategy is not None else None
     store.record(
         "PIPELINE_SUCCEEDED",
         actor=run_id,

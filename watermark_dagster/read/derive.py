@@ -55,6 +55,7 @@ from watermark_dagster.config.declared import Declared, paths_for_batch
 from watermark_dagster.config.key_paths import Hop, KeyPath, key_input, restrictable
 from watermark_dagster.config.pipeline import (
     BatchContext,
+    ChangeFeed,
     Pipeline,
     Strategy,
     StrategyChoice,
@@ -67,10 +68,14 @@ from watermark_dagster.read.changes import matching_keys, quoted, recompute
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.read.plan_text import TRUNCATED, PlanNode, analyzed_tree
 
+# The strategies that run the full transform over the pinned snapshots.
+_WHOLE = (Strategy.FULL, Strategy.REWRITE)
+
 
 def transform_of(pipeline: Pipeline) -> Transform:
     """The function a batch runs for ``pipeline``: its hand-written transform (or, on a
-    batch whose strategy is ``full``, its full transform diffed against the target), or
+    batch whose strategy is ``full``, its full transform diffed against the target, and on
+    one whose strategy is ``rewrite`` its full transform, which overwrites the target), or
     the one derived from its declaration."""
     declared = pipeline.declared
     if declared is None:
@@ -82,7 +87,7 @@ def transform_of(pipeline: Pipeline) -> Transform:
 
         def chosen(batch: BatchContext) -> DataFrame:
             choice = batch.strategy
-            if batch.full_load or choice is None or choice.strategy is not Strategy.FULL:
+            if batch.full_load or choice is None or choice.strategy not in _WHOLE:
                 return hand_written(batch)
             snapshots = {u: batch[u].snapshot for u in pipeline.upstreams}
             whole = _checked(pipeline, full_transform(**snapshots))
@@ -97,6 +102,8 @@ def transform_of(pipeline: Pipeline) -> Transform:
                     fix="return the target's columns from the full transform (drop "
                     f"{reserved}); nothing was written.",
                 )
+            if choice.strategy is Strategy.REWRITE:
+                return whole  # the target is overwritten with it (run_pipeline)
             return diff_against_target(batch.spark, whole, pipeline)
 
         chosen.__doc__ = hand_written.__doc__
@@ -126,6 +133,8 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     if batch.full_load:
         return whole
     choice = batch.strategy
+    if choice is not None and choice.strategy is Strategy.REWRITE:
+        return whole  # the target is overwritten with it (run_pipeline): no key is read
     values = _touched_values(paths, batch, snapshots)
     if choice is not None and choice.strategy is Strategy.FULL:
         # The diff's keys that the batch's own changes did not touch had drifted: the
@@ -137,11 +146,13 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
         and pipeline.strategy is Strategy.AUTO
         and not choice.fixed  # a replay stays incremental however many keys it touches
     ):
-        choice.strategy = Strategy.FULL
+        choice.strategy = choice.whole
         choice.reason = (
             f"auto: the batch touched more than {INLINE_KEYS_LIMIT:,} keys "
             f"(INLINE_KEYS_LIMIT); {choice.reason}"
         )
+        if choice.whole is Strategy.REWRITE:
+            return whole
         return diff_against_target(batch.spark, whole, pipeline)
     if values is None:  # more touched keys than the driver holds: joins with a plan
         return _derived_by_joins(pipeline, declared, paths, batch, snapshots, keys)
@@ -386,12 +397,17 @@ def _derived_by_joins(
     return recompute(touched, current, keys)
 
 
-# `auto` runs the full transform when the batch's ranges changed at least this share of
-# the pinned snapshots' bytes, or when the snapshots are this small in all: below it, the
-# incremental form's fixed cost (collecting the touched keys, Delta's MERGE) is more than
-# reading everything once (benchmarks/declared.py, --strategy).
+# `auto`'s size rule: the whole form (``rewrite``, or ``full`` for a ``minimal`` change
+# feed) when the batch's ranges changed at least this share of the pinned snapshots'
+# bytes, or when the snapshots are this small in all: below it, the incremental form's
+# fixed cost (collecting the touched keys, Delta's MERGE) is more than reading everything
+# once (benchmarks/declared.py, --strategy).
 AUTO_FULL_FRACTION = 0.2
 AUTO_FULL_BELOW_BYTES = 16 * 1024 * 1024
+# With measured incremental runs and none of the whole form, `auto` runs the whole form
+# once to measure it when the snapshots hold fewer bytes than this; past it a recompute is
+# too dear to try on the off chance.
+AUTO_MEASURE_WHOLE_BELOW_BYTES = 1024**3
 
 
 # `auto` weighs at most this many of each strategy's newest measured runs (their median).
@@ -404,48 +420,73 @@ def choose_strategy(
     *,
     replay: bool,
     history: Sequence[StrategyRun] = (),
+    change_feed: ChangeFeed = ChangeFeed.MINIMAL,
 ) -> StrategyChoice | None:
     """How ``pipeline`` computes an incremental batch over ``inputs``, decided from the
     Delta log and the pipeline's measured ``history`` alone (no Spark job); None for a
     hand-written pipeline without a full transform.
 
-    ``incremental`` and ``full`` are taken as configured. ``auto`` picks the strategy
-    whose estimated cost for this batch is lower once ``history`` holds runs of both (each
-    estimate the median of that strategy's newest ``MEASURED_RUNS`` runs, each run's
-    seconds scaled up by how much larger this batch's input to it is: the snapshots'
-    bytes for ``full``, the changed bytes for ``incremental``; never scaled down, since a
-    batch's fixed cost does not shrink). Until then it is ``full`` when the ranges changed
-    at least ``AUTO_FULL_FRACTION`` of the snapshots' bytes or the snapshots hold less than
-    ``AUTO_FULL_BELOW_BYTES``, else ``incremental`` (which the derivation still switches to
-    ``full`` past ``INLINE_KEYS_LIMIT`` touched keys). A replay is always ``incremental``:
-    its snapshots are older than the target, which a full diff would roll back.
+    ``incremental``, ``full`` and ``rewrite`` are taken as configured. ``auto`` weighs the
+    strategies the target allows: ``rewrite`` only when its ``change_feed`` is ``any``
+    (:func:`decide_strategy` says how). A replay is always ``incremental``: its snapshots
+    are older than the target, which a full diff or a rewrite would roll back.
     """
     if not pipeline.chooses_strategy:
         return None
-    estimates = [i.bytes_estimate() for i in inputs.values()]
-    known = [e for e in estimates if e is not None]
-    changed = sum(c for c, _ in known) if len(known) == len(estimates) else None
-    total = sum(t for _, t in known) if len(known) == len(estimates) else None
+    changed, total = _sizes(inputs)
     return decide_strategy(
-        Strategy(pipeline.strategy), changed, total, replay=replay, history=history
+        Strategy(pipeline.strategy),
+        changed,
+        total,
+        replay=replay,
+        history=history,
+        rewrite=change_feed is ChangeFeed.ANY,
     )
+
+
+def full_load_choice(
+    pipeline: Pipeline,
+    inputs: Mapping[str, UpstreamInput],
+    change_feed: ChangeFeed = ChangeFeed.MINIMAL,
+) -> StrategyChoice | None:
+    """The record of a declared pipeline's full load: its full transform overwriting the
+    target, the work of a ``rewrite``, so its seconds are ``auto``'s first measure of that
+    strategy (None for a hand-written pipeline, whose full load runs its own transform)."""
+    if pipeline.declared is None:
+        return None
+    changed, total = _sizes(inputs)
+    whole = Strategy.REWRITE if change_feed is ChangeFeed.ANY else Strategy.FULL
+    return StrategyChoice(Strategy.REWRITE, "a full load", changed, total, fixed=True, whole=whole)
+
+
+def _sizes(inputs: Mapping[str, UpstreamInput]) -> tuple[int | None, int | None]:
+    """The bytes the inputs' ranges changed and the bytes of their snapshots, over every
+    upstream (None when the log cannot say for one of them)."""
+    estimates = [i.bytes_estimate() for i in inputs.values()]
+    if any(e is None for e in estimates):
+        return None, None
+    known = [e for e in estimates if e is not None]
+    return sum(c for c, _ in known), sum(t for _, t in known)
 
 
 def estimate_seconds(
     history: Sequence[StrategyRun], strategy: Strategy, changed: int, total: int
 ) -> tuple[float, int] | None:
     """``strategy``'s estimated seconds for a batch that changed ``changed`` bytes of
-    ``total`` snapshot bytes, and how many measured runs it rests on (see
-    :func:`choose_strategy`); None when ``history`` holds no run of it."""
+    ``total`` snapshot bytes, and how many measured runs it rests on: the median of its
+    newest ``MEASURED_RUNS`` runs, each run's seconds scaled up by how much larger this
+    batch's input to it is (the snapshots' bytes for ``full`` and ``rewrite``, the changed
+    bytes for ``incremental``; never scaled down, since a batch's fixed cost does not
+    shrink); None when ``history`` holds no run of it."""
     runs = [r for r in history if r.strategy is strategy][-MEASURED_RUNS:]
     if not runs:
         return None
     scaled = []
     for run in runs:
-        if strategy is Strategy.FULL:
-            now, then = total, run.snapshot_bytes
-        else:
+        if strategy is Strategy.INCREMENTAL:
             now, then = changed, run.changed_bytes
+        else:
+            now, then = total, run.snapshot_bytes
         scaled.append(run.seconds * (max(1.0, now / then) if then else 1.0))
     return statistics.median(scaled), len(runs)
 
@@ -457,40 +498,74 @@ def decide_strategy(
     *,
     replay: bool,
     history: Sequence[StrategyRun] = (),
+    rewrite: bool = False,
 ) -> StrategyChoice:
     """:func:`choose_strategy`'s rule, from the bytes the ranges changed, the snapshots'
-    bytes (None when unknown) and the pipeline's measured runs, oldest first."""
+    bytes (None when unknown), the pipeline's measured runs (oldest first) and whether its
+    target may be rewritten.
+
+    ``auto`` compares the incremental form with the whole one (``rewrite`` when allowed,
+    else ``full``):
+
+    * once both have measured runs, the cheapest of the estimates
+      (:func:`estimate_seconds`) of every allowed strategy with runs;
+    * with neither measured, the size rule: the whole form when the ranges changed at least
+      ``AUTO_FULL_FRACTION`` of the snapshots' bytes or the snapshots hold less than
+      ``AUTO_FULL_BELOW_BYTES``, else ``incremental``;
+    * with one measured, the other once where the size rule would pick it (and the whole
+      form once anyway, under ``AUTO_MEASURE_WHOLE_BELOW_BYTES``): a declared pipeline's
+      full load counts as a ``rewrite`` run, so an incremental batch is measured next.
+    """
+    whole = Strategy.REWRITE if rewrite else Strategy.FULL
     if replay:
-        return StrategyChoice(Strategy.INCREMENTAL, "a replay", changed, total, fixed=True)
+        return StrategyChoice(
+            Strategy.INCREMENTAL, "a replay", changed, total, fixed=True, whole=whole
+        )
     if configured is not Strategy.AUTO:
-        return StrategyChoice(configured, f"configured strategy={configured}", changed, total)
+        return StrategyChoice(
+            configured, f"configured strategy={configured}", changed, total, whole=whole
+        )
     if changed is None or total is None:
         return StrategyChoice(
-            Strategy.INCREMENTAL, "auto: sizes unknown (a cursor upstream)", changed, total
+            Strategy.INCREMENTAL,
+            "auto: sizes unknown (a cursor upstream)",
+            changed,
+            total,
+            whole=whole,
         )
-    full_cost = estimate_seconds(history, Strategy.FULL, changed, total)
-    incremental_cost = estimate_seconds(history, Strategy.INCREMENTAL, changed, total)
-    if full_cost is not None and incremental_cost is not None:
-        estimates = {
-            str(Strategy.FULL): round(full_cost[0], 3),
-            str(Strategy.INCREMENTAL): round(incremental_cost[0], 3),
-        }
-        cheaper = Strategy.FULL if full_cost[0] < incremental_cost[0] else Strategy.INCREMENTAL
-        reason = (
-            f"auto: measured full ~{full_cost[0]:.2f} s against incremental "
-            f"~{incremental_cost[0]:.2f} s for this batch's sizes (medians of the "
-            f"newest {full_cost[1]} and {incremental_cost[1]} runs)"
-        )
-        return StrategyChoice(cheaper, reason, changed, total, estimates=estimates)
+    allowed = [Strategy.INCREMENTAL, Strategy.FULL, *([Strategy.REWRITE] if rewrite else [])]
+    measured = {s: cost for s in allowed if (cost := estimate_seconds(history, s, changed, total))}
     share = changed / total if total else 1.0
     if total < AUTO_FULL_BELOW_BYTES:
-        reason = f"auto: the snapshots hold {total:,} bytes, under {AUTO_FULL_BELOW_BYTES:,}"
-        return StrategyChoice(Strategy.FULL, reason, changed, total)
-    if share >= AUTO_FULL_FRACTION:
-        reason = f"auto: the ranges changed {share:.1%} of the snapshots' bytes"
-        return StrategyChoice(Strategy.FULL, reason, changed, total)
-    reason = f"auto: the ranges changed {share:.1%} of {total:,} snapshot bytes"
-    return StrategyChoice(Strategy.INCREMENTAL, reason, changed, total)
+        sized = f"the snapshots hold {total:,} bytes, under {AUTO_FULL_BELOW_BYTES:,}"
+        by_size = whole
+    elif share >= AUTO_FULL_FRACTION:
+        sized, by_size = f"the ranges changed {share:.1%} of the snapshots' bytes", whole
+    else:
+        sized = f"the ranges changed {share:.1%} of {total:,} snapshot bytes"
+        by_size = Strategy.INCREMENTAL
+
+    def choice(strategy: Strategy, reason: str) -> StrategyChoice:
+        estimates = {str(s): round(cost[0], 3) for s, cost in measured.items()}
+        return StrategyChoice(
+            strategy, f"auto: {reason}", changed, total, estimates=estimates, whole=whole
+        )
+
+    if Strategy.INCREMENTAL in measured and whole in measured:
+        ranked = sorted(measured, key=lambda s: measured[s][0])
+        weighed = " against ".join(f"{s} ~{measured[s][0]:.2f} s" for s in ranked)
+        runs = " and ".join(str(measured[s][1]) for s in ranked)
+        reason = f"measured {weighed} for this batch's sizes (medians of the newest {runs} runs)"
+        return choice(ranked[0], reason)
+    if whole in measured and by_size is Strategy.INCREMENTAL:
+        return choice(Strategy.INCREMENTAL, f"{sized}; measuring incremental once")
+    if (
+        Strategy.INCREMENTAL in measured
+        and by_size is Strategy.INCREMENTAL
+        and total < AUTO_MEASURE_WHOLE_BELOW_BYTES
+    ):
+        return choice(whole, f"{sized}; measuring {whole} once")
+    return choice(by_size, sized)
 
 
 _OLD = "_wm_old_"
