@@ -122,7 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--change", type=_fraction, default=0.01)
     parser.add_argument(
         "--registry",
-        choices=("declared_incremental", "declared_full", "declared", "handwritten"),
+        choices=(
+            "declared_incremental",
+            "declared_full",
+            "declared_rewrite",
+            "declared_minimal",
+            "declared",
+            "handwritten",
+        ),
         default="declared_incremental",
         help="the demo pipelines declared with strategy incremental (default), full or auto "
         "(declared), or written by hand",

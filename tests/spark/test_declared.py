@@ -682,6 +682,63 @@ def test_a_rewrite_overwrites_once_stamps_every_row_and_spares_a_minimal_change_
             assert [(r[0], r[1]) for r in stamps] == [(batch.write_seq, batch.batch_id)]
         guarded = DeltaTable.forPath(spark, paths.target("guarded")).history(1).collect()[0]
         assert guarded["operation"] == "MERGE"
+        # A rewrite reads each snapshot whole and never the range: the rows read are the
+        # snapshots' (from the log), not the range's change rows.
+        for report in outcomes["rewriting"].inputs:
+            assert report.mode == "SNAPSHOT", report
+            assert report.start_version is None
+            snapshot = spark.read.format("delta").load(paths.upstream(report.upstream))
+            assert report.rows_read == snapshot.count(), report
+
+
+def test_a_rewrite_of_several_rows_for_one_key_fails_its_write_and_commits_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The rewrite's duplicate check runs inside the write's own job (no persisted copy, no
+    summary job): a customer id held twice upstream gives its orders two rows each, the
+    write job fails naming one of those keys, and the target keeps its version."""
+    paths = DemoPaths(tmp_path / "wm")
+    seed(spark, paths)
+    registry = Registry(
+        upstreams=demo_upstreams(paths),
+        pipelines=[
+            sql_pipeline(
+                name="enriched",
+                sql=ENRICHED_SQL,
+                upstreams={"orders": "order_id", "customers": JOIN},
+                target=paths.target("enriched"),
+                keys=["order_id"],
+                strategy="rewrite",
+            )
+        ],
+    )
+    store = WatermarkStore(paths.control_root)
+    run_cycle(spark, registry, store)  # the first load
+    target = paths.target("enriched")
+    version = RsDeltaTable(target).version()
+    orders = spark.read.format("delta").load(paths.upstream("orders"))
+    twice = orders.where("customer_id IS NOT NULL").first()
+    assert twice is not None
+    duplicate = spark.createDataFrame(
+        [(twice["customer_id"], "Twin", "Oslo")], "customer_id long, name string, city string"
+    )
+    duplicate.write.format("delta").mode("append").save(paths.upstream("customers"))
+    look = look_before_planning(registry, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+    with pytest.raises(TerminalError, match=r"several rows for key \{'order_id': \d+\}") as refused:
+        execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=registry,
+            pipeline_name="enriched",
+            batch_id=batch.batch_id,
+            run_id="test",
+        )
+    key = int(str(refused.value).split("'order_id': ")[1].split("}")[0])
+    doubled = orders.where(f"customer_id = {twice['customer_id']}").select("order_id")
+    assert key in {r[0] for r in doubled.collect()}
+    assert RsDeltaTable(target).version() == version  # nothing committed
 
 
 def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_isrefused(

@@ -27,6 +27,7 @@ from watermark_dagster.read.derive import (
     decide_strategy,
     estimate_seconds,
 )
+from watermark_dagster.write.targets import DUPLICATE_KEY_MARKER, duplicate_key_in
 
 BIG = 100 * AUTO_FULL_BELOW_BYTES
 
@@ -314,3 +315,20 @@ def test_a_change_feed_is_checked_with_the_strategy() -> None:
     with pytest.raises(ConfigurationError, match="strategy='rewrite' and change_feed='minimal'"):
         _totals(strategy="rewrite", change_feed="minimal")
     assert _totals(change_feed="ANY").change_feed is ChangeFeed.ANY
+
+
+def test_the_key_a_rewrite_s_write_job_failed_at_is_read_from_spark_s_error() -> None:
+    """Spark's error text for the rewrite's duplicate check, as PySpark raises it locally
+    and over Spark Connect (the marker and the key as JSON inside a longer message)."""
+    local = Exception(
+        "An error occurred while calling o123.save.\n: org.apache.spark.SparkRuntimeException: "
+        f'[USER_RAISED_EXCEPTION] {DUPLICATE_KEY_MARKER}{{"order_id":42,"region":null}} '
+        "SQLSTATE: P0001\n\tat org.apache.spark..."
+    )
+    assert duplicate_key_in(local) == {"order_id": 42, "region": None}
+    connect = Exception(f'[USER_RAISED_EXCEPTION] {DUPLICATE_KEY_MARKER}{{"id":"a}}b"}}')
+    assert duplicate_key_in(connect) == {"id": "a}b"}
+    assert duplicate_key_in(Exception("[DELTA_CONCURRENT_APPEND] another writer")) is None
+    # Cut short (a message Spark truncated): still named, as text.
+    cut = duplicate_key_in(Exception(f'{DUPLICATE_KEY_MARKER}{{"id": 4'))
+    assert cut == {"key": '{"id": 4'}

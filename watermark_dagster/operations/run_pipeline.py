@@ -275,14 +275,35 @@ def run_pipeline(
             # the pipeline reloads from snapshots of every upstream at their pinned ends.
             full_load = True
             inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=True)
+        # The incremental or whole form of a pipeline that has both, decided from the log
+        # and the pipeline's measured history (no Spark job).
+        replay = batch.kind is BatchKind.REPLAY
+        weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
+        change_feed = registry.change_feed(pipeline_name)
+        strategy = (
+            full_load_choice(pipeline, inputs, change_feed)
+            if full_load
+            else choose_strategy(
+                pipeline,
+                inputs,
+                replay=replay,
+                history=store.strategy_runs(pipeline_name) if weighs_history and not replay else (),
+                change_feed=change_feed,
+            )
+        )
+        # A rewrite reads each upstream's snapshot whole, never its range: the rows read are
+        # the snapshot's (from the log), and the range is not read at all.
+        rewriting = strategy is not None and strategy.strategy is Strategy.REWRITE
         reports = tuple(
             InputReport(
                 upstream=u,
-                mode=i.mode.value,
-                start_version=i.range.start if i.range and not i.reads_snapshot else None,
+                mode=ReadMode.SNAPSHOT.value if rewriting else i.mode.value,
+                start_version=(
+                    i.range.start if i.range and not (i.reads_snapshot or rewriting) else None
+                ),
                 end_version=i.snapshot_version,
-                rows_read=i.count_rows(),
-                files_read=i.files_read,
+                rows_read=i.snapshot_rows() if rewriting else i.count_rows(),
+                files_read=None if rewriting else i.files_read,
                 window=str(i.window) if i.window is not None else None,
             )
             for u, i in inputs.items()
@@ -300,22 +321,6 @@ def run_pipeline(
                 r.rows_read,
                 f" files_read={r.files_read}" if r.files_read is not None else "",
             )
-        # The incremental or full form of a pipeline that has both, decided from the log
-        # and the pipeline's measured history (no Spark job).
-        replay = batch.kind is BatchKind.REPLAY
-        weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
-        change_feed = registry.change_feed(pipeline_name)
-        strategy = (
-            full_load_choice(pipeline, inputs, change_feed)
-            if full_load
-            else choose_strategy(
-                pipeline,
-                inputs,
-                replay=replay,
-                history=store.strategy_runs(pipeline_name) if weighs_history and not replay else (),
-                change_feed=change_feed,
-            )
-        )
         context = PinnedBatch(
             batch_id, batch.seq, pipeline_name, inputs, spark, full_load, strategy
         )

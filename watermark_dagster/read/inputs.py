@@ -207,6 +207,31 @@ class UpstreamInput:
         except Exception as e:  # Spark's errors are matched by their text
             raise unreadable(self._upstream, self.describe(), e) from e
 
+    def snapshot_rows(self) -> int:
+        """Rows of the pinned snapshot: what a batch that reads the snapshot whole reads.
+
+        From the Delta log's file statistics (no Spark job) when every file has a row
+        count and the table cannot have deletion vectors (whose removed rows the log's
+        file list does not show); else counted by Spark (Delta answers a plain count from
+        the log too). 0 for NOOP.
+
+        Raises:
+            UpstreamUnreadableError: the snapshot cannot be read.
+        """
+        if self.mode is ReadMode.NOOP:
+            return 0
+        if self.window is None and self.snapshot_version is not None:
+            table = table_at(self._upstream, self.snapshot_version)
+            features = table.protocol().reader_features or []
+            files = pa.table(table.get_add_actions())
+            counts = files.column("num_records").to_pylist() if files.num_rows else []
+            if "deletionVectors" not in features and all(c is not None for c in counts):
+                return sum(int(c) for c in counts)
+        try:
+            return self.snapshot.count()
+        except Exception as e:  # Spark's errors are matched by their text
+            raise unreadable(self._upstream, self.describe(), e) from e
+
     def bytes_estimate(self) -> tuple[int, int] | None:
         """``(bytes the pinned range changed, bytes of the pinned snapshot)`` from the Delta
         log alone, before any Spark job (:func:`commit_change_bytes` per commit, and the

@@ -113,14 +113,16 @@ def prepare_changes(
 
 
 def duplicate_key_error(
-    summary: OutputSummary, *, pipeline: str, batch_id: str
+    summary: OutputSummary | Mapping[str, Any], *, pipeline: str, batch_id: str
 ) -> TerminalError | None:
-    """The error for a transform output holding several rows of one key, if it does."""
-    if summary.duplicate is None:
+    """The error for a transform output holding several rows of one key, if it does:
+    ``summary`` is the output's summary, or the duplicated key itself."""
+    duplicate = summary.duplicate if isinstance(summary, OutputSummary) else summary
+    if duplicate is None:
         return None
     return TerminalError(
         f"Pipeline '{pipeline}': the transform returned several rows for key "
-        f"{summary.duplicate} and no {COMMIT_VERSION} column to pick the latest.",
+        f"{dict(duplicate)} and no {COMMIT_VERSION} column to pick the latest.",
         pipeline=pipeline,
         batch_id=batch_id,
         fix=f"return one row per key, or include {COMMIT_VERSION}.",

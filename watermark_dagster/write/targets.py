@@ -18,15 +18,18 @@ check), commits nothing when there is nothing to change, and reports the metrics
 own commits only.
 """
 
+import json
 import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
+import pyarrow as pa
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -131,6 +134,8 @@ def _txn_write(
             )
             return WriteResult.nothing(table.version(), already_applied=True)
     merge = pipeline.write is WriteMode.MERGE
+    if merge and overwrite and table is not None:
+        return _rewrite(spark, output, pipeline, table, batch_id=batch_id, write_seq=write_seq)
     if merge:
         frame = prepare_changes(
             output,
@@ -169,6 +174,110 @@ def _txn_write(
         frame.unpersist()
 
 
+# Spark's error when a rewrite's output holds several rows of one key starts with this,
+# followed by the key as JSON: the write job itself fails, so Delta commits nothing.
+DUPLICATE_KEY_MARKER = "watermark-duplicate-key:"
+_KEY_ROWS = "_wm_key_rows"
+
+
+def refusing_duplicate_keys(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """``frame``, failing the Spark job that reads it at the first key with several rows
+    (``DUPLICATE_KEY_MARKER`` and the key): the duplicate check of a write that is not
+    persisted and summarised first. NULL keys are one key, as the MERGE matches them."""
+    columns = [quoted(k) for k in keys]
+    rows = F.count(F.lit(1)).over(Window.partitionBy(*columns))
+    message = F.concat(F.lit(DUPLICATE_KEY_MARKER), F.to_json(F.struct(*columns)))
+    refused = F.when(F.col(_KEY_ROWS) > 1, F.raise_error(message)).otherwise(F.lit(True))
+    return frame.withColumn(_KEY_ROWS, rows).where(refused).drop(_KEY_ROWS)
+
+
+def duplicate_key_in(error: BaseException) -> dict[str, Any] | None:
+    """The key :func:`refusing_duplicate_keys` failed a job at, read from Spark's error
+    (a Py4J or a Spark Connect one); None for any other error."""
+    text = str(error)
+    at = text.find(DUPLICATE_KEY_MARKER)
+    if at < 0:
+        return None
+    try:
+        found, _ = json.JSONDecoder().raw_decode(text[at + len(DUPLICATE_KEY_MARKER) :])
+    except ValueError:
+        return {"key": text[at + len(DUPLICATE_KEY_MARKER) :][:200]}
+    return found if isinstance(found, dict) else {"key": found}
+
+
+def _target_rows(table: RsDeltaTable) -> int:
+    """Rows the target's files hold by the log's statistics (0 where a file has none): the
+    size a rewrite is laid out for, before it is computed."""
+    files = pa.table(table.get_add_actions())
+    if not files.num_rows:
+        return 0
+    return sum(int(c or 0) for c in files.column("num_records").to_pylist())
+
+
+def _rewrite(
+    spark: SparkSession,
+    output: DataFrame,
+    pipeline: Pipeline,
+    table: RsDeltaTable,
+    *,
+    batch_id: str,
+    write_seq: int,
+) -> WriteResult:
+    """Overwrite an existing target with ``output`` (the full transform's rows), every row
+    stamped with ``write_seq``, in one commit carrying the batch's Delta transaction.
+
+    Computed once, by the write's own job: no persisted copy and no summary job before
+    it. A key with several rows fails that job (:func:`refusing_duplicate_keys`) and
+    nothing is committed; the rows written are counted by Delta's commit metrics.
+
+    Raises:
+        TerminalError: several rows of one key (without ``_commit_version``), or delete
+            rows with a key column missing.
+    """
+    frame = prepare_changes(
+        output,
+        keys=pipeline.keys,
+        batch_seq=write_seq,
+        batch_id=batch_id,
+        pipeline=pipeline.name,
+    )
+    estimate = _target_rows(table)
+    # Laid out first, then checked: on a target clustered by its keys the check's window
+    # reads the layout's range partitions in their order, with no shuffle of its own.
+    schema = _without_deletes(frame).schema
+    layout = target_layout(
+        spark,
+        schema,
+        keys=pipeline.keys,
+        merge=True,
+        partition_by=pipeline.partition_by,
+        cluster_by=pipeline.cluster_by,
+    )
+    frame = laid_out(spark, frame, estimate, layout)
+    if COMMIT_VERSION not in output.columns:  # else prepare_changes kept one row per key
+        frame = refusing_duplicate_keys(frame, pipeline.keys)
+    try:
+        return _commit(
+            spark,
+            _without_deletes(frame),
+            pipeline,
+            count=estimate,
+            counted=False,
+            table=table,
+            overwrite=True,
+            label=new_label(pipeline.name, batch_id, write_seq),
+            app_id=transaction_app_id(pipeline),
+            write_seq=write_seq,
+        )
+    except Exception as e:
+        duplicate = duplicate_key_in(e)
+        if duplicate is None:
+            raise
+        error = duplicate_key_error(duplicate, pipeline=pipeline.name, batch_id=batch_id)
+        assert error is not None
+        raise error from None
+
+
 def _commit(
     spark: SparkSession,
     rows: DataFrame,
@@ -180,7 +289,11 @@ def _commit(
     label: str,
     app_id: str,
     write_seq: int,
+    counted: bool = True,
 ) -> WriteResult:
+    """Commit ``rows``: ``count`` of them, laid out here for an overwrite; when not
+    ``counted``, the caller laid them out, and the write is made even when it may be
+    empty."""
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     target = pipeline.target
     before = None if table is None else table.version()
@@ -191,6 +304,7 @@ def _commit(
     # Nothing to add; an overwrite still has to empty a target that holds rows.
     if (
         table is not None
+        and counted
         and count == 0
         and not replace_schema
         and (not overwrite or not table.file_uris())
@@ -205,7 +319,7 @@ def _commit(
         partition_by=pipeline.partition_by,
         cluster_by=pipeline.cluster_by,
     )
-    if overwrite:
+    if overwrite and counted:
         rows = laid_out(spark, rows, count, layout)
     writer = (
         rows.write.format("delta")
