@@ -461,20 +461,20 @@ def test_a_computed_key_is_followed_to_its_column_and_computed_as_the_query_does
     assert by_day.declared is not None
     assert by_day.declared.inferred is not None
     assert {u: [str(p) for p in ps] for u, ps in by_day.declared.inferred.items()} == {
-        "orders": ["created_at => CAST(created_at AS DATE)"],
+        "orders": ["created_at => DATE(created_at)"],
         "payments": [
-            "payments.order_id -> orders.order_id -> orders.created_at => CAST(created_at AS DATE)"
+            "payments.order_id -> orders.order_id -> orders.created_at => DATE(created_at)"
         ],
     }
     # `watermark list` and the UI show the declared path as a batch follows it.
     assert describe(by_day.declared)["key_paths"] == {
-        "orders": "created_at => CAST(created_at AS DATE)",
+        "orders": "created_at => DATE(created_at)",
         "payments": "payments.order_id -> orders.order_id -> orders.created_at "
-        "=> CAST(created_at AS DATE)",
+        "=> DATE(created_at)",
     }
-    # The expression reads the path's end column under a name of its own, so that it
-    # applies to any path's end whatever the column is called there.
-    assert by_day.declared.inferred["orders"][0].computed == (f"CAST(`{key_input(0)}` AS DATE)",)
+    # The expression is the query's own text, reading the path's end column under a name
+    # of its own, so that it applies to any path's end whatever the column is called there.
+    assert by_day.declared.inferred["orders"][0].computed == (f"DATE(`{key_input(0)}`)",)
     # A plain key beside a computed one computes nothing.
     two = _load(
         "SELECT o.customer_id, DATE(o.created_at) AS day, COUNT(*) AS n FROM orders o\n"
@@ -486,7 +486,7 @@ def test_a_computed_key_is_followed_to_its_column_and_computed_as_the_query_does
     assert two.declared.inferred is not None
     assert two.declared.inferred["orders"][0].computed == (
         None,
-        f"CAST(`{key_input(1)}` AS DATE)",
+        f"DATE(`{key_input(1)}`)",
     )
 
 

@@ -164,7 +164,12 @@ def check_sql(
             )
     try:
         inferred = infer(
-            query, upstreams=list(paths), keys=keys, schemas=schemas, known=_named(paths)
+            query,
+            upstreams=list(paths),
+            keys=keys,
+            schemas=schemas,
+            known=_named(paths),
+            source=sql,
         )
     except Refusal as refusal:
         raise checked.refuse(

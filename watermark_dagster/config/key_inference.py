@@ -42,7 +42,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from sqlglot import exp
+import sqlglot
+from sqlglot import TokenType, exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.optimizer.scope import Scope, build_scope
 
 from watermark_dagster.config.key_paths import Hop, KeyPath, key_input
@@ -891,8 +893,11 @@ def infer(
     keys: Sequence[str],
     schemas: Mapping[str, Sequence[str]] | None = None,
     known: Mapping[str, set[str]] | None = None,
+    source: str | None = None,
 ) -> Inference:
-    """The key path of every upstream reference of ``query`` (see the module docstring).
+    """The key path of every upstream reference of ``query`` (see the module docstring);
+    ``source`` is the text ``query`` was parsed from (a key computed by an expression is
+    refused without it).
 
     Raises:
         Refusal: a key is computed or NULL-extended, a window is not per key, or a
@@ -915,7 +920,7 @@ def infer(
         node = top.node(name)
         expression: str | None = None
         if node is None and name in top.computed and name not in top.repeated:
-            node, expression = _key_input(graph, query, key, position, *top.computed[name])
+            node, expression = _key_input(graph, query, key, position, source, *top.computed[name])
         if node in graph.unknown:
             return Inference({}, open=True, graph=graph)
         if node is None:
@@ -1012,6 +1017,7 @@ def _key_input(
     query: exp.Query,
     key: str,
     position: int,
+    source: str | None,
     expression: exp.Expr,
     resolve: Callable[[exp.Column], Node | None],
 ) -> tuple[Node | None, str]:
@@ -1083,8 +1089,128 @@ def _key_input(
     def put(node: exp.Expr) -> exp.Expr:
         return exp.column(placeholder, quoted=True) if isinstance(node, exp.Column) else node
 
-    template: exp.Expr = expression.copy().transform(put)
-    return nodes[0], str(template.sql(dialect="spark"))
+    # The batch evaluates the key's expression as the query wrote it: sqlglot writing it
+    # back may change what Spark computes (TO_CHAR as a CAST, LOG10 as LOG, a format's
+    # quoted letters), so the template is the query's own text with the column replaced,
+    # and sqlglot only checks that the text taken is that expression.
+    template = _own_text(source, expression, placeholder) if source else None
+    try:
+        taken = sqlglot.parse_one(template, read="spark") if template else None
+        while isinstance(taken, exp.Paren):
+            taken = taken.this
+        same = taken is not None and taken.sql(dialect="spark") == expression.copy().transform(
+            put
+        ).sql(dialect="spark")
+    except Exception:  # sqlglot cannot read or write it back: not proven
+        same = False
+    if template is None or not same:
+        raise Refusal(
+            where,
+            f"computes the key column '{key}' with an expression whose text this analysis "
+            "cannot take from the query to apply to a changed row's value",
+            fix,
+        )
+    return nodes[0], template
+
+
+_OPENING = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE}
+_CLOSING = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE}
+# What ends a SELECT list.
+_AFTER_LIST = {
+    TokenType.FROM,
+    TokenType.WHERE,
+    TokenType.GROUP_BY,
+    TokenType.HAVING,
+    TokenType.ORDER_BY,
+    TokenType.LIMIT,
+    TokenType.UNION,
+    TokenType.EXCEPT,
+    TokenType.INTERSECT,
+    TokenType.SEMICOLON,
+}
+
+
+def _own_text(source: str, expression: exp.Expr, placeholder: str) -> str | None:
+    """The text of ``expression`` (a projection of its SELECT, or the expression an alias
+    names) as ``source`` spells it, each column reference replaced by ``placeholder``
+    (quoted); None when its place in ``source`` cannot be told from the parse.
+
+    The SELECT is found from a column's place in the text (the nearest SELECT before it
+    that encloses it), its list split at the commas outside parentheses, and the item at
+    the projection's position taken, without its alias."""
+    projection: exp.Expr = expression
+    while projection.parent is not None and not isinstance(projection.parent, exp.Select):
+        projection = projection.parent
+    select = projection.parent
+    if not isinstance(select, exp.Select) or projection.arg_key != "expressions":
+        return None
+    position = next((i for i, p in enumerate(select.expressions) if p is projection), None)
+    columns = list(expression.find_all(exp.Column))
+    places = [
+        [(p.meta.get("start"), p.meta.get("end")) for p in c.parts if isinstance(p, exp.Identifier)]
+        for c in columns
+    ]
+    if (
+        position is None
+        or not columns
+        or any(not ps or any(a is None or b is None for a, b in ps) for ps in places)
+    ):
+        return None
+    spans = [
+        (min(cast("int", a) for a, _ in ps), max(cast("int", b) for _, b in ps) + 1)
+        for ps in places
+    ]
+    tokens = Dialect.get_or_raise("spark").tokenize(source)
+    anchor = next((i for i, t in enumerate(tokens) if t.start == spans[0][0]), None)
+    if anchor is None:
+        return None
+    depth, opened = 0, None
+    for i in range(anchor - 1, -1, -1):  # back to this SELECT
+        kind = tokens[i].token_type
+        if kind in _CLOSING:
+            depth += 1
+        elif kind in _OPENING and depth:
+            depth -= 1
+        elif kind is TokenType.SELECT and not depth:
+            opened = i
+            break
+    if opened is None:
+        return None
+    items: list[tuple[int, int]] = []  # token ranges of the list's items, end exclusive
+    first, depth = opened + 1, 0
+    while first < len(tokens) and tokens[first].token_type in (TokenType.DISTINCT, TokenType.ALL):
+        first += 1
+    for i in range(first, len(tokens) + 1):
+        kind = tokens[i].token_type if i < len(tokens) else TokenType.SEMICOLON
+        if kind in _OPENING:
+            depth += 1
+        elif kind in _CLOSING and depth:
+            depth -= 1
+        elif depth == 0 and (kind is TokenType.COMMA or kind in _AFTER_LIST or kind in _CLOSING):
+            items.append((first, i))
+            first = i + 1
+            if kind is not TokenType.COMMA:
+                break
+    if len(items) != len(select.expressions):
+        return None
+    low_token, high_token = items[position]
+    if isinstance(projection, exp.Alias):
+        name = projection.args.get("alias")
+        start = name.meta.get("start") if isinstance(name, exp.Identifier) else None
+        at = next((i for i in range(low_token, high_token) if tokens[i].start == start), None)
+        if at is None:
+            return None
+        high_token = at - 1 if tokens[at - 1].token_type is TokenType.ALIAS else at
+    if high_token <= low_token:
+        return None
+    low, high = tokens[low_token].start, tokens[high_token - 1].end + 1
+    if any(not low <= begin < end <= high for begin, end in spans):
+        return None
+    text = source[low:high]
+    quoted = f"`{placeholder}`"
+    for begin, end in sorted(spans, reverse=True):
+        text = text[: begin - low] + quoted + text[end - low :]
+    return text
 
 
 def _projection(query: exp.Query, name: str) -> exp.Expr:

@@ -123,6 +123,7 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
     paths = key_paths(pipeline, declared, snapshots)
     for path in (p for ps in paths.values() for p in ps):
         _check_columns(pipeline, path, snapshots)
+    _check_computed_ends(pipeline, paths, snapshots)
     # The full transform over the whole snapshots: Spark analyses it (no job) so that what
     # it reads and how it computes can be checked before anything is written.
     whole = _checked(pipeline, full(declared, snapshots, batch))
@@ -316,7 +317,7 @@ def flag_untouched(
         return changes
     hit = "_wm_hit"
     if len(keys) == 1:
-        touched = _one_of(quoted(keys[0]), values)
+        touched = _one_of(quoted(keys[0]), values, changes.schema[keys[0]].dataType)
         return changes.withColumn(UNTOUCHED, ~F.coalesce(touched, F.lit(False)))
     names = [f"_wm_touched{i}" for i in range(len(keys))]
     schema = changes.select(*[quoted(k).alias(n) for k, n in zip(keys, names, strict=True)])
@@ -328,11 +329,23 @@ def flag_untouched(
     return joined.withColumn(UNTOUCHED, F.col(hit).isNull()).drop(hit, *names)
 
 
-def _one_of(column: Column, values: list[tuple[object, ...]]) -> Column:
-    """``column`` equals the first item of one of ``values``, NULL equal to NULL: an
-    ``IN`` (which Delta also skips files with), or'd with ``IS NULL`` for a NULL value."""
+def _one_of(column: Column, values: list[tuple[object, ...]], dtype: T.DataType) -> Column:
+    """``column`` (of type ``dtype``) equals the first item of one of ``values``, NULL
+    equal to NULL: an ``IN`` (which Delta also skips files with), or'd with ``IS NULL``
+    for a NULL value.
+
+    A TIMESTAMP_NTZ value goes in as its text cast back to TIMESTAMP_NTZ: PySpark would
+    make a naive datetime a TIMESTAMP in the driver's own time zone, which the comparison
+    then reads in the session's, so a driver outside the session's zone matched nothing."""
     present = [v[0] for v in values if v[0] is not None]
-    condition = column.isin(present) if present else F.lit(False)
+    if isinstance(dtype, T.TimestampNTZType):
+        items: list[object] = [
+            F.lit(v.isoformat(sep=" ")).cast(dtype) if isinstance(v, datetime) else v
+            for v in present
+        ]
+    else:
+        items = list(present)
+    condition = column.isin(items) if items else F.lit(False)
     if len(present) < len(values):
         condition = condition | column.isNull()
     return condition
@@ -345,7 +358,8 @@ def where_in(frame: DataFrame, columns: list[str], values: list[tuple[object, ..
     if not values:
         return frame.where(F.lit(False))
     if len(columns) == 1:
-        return frame.where(_one_of(quoted(columns[0]), values))
+        dtype = frame.select(quoted(columns[0])).schema.fields[0].dataType
+        return frame.where(_one_of(quoted(columns[0]), values, dtype))
     schema = frame.select(*[quoted(c) for c in columns]).schema
     local = frame.sparkSession.createDataFrame(values, schema)
     return matching_keys(frame, local, columns)
@@ -667,6 +681,52 @@ def _check_columns(pipeline: Pipeline, path: KeyPath, snapshots: Mapping[str, Da
                 upstream=upstream,
                 fix="fix the key path in the pipeline's declaration; nothing was written.",
             )
+
+
+def _check_computed_ends(
+    pipeline: Pipeline,
+    paths: Mapping[str, tuple[KeyPath, ...]],
+    snapshots: Mapping[str, DataFrame],
+) -> None:
+    """A key computed by an expression is applied to the values each path reaches at its
+    end column; refused (from the schemas: no Spark job) where those columns are only
+    equal under ``=``, not identical: of different types (the query compares them after
+    a conversion: '07' = 7), or of several columns whose equal values can differ as the
+    expression reads them (-0.0 = 0.0 for a floating type, 'A' = 'a' under a collation).
+    A changed row's value would then give another key than the query computes."""
+    for position, key in enumerate(pipeline.keys):
+        ends: dict[tuple[str, str], T.DataType] = {}
+        for path in (p for ps in paths.values() for p in ps):
+            if position >= len(path.computed) or path.computed[position] is None:
+                continue
+            table = path.hops[-1].upstream if path.hops else path.upstream
+            column = path.end[position]
+            ends[(table, column)] = snapshots[table].schema[column].dataType
+        kinds = {d.simpleString() for d in ends.values()}
+        loose = len(ends) > 1 and any(_equal_not_identical(d) for d in ends.values())
+        if len(kinds) > 1 or loose:
+            columns = ", ".join(f"{t}.{c} {d.simpleString()}" for (t, c), d in ends.items())
+            raise TerminalError(
+                f"Pipeline '{pipeline.name}': its key '{key}' is computed from columns the "
+                f"query holds equal ({columns}) whose equal values can differ as the "
+                "expression reads them (compared after a conversion, or -0.0 = 0.0, or "
+                "under a collation): a changed row's value would give another key than the "
+                "query computes.",
+                pipeline=pipeline.name,
+                fix="join those columns as one type (CAST in the query's own terms on both "
+                "sides, or in the upstreams), or key the target by the column itself; nothing "
+                "was written.",
+            )
+
+
+def _equal_not_identical(dtype: T.DataType) -> bool:
+    """Values of ``dtype`` can be equal under ``=`` and still differ (floating point's
+    -0.0 and 0.0, strings under a collation other than the binary one)."""
+    if isinstance(dtype, T.FloatType | T.DoubleType):
+        return True
+    if isinstance(dtype, T.StringType):
+        return getattr(dtype, "collation", "UTF8_BINARY") not in ("UTF8_BINARY", None)
+    return "float" in dtype.simpleString() or "double" in dtype.simpleString()
 
 
 def _checked(pipeline: Pipeline, output: object) -> DataFrame:
