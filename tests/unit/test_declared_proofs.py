@@ -469,8 +469,7 @@ def test_a_computed_key_is_followed_to_its_column_and_computed_as_the_query_does
     # `watermark list` and the UI show the declared path as a batch follows it.
     assert describe(by_day.declared)["key_paths"] == {
         "orders": "created_at => DATE(created_at)",
-        "payments": "payments.order_id -> orders.order_id -> orders.created_at "
-        "=> DATE(created_at)",
+        "payments": "payments.order_id -> orders.order_id -> orders.created_at => DATE(created_at)",
     }
     # The expression is the query's own text, reading the path's end column under a name
     # of its own, so that it applies to any path's end whatever the column is called there.
