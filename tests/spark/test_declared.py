@@ -514,14 +514,7 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             target = spark.read.format("delta").load(paths.target(name))
             assert _rows(target, full.columns) == expected, (name, round_no)
         if not round_no:
-            assert all(o.full_load for o in outcomes.values())
-            # A declared pipeline's full load is recorded as the rewrite it is (auto's
-            # first measure of that strategy); a hand-written one's runs its own transform.
-            assert outcomes["hand_written"].strategy is None
-            for name in ("incremental", "full", "switching"):
-                loaded = outcomes[name].strategy
-                assert loaded is not None
-                assert (loaded.strategy, loaded.reason) == ("rewrite", "a full load")
+            assert all(o.full_load and o.strategy is None for o in outcomes.values())
             for name in ("incremental", "full", "hand_written"):  # read downstream
                 DeltaTable.forPath(spark, paths.target(name))  # exists
                 spark.sql(
@@ -544,12 +537,7 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
             meta = switching.metadata()
             # Each run's strategy and cost is in its PIPELINE_SUCCEEDED history row.
             runs = store.strategy_runs(name)
-            loaded = ["rewrite"] if name == "switching" else []
-            assert [str(r.strategy) for r in runs] == [
-                *loaded,
-                *cycle[1:round_no],
-                meta["strategy"],
-            ]
+            assert [str(r.strategy) for r in runs] == [*cycle[1:round_no], meta["strategy"]]
             assert runs[-1].seconds == switching.seconds
             if switch_to != "auto":
                 assert meta["strategy"] == switch_to, (name, meta)

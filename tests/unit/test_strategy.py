@@ -187,8 +187,8 @@ MID = 10 * AUTO_FULL_BELOW_BYTES
 def test_one_form_measured_alone_has_the_other_measured_once(rewrite: bool) -> None:
     whole = Strategy.REWRITE if rewrite else Strategy.FULL
     changed = int(MID * 0.001)
-    # The whole form measured (a declared pipeline's full load counts as a rewrite): the
-    # size rule's incremental batch is run, and measured.
+    # The whole form measured alone: the size rule's incremental batch is run, and
+    # measured.
     measured_whole = _runs((whole, 1.0, changed, MID))
     first = decide_strategy(
         Strategy.AUTO, changed, MID, replay=False, history=measured_whole, rewrite=rewrite

@@ -31,7 +31,7 @@ from watermark_dagster.core.records import (
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
-from watermark_dagster.read.derive import choose_strategy, full_load_choice, transform_of
+from watermark_dagster.read.derive import choose_strategy, transform_of
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import WriteResult, existing_target
@@ -279,16 +279,15 @@ def run_pipeline(
         # and the pipeline's measured history (no Spark job).
         replay = batch.kind is BatchKind.REPLAY
         weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
-        change_feed = registry.change_feed(pipeline_name)
         strategy = (
-            full_load_choice(pipeline, inputs, change_feed)
+            None
             if full_load
             else choose_strategy(
                 pipeline,
                 inputs,
                 replay=replay,
                 history=store.strategy_runs(pipeline_name) if weighs_history and not replay else (),
-                change_feed=change_feed,
+                change_feed=registry.change_feed(pipeline_name),
             )
         )
         # A rewrite reads each upstream's snapshot whole, never its range: the rows read are

@@ -458,21 +458,6 @@ def choose_strategy(
     )
 
 
-def full_load_choice(
-    pipeline: Pipeline,
-    inputs: Mapping[str, UpstreamInput],
-    change_feed: ChangeFeed = ChangeFeed.MINIMAL,
-) -> StrategyChoice | None:
-    """The record of a declared pipeline's full load: its full transform overwriting the
-    target, the work of a ``rewrite``, so its seconds are ``auto``'s first measure of that
-    strategy (None for a hand-written pipeline, whose full load runs its own transform)."""
-    if pipeline.declared is None:
-        return None
-    changed, total = _sizes(inputs)
-    whole = Strategy.REWRITE if change_feed is ChangeFeed.ANY else Strategy.FULL
-    return StrategyChoice(Strategy.REWRITE, "a full load", changed, total, fixed=True, whole=whole)
-
-
 def _sizes(inputs: Mapping[str, UpstreamInput]) -> tuple[int | None, int | None]:
     """The bytes the inputs' ranges changed and the bytes of their snapshots, over every
     upstream (None when the log cannot say for one of them)."""
@@ -526,9 +511,9 @@ def decide_strategy(
     * with neither measured, the size rule: the whole form when the ranges changed at least
       ``AUTO_FULL_FRACTION`` of the snapshots' bytes or the snapshots hold less than
       ``AUTO_FULL_BELOW_BYTES``, else ``incremental``;
-    * with one measured, the other once where the size rule would pick it (and the whole
-      form once anyway, under ``AUTO_MEASURE_WHOLE_BELOW_BYTES``): a declared pipeline's
-      full load counts as a ``rewrite`` run, so an incremental batch is measured next.
+    * with one measured, the other once where the size rule would pick it, and the whole
+      form once anyway under ``AUTO_MEASURE_WHOLE_BELOW_BYTES`` (a first load is not a
+      measure of ``rewrite``: it also creates and lays out the target, on a cold session).
     """
     whole = Strategy.REWRITE if rewrite else Strategy.FULL
     if replay:

@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import pyarrow as pa
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -205,15 +204,6 @@ def duplicate_key_in(error: BaseException) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else {"key": found}
 
 
-def _target_rows(table: RsDeltaTable) -> int:
-    """Rows the target's files hold by the log's statistics (0 where a file has none): the
-    size a rewrite is laid out for, before it is computed."""
-    files = pa.table(table.get_add_actions())
-    if not files.num_rows:
-        return 0
-    return sum(int(c or 0) for c in files.column("num_records").to_pylist())
-
-
 def _rewrite(
     spark: SparkSession,
     output: DataFrame,
@@ -228,7 +218,10 @@ def _rewrite(
 
     Computed once, by the write's own job: no persisted copy and no summary job before
     it. A key with several rows fails that job (:func:`refusing_duplicate_keys`) and
-    nothing is committed; the rows written are counted by Delta's commit metrics.
+    nothing is committed; the rows written are counted by Delta's commit metrics. The
+    files are not range-partitioned by the clustering columns, as a first load's are: at
+    2M rows that layout cost as much again as the check's own shuffle (a MERGE into the
+    target then reads more files; `OPTIMIZE` clusters them).
 
     Raises:
         TerminalError: several rows of one key (without ``_commit_version``), or delete
@@ -241,19 +234,6 @@ def _rewrite(
         batch_id=batch_id,
         pipeline=pipeline.name,
     )
-    estimate = _target_rows(table)
-    # Laid out first, then checked: on a target clustered by its keys the check's window
-    # reads the layout's range partitions in their order, with no shuffle of its own.
-    schema = _without_deletes(frame).schema
-    layout = target_layout(
-        spark,
-        schema,
-        keys=pipeline.keys,
-        merge=True,
-        partition_by=pipeline.partition_by,
-        cluster_by=pipeline.cluster_by,
-    )
-    frame = laid_out(spark, frame, estimate, layout)
     if COMMIT_VERSION not in output.columns:  # else prepare_changes kept one row per key
         frame = refusing_duplicate_keys(frame, pipeline.keys)
     try:
@@ -261,7 +241,7 @@ def _rewrite(
             spark,
             _without_deletes(frame),
             pipeline,
-            count=estimate,
+            count=0,
             counted=False,
             table=table,
             overwrite=True,
@@ -292,8 +272,7 @@ def _commit(
     counted: bool = True,
 ) -> WriteResult:
     """Commit ``rows``: ``count`` of them, laid out here for an overwrite; when not
-    ``counted``, the caller laid them out, and the write is made even when it may be
-    empty."""
+    ``counted`` (a rewrite), neither laid out nor skipped when it may be empty."""
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     target = pipeline.target
     before = None if table is None else table.version()
