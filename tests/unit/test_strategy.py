@@ -3,6 +3,7 @@
 That the strategies give equal targets, and what a full recompute writes, is proven with
 Spark in ``tests/spark/test_declared.py`` and ``tests/model/test_declared.py``."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ from watermark_dagster.config.pipeline import (
     ChangeFeed,
     Pipeline,
     Strategy,
+    StrategyChoice,
     StrategyRun,
     pipeline,
     sql_pipeline,
@@ -27,6 +29,7 @@ from watermark_dagster.read.derive import (
     decide_strategy,
     estimate_seconds,
 )
+from watermark_dagster.store import codec
 from watermark_dagster.write.targets import DUPLICATE_KEY_MARKER, duplicate_key_in
 
 BIG = 100 * AUTO_FULL_BELOW_BYTES
@@ -332,3 +335,28 @@ def test_the_key_a_rewrite_s_write_job_failed_at_is_read_from_spark_s_error() ->
     # Cut short (a message Spark truncated): still named, as text.
     cut = duplicate_key_in(Exception(f'{DUPLICATE_KEY_MARKER}{{"id": 4'))
     assert cut == {"key": '{"id": 4'}
+
+
+def test_a_batch_that_switched_past_the_inline_keys_limit_counts_as_an_incremental_try() -> None:
+    """An incremental batch that touched more keys than the driver holds switched to the
+    whole form; it priced incremental (the touched keys, then the whole form), so it is
+    weighed as an incremental run, and the size rule does not send every batch down the
+    same road to switch again."""
+    changed = int(MID * 0.05)  # under AUTO_FULL_FRACTION: the size rule says incremental
+    tried = StrategyRun("b000001", Strategy.REWRITE, 5.0, changed, MID, switched=True)
+    plain = StrategyRun("b000002", Strategy.REWRITE, 2.0, changed, MID)
+    choice = decide_strategy(
+        Strategy.AUTO, changed, MID, replay=False, history=[tried, plain], rewrite=True
+    )
+    assert choice.strategy is Strategy.REWRITE
+    assert choice.estimates == {"incremental": 5.0, "rewrite": 2.0}
+    # Without it, the rewrite alone measured would have the next batch try incremental.
+    alone = decide_strategy(
+        Strategy.AUTO, changed, MID, replay=False, history=[plain], rewrite=True
+    )
+    assert alone.strategy is Strategy.INCREMENTAL
+    # The switch is recorded with the run and read back from its history row.
+    switched = StrategyChoice(Strategy.REWRITE, "auto: ...", changed, MID, switched=True)
+    switched.seconds = 5.0
+    row = {"batch_id": "b000001", "detail": json.dumps({"strategy": switched.measured()})}
+    assert codec.strategy_run(row) == tried

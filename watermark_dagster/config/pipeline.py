@@ -208,6 +208,8 @@ class StrategyChoice:
             pipeline's measured history (empty when it decided without one).
         fixed: the strategy may not change during the batch (a replay: its snapshots are
             older than the target, which a full diff would roll back).
+        switched: the batch began incremental and switched to the whole form past the
+            touched keys the driver collects.
         whole: the form that reads everything this pipeline may use: ``rewrite`` when its
             target's change feed may hold every row, else ``full``. ``auto`` switches an
             incremental batch to it when the batch touches more keys than the driver
@@ -222,6 +224,7 @@ class StrategyChoice:
     estimates: dict[str, float] = field(default_factory=dict[str, float])
     fixed: bool = False
     whole: Strategy = Strategy.FULL
+    switched: bool = False
 
     def metadata(self) -> dict[str, object]:
         """The choice as materialization metadata."""
@@ -253,6 +256,7 @@ class StrategyChoice:
             "seconds": self.seconds,
             "changed_bytes": self.changed_bytes,
             "snapshot_bytes": self.snapshot_bytes,
+            **({"switched": True} if self.switched else {}),
         }
 
 
@@ -263,10 +267,12 @@ class StrategyRun:
 
     Attributes:
         batch_id: the batch.
-        strategy: ``incremental`` or ``full``.
+        strategy: ``incremental``, ``full`` or ``rewrite``.
         seconds: the transform and the write.
         changed_bytes: bytes the batch's ranges changed (None when the log could not say).
         snapshot_bytes: bytes of the pinned snapshots (None when unknown).
+        switched: the batch began incremental and switched to ``strategy`` past
+            ``INLINE_KEYS_LIMIT`` touched keys: an incremental attempt, as ``auto`` weighs it.
     """
 
     batch_id: str
@@ -274,6 +280,7 @@ class StrategyRun:
     seconds: float
     changed_bytes: int | None = None
     snapshot_bytes: int | None = None
+    switched: bool = False
 
 
 Transform = Callable[[BatchContext], "DataFrame"]

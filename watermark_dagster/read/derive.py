@@ -148,6 +148,7 @@ def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DataF
         and not choice.fixed  # a replay stays incremental however many keys it touches
     ):
         choice.strategy = choice.whole
+        choice.switched = True
         choice.reason = (
             f"auto: the batch touched more than {INLINE_KEYS_LIMIT:,} keys "
             f"(INLINE_KEYS_LIMIT); {choice.reason}"
@@ -476,8 +477,16 @@ def estimate_seconds(
     newest ``MEASURED_RUNS`` runs, each run's seconds scaled up by how much larger this
     batch's input to it is (the snapshots' bytes for ``full`` and ``rewrite``, the changed
     bytes for ``incremental``; never scaled down, since a batch's fixed cost does not
-    shrink); None when ``history`` holds no run of it."""
-    runs = [r for r in history if r.strategy is strategy][-MEASURED_RUNS:]
+    shrink); None when ``history`` holds no run of it.
+
+    A batch that began incremental and switched to the whole form past
+    ``INLINE_KEYS_LIMIT`` touched keys is a run of ``incremental``: what trying it cost
+    (the touched keys, then the whole form), not a measure of the whole form alone."""
+    if strategy is Strategy.INCREMENTAL:
+        mine = [r for r in history if r.strategy is strategy or r.switched]
+    else:
+        mine = [r for r in history if r.strategy is strategy and not r.switched]
+    runs = mine[-MEASURED_RUNS:]
     if not runs:
         return None
     scaled = []

@@ -265,6 +265,7 @@ def strategy_run(row: Row) -> StrategyRun | None:
         seconds=seconds,
         changed_bytes=size("changed_bytes"),
         snapshot_bytes=size("snapshot_bytes"),
+        switched=measured.get("switched") is True,
     )
 
 
