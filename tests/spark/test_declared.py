@@ -671,10 +671,12 @@ def test_a_rewrite_overwrites_once_stamps_every_row_and_spares_a_minimal_change_
         guarded = DeltaTable.forPath(spark, paths.target("guarded")).history(1).collect()[0]
         assert guarded["operation"] == "MERGE"
         # A rewrite reads each snapshot whole and never the range: the rows read are the
-        # snapshots' (from the log), not the range's change rows.
+        # snapshots' (from the log), not the range's change rows; the range it covers stays.
         for report in outcomes["rewriting"].inputs:
             assert report.mode == "SNAPSHOT", report
-            assert report.start_version is None
+            planned = batch.inputs[report.upstream]
+            assert planned.range is not None
+            assert report.start_version == planned.range.start, report
             snapshot = spark.read.format("delta").load(paths.upstream(report.upstream))
             assert report.rows_read == snapshot.count(), report
 

@@ -291,15 +291,14 @@ def run_pipeline(
             )
         )
         # A rewrite reads each upstream's snapshot whole, never its range: the rows read are
-        # the snapshot's (from the log), and the range is not read at all.
+        # the snapshot's (from the log), and the range is not read at all; the range stays
+        # in the report, as what the batch covers.
         rewriting = strategy is not None and strategy.strategy is Strategy.REWRITE
         reports = tuple(
             InputReport(
                 upstream=u,
-                mode=ReadMode.SNAPSHOT.value if rewriting else i.mode.value,
-                start_version=(
-                    i.range.start if i.range and not (i.reads_snapshot or rewriting) else None
-                ),
+                mode=ReadMode.SNAPSHOT.value if rewriting and i.range else i.mode.value,
+                start_version=i.range.start if i.range and not i.reads_snapshot else None,
                 end_version=i.snapshot_version,
                 rows_read=i.snapshot_rows() if rewriting else i.count_rows(),
                 files_read=None if rewriting else i.files_read,
