@@ -161,7 +161,10 @@ def test_three_batches_track_changing_upstreams_exactly(spark, location: Locatio
                 assert meta[f"{upstream}/read_mode"] == "SNAPSHOT"
                 assert meta[f"{upstream}/start_version"] == 0  # a snapshot: every version
             else:
-                assert meta[f"{upstream}/read_mode"] == "CDF"
+                # A rewrite (auto's choice for these small targets, whose change feeds no
+                # pipeline reads) reads the snapshot at the range's end, not the range.
+                mode = "SNAPSHOT" if meta.get("strategy") == "rewrite" else "CDF"
+                assert meta[f"{upstream}/read_mode"] == mode
                 assert meta[f"{upstream}/start_version"] == rng.start
             assert meta[f"{upstream}/end_version"] == rng.end
             assert meta[f"{upstream}/rows_read"] > 0
@@ -309,13 +312,15 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     assert statuses[(killed[0].pipeline, 1)] is CheckpointStatus.RUNNING
     assert statuses[(killed[0].pipeline, 2)] is CheckpointStatus.SUCCESS
     assert location.store.committed_versions() == location.latest()
-    # The killed pipeline's MERGE landed before the kill; its retry found that commit in the
-    # target's log and made no second one (the change feed holds the batch's changes once).
+    # The killed pipeline's write (a rewrite in the killed run: `auto` on these small
+    # targets, whose change feeds no pipeline reads; a MERGE before rewrites) landed before
+    # the kill; its retry found that commit in the target's log and made no second one.
     first = killed[0].pipeline
     assert _materialization_metadata(location.instance, first, "b000002")["already_applied"]
     history = RsDeltaTable(location.paths.target(first)).history()
     ours = [c for c in history if str(c.get("userMetadata", "")).find("batch=b000002 ") >= 0]
-    assert [c["operation"] for c in ours] == ["MERGE"], ours
+    assert len(ours) == 1, ours
+    assert ours[0]["operation"] in ("WRITE", "MERGE"), ours
     _assert_targets_exact(spark, location.paths)
 
 
@@ -423,14 +428,16 @@ def test_ui_backfill_of_an_older_batch_replays_it_without_regressing_newer_rows(
     location.runner.run_until_idle()
     apply_round(spark, location.paths, 1)  # deletes an order and a payment, among others
     location.runner.run_until_idle()
-    # The declared pipeline's batch (full: `auto` on tables this small) measured drift, and
-    # its run evaluated the watermark_drift check for its materialization: none found.
+    # The declared pipeline's batch (rewrite: `auto` on tables this small, whose change
+    # feeds no pipeline reads) replaced the target without comparing it, and its run
+    # evaluated the watermark_drift check for its materialization: passed, not measured (a
+    # `full` batch's drift is checked in tests/spark/test_declared_proofs.py).
     drift = AssetCheckKey(AssetKey("orders_enriched"), DRIFT_CHECK)
     storage = location.instance.event_log_storage
     record = storage.get_latest_asset_check_execution_by_key([drift])[drift]
     assert record.evaluation is not None, record
     assert record.evaluation.passed, record.evaluation
-    assert record.evaluation.metadata["drift_keys"].value == 0, record.evaluation
+    assert "drift not measured" in (record.evaluation.description or ""), record.evaluation
     pipelines = tuple(PIPELINES)
     targets = {p: location.paths.target(p) for p in pipelines}
     before = {p: _target_rows(spark, t) for p, t in targets.items()}

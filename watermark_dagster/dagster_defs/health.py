@@ -785,7 +785,8 @@ def drift_result(
         return (
             True,
             f"Pipeline '{pipeline}': drift not measured by its newest batch "
-            f"{batch or '(none yet)'} (a full batch measures it).",
+            f"{batch or '(none yet)'} (a `full` batch measures it; an incremental batch "
+            "or a rewrite does not compare the target).",
             {},
         )
     sample = _metadata_value((metadata or {}).get(f"{DRIFT_METADATA}_sample")) or []
