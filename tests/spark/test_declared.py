@@ -790,6 +790,57 @@ def test_a_replay_ending_inside_a_batch_the_full_strategy_wrote_isrefused(
     assert _rows(target, ["id", "value"]) == [(1, 10), (2, 21), (3, 30)]
 
 
+def test_a_replay_ending_inside_a_batch_a_rewrite_wrote_runs_and_rolls_nothing_back(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The sequence above with `rewrite`: a rewrite stamps every row with its batch's
+    position, so the replay of versions 1..1, placed just below batch 2, is not refused
+    (I5) and changes no row: key 1 keeps the right value (10), not the one from inside the
+    range (99)."""
+    from watermark_dagster.config.upstream import DeltaUpstream
+    from watermark_dagster.core.ranges import VersionRange
+    from watermark_dagster.operations import replay
+
+    up = str(tmp_path / "up")
+    spark.createDataFrame([(1, 10), (2, 20), (3, 30)], "id long, value long").write.format(
+        "delta"
+    ).option("delta.enableChangeDataFeed", "true").save(up)
+    pipeline = sql_pipeline(
+        name="copied",
+        sql="SELECT id, value FROM up",
+        upstreams={"up": "id"},
+        target=str(tmp_path / "copied"),
+        keys=["id"],
+        strategy="rewrite",
+    )
+    registry = Registry(upstreams=[DeltaUpstream(name="up", path=up)], pipelines=[pipeline])
+    store = WatermarkStore(str(tmp_path / "control"))
+    run_cycle(spark, registry, store)
+    table = DeltaTable.forPath(spark, up)
+    table.update("id = 1", {"value": "99"})
+    table.update("id = 1", {"value": "10"})
+    table.update("id = 2", {"value": "21"})
+    batch = store.get_batch(run_cycle(spark, registry, store))
+    assert str(batch.inputs["up"].range) == str(VersionRange(1, 3))
+    assert [str(r.strategy) for r in store.strategy_runs("copied")] == ["rewrite"]
+
+    def execute(batch_id: str, pipelines: object) -> list[str | None]:
+        execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=registry,
+            pipeline_name="copied",
+            batch_id=batch_id,
+            run_id="test",
+        )
+        return []
+
+    plan = replay.plan_replay(store, registry, "up", VersionRange(1, 1))
+    assert replay.run_replay(store, registry, plan, execute=execute).status.value == "COMPLETED"
+    target = spark.read.format("delta").load(str(tmp_path / "copied"))
+    assert _rows(target, ["id", "value"]) == [(1, 10), (2, 21), (3, 30)]
+
+
 @pytest.mark.parametrize(
     ("case", "fragment"), [(n, f) for n, _, f in HIDING], ids=[n for n, _, _ in HIDING]
 )
