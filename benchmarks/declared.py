@@ -299,7 +299,7 @@ def _merge(
 def contender_paths(root: Path, upstreams: Path, name: str) -> Any:
     """The demo's paths for contender ``name``: its own targets and control tables under
     ``root / name``, the upstreams shared."""
-    from watermark_dagster.demo.data import DemoPaths
+    from watermark_dagster.demo.paths import DemoPaths
 
     @dataclass(frozen=True)
     class SharedUpstreams(DemoPaths):

@@ -28,6 +28,10 @@ Steps, on a fresh demo home (WATERMARK_HOME in a temporary folder):
    rows, 1% change, ``--rounds`` paired repeats): ``ours_warm``, ``ours_connect`` and
    ``ours_cold``, each ``watermark run`` checked against a recompute.
 
+   Each such batch is broken down from the Dagster instance's own records (the run's
+   creation, its queue events, the run worker's start, its steps) and the control tables
+   (the batch's planning): see :data:`SEGMENTS`.
+
 Prints medians and min-max, the ratios the issue sets targets for, and the load average;
 writes JSON with ``--out``. Measured against baselines in the same run; never asserted in
 tests.
@@ -35,6 +39,7 @@ tests.
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -48,6 +53,54 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).with_name("watermark")
 CONTENDERS = ("process", "connect", "warm")
+
+# Where a batch under `watermark dev` spends its time, from a commit to the batch completed:
+# (name, what it covers); each segment ends where the next begins.
+SEGMENTS = (
+    ("detect", "commit -> the coordinator tick planned the batch (the sensor daemon's loop)"),
+    ("submit", "planned -> its run created (the rest of the coordinator tick)"),
+    ("queue", "run created -> dequeued (the run queue daemon's loop)"),
+    (
+        "launch",
+        "dequeued -> the run worker started (a new process: Python, Dagster, the code location)",
+    ),
+    ("init", "run started -> first step started (resources, the Connect session)"),
+    ("steps", "first step started -> last step ended (the pipelines on the engine)"),
+    ("run_end", "last step ended -> run success"),
+    ("finalize", "run success -> batch completed (the finalizer tick)"),
+)
+
+
+def _breakdown(instance, store, batch_id: str, committed: float, completed: float) -> dict:
+    """Seconds per :data:`SEGMENTS` of one batch, from the instance's run records and
+    events and the batch's planning time; None where the batch had no run."""
+    from dagster import DagsterEventType, RunsFilter
+
+    [record] = instance.get_run_records(RunsFilter(tags={"dagster/partition": batch_id}))
+    run_id = record.dagster_run.run_id
+    events = instance.all_logs(run_id)
+
+    def first(kind: DagsterEventType) -> float:
+        return min(e.timestamp for e in events if e.dagster_event_type == kind)
+
+    step_end = max(
+        e.timestamp
+        for e in events
+        if e.dagster_event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE)
+    )
+    marks = [
+        committed,
+        store.get_batch(batch_id).created_at.timestamp(),
+        record.create_timestamp.timestamp(),
+        first(DagsterEventType.RUN_DEQUEUED),
+        first(DagsterEventType.RUN_START),
+        first(DagsterEventType.STEP_START),
+        step_end,
+        first(DagsterEventType.RUN_SUCCESS),
+        completed,
+    ]
+    spans = zip(SEGMENTS, itertools.pairwise(marks), strict=True)
+    return {name: round(b - a, 2) for (name, _), (a, b) in spans}
 
 
 def _timed_cli(env: dict[str, str], *args: str) -> tuple[float, dict]:
@@ -115,7 +168,17 @@ def main() -> None:
         default="500k",
         help="rows of the incremental benchmark's cycle (500k; 0 leaves it out)",
     )
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="of process,connect,warm: the batches timed before watermark dev (all; warm is "
+        "the floor the daemon's batch is compared with)",
+    )
     args = parser.parse_args()
+    contenders = [c for c in args.contenders.split(",") if c]
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    if unknown:
+        parser.error(f"unknown contenders {unknown}; choose from {list(CONTENDERS)}")
 
     home = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     env = {
@@ -149,7 +212,6 @@ def main() -> None:
         round_no += 1
         apply_round(spark, paths, round_no)
 
-    contenders = list(CONTENDERS)
     runner = HeadlessRunner(build_demo_definitions(home), DagsterInstance.get())
     times: dict[str, list[float]] = {c: [] for c in contenders}
     with contextlib.ExitStack() as stack:
@@ -190,9 +252,10 @@ def main() -> None:
     dev_env = {**env, "WATERMARK_SENSOR_INTERVAL_SECONDS": "1"}
     port = free_port()
     dev_times: list[float] = []
+    dev_parts: list[dict] = []
 
-    def completed() -> int:
-        return sum(1 for b in store.batches(limit=1000) if b.status.name == "COMPLETED")
+    def completed() -> list[str]:
+        return [b.batch_id for b in store.batches(limit=1000) if b.status.name == "COMPLETED"]
 
     with _process(
         [str(SCRIPT), "dev", "--host", "127.0.0.1", "--port", str(port)],
@@ -202,17 +265,20 @@ def main() -> None:
         "watermark dev",
     ):
         for n in range(args.rounds + 1):
-            done = completed()
+            done = set(completed())
             commit_round()
-            began = time.perf_counter()
+            began, committed = time.perf_counter(), time.time()
             deadline = began + 900
-            while completed() <= done:
+            while not (new := [b for b in completed() if b not in done]):
                 if time.perf_counter() > deadline:
                     raise SystemExit(f"no batch completed under watermark dev in 900 s ({home})")
-                time.sleep(0.2)
+                time.sleep(0.1)
+            seconds, finished = time.perf_counter() - began, time.time()
             if n:  # the first batch warms the engine and the daemon; not timed
-                dev_times.append(time.perf_counter() - began)
-                print(f"watermark dev batch {n}: {dev_times[-1]:.1f} s", flush=True)
+                dev_times.append(seconds)
+                [batch_id] = new
+                dev_parts.append(_breakdown(runner.instance, store, batch_id, committed, finished))
+                print(f"watermark dev batch {n}: {seconds:.1f} s {dev_parts[-1]}", flush=True)
     spark.stop()
 
     incremental = None
@@ -235,17 +301,22 @@ def main() -> None:
         "noop_watermark_run_s": _summary(noop),
         **{f"{c}_batch_s": _summary(times[c]) for c in contenders},
         "watermark_dev_daemon_batch_s": _summary(dev_times),
+        "watermark_dev_breakdown_s": {
+            name: _summary([p[name] for p in dev_parts]) for name, _ in SEGMENTS
+        },
         "incremental_cycle_1pct": incremental,
         "home": str(home),
     }
     med = {c: statistics.median(times[c]) for c in contenders}
-    ratios = {
-        "process/connect": med["process"] / med["connect"],
-        "connect/warm": med["connect"] / med["warm"],
-        "connect/(warm+noop)": med["connect"] / (med["warm"] + statistics.median(noop)),
-        "dev_daemon/warm": statistics.median(dev_times) / med["warm"],
-    }
-    if incremental is not None:
+    ratios = {}
+    if {"process", "connect"} <= med.keys():
+        ratios["process/connect"] = med["process"] / med["connect"]
+    if {"connect", "warm"} <= med.keys():
+        ratios["connect/warm"] = med["connect"] / med["warm"]
+        ratios["connect/(warm+noop)"] = med["connect"] / (med["warm"] + statistics.median(noop))
+    if "warm" in med:
+        ratios["dev_daemon/warm"] = statistics.median(dev_times) / med["warm"]
+    if incremental is not None and {"ours_connect", "ours_warm"} <= incremental["seconds"].keys():
         seconds = incremental["seconds"]
         ratios["incremental connect/warm"] = (
             seconds["ours_connect"]["median"] / seconds["ours_warm"]["median"]

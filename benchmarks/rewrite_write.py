@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import watermark_dagster  # noqa: F401 - build_session then uses the project's session
     import watermark_dagster.write.targets as targets
-    from watermark_dagster.demo.data import DemoPaths
+    from watermark_dagster.demo.paths import DemoPaths
     from watermark_dagster.demo.pipelines import build_demo_registry, full_orders_enriched
 
     spark = build_session("local[2]", {"spark.driver.memory": "4g"}, "bench-rewrite-write")

@@ -94,6 +94,15 @@ class ConfigurationError(TerminalError):
     """The registry or a resource is configured wrongly (raised when definitions load)."""
 
 
+class DeclaredSqlError(ConfigurationError):
+    """A declared pipeline's SQL was refused; ``sql_line`` is the line of the SQL text at
+    fault (1-based), so a registry file can point at its own line."""
+
+    def __init__(self, message: str, *, sql_line: int | None, **attrs: str | None) -> None:
+        super().__init__(message, **attrs)
+        self.sql_line = sql_line
+
+
 class UpstreamUnavailableError(TerminalError):
     """An upstream path does not exist or is not a Delta table, or no catalog table has the
     upstream's name."""

@@ -885,7 +885,7 @@ def test_range_metadata_is_numeric_or_left_out() -> None:
     """Plots need numbers: a snapshot starts at 0, a NOOP input has no start, a cursor
     window no versions; never the text "none"."""
     from watermark_dagster.dagster_defs.assets import outcome_metadata
-    from watermark_dagster.operations.run_pipeline import InputReport, PipelineOutcome
+    from watermark_dagster.operations.decide import InputReport, PipelineOutcome
 
     reports = (
         InputReport("snap", "SNAPSHOT", None, 4, rows_read=3),

@@ -60,7 +60,8 @@ from watermark_dagster.errors import BatchStateError, ConfigurationError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.operations.run_pipeline import PipelineOutcome, execute_pipeline
+from watermark_dagster.operations.decide import PipelineOutcome
+from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 

@@ -45,11 +45,8 @@ from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations import manual
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.operations.run_pipeline import (
-    decide_pipeline,
-    execute_pipeline,
-    run_pipeline,
-)
+from watermark_dagster.operations.decide import decide_pipeline
+from watermark_dagster.operations.run_pipeline import execute_pipeline, run_pipeline
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import existing_target
 from watermark_dagster.write.layout import REWRITE_BELOW_BYTES, REWRITE_BELOW_CONF

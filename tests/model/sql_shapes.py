@@ -46,7 +46,7 @@ from tests.model.declared import SCHEMAS, STRATEGIES, DeclaredCase
 from watermark_dagster.config.declared import KeyPathSpec, paths_for_batch
 from watermark_dagster.config.pipeline import Pipeline, sql_pipeline
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.operations.run_pipeline import PipelineOutcome
+from watermark_dagster.operations.decide import PipelineOutcome
 from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 
 # Key paths the grammar's joins imply.

@@ -245,3 +245,29 @@ def test_the_public_api_is_explicit_and_loads_no_engine_until_used() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_loading_the_code_location_imports_neither_pyspark_nor_sqlglot(tmp_path: Path) -> None:
+    """What a code server, the daemon's sensors and every run worker pay before the first
+    step: the demo's definitions, resolved into the repository Dagster serves, import no
+    PySpark, sqlglot, pandas or dagster-deltalake (a step imports what it reads and
+    writes with; SQL pipelines import sqlglot to prove their key paths)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, watermark_dagster.definitions as d\n"
+        "repo = d.defs.get_repository_def()\n"
+        "assert repo.get_all_jobs() and repo.asset_graph.get_all_asset_keys()\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'pyspark', 'py4j', 'sqlglot', 'pandas', 'dagster_deltalake'})\n"
+        "print(','.join(heavy))\n"
+    )
+    env = {**os.environ, "WATERMARK_HOME": str(tmp_path)}
+    env.pop("WATERMARK_REGISTRY", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "", f"loading the definitions imported {out.stdout.strip()}"

@@ -39,14 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from watermark_dagster.config.declared_sql import check_sql
-from watermark_dagster.config.key_inference import Inference
 from watermark_dagster.config.key_paths import Hop, KeyPath
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from watermark_dagster.config.key_inference import Inference
 
 FullTransform = Callable[..., "DataFrame"]
 """``full(orders=..., customers=...) -> DataFrame``: the target computed from scratch."""
@@ -82,7 +82,7 @@ class Declared:
 
 
 def _every_path(
-    declared: Mapping[str, KeyPath], inferred: Inference
+    declared: Mapping[str, KeyPath], inferred: "Inference"
 ) -> dict[str, tuple[KeyPath, ...]]:
     every: dict[str, tuple[KeyPath, ...]] = {}
     for upstream, written in declared.items():
@@ -111,6 +111,8 @@ def paths_for_batch(
     # Proven again with the schemas every batch (milliseconds): what the definitions
     # placed by name alone (an alias that a column of the subquery's own table shadows)
     # is settled here, before anything is written.
+    from watermark_dagster.config.declared_sql import check_sql
+
     inferred = check_sql(
         pipeline, declared.sql, paths=declared.key_paths, keys=keys, schemas=schemas
     )
@@ -321,6 +323,10 @@ def declare(
     if function is not None:
         check_function(pipeline, function, names)
     if sql is not None:
+        # Imported here: sqlglot is needed for SQL alone, and a code location of Python
+        # pipelines loads without it.
+        from watermark_dagster.config.declared_sql import check_sql
+
         inferred = check_sql(pipeline, sql, paths=paths, keys=keys)
         if inferred is not None:
             return Declared(paths, sql=sql, inferred=_every_path(paths, inferred))

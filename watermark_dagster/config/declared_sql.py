@@ -36,17 +36,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from watermark_dagster.config.key_inference import Inference, Refusal, infer
 from watermark_dagster.config.key_paths import KeyPath
-from watermark_dagster.errors import ConfigurationError
-
-
-class DeclaredSqlError(ConfigurationError):
-    """A declared pipeline's SQL was refused; ``sql_line`` is the line of the SQL text at
-    fault (1-based), so a registry file can point at its own line."""
-
-    def __init__(self, message: str, *, sql_line: int | None, **attrs: str | None) -> None:
-        super().__init__(message, **attrs)
-        self.sql_line = sql_line
-
+from watermark_dagster.errors import ConfigurationError, DeclaredSqlError
 
 # Functions whose value differs between a full recompute and an incremental one.
 NON_DETERMINISTIC = frozenset(

@@ -40,13 +40,12 @@ from typing import Any, cast
 import yaml
 
 from watermark_dagster.config.declared import check_function, declare
-from watermark_dagster.config.declared_sql import DeclaredSqlError
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import StorageOptions, as_reference
 from watermark_dagster.config.upstream import AnyUpstream, declare_upstream
-from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.errors import ConfigurationError, DeclaredSqlError
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MAP_TAG = "tag:yaml.org,2002:map"

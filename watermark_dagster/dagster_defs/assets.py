@@ -59,12 +59,11 @@ from watermark_dagster.errors import (
     error_line,
 )
 from watermark_dagster.observe.observer import Observer
-from watermark_dagster.operations.run_pipeline import (
+from watermark_dagster.operations.decide import (
     PipelineDecision,
     PipelineOutcome,
     SkipKind,
     decide_pipeline,
-    run_pipeline,
 )
 from watermark_dagster.runtime.connect import EngineUnavailableError
 from watermark_dagster.store import WatermarkStore
@@ -512,6 +511,10 @@ def _run(
         EngineUnavailableError: the engine went away under the run (retryable: the write is
             one Delta commit, and a retry skips what that commit applied).
     """
+    # Imported here: the read and write modules import PySpark, which loading the
+    # definitions must not (a code server, sensors and skipped runs never need it).
+    from watermark_dagster.operations.run_pipeline import run_pipeline
+
     session = spark.get_session()
     context.instance.add_run_tags(context.run.run_id, {ENGINE_TAG: spark.engine_label()})
     try:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr, model_validator
-from pyspark.sql import SparkSession
 
 from watermark_dagster.config.secrets import as_reference, resolved_options
 from watermark_dagster.errors import ConfigurationError
@@ -19,11 +18,13 @@ from watermark_dagster.store import WatermarkStore, shared_store
 log = logging.getLogger("watermark_dagster")
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from watermark_dagster.runtime.connect import EngineRecord
 
 # Sessions created by runs while a `held_spark_sessions()` scope is open; None when no scope
 # is open. A list, not a flag: the scope stops exactly the sessions that runs created in it.
-_held: list[SparkSession] | None = None
+_held: "list[SparkSession] | None" = None
 
 
 @contextmanager
@@ -216,11 +217,11 @@ class SparkSessionResource(ConfigurableResource):
             )
         return from_config
 
-    _session: SparkSession | None = PrivateAttr(default=None)
+    _session: "SparkSession | None" = PrivateAttr(default=None)
     _created: bool = PrivateAttr(default=False)
     _engine: "EngineRecord | None" = PrivateAttr(default=None)
 
-    def get_session(self) -> SparkSession:
+    def get_session(self) -> "SparkSession":
         """The run's session, created on first use: a step that never calls this starts
         no JVM. Without a remote, the home's engine is used as :attr:`engine` says (a
         Connect session of the run's own), else a session in this process.
@@ -229,6 +230,8 @@ class SparkSessionResource(ConfigurableResource):
             EngineUnavailableError: ``engine="connect"`` and no engine came up in time.
         """
         if self._session is None:
+            from pyspark.sql import SparkSession
+
             existed = SparkSession.getActiveSession() is not None
             settings = self.settings()
             remote, conf = settings.remote, settings.conf

@@ -20,7 +20,6 @@ from typing import Any
 
 import pyarrow as pa
 from dagster import AssetRecordsFilter, ConfigurableIOManager, InputContext, OutputContext
-from dagster_deltalake import DeltaLakePyArrowTypeHandler
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pydantic import Field
@@ -190,6 +189,10 @@ class PipelineTargetIOManager(ConfigurableIOManager):
         if wanted is pa.RecordBatchReader:
             return reader
         if wanted in (pa.Table, Any, object, None):
+            # Imported on use: dagster-deltalake imports pandas, which loading the
+            # definitions does not need.
+            from dagster_deltalake import DeltaLakePyArrowTypeHandler
+
             return DeltaLakePyArrowTypeHandler().from_arrow(reader, pa.Table)
         raise ValueError(
             f"The watermark targets I/O manager cannot load a target as {wanted!r}. Annotate "

@@ -6,13 +6,13 @@ demo see the same history.
 """
 
 import random
-from dataclasses import dataclass
-from pathlib import Path
 
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from watermark_dagster.demo.paths import DemoPaths
 
 CUSTOMERS = T.StructType(
     [
@@ -40,26 +40,6 @@ UPSTREAMS = {"customers": CUSTOMERS, "orders": ORDERS, "payments": PAYMENTS}
 _KEYS = {"customers": "customer_id", "orders": "order_id", "payments": "payment_id"}
 _CITIES = ["Lisbon", "Oslo", "Quito", "Hanoi", "Perth", "Tunis"]
 _NAMES = ["Ada", "Grace", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Radia", "Leslie"]
-
-
-@dataclass(frozen=True)
-class DemoPaths:
-    """Where the demo keeps its tables under one home folder."""
-
-    home: Path
-
-    def upstream(self, name: str) -> str:
-        """Path of a demo upstream table."""
-        return str(self.home / "demo" / "upstreams" / name)
-
-    def target(self, name: str) -> str:
-        """Path of a demo pipeline's target table."""
-        return str(self.home / "demo" / "targets" / name)
-
-    @property
-    def control_root(self) -> str:
-        """Path of the control tables."""
-        return str(self.home / "control")
 
 
 def _exists(spark: SparkSession, path: str) -> bool:

@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame
 
 from watermark_dagster.config.pipeline import BatchContext, Pipeline, pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.demo.data import DemoPaths
+from watermark_dagster.demo.paths import DemoPaths
 from watermark_dagster.demo.pipelines import (
     demo_upstreams,
     full_customer_payments,

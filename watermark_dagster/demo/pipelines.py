@@ -9,25 +9,31 @@ batch touched, recomputed from the pinned snapshots). The same pipelines written
 are in :mod:`watermark_dagster.demo.handwritten`.
 """
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from typing import TYPE_CHECKING
 
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
-from watermark_dagster.demo.data import DemoPaths
+from watermark_dagster.demo.paths import DemoPaths
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
-def full_orders_enriched(orders: DataFrame, customers: DataFrame) -> DataFrame:
+def full_orders_enriched(orders: "DataFrame", customers: "DataFrame") -> "DataFrame":
     """orders_enriched computed from scratch (also the reference the tests compare with)."""
+    from pyspark.sql import functions as F
+
     names = customers.select("customer_id", F.col("name").alias("customer_name"))
     return orders.join(names, "customer_id", "left").select(
         "order_id", "customer_id", "customer_name", "amount_cents", "status"
     )
 
 
-def full_customer_payments(customers: DataFrame, payments: DataFrame) -> DataFrame:
+def full_customer_payments(customers: "DataFrame", payments: "DataFrame") -> "DataFrame":
     """customer_payments computed from scratch (also the tests' reference)."""
+    from pyspark.sql import functions as F
+
     totals = payments.groupBy("customer_id").agg(
         F.sum("amount_cents").alias("total_paid_cents"),
         F.count(F.lit(1)).alias("payment_count"),

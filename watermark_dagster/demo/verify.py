@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 
 from watermark_dagster.core.columns import BATCH_COLUMN, SEQ_COLUMN
-from watermark_dagster.demo.data import DemoPaths
+from watermark_dagster.demo.paths import DemoPaths
 from watermark_dagster.demo.pipelines import full_customer_payments, full_orders_enriched
 
 

@@ -111,7 +111,7 @@ def _refuse_reloading(
     """
     from watermark_dagster.config.secrets import resolved_options
     from watermark_dagster.errors import replay_refused
-    from watermark_dagster.read.appended import scan_appends
+    from watermark_dagster.read.append_log import scan_appends
     from watermark_dagster.write.commits import existing_target
 
     if mode is ReadMode.APPEND_ONLY:

@@ -26,7 +26,8 @@ from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError, reset_command
 from watermark_dagster.observe.log import DeltaLog
-from watermark_dagster.read.appended import AppendScan, read_appended
+from watermark_dagster.read.append_log import AppendScan
+from watermark_dagster.read.appended import read_appended
 from watermark_dagster.read.cdf import read_changes
 from watermark_dagster.read.changes import latest_per_key
 from watermark_dagster.read.cursor import (

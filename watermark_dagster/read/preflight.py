@@ -25,7 +25,7 @@ from watermark_dagster.errors import (
     reset_command,
 )
 from watermark_dagster.observe.log import DeltaLog, is_local
-from watermark_dagster.read.appended import AppendScan, data_changed_error, scan_appends
+from watermark_dagster.read.append_log import AppendScan, data_changed_error, scan_appends
 from watermark_dagster.read.tables import (
     gone_files_error,
     latest_table,

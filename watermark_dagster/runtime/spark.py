@@ -21,12 +21,13 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, TextIO
 
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.runtime import storage
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -173,7 +174,7 @@ def build_spark_session(
     app_name: str = "watermark-dagster",
     conf: Mapping[str, str] | None = None,
     new_session: bool = False,
-) -> SparkSession:
+) -> "SparkSession":
     """Get or create a Spark session with Delta Lake configured.
 
     With ``remote`` (``sc://host:port``) the session is a Spark Connect client and the Delta
@@ -204,6 +205,8 @@ def build_spark_session(
     if local:
         # A local session talks to itself only: keep the driver off external interfaces.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.appName(app_name)
     builder = builder.remote(remote) if remote else builder.master(master)
     resolve = not remote and not ({"spark.jars", "spark.jars.packages"} & settings.keys())
@@ -227,7 +230,7 @@ def build_spark_session(
     return session
 
 
-def _resolving(builder: SparkSession.Builder) -> SparkSession:
+def _resolving(builder: "SparkSession.Builder") -> "SparkSession":
     """``builder.getOrCreate()`` while Ivy resolves Delta's jars, announced as one progress
     line unless verbose (then Ivy's own report is the progress)."""
     if verbose():
@@ -250,7 +253,7 @@ def _resolving(builder: SparkSession.Builder) -> SparkSession:
 DELTA_CONNECT_SERVER_CONF = dict(DELTA_CONF)
 
 
-def require_delta_connect(session: SparkSession, remote: str) -> None:
+def require_delta_connect(session: "SparkSession", remote: str) -> None:
     """Refuse a Spark Connect server without Delta, before any batch work.
 
     Every read and write of the pipelines runs through plain DataFrame reads, Spark's own
