@@ -52,6 +52,10 @@ def test_shipped_dagster_yaml_enables_run_monitoring_and_run_scoped_pools(
         assert pools.pool_granularity is not None
         assert pools.pool_granularity.value == "run"
         assert pools.default_pool_limit == POOL_LIMIT
+        # A queued batch run is launched within a second, not Dagster's default five: the
+        # run queue daemon's loop is the one wait between the coordinator's request and
+        # the run that this file can shorten (the sensor daemon's loop is fixed).
+        assert getattr(instance.run_coordinator, "dequeue_interval_seconds", None) == 1
 
 
 def test_queue_starts_at_most_the_pool_limit_of_batch_runs_and_other_runs_freely(
