@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -448,3 +449,33 @@ def test_the_readme_is_a_front_door() -> None:
     linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", readme))
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"index.md"}
     assert pages <= linked, f"pages the README does not link: {sorted(pages - linked)}"
+
+
+def _ci_docs_command() -> list[str]:
+    """The docs stage's command as ``.ci/run`` runs it (its site folder left out)."""
+    script = (REPO / ".ci" / "run").read_text()
+    [line] = [ln.strip() for ln in script.splitlines() if "mkdocs build" in ln]
+    words = shlex.split(line)
+    assert words[0] == "NO_MKDOCS_2_WARNING=1", line
+    at = words.index("--site-dir")
+    return [str(REPO / words[1]), *words[2:at], *words[at + 2 :]]
+
+
+def test_the_ci_docs_stage_fails_on_a_broken_link_or_anchor(tmp_path: Path) -> None:
+    """The docs stage of ``.ci/run`` fails on a link to a missing page or anchor.
+
+    With ``--quiet`` beside ``--strict``, mkdocs 1.6 hid such warnings and exited 0.
+    """
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    for name in ("mkdocs.yml", "README.md"):  # the site includes parts of the README
+        shutil.copy(REPO / name, tmp_path / name)
+    command = [*_ci_docs_command(), "--site-dir", str(site)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    clean = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    with (tmp_path / "docs" / "instance.md").open("a") as page:
+        page.write("\nSee [the engines](engines.md#no-such-anchor).\n")
+    broken = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert broken.returncode != 0, "a link to a missing anchor passed the docs stage"
+    assert "no-such-anchor" in broken.stderr + broken.stdout
