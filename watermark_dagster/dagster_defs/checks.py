@@ -13,32 +13,53 @@ On each upstream's observable source asset:
   manual run); it can also be run from the asset's *Checks* tab.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckKey,
-    AssetCheckResult,
     AssetChecksDefinition,
-    AssetCheckSeverity,
-    AssetCheckSpec,
     AssetKey,
     MetadataValue,
-    multi_asset_check,
 )
 
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import RegistryObservation, recreation
 from watermark_dagster.core.records import Batch
+from watermark_dagster.core.resuming import RetryPolicy
+from watermark_dagster.dagster_defs.check_family import (
+    CheckFamily,
+    Verdict,
+    build_check_family,
+    check_evaluation,
+    checks_on,
+    versioned,
+)
+from watermark_dagster.dagster_defs.health import (
+    DRIFT_CHECK,
+    LAG_CHECK,
+    STUCK_CHECK,
+    CommitTimes,
+    HealthSettings,
+    drift_result,
+    lag_result,
+    measure_lag,
+    runs_scope,
+    stuck_result,
+    stuck_state,
+)
 from watermark_dagster.dagster_defs.names import (
     CONTINUITY_CHECKS_OP,
     DEFAULT_NAMES,
+    DRIFT_CHECKS_OP,
+    LAG_CHECKS_OP,
     RETENTION_CHECKS_OP,
+    STUCK_CHECKS_OP,
     LocationNames,
 )
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
@@ -72,26 +93,6 @@ class RetentionCheckSettings:
 
     def __post_init__(self) -> None:
         margin_for(timedelta(days=1), self.margin)  # raises ConfigurationError if unusable
-
-
-def _versioned(upstream: Upstream) -> bool:
-    # Cursor upstreams (mode "timestamp") have no Delta versions to lose.
-    return not upstream.is_cursor
-
-
-def per_upstream_check_specs(
-    upstreams: Iterable[Upstream],
-    upstream_keys: Mapping[str, AssetKey],
-    check: str,
-    describe: Callable[[str], str],
-) -> tuple[dict[AssetCheckKey, Upstream], list[AssetCheckSpec]]:
-    """Check ``check`` on each of ``upstreams``: its key -> upstream, and its specs."""
-    found = {AssetCheckKey(upstream_keys[u.name], check): u for u in upstreams}
-    specs = [
-        AssetCheckSpec(check, asset=key.asset_key, description=describe(u.name))
-        for key, u in found.items()
-    ]
-    return found, specs
 
 
 def retention_metadata(status: RetentionStatus) -> dict[str, Any]:
@@ -161,45 +162,30 @@ def build_retention_checks(
         >>> Definitions(assets=[...], asset_checks=checks, resources={"watermark_store": ...})
     """
     settings = settings or RetentionCheckSettings()
-    upstreams, specs = per_upstream_check_specs(
-        [u for u in registry.consumed_upstreams() if _versioned(u)],
-        upstream_keys,
-        RETENTION_CHECK,
-        lambda name: (
-            f"Fails when the oldest version of '{name}' a batch still needs is "
-            "near the table's retention horizon (delta.deletedFileRetentionDuration, "
-            "delta.logRetentionDuration) or already gone."
-        ),
-    )
-    if not upstreams:
-        return []
 
-    @multi_asset_check(
-        specs=specs,
-        can_subset=True,
-        name=names.of(RETENTION_CHECKS_OP),
-        description="Retention horizon of each upstream's oldest needed version.",
-        required_resource_keys={names.store_resource},
-    )
-    def retention_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+    def evaluate(
+        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, Upstream]]
+    ) -> Iterator[Verdict]:
         watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         committed, batch = store.committed_versions(), store.open_batch()
-        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
-            passed, description, metadata = retention_outcome(
-                upstreams[key], committed, batch, settings
-            )
-            (context.log.info if passed else context.log.error)(description)
-            yield AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=passed,
-                severity=AssetCheckSeverity.ERROR,
-                description=description,
-                metadata=metadata,
-            )
+        for key, upstream in selected:
+            yield key, *retention_outcome(upstream, committed, batch, settings)
 
-    return [retention_checks]
+    family = CheckFamily(
+        op=RETENTION_CHECKS_OP,
+        description="Retention horizon of each upstream's oldest needed version.",
+        subjects=checks_on(
+            RETENTION_CHECK, upstream_keys, versioned(registry.consumed_upstreams()), _name
+        ),
+        describe=lambda _key, u: (
+            f"Fails when the oldest version of '{u.name}' a batch still needs is "
+            "near the table's retention horizon (delta.deletedFileRetentionDuration, "
+            "delta.logRetentionDuration) or already gone."
+        ),
+        evaluate=evaluate,
+    )
+    return build_check_family(family, names)
 
 
 def retention_outcome(
@@ -235,17 +221,10 @@ def retention_evaluations(
     settings = settings or RetentionCheckSettings()
     committed, batch = store.committed_versions(), store.open_batch()
     events = []
-    for upstream in [u for u in registry.consumed_upstreams() if _versioned(u)]:
-        passed, description, metadata = retention_outcome(upstream, committed, batch, settings)
+    for upstream in versioned(registry.consumed_upstreams()):
+        key = AssetCheckKey(upstream_keys[upstream.name], RETENTION_CHECK)
         events.append(
-            AssetCheckEvaluation(
-                asset_key=upstream_keys[upstream.name],
-                check_name=RETENTION_CHECK,
-                passed=passed,
-                severity=AssetCheckSeverity.ERROR,
-                description=description,
-                metadata=metadata,
-            )
+            check_evaluation(key, *retention_outcome(upstream, committed, batch, settings))
         )
     return events
 
@@ -294,16 +273,8 @@ def continuity_evaluations(
         now[name] = outcome
         if reported.get(name) == outcome:
             continue
-        events.append(
-            AssetCheckEvaluation(
-                asset_key=upstream_keys[name],
-                check_name=CONTINUITY_CHECK,
-                passed=passed,
-                severity=AssetCheckSeverity.ERROR,
-                description=description,
-                metadata=meta,
-            )
-        )
+        key = AssetCheckKey(upstream_keys[name], CONTINUITY_CHECK)
+        events.append(check_evaluation(key, passed, description, meta))
     return events, now
 
 
@@ -328,34 +299,15 @@ def build_continuity_checks(
         observer: the code location's observer (its cache is shared with the sensors).
         names: the op name and the control tables' resource key.
     """
-    upstreams, specs = per_upstream_check_specs(
-        registry.consumed_upstreams(),
-        upstream_keys,
-        CONTINUITY_CHECK,
-        lambda name: (
-            f"Fails while nothing can be planned for '{name}': the table was "
-            "dropped and recreated since its committed watermark, it is missing, or the "
-            "range it needs next can no longer be read (log cleanup, VACUUM). The "
-            "coordinator sensor reports it at every look at the upstreams."
-        ),
-    )
-    if not upstreams:
-        return []
 
-    @multi_asset_check(
-        specs=specs,
-        can_subset=True,
-        name=names.of(CONTINUITY_CHECKS_OP),
-        description="Whether each upstream still continues from its committed watermark.",
-        required_resource_keys={names.store_resource},
-    )
-    def continuity_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+    def evaluate(
+        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, Upstream]]
+    ) -> Iterator[Verdict]:
         watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
         store = watermark_store.get_store()
         marks = store.committed()
         unreadable = unreadable_next_ranges(registry, observer, store)
-        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.to_user_string()):
-            upstream = upstreams[key]
+        for key, upstream in selected:
             mark = marks.get(upstream.name)
             problem: WatermarkError | None
             try:
@@ -363,17 +315,138 @@ def build_continuity_checks(
             except UpstreamUnavailableError as e:
                 problem = e
             problem = problem or unreadable.get(upstream.name)
-            passed, description, meta = continuity_result(
-                upstream.name, problem, mark.committed_version if mark else None
-            )
-            (context.log.info if passed else context.log.error)(description)
-            yield AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=passed,
-                severity=AssetCheckSeverity.ERROR,
-                description=description,
-                metadata=meta,
-            )
+            committed = mark.committed_version if mark else None
+            yield key, *continuity_result(upstream.name, problem, committed)
 
-    return [continuity_checks]
+    family = CheckFamily(
+        op=CONTINUITY_CHECKS_OP,
+        description="Whether each upstream still continues from its committed watermark.",
+        subjects=checks_on(CONTINUITY_CHECK, upstream_keys, registry.consumed_upstreams(), _name),
+        describe=lambda _key, u: (
+            f"Fails while nothing can be planned for '{u.name}': the table was "
+            "dropped and recreated since its committed watermark, it is missing, or the "
+            "range it needs next can no longer be read (log cleanup, VACUUM). The "
+            "coordinator sensor reports it at every look at the upstreams."
+        ),
+        evaluate=evaluate,
+    )
+    return build_check_family(family, names)
+
+
+def _name(upstream: Upstream) -> str:
+    return upstream.name
+
+
+def build_health_checks(
+    registry: Registry,
+    *,
+    upstream_keys: Mapping[str, AssetKey],
+    pipeline_keys: Mapping[str, AssetKey],
+    observer: Observer,
+    settings: HealthSettings,
+    policy: RetryPolicy,
+    names: LocationNames = DEFAULT_NAMES,
+) -> list[AssetChecksDefinition]:
+    """The ``watermark_lag`` checks of the consumed versioned upstreams, the
+    ``watermark_stuck_batch`` checks of the pipelines and the ``watermark_drift`` checks of
+    the declared pipelines, runnable from the UI (the coordinator reports the first two on
+    its own through :class:`~watermark_dagster.dagster_defs.health.HealthReporter`, and
+    each batch run reports the third).
+
+    Args:
+        registry: the upstreams and pipelines.
+        upstream_keys: upstream name -> asset key.
+        pipeline_keys: pipeline name -> asset key.
+        observer: the code location's observer.
+        settings: the lag thresholds.
+        policy: the failed runs and deaths after which the coordinator calls a batch stuck.
+        names: the op names and the control tables' resource key; a prefixed location
+            counts only the runs of its own pipelines (batch ids repeat across locations).
+    """
+    commit_times = CommitTimes()
+
+    def lag(
+        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, Upstream]]
+    ) -> Iterator[Verdict]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
+        committed = watermark_store.get_store().committed_versions()
+        now = datetime.now(UTC)
+        for key, upstream in selected:
+            try:
+                obs = observer.observe(upstream)
+            except UpstreamUnavailableError as e:
+                yield key, False, str(e), {"upstream": upstream.name, **e.metadata()}
+                continue
+            measured = measure_lag(
+                obs,
+                committed.get(upstream.name),
+                now,
+                lambda v, u=upstream.name: commit_times.get(u, v, registry),
+            )
+            passed, _, description, meta = lag_result(measured, settings)
+            yield key, passed, description, meta
+
+    scope = runs_scope(pipeline_keys, names)
+
+    def stuck(
+        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, str]]
+    ) -> Iterator[Verdict]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
+        step, error = stuck_state(
+            context.instance, watermark_store.get_store(), pipeline_keys.keys(), policy, scope=scope
+        )
+        for key, pipeline in selected:
+            passed, _, description, meta = stuck_result(pipeline, step, error)
+            yield key, passed, description, meta
+
+    def drift(
+        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, str]]
+    ) -> Iterator[Verdict]:
+        for key, pipeline in selected:
+            event = context.instance.get_latest_materialization_event(key.asset_key)
+            materialization = event.asset_materialization if event is not None else None
+            metadata = materialization.metadata if materialization is not None else None
+            yield key, *drift_result(pipeline, metadata)
+
+    def pipeline_name(pipeline: str) -> str:
+        return pipeline
+
+    declared = [p for p in pipeline_keys if registry.pipelines[p].declared is not None]
+    families: list[CheckFamily[Any]] = [
+        CheckFamily(
+            op=LAG_CHECKS_OP,
+            description="How far each upstream is ahead of its committed watermark.",
+            subjects=checks_on(
+                LAG_CHECK, upstream_keys, versioned(registry.consumed_upstreams()), _name
+            ),
+            describe=lambda _key, u: (
+                f"Fails when '{u.name}' is too far ahead of its committed watermark (versions "
+                "or age of its oldest unconsumed commit). The coordinator sensor reports it."
+            ),
+            evaluate=lag,
+        ),
+        CheckFamily(
+            op=STUCK_CHECKS_OP,
+            description="Whether the open batch is stuck.",
+            subjects=checks_on(STUCK_CHECK, pipeline_keys, pipeline_keys, pipeline_name),
+            describe=lambda _key, p: (
+                f"Fails while the open batch is stuck with '{p}' unfinished (a terminal "
+                "error, max_attempts failed runs or max_deaths runs that died). The "
+                "coordinator sensor reports it."
+            ),
+            evaluate=stuck,
+        ),
+        CheckFamily(
+            op=DRIFT_CHECKS_OP,
+            description="Whether the newest full batch found the target drifted.",
+            subjects=checks_on(DRIFT_CHECK, pipeline_keys, declared, pipeline_name),
+            describe=lambda _key, p: (
+                f"Fails when a full batch of '{p}' found target rows that differed from the "
+                "full transform for keys its changes did not touch (drift). Each batch run "
+                "evaluates it for its materialization."
+            ),
+            evaluate=drift,
+            needs_store=False,
+        ),
+    ]
+    return [c for family in families for c in build_check_family(family, names)]

@@ -37,10 +37,10 @@ from watermark_dagster.dagster_defs.assets import (
 from watermark_dagster.dagster_defs.checks import (
     RETENTION_CHECK,
     build_continuity_checks,
+    build_health_checks,
     build_retention_checks,
 )
 from watermark_dagster.dagster_defs.health import (
-    build_health_checks,
     build_retention_schedule,
     with_freshness,
 )

@@ -16,14 +16,14 @@ The coordinator sensor reports both from every tick (:class:`HealthReporter`): a
 evaluation when a check's outcome changes, and otherwise at most every
 ``observe_every_seconds``, together with an upstream observation (so lag plots have a
 point per interval even when nothing moved). Both can also be run from the UI
-(:func:`build_health_checks`).
+(:func:`~watermark_dagster.dagster_defs.checks.build_health_checks`).
 
 The ``retention_horizon`` check runs on a schedule shipped RUNNING
 (:func:`build_retention_schedule`); pipelines get a time-window freshness policy
 (:func:`with_freshness`) that Dagster's freshness daemon evaluates.
 """
 
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,12 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetCheckEvaluation,
-    AssetCheckExecutionContext,
     AssetCheckKey,
-    AssetCheckResult,
-    AssetChecksDefinition,
-    AssetCheckSeverity,
-    AssetCheckSpec,
     AssetKey,
     AssetObservation,
     AssetsDefinition,
@@ -53,7 +48,6 @@ from dagster import (
     ScheduleDefinition,
     apply_freshness_policy,
     define_asset_job,
-    multi_asset_check,
 )
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,  # not exported; the UI's match key
@@ -67,22 +61,17 @@ from watermark_dagster.config.env import (
     DEFAULT_RETENTION_CHECK_CRON,
 )
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep, RetryPolicy, resume_step
-from watermark_dagster.dagster_defs.checks import per_upstream_check_specs
+from watermark_dagster.dagster_defs.check_family import check_evaluation
 from watermark_dagster.dagster_defs.names import (
     DEFAULT_NAMES,
-    DRIFT_CHECKS_OP,
-    LAG_CHECKS_OP,
-    STUCK_CHECKS_OP,
     LocationNames,
 )
 from watermark_dagster.dagster_defs.names import RETENTION_JOB as RETENTION_JOB
 from watermark_dagster.dagster_defs.names import RETENTION_SCHEDULE as RETENTION_SCHEDULE
-from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import BATCH_TAG, DRIFT_METADATA, batch_runs, owns_run
-from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
+from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.observe.retention import commit_time, format_duration
 from watermark_dagster.operations.coordinate import unfinished
@@ -451,7 +440,9 @@ class HealthReporter:
             check = AssetCheckKey(key, LAG_CHECK).to_user_string()
             if due or outcomes.get(check) != outcome:
                 outcomes[check] = outcome
-                events.append(_evaluation(key, LAG_CHECK, passed, description, meta))
+                events.append(
+                    check_evaluation(AssetCheckKey(key, LAG_CHECK), passed, description, meta)
+                )
         return events
 
     def observe(self) -> dict[str, Observation]:
@@ -499,7 +490,9 @@ class HealthReporter:
             passed, outcome, description, meta = stuck_result(name, step, error, after=after)
             if outcomes.get(check) != outcome or name in behind:
                 outcomes[check] = outcome
-                events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))
+                events.append(
+                    check_evaluation(AssetCheckKey(key, STUCK_CHECK), passed, description, meta)
+                )
         if events and instance is not None:
             events = targeting_latest_materialization(instance, events)
         return events
@@ -612,162 +605,6 @@ def with_metadata(event: AssetObservation, extra: Mapping[str, Any]) -> AssetObs
     )
 
 
-def _evaluation(
-    key: AssetKey, check: str, passed: bool, description: str, meta: dict[str, Any]
-) -> AssetCheckEvaluation:
-    return AssetCheckEvaluation(
-        asset_key=key,
-        check_name=check,
-        passed=passed,
-        severity=AssetCheckSeverity.ERROR,
-        description=description,
-        metadata=meta,
-    )
-
-
-def _versioned(upstreams: Iterable[Upstream]) -> list[Upstream]:
-    # Cursor upstreams (mode "timestamp") have no versions to lag behind by.
-    return [u for u in upstreams if not u.is_cursor]
-
-
-def build_health_checks(
-    registry: Registry,
-    *,
-    upstream_keys: Mapping[str, AssetKey],
-    pipeline_keys: Mapping[str, AssetKey],
-    observer: Observer,
-    settings: HealthSettings,
-    policy: RetryPolicy,
-    names: LocationNames = DEFAULT_NAMES,
-) -> list[AssetChecksDefinition]:
-    """The ``watermark_lag`` checks of the consumed versioned upstreams and the
-    ``watermark_stuck_batch`` checks of the pipelines, runnable from the UI (the
-    coordinator reports the same checks on its own through :class:`HealthReporter`).
-
-    Args:
-        registry: the upstreams and pipelines.
-        upstream_keys: upstream name -> asset key.
-        pipeline_keys: pipeline name -> asset key.
-        observer: the code location's observer.
-        settings: the lag thresholds.
-        policy: the failed runs and deaths after which the coordinator calls a batch stuck.
-        names: the op names and the control tables' resource key; a prefixed location
-            counts only the runs of its own pipelines (batch ids repeat across locations).
-    """
-    checks: list[AssetChecksDefinition] = []
-    scope = runs_scope(pipeline_keys, names)
-    lagging, specs = per_upstream_check_specs(
-        _versioned(registry.consumed_upstreams()),
-        upstream_keys,
-        LAG_CHECK,
-        lambda name: (
-            f"Fails when '{name}' is too far ahead of its committed watermark (versions or "
-            "age of its oldest unconsumed commit). The coordinator sensor reports it."
-        ),
-    )
-    if lagging:
-        commit_times = CommitTimes()
-
-        @multi_asset_check(
-            specs=specs,
-            can_subset=True,
-            name=names.of(LAG_CHECKS_OP),
-            description="How far each upstream is ahead of its committed watermark.",
-            required_resource_keys={names.store_resource},
-        )
-        def lag_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
-            watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
-            committed = watermark_store.get_store().committed_versions()
-            now = datetime.now(UTC)
-            for key in _sorted(context.selected_asset_check_keys):
-                upstream = lagging[key]
-                try:
-                    obs = observer.observe(upstream)
-                except UpstreamUnavailableError as e:
-                    yield _result(key, False, str(e), {"upstream": upstream.name, **e.metadata()})
-                    continue
-                lag = measure_lag(
-                    obs,
-                    committed.get(upstream.name),
-                    now,
-                    lambda v, u=upstream.name: commit_times.get(u, v, registry),
-                )
-                passed, _, description, meta = lag_result(lag, settings)
-                (context.log.info if passed else context.log.error)(description)
-                yield _result(key, passed, description, meta)
-
-        checks.append(lag_checks)
-
-    stuck_keys = {AssetCheckKey(k, STUCK_CHECK): p for p, k in pipeline_keys.items()}
-
-    @multi_asset_check(
-        specs=[
-            AssetCheckSpec(
-                STUCK_CHECK,
-                asset=key.asset_key,
-                description=f"Fails while the open batch is stuck with '{p}' unfinished "
-                "(a terminal error, max_attempts failed runs or max_deaths runs that died). "
-                "The coordinator sensor "
-                "reports it.",
-            )
-            for key, p in stuck_keys.items()
-        ],
-        can_subset=True,
-        name=names.of(STUCK_CHECKS_OP),
-        description="Whether the open batch is stuck.",
-        required_resource_keys={names.store_resource},
-    )
-    def stuck_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
-        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
-        step, error = stuck_state(
-            context.instance,
-            watermark_store.get_store(),
-            pipeline_keys.keys(),
-            policy,
-            scope=scope,
-        )
-        for key in _sorted(context.selected_asset_check_keys):
-            passed, _, description, meta = stuck_result(stuck_keys[key], step, error)
-            (context.log.info if passed else context.log.error)(description)
-            yield _result(key, passed, description, meta)
-
-    checks.append(stuck_checks)
-
-    drift_keys = {
-        AssetCheckKey(k, DRIFT_CHECK): p
-        for p, k in pipeline_keys.items()
-        if registry.pipelines[p].declared is not None
-    }
-    if drift_keys:
-
-        @multi_asset_check(
-            specs=[
-                AssetCheckSpec(
-                    DRIFT_CHECK,
-                    asset=key.asset_key,
-                    description=f"Fails when a full batch of '{p}' found target rows that "
-                    "differed from the full transform for keys its changes did not touch "
-                    "(drift). Each batch run evaluates it for its materialization.",
-                )
-                for key, p in drift_keys.items()
-            ],
-            can_subset=True,
-            name=names.of(DRIFT_CHECKS_OP),
-            description="Whether the newest full batch found the target drifted.",
-        )
-        def drift_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
-            for key in _sorted(context.selected_asset_check_keys):
-                event = context.instance.get_latest_materialization_event(key.asset_key)
-                materialization = event.asset_materialization if event is not None else None
-                metadata = materialization.metadata if materialization is not None else None
-                passed, description, meta = drift_result(drift_keys[key], metadata)
-                (context.log.info if passed else context.log.error)(description)
-                yield _result(key, passed, description, meta)
-
-        checks.append(drift_checks)
-    return checks
-
-
 def drift_result(
     pipeline: str, metadata: Mapping[str, Any] | None
 ) -> tuple[bool, str, dict[str, Any]]:
@@ -816,7 +653,7 @@ def drift_evaluation(
     """The ``watermark_drift`` check evaluated for the materialization a pipeline's run just
     recorded with ``metadata``, as an event of that run."""
     passed, description, meta = drift_result(pipeline, metadata)
-    return _evaluation(key, DRIFT_CHECK, passed, description, meta)
+    return check_evaluation(AssetCheckKey(key, DRIFT_CHECK), passed, description, meta)
 
 
 def runs_scope(
@@ -868,25 +705,8 @@ def stuck_evaluations(
     events = []
     for name, key in sorted(pipeline_keys.items()):
         passed, _, description, meta = stuck_result(name, step, error)
-        events.append(_evaluation(key, STUCK_CHECK, passed, description, meta))
+        events.append(check_evaluation(AssetCheckKey(key, STUCK_CHECK), passed, description, meta))
     return events
-
-
-def _sorted(keys: Iterable[AssetCheckKey]) -> list[AssetCheckKey]:
-    return sorted(keys, key=lambda k: k.to_user_string())
-
-
-def _result(
-    key: AssetCheckKey, passed: bool, description: str, meta: dict[str, Any]
-) -> AssetCheckResult:
-    return AssetCheckResult(
-        asset_key=key.asset_key,
-        check_name=key.name,
-        passed=passed,
-        severity=AssetCheckSeverity.ERROR,
-        description=description,
-        metadata=meta,
-    )
 
 
 def build_retention_schedule(
