@@ -163,7 +163,8 @@ def test_a_null_safe_equality_with_a_null_extended_column_links_nothing(sql: str
 # to 25: the batch touches key 2, cuts customers down to it, and writes s = 25 for 2 and
 # nothing for 1; the recompute gives 35 to both.
 # Ran on Spark: target [(1, 30), (2, 25)], recompute [(1, 35), (2, 35)].
-# (_computes_per_key skips LateralSubquery plans, so the batch does not catch it either.)
+# (computes_per_key in read/transform_checks.py skips LateralSubquery plans, so the
+# batch does not catch it either.)
 #
 # Fix: analyse a LATERAL subquery's scope like a correlated subquery whose enclosing level
 # is the FROM clause before it (its refs, links to the siblings it names).

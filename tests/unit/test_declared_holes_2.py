@@ -190,7 +190,7 @@ def test_a_column_list_on_a_with_query_reference_renames_by_position(
 # target is empty. Insert payment (2, {k: 2}, 7): both customers qualify; the batch
 # touches key 2 only (and cuts both upstreams down to it). Ran on Spark: target [(2,)],
 # recompute [(1,), (2,)]. (The same as a scalar subquery SUM was caught at the batch by
-# _computes_per_key, an aggregate without grouping; EXISTS is not.)
+# computes_per_key (read/transform_checks.py), an aggregate without grouping; EXISTS is not.)
 #
 # Fix: in a subquery, a qualified column whose qualifier is not an alias of its own level
 # but may be a column of a source there (a struct) is that source's, not an outer
