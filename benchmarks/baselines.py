@@ -13,11 +13,9 @@ pay for that either). Nothing here imports ``watermark_dagster`` at module level
 benchmark's code location can import the projection cheaply.
 """
 
-import importlib.util
 import json
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -47,29 +45,11 @@ def project(rows: DataFrame) -> DataFrame:
 
 
 def build_session(master: str, conf: Mapping[str, str], app_name: str) -> SparkSession:
-    """A Spark session made by the project's ``build_spark_session``.
+    """A Spark session made by the project's ``build_spark_session`` (its module imports
+    neither Dagster nor delta-rs, so a cold baseline process pays only for Spark)."""
+    from watermark_dagster.runtime.spark import build_spark_session
 
-    In a process that already imported ``watermark_dagster`` that function is used as is;
-    otherwise its module file is loaded alone, without the package (and Dagster).
-    """
-    if "watermark_dagster" in sys.modules:
-        from watermark_dagster.runtime.spark import build_spark_session
-    else:
-        build_spark_session = _project_build_spark_session()
     return build_spark_session(master=master, app_name=app_name, conf=dict(conf))
-
-
-def _project_build_spark_session() -> Callable[..., SparkSession]:
-    package = importlib.util.find_spec("watermark_dagster")  # finds, does not import
-    if package is None or package.origin is None:
-        raise RuntimeError("watermark_dagster is not installed in this environment")
-    path = Path(package.origin).parent / "spark.py"
-    spec = importlib.util.spec_from_file_location("_watermark_spark", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_spark_session
 
 
 def recompute(spark: SparkSession, upstream: str, target: str, version: int) -> None:
