@@ -42,8 +42,9 @@ from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import SparkSession
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.console import watermark_main as console_main
-from tests.lakes import (
+from tests.support.cli import SCRIPT
+from tests.support.console import watermark_main as console_main
+from tests.support.lakes import (
     appended,
     defs_from,
     location_defs,
@@ -76,7 +77,6 @@ from watermark_dagster.operations.run_pipeline import recompute_pipeline
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.targets import write_target
 
-SCRIPT = Path(sys.executable).with_name("watermark")
 WAIT_SECONDS = 300  # a stuck child fails the test instead of hanging it
 RACE_WAIT_SECONDS = 120  # racers are light processes: ready well within this
 
@@ -93,7 +93,8 @@ class Lake:
 
     @property
     def spec(self) -> dict[str, Any]:
-        """The code location (tests.lakes spec): two upstreams, a merge and an append target.
+        """The code location (tests.support.lakes spec): two upstreams, a merge and an append
+        target.
 
         ``orders`` has a change feed (updates and deletes reach ``orders_copy`` by merge);
         ``log`` only grows (read APPEND_ONLY, appended to ``log_copy`` with Delta
@@ -573,7 +574,7 @@ def test_a_process_killed_at_a_fault_point_recovers_exactly(
 def _watermark(lake: Lake, *argv: str, faults: str | None = None) -> subprocess.CompletedProcess:
     """``watermark ARGV`` on the lake's code location: as a process (its supervised child
     dies at ``faults``) when ``faults`` is given, else in this process (a command that
-    starts no JVM, :mod:`tests.console`)."""
+    starts no JVM, :mod:`tests.support.console`)."""
     env = lake.env(**({FAULTS_ENV: faults} if faults else {}))
     if not faults:
         return console_main([*argv, "--defs", location_defs(lake.spec_file)], env)

@@ -15,14 +15,8 @@ files by VACUUM) is refused at planning the same way, BLOCKED with its own fix.
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
 import pytest
 from dagster import (
     AssetCheckKey,
@@ -34,13 +28,13 @@ from dagster import (
     materialize,
 )
 from dagster._core.instance.ref import InstanceRef
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
-from tests.console import watermark_main
-from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
+from tests.support.blocked import RESET, blocked_lake, check_history, recreate
+from tests.support.lakes import defs_from, registry_from
+from tests.support.spec_lake import Lake, commit_rows
 from watermark_dagster.core.planning import UpstreamPosition, plan_batch
 from watermark_dagster.core.ranges import VersionRange
-from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.checks import CONTINUITY_CHECK
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
@@ -48,119 +42,12 @@ from watermark_dagster.errors import UpstreamRecreatedError, recreated_fix
 from watermark_dagster.observe.observer import Observer, observe_registry
 from watermark_dagster.read.preflight import check_identity
 from watermark_dagster.read.tables import next_range_fix
-from watermark_dagster.store import WatermarkStore
-
-SCRIPT = Path(sys.executable).with_name("watermark")
-DAEMON = Path(sys.executable).with_name("dagster-daemon")
-RESET = "`watermark reset -t up --force`"
-
-
-def _commit(path: Path, ids: list[int]) -> None:
-    write_deltalake(
-        str(path),
-        pa.table({"id": pa.array(ids, pa.int64()), "value": pa.array(ids, pa.int64())}),
-        mode="append",
-        configuration={"delta.enableChangeDataFeed": "true"},
-    )
-
-
-@dataclass
-class Lake:
-    root: Path
-    spec: dict[str, Any]
-    dagster_home: Path
-
-    @property
-    def store(self) -> WatermarkStore:
-        return WatermarkStore(self.spec["control_root"])
-
-    @property
-    def up(self) -> Path:
-        return self.root / "up"
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
-        spec_file = write_spec(self.root / "spec.json", self.spec)
-        env = {
-            **os.environ,
-            "PYTHONPATH": location_path(spec_file),
-            "DAGSTER_HOME": str(self.dagster_home),
-        }
-        env.pop("NO_COLOR", None)
-        return subprocess.run(
-            [str(SCRIPT), *args, "--defs", location_defs(spec_file)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def json(self, *args: str) -> Any:
-        """A reading command's JSON, run in this process (tests/console.py); ``cli`` runs
-        the console script in a child, for ``run`` (whose Spark master cannot start) and
-        the text output."""
-        spec_file = write_spec(self.root / "spec.json", self.spec)
-        env = {
-            **os.environ,
-            "PYTHONPATH": location_path(spec_file),
-            "DAGSTER_HOME": str(self.dagster_home),
-        }
-        out = watermark_main([*args, "--json", "--defs", location_defs(spec_file)], env)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return json.loads(out.stdout)
 
 
 @pytest.fixture
 def lake(tmp_path: Path, dagster_home: Path) -> Lake:
     """The lake of :func:`blocked_lake`."""
     return blocked_lake(tmp_path, dagster_home)
-
-
-def blocked_lake(tmp_path: Path, dagster_home: Path) -> Lake:
-    """Two upstreams (``up`` at version 2, ``other`` at 0), each read by one pipeline whose
-    target exists; a first batch advanced both watermarks to the latest versions, on the
-    tables' ids, as the finalizer does."""
-    for i in range(3):
-        _commit(tmp_path / "up", [i])
-    _commit(tmp_path / "other", [0])
-    for target in ("up_copy", "other_copy"):
-        _commit(tmp_path / target, [0])
-    spec = {
-        "control_root": str(tmp_path / "control"),
-        # Starting Spark would fail: proves that a command with nothing to run starts no JVM.
-        "spark_master": "no-such-master",
-        "upstreams": [
-            {"name": "up", "path": str(tmp_path / "up")},
-            {"name": "other", "path": str(tmp_path / "other")},
-        ],
-        "pipelines": [
-            {"name": "up_copy", "upstreams": ["up"], "target": str(tmp_path / "up_copy"),
-             "transform": "copy"},
-            {"name": "other_copy", "upstreams": ["other"],
-             "target": str(tmp_path / "other_copy"), "transform": "copy"},
-        ],
-    }  # fmt: skip
-    store = WatermarkStore(spec["control_root"])
-    ids = {n: str(DeltaTable(str(tmp_path / n)).metadata().id) for n in ("up", "other")}
-    batch, _ = store.create_batch(
-        [UpstreamPosition("up", 2, None), UpstreamPosition("other", 0, None)],
-        {"up_copy": ["up"], "other_copy": ["other"]},
-        actor="test",
-        table_ids=ids,
-    )
-    assert batch is not None
-    for upstream in batch.ranged_upstreams:
-        store.advance(batch, upstream, actor="test")
-    store.set_batch_status(batch.batch_id, BatchStatus.COMPLETED, actor="test")
-    assert store.committed()["up"].table_id == ids["up"]
-    return Lake(tmp_path, spec, dagster_home)
-
-
-def _recreate(lake: Lake, versions: int) -> None:
-    """Drop the table and create a new one at the same path with ``versions`` commits."""
-    shutil.rmtree(lake.up)
-    for i in range(versions):
-        _commit(lake.up, [100 + i])
 
 
 # case -> (commits of the new table, whether the watermark row keeps its table id)
@@ -188,7 +75,7 @@ def test_every_kind_of_recreated_upstream_is_blocked(lake: Lake, case: str) -> N
     versions, keeps_id = CASES[case]
     if not keeps_id:
         _drop_table_id(lake)
-    _recreate(lake, versions)
+    recreate(lake, versions)
     batches_before = len(lake.store.batches())
     up = {r["upstream"]: r for r in lake.json("list")}["up"]
     assert "was dropped and recreated" in up["blocked"], up
@@ -200,7 +87,7 @@ def test_every_kind_of_recreated_upstream_is_blocked(lake: Lake, case: str) -> N
 
 
 def test_a_recreated_upstream_is_blocked_on_every_surface(lake: Lake) -> None:
-    _recreate(lake, 1)
+    recreate(lake, 1)
     batches_before = len(lake.store.batches())
 
     rows = {r["upstream"]: r for r in lake.json("list")}
@@ -249,7 +136,7 @@ def test_a_recreated_upstream_is_blocked_on_every_surface(lake: Lake) -> None:
 
 
 def test_blocked_upstream_in_text_output(lake: Lake) -> None:
-    _recreate(lake, 1)
+    recreate(lake, 1)
     listed = lake.cli("list")
     assert listed.returncode == 0, listed.stderr
     [row] = [line for line in listed.stdout.splitlines() if line.startswith("up ")]
@@ -278,7 +165,7 @@ def test_the_three_detectors_give_one_fix(lake: Lake) -> None:
     suggest the same command."""
     registry = registry_from(lake.spec)
     planned_id = lake.store.committed()["up"].table_id
-    _recreate(lake, 1)
+    recreate(lake, 1)
     with pytest.raises(UpstreamRecreatedError) as planning:
         plan_batch([UpstreamPosition("up", 0, 2)], {"up_copy": ["up"]})
     look = observe_registry(
@@ -286,24 +173,12 @@ def test_the_three_detectors_give_one_fix(lake: Lake) -> None:
     )
     with pytest.raises(UpstreamRecreatedError) as fewer:
         check_identity(registry.upstreams["up"], VersionRange(1, 2), planned_id)
-    _recreate(lake, 4)
+    recreate(lake, 4)
     with pytest.raises(UpstreamRecreatedError) as other_id:
         check_identity(registry.upstreams["up"], VersionRange(1, 2), planned_id)
     errors = [planning.value, look.blocked["up"], fewer.value, other_id.value]
     assert {e.fix for e in errors} == {recreated_fix("up")}
     assert all(str(e).startswith("Upstream 'up' was dropped and recreated: ") for e in errors)
-
-
-def _check_history(instance: DagsterInstance, upstream: str) -> list[Any]:
-    """Evaluations of an upstream's continuity check recorded in the instance, oldest first."""
-    key = AssetCheckKey(AssetKey([upstream]), CONTINUITY_CHECK)
-    records = instance.event_log_storage.get_asset_check_execution_history(key, limit=100)
-    evaluations = [
-        r.event.dagster_event.event_specific_data  # type: ignore[union-attr]
-        for r in reversed(records)
-        if r.event is not None and r.event.dagster_event is not None
-    ]
-    return [e for e in evaluations if hasattr(e, "passed")]
 
 
 def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
@@ -312,16 +187,16 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
     try:
         runner = HeadlessRunner(defs, instance)
         runner.tick(COORDINATOR)
-        assert [e.passed for e in _check_history(instance, "up")] == [True]
+        assert [e.passed for e in check_history(instance, "up")] == [True]
         runner.tick(COORDINATOR)  # nothing changed: nothing reported again
-        assert len(_check_history(instance, "up")) == 1
+        assert len(check_history(instance, "up")) == 1
 
-        _recreate(lake, 1)
+        recreate(lake, 1)
         result = runner.tick(COORDINATOR)
         assert not result.run_requests
         assert result.skip_reason is not None
         assert "blocked, dropped and recreated: ['up']" in (result.skip_reason.skip_message or "")
-        history = _check_history(instance, "up")
+        history = check_history(instance, "up")
         assert [e.passed for e in history] == [True, False]
         failed = history[-1]
         assert failed.severity is AssetCheckSeverity.ERROR
@@ -329,8 +204,8 @@ def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
         assert RESET in failed.description
         assert failed.metadata["fix"].value == recreated_fix("up")
         runner.tick(COORDINATOR)
-        assert len(_check_history(instance, "up")) == 2  # reported once per change
-        assert [e.passed for e in _check_history(instance, "other")] == [True]
+        assert len(check_history(instance, "up")) == 2  # reported once per change
+        assert [e.passed for e in check_history(instance, "other")] == [True]
 
         # Run by hand from the UI (the check's own op), it says the same.
         everything = [*(defs.assets or []), *(defs.asset_checks or [])]
@@ -355,7 +230,7 @@ def _clean_log(lake: Lake, commits: int) -> None:
     """``commits`` new commits of ``up``, then what log cleanup does: a checkpoint at the
     latest version, every older commit file removed."""
     for i in range(commits):
-        _commit(lake.up, [10 + i])
+        commit_rows(lake.up, [10 + i])
     table = DeltaTable(str(lake.up))
     table.create_checkpoint()
     for version in range(table.version()):

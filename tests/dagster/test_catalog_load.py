@@ -10,7 +10,7 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 from deltalake import write_deltalake
 
-from tests.lakes import defs_from, registry_from
+from tests.support.lakes import defs_from, registry_from
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError

@@ -1,16 +1,12 @@
 """The `watermark` console script against real control tables: each command path once as
-a child process, the other cases in this process (tests/console.py).
+a child process, the other cases in this process (tests/support/console.py).
 
 The demo code location is pointed at upstream tables written with delta-rs (no JVM); the
 commands here only read, so a rejected command must leave every control table as it was.
 """
 
 import json
-import os
-import pty
-import select
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,7 +14,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from tests.console import watermark_main
+from tests.support.cli import SCRIPT, control_versions, home_env, on_terminal
+from tests.support.console import watermark_main
 from watermark_dagster.cli import build_parser
 from watermark_dagster.cli.timespec import TimestampError, parse_when, version_at
 from watermark_dagster.core.planning import UpstreamPosition
@@ -26,7 +23,6 @@ from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.demo import DemoPaths
 from watermark_dagster.store import WatermarkStore
 
-SCRIPT = Path(sys.executable).with_name("watermark")
 PIPELINES = {
     "orders_enriched": ["orders", "customers"],
     "customer_payments": ["customers", "payments"],
@@ -60,22 +56,16 @@ def home(tmp_path: Path) -> Path:
     return paths.home
 
 
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "WATERMARK_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
-    env.pop("NO_COLOR", None)
-    return {**env, **extra}
-
-
 def watermark(home: Path, *args: str) -> subprocess.CompletedProcess:
-    """``watermark ARGS`` in this process (tests/console.py): what the command prints,
+    """``watermark ARGS`` in this process (tests/support/console.py): what the command prints,
     returns and writes, without a child's second and a half of imports."""
-    return watermark_main(args, _env(home))
+    return watermark_main(args, home_env(home))
 
 
 def watermark_child(home: Path, *args: str) -> subprocess.CompletedProcess:
     """``watermark ARGS`` as the console script in a child process: one test per command
     path (list, get, batches, batch, plan, set, reset, the confirmation) goes this way."""
-    env = _env(home)
+    env = home_env(home)
     return subprocess.run(
         [str(SCRIPT), *args],
         env=env,
@@ -84,14 +74,6 @@ def watermark_child(home: Path, *args: str) -> subprocess.CompletedProcess:
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
-
-
-def _versions(home: Path) -> dict[str, int]:
-    store = WatermarkStore(DemoPaths(home).control_root)
-    return {
-        t: store.table_version(t)
-        for t in ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
-    }
 
 
 def test_list_shows_committed_latest_and_lag(home: Path) -> None:
@@ -139,7 +121,7 @@ def test_batches_and_batch(home: Path) -> None:
 
 
 def test_plan_dry_run_writes_nothing(home: Path) -> None:
-    before = _versions(home)
+    before = control_versions(home)
     out = watermark_child(home, "plan", "--dry-run", "--json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
@@ -148,7 +130,7 @@ def test_plan_dry_run_writes_nothing(home: Path) -> None:
     # The fixture never wrote the targets, so the coordinator would also plan their first loads.
     assert "orders_enriched" in plan["pipelines"]
     assert plan["would_plan"]
-    assert _versions(home) == before
+    assert control_versions(home) == before
 
 
 def _history(home: Path, table: str) -> list[dict]:
@@ -227,11 +209,11 @@ def test_reset_makes_the_next_batch_load_a_snapshot(home: Path) -> None:
     assert last["actor"]
     assert json.loads(last["detail"])["reason"] == "table recreated"
     # Resetting again changes nothing and writes nothing.
-    before = _versions(home)
+    before = control_versions(home)
     again = watermark(home, "reset", "-t", "orders", "--yes")
     assert again.returncode == 0
     assert "already none; nothing changed" in again.stdout
-    assert _versions(home) == before
+    assert control_versions(home) == before
 
 
 @pytest.mark.parametrize(
@@ -244,9 +226,9 @@ def test_reset_makes_the_next_batch_load_a_snapshot(home: Path) -> None:
     ids=["set", "set-timestamp-refused", "reset"],
 )
 def test_dry_run_writes_nothing(home: Path, args: list[str]) -> None:
-    before = _versions(home)
+    before = control_versions(home)
     out = watermark(home, *args, "--dry-run")
-    assert _versions(home) == before
+    assert control_versions(home) == before
     if "--timestamp" in args:  # before the first commit: refused the same way as for real
         assert out.returncode == 2
         assert "watermark reset -t orders" in out.stderr
@@ -258,13 +240,13 @@ def test_dry_run_writes_nothing(home: Path, args: list[str]) -> None:
 
 def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> None:
     batch_id = _open_batch(home)
-    before = _versions(home)
+    before = control_versions(home)
     refused = watermark(home, "set", "-t", "orders", "--version", "3", "--yes")
     assert refused.returncode == 2
     # The store's refusal (the one definition of the rule), raised before any prompt.
     assert f"Upstream 'orders': batch {batch_id} is open and reads orders" in refused.stderr
     assert "--force" in refused.stderr
-    assert _versions(home) == before
+    assert control_versions(home) == before
     # An upstream the open batch does not read (NOOP) can move freely.
     assert watermark(home, "set", "-t", "payments", "--version", "0", "--yes").returncode == 0
 
@@ -284,58 +266,24 @@ def test_open_batch_refuses_unless_forced_and_force_abandons_it(home: Path) -> N
 
 
 def test_confirmation_is_refused_off_a_terminal_without_yes(home: Path) -> None:
-    before = _versions(home)
+    before = control_versions(home)
     out = watermark_child(home, "set", "-t", "orders", "--version", "1")
     assert out.returncode == 2
     assert "stdin is not a terminal" in out.stderr
     assert "--yes" in out.stderr
-    assert _versions(home) == before
-
-
-def _on_terminal(
-    home: Path, *args: str, answer: bytes = b"", stdout_tty: bool = False, **env: str
-) -> tuple[int, str, str]:
-    """Run the console script with a pseudo-terminal as stdin (and stdout if asked)."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [str(SCRIPT), *args],
-        env=_env(home, **env),
-        stdin=slave,
-        stdout=slave if stdout_tty else subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    os.close(slave)
-    if answer:
-        os.write(master, answer)
-    screen = b""
-    while stdout_tty:
-        ready, _, _ = select.select([master], [], [], 1)
-        if ready:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # the terminal closed with the process
-                break
-            if not chunk:
-                break
-            screen += chunk
-        elif proc.poll() is not None:
-            break
-    out, err = proc.communicate(timeout=120)
-    os.close(master)
-    stdout = screen.decode() if stdout_tty else out.decode()
-    return proc.returncode, stdout, err.decode()
+    assert control_versions(home) == before
 
 
 def test_confirmation_on_a_terminal(home: Path) -> None:
-    before = _versions(home)
-    rc, _, err = _on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"n\n")
+    before = control_versions(home)
+    rc, _, err = on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"n\n")
     assert rc == 2
     assert "not confirmed; nothing was changed" in err
     assert "orders: committed watermark 2 -> 1" in err
     assert "Proceed? [y/N]" in err
-    assert _versions(home) == before
+    assert control_versions(home) == before
 
-    rc, out, err = _on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"y\n")
+    rc, out, err = on_terminal(home, "set", "-t", "orders", "--version", "1", answer=b"y\n")
     assert rc == 0, err
     assert "orders: committed watermark 2 -> 1" in out
     assert WatermarkStore(DemoPaths(home).control_root).committed_versions()["orders"] == 1
@@ -343,10 +291,10 @@ def test_confirmation_on_a_terminal(home: Path) -> None:
 
 def test_colours_only_on_a_terminal_and_never_with_no_color(home: Path) -> None:
     assert "\x1b[" not in watermark(home, "list").stdout
-    rc, screen, _ = _on_terminal(home, "list", stdout_tty=True)
+    rc, screen, _ = on_terminal(home, "list", stdout_tty=True)
     assert rc == 0
     assert "\x1b[" in screen
-    rc, screen, _ = _on_terminal(home, "list", stdout_tty=True, NO_COLOR="1")
+    rc, screen, _ = on_terminal(home, "list", stdout_tty=True, NO_COLOR="1")
     assert rc == 0
     assert "\x1b[" not in screen
     assert "upstream" in screen
@@ -435,21 +383,21 @@ def test_set_timestamp_resolves_to_the_version_committed_by_then(home: Path) -> 
 def test_bad_input_is_refused_clearly_and_writes_nothing(
     home: Path, args: list[str], message: str
 ) -> None:
-    before = _versions(home)
+    before = control_versions(home)
     out = watermark(home, *args)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert message in out.stderr
-    assert _versions(home) == before
+    assert control_versions(home) == before
 
 
 def test_the_demo_refuses_to_run_on_another_registry(home: Path) -> None:
     """The demo writes demo data and checks demo targets: pointed at a user's registry it
     would commit demo rows next to their tables. It refuses and writes nothing."""
-    before = _versions(home)
+    before = control_versions(home)
     upstreams = {p.name: p.stat().st_mtime_ns for p in (home / "demo").rglob("*")}
     out = subprocess.run(
         [str(SCRIPT), "demo"],
-        env=_env(home, WATERMARK_REGISTRY="my_lake.yaml"),
+        env=home_env(home, WATERMARK_REGISTRY="my_lake.yaml"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -458,7 +406,7 @@ def test_the_demo_refuses_to_run_on_another_registry(home: Path) -> None:
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "WATERMARK_REGISTRY is set" in out.stderr
     assert "watermark run" in out.stderr
-    assert _versions(home) == before
+    assert control_versions(home) == before
     assert {p.name: p.stat().st_mtime_ns for p in (home / "demo").rglob("*")} == upstreams
 
 

@@ -18,13 +18,13 @@ import pytest
 import yaml
 from deltalake import write_deltalake
 
+from tests.support.cli import SCRIPT
 from watermark_dagster.cli import build_parser
 from watermark_dagster.cli.commands.runtime import write_workspace
 from watermark_dagster.cli.context import SHIPPED_DAGSTER_YAML, SYNC_STAMP, sync_dagster_yaml
 from watermark_dagster.cli.processes import ProcessGroup, stop_groups
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(sys.executable).with_name("watermark")
 
 # A parent that ignores the interrupt and SIGTERM, with a child that does the same: only
 # SIGKILL ends them. Each prints its pid once its handlers are set.
@@ -300,8 +300,8 @@ def test_a_quiet_command_that_started_spark_names_its_log_when_it_fails(
     """``verify`` of a real target starts Spark, whose master here cannot start: the
     failure names the log where Spark's own output went (no JVM runs: the master is
     refused, or the no-JVM tiers' java refuses to start)."""
-    from tests.dagster.test_blocked_upstreams import blocked_lake
-    from tests.lakes import location_defs, location_path, write_spec
+    from tests.support.blocked import blocked_lake
+    from tests.support.lakes import location_defs, location_path, write_spec
 
     lake = blocked_lake(tmp_path, dagster_home)
     spec_file = write_spec(tmp_path / "spec.json", lake.spec)

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from tests.dagster.test_blocked_upstreams import SCRIPT, Lake, _commit
-from tests.dagster.test_cli import _on_terminal
-from tests.lakes import location_defs, location_path, write_spec
+from tests.support.blocked import RESET
+from tests.support.cli import SCRIPT, on_terminal
+from tests.support.lakes import location_defs, location_path, write_spec
+from tests.support.spec_lake import commit_rows, up_copy_lake
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
@@ -30,25 +31,6 @@ from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.demo import DemoPaths
 from watermark_dagster.read.inputs import unreadable
 from watermark_dagster.store import WatermarkStore
-
-RESET = "`watermark reset -t up --force`"
-
-
-def _lake(tmp_path: Path, dagster_home: Path, *, commits: int = 3, **spec: Any) -> Lake:
-    """Upstream ``up`` with ``commits`` versions read by ``up_copy``; no Spark master that
-    could start (nothing here runs a pipeline)."""
-    for i in range(commits):
-        _commit(tmp_path / "up", [i])
-    base = {
-        "control_root": str(tmp_path / "control"),
-        "spark_master": "no-such-master",
-        "upstreams": [{"name": "up", "path": str(tmp_path / "up")}],
-        "pipelines": [
-            {"name": "up_copy", "upstreams": ["up"], "target": str(tmp_path / "up_copy"),
-             "transform": "copy"},
-        ],
-    }  # fmt: skip
-    return Lake(tmp_path, {**base, **spec}, dagster_home)
 
 
 def _advance_all(store: WatermarkStore, batch: Any) -> None:
@@ -68,7 +50,7 @@ def test_batches_and_plan_show_a_cursor_upstreams_window_and_position(
     pq.write_table(
         pa.table({"ts": pa.array([1, 2], pa.int64()), "id": [1, 2]}), clicks / "a.parquet"
     )
-    lake = _lake(
+    lake = up_copy_lake(
         tmp_path,
         dagster_home,
         upstreams=[{"name": "clicks", "path": str(clicks), "mode": "timestamp",
@@ -147,8 +129,8 @@ def test_plan_blocks_a_next_range_whose_commits_are_gone(
     """No batch is open and log cleanup removed commits 2..3 of the next range: the preview
     shows the upstream BLOCKED, as the coordinator would leave it (see
     tests/dagster/test_blocked_upstreams.py), with a fix that abandons no batch."""
-    lake = _lake(tmp_path, dagster_home, commits=6)
-    _commit(tmp_path / "up_copy", [0])  # a target that exists: no first load
+    lake = up_copy_lake(tmp_path, dagster_home, commits=6)
+    commit_rows(tmp_path / "up_copy", [0])  # a target that exists: no first load
     store = lake.store
     batch, _ = store.create_batch([UpstreamPosition("up", 1, None)], {"up_copy": ["up"]}, actor="t")
     assert batch is not None
@@ -173,8 +155,8 @@ def test_plan_blocks_a_next_range_whose_commits_are_gone(
 def test_a_pipeline_added_later_reads_its_upstreams_as_a_snapshot(
     tmp_path: Path, dagster_home: Path
 ) -> None:
-    lake = _lake(tmp_path, dagster_home)
-    _commit(tmp_path / "up_copy", [0])
+    lake = up_copy_lake(tmp_path, dagster_home)
+    commit_rows(tmp_path / "up_copy", [0])
     store = lake.store
     batch, _ = store.create_batch([UpstreamPosition("up", 2, None)], {"up_copy": ["up"]}, actor="t")
     assert batch is not None
@@ -222,7 +204,7 @@ LONG_ERROR = (
 def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
     tmp_path: Path, dagster_home: Path
 ) -> None:
-    lake = _lake(tmp_path, dagster_home)
+    lake = up_copy_lake(tmp_path, dagster_home)
     store = lake.store
     batch, _ = store.create_batch([UpstreamPosition("up", 2, None)], {"up_copy": ["up"]}, actor="t")
     assert batch is not None
@@ -287,7 +269,7 @@ def test_a_stuck_batch_shows_stuck_with_its_reason_fix_and_whole_error(
 
     # On a terminal the row is cut to the width, and the whole error follows, wrapped.
     spec_file = write_spec(tmp_path / "spec.json", lake.spec)
-    rc, screen, err = _on_terminal(
+    rc, screen, err = on_terminal(
         tmp_path,
         "batch",
         batch.batch_id,
@@ -352,7 +334,7 @@ def test_an_unreadable_range_error_names_the_missing_file_without_py4j_noise() -
 
 
 def test_set_records_the_os_account_when_user_is_unset(tmp_path: Path, dagster_home: Path) -> None:
-    lake = _lake(tmp_path, dagster_home)
+    lake = up_copy_lake(tmp_path, dagster_home)
     store = lake.store
     batch, _ = store.create_batch([UpstreamPosition("up", 2, None)], {"up_copy": ["up"]}, actor="t")
     assert batch is not None

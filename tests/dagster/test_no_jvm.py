@@ -8,7 +8,6 @@ upstreams are written with delta-rs; the checks need no Spark of their own.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,32 +19,17 @@ import pytest
 from deltalake import write_deltalake
 
 from tests.conftest import REPO
+from tests.support.cli import SCRIPT
+from tests.support.java_shim import java_shim, shim_env
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.demo import DemoPaths
 from watermark_dagster.store import WatermarkStore
 
-SCRIPT = Path(sys.executable).with_name("watermark")
 PIPELINES = {
     "orders_enriched": ["orders", "customers"],
     "customer_payments": ["customers", "payments"],
 }
-
-
-def _java_shim(tmp_path: Path) -> tuple[Path, Path]:
-    """A JAVA_HOME whose bin/java appends its arguments to a log, then runs the real java."""
-    real = os.path.realpath(
-        os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-        if os.environ.get("JAVA_HOME")
-        else shutil.which("java") or "java"
-    )
-    launches = tmp_path / "java-launches.log"
-    home = tmp_path / "java-shim"
-    (home / "bin").mkdir(parents=True)
-    java = home / "bin" / "java"
-    java.write_text(f'#!/bin/sh\necho "$*" >> "{launches}"\nexec "{real}" "$@"\n')
-    java.chmod(0o755)
-    return home, launches
 
 
 def _complete(store: WatermarkStore, versions: dict[str, int], ran: list[str]) -> str:
@@ -99,21 +83,11 @@ def applied_home(tmp_path: Path) -> Path:
     return paths.home
 
 
-def _env(home: Path, java_home: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "WATERMARK_HOME": str(home),
-        "DAGSTER_HOME": str(home / "dagster"),
-        "JAVA_HOME": str(java_home),
-        "NO_COLOR": "1",
-    }
-
-
 def test_watermark_run_with_nothing_to_do_starts_no_jvm(home: Path, tmp_path: Path) -> None:
-    java_home, launches = _java_shim(tmp_path)
+    java_home, launches = java_shim(tmp_path)
     proc = subprocess.run(
         [str(SCRIPT), "run", "--json"],
-        env=_env(home, java_home),
+        env=shim_env(home, java_home),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -223,10 +197,10 @@ _BACKFILL = textwrap.dedent(
 
 
 def _run_both(home: Path, tmp_path: Path, partition: str, pipeline: str, *write: str) -> dict:
-    java_home, launches = _java_shim(tmp_path)
+    java_home, launches = java_shim(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-c", _BACKFILL, partition, pipeline, *write],
-        env=_env(home, java_home),
+        env=shim_env(home, java_home),
         cwd=REPO,
         capture_output=True,
         text=True,

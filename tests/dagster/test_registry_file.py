@@ -20,6 +20,7 @@ import pytest
 from dagster import AssetKey
 from deltalake import write_deltalake
 
+from tests.support.cli import SCRIPT
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
@@ -35,7 +36,6 @@ from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer, observe_registry
 from watermark_dagster.store import WatermarkStore
 
-SCRIPT = Path(sys.executable).with_name("watermark")
 CONTROL_TABLES = ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
 Cli = Callable[..., subprocess.CompletedProcess]
 TRANSFORMS = "wm_registry_file_transforms"  # a module written by the `transforms` fixture

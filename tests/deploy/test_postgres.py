@@ -18,9 +18,7 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,9 +30,10 @@ import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from tests.conftest import REPO, SPARK_TEST_CONF
+from tests.support.cli import SCRIPT
+from tests.support.ports import free_port
 from watermark_dagster.definitions import build_demo_location
 
-WATERMARK = Path(sys.executable).with_name("watermark")
 DOCS_MARKER = (
     "<!-- tests/deploy/test_postgres.py runs this block against a real PostgreSQL server -->"
 )
@@ -69,12 +68,6 @@ def _shipped_comment_block() -> str:
     lines = (REPO / "dagster.yaml").read_text().splitlines()
     start = lines.index("# storage:")
     return "\n".join(line.removeprefix("#").removeprefix(" ") for line in lines[start:]) + "\n"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children(pid: int) -> set[int]:
@@ -139,7 +132,7 @@ def postgres() -> Iterator[Server]:
         for path in (root, pwfile):
             os.chown(path, owner.pw_uid, owner.pw_gid)
     data, log = root / "data", root / "server.log"
-    port = _free_port()
+    port = free_port()
 
     def pg(*args: str) -> None:
         done = subprocess.run(
@@ -232,7 +225,7 @@ def test_readme_postgres_example_stores_a_demo_batch(
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
     done = subprocess.run(
-        [str(WATERMARK), "demo", "--rounds", "0", "--json"],
+        [str(SCRIPT), "demo", "--rounds", "0", "--json"],
         env=env,
         cwd=tmp_path,
         capture_output=True,

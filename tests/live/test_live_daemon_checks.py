@@ -12,15 +12,10 @@ import pytest
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
-from tests.dagster.test_blocked_upstreams import (
-    DAEMON,
-    RESET,
-    Lake,
-    _check_history,
-    _recreate,
-    blocked_lake,
-)
-from tests.lakes import location_defs, location_path, write_spec
+from tests.support.blocked import RESET, blocked_lake, check_history, recreate
+from tests.support.cli import DAEMON
+from tests.support.lakes import location_defs, location_path, write_spec
+from tests.support.spec_lake import Lake
 
 
 @pytest.fixture
@@ -70,14 +65,14 @@ def test_the_daemon_shows_the_failing_check_without_a_click(lake: Lake) -> None:
         raise AssertionError(f"{what}: {(lake.root / 'daemon.log').read_text()[-3000:]}")
 
     try:
-        wait_for(lambda: _check_history(instance, "up"), "no continuity check reported")
-        assert [e.passed for e in _check_history(instance, "up")] == [True]
-        _recreate(lake, 5)
+        wait_for(lambda: check_history(instance, "up"), "no continuity check reported")
+        assert [e.passed for e in check_history(instance, "up")] == [True]
+        recreate(lake, 5)
         wait_for(
-            lambda: not _check_history(instance, "up")[-1].passed,
+            lambda: not check_history(instance, "up")[-1].passed,
             "the recreated upstream's check never failed",
         )
-        failed = _check_history(instance, "up")[-1]
+        failed = check_history(instance, "up")[-1]
         assert RESET in failed.description
         assert len(lake.store.batches()) == 1  # nothing planned for it
     finally:

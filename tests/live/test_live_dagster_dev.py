@@ -9,25 +9,24 @@ targets equal a full recompute.
 
 import contextlib
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from deltalake import DeltaTable as RsDeltaTable
-from deltalake.exceptions import DeltaError
 
-from tests.spark.test_engine import _engine
+from tests.support.dagster_dev import (
+    SENSOR_INTERVAL_SECONDS,
+    STARTUP_TIMEOUT,
+    WATERMARK,
+    DagsterDev,
+    dev_env,
+)
+from tests.support.engine import running_engine
+from tests.support.ports import free_port
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus
 from watermark_dagster.demo import (
     DemoPaths,
@@ -44,10 +43,6 @@ from watermark_dagster.write.commits import label_prefix
 pytestmark = [pytest.mark.live, pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parents[2]
-DAGSTER = Path(sys.executable).with_name("dagster")
-if not DAGSTER.exists():  # run by another interpreter: fall back to the repository's venv
-    DAGSTER = REPO / ".venv" / "bin" / "dagster"
-SCRIPT = DAGSTER.with_name("watermark")
 
 LOCATION = "watermark_dagster"
 REPOSITORY = "__repository__"
@@ -63,289 +58,10 @@ FRAMEWORK_COLUMNS = ("_wm_seq", "_wm_batch_id")
 CONTROL_TABLES = ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
 
 # Bounds on waiting, not expectations: the suite runs in two worker processes on two
-# cores (README), so the other worker's Spark work may share the machine.
-STARTUP_TIMEOUT = 300
+# cores (README), so the other worker's Spark work may share the machine (STARTUP_TIMEOUT
+# and the sensors' interval: tests/support/dagster_dev.py).
 FIRST_BATCH_TIMEOUT = 480
 CATCH_UP_TIMEOUT = 600
-SENSOR_INTERVAL_SECONDS = 5
-# A batch is planned at the coordinator's first tick after a commit. The commits of the
-# round (spread over 10-40 s) land in one batch because the coordinator is stopped while
-# they are made, as an operator would (`_coordinator_stopped`); were a tick to slip in
-# anyway, the test still passes (every check holds for any number of batches).
-MIN_BATCH_INTERVAL_SECONDS = 0
-POLL_SECONDS = 2.0
-WATCH_SECONDS = 0.5
-JVM_MAIN = "org.apache.spark.deploy.SparkSubmit"
-JVM_LAUNCHER = "org.apache.spark.launcher.Main"
-LOG_TAIL_LINES = 120
-
-
-# ------------------------------------------------------------------------ process handling
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _proc_stat(pid: int) -> tuple[int, str, str] | None:
-    """(ppid, state, start time) of a live process, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0], fields[19]
-
-
-def _alive(pid: int, start: str) -> bool:
-    """Whether ``pid`` is still the process that started at ``start`` (zombies are dead)."""
-    stat = _proc_stat(pid)
-    return stat is not None and stat[2] == start and stat[1] not in ("Z", "X")
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    """A process seen under ``dagster dev``: start time (tells a reused pid), parent, command."""
-
-    start: str
-    ppid: int
-    cmdline: str
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
-
-
-def _is_spark_driver(cmdline: str) -> bool:
-    """A JVM running spark-submit (not the short-lived launcher that builds its command)."""
-    return (
-        os.path.basename(cmdline.split(" ")[0]) == "java"
-        and JVM_MAIN in cmdline
-        and JVM_LAUNCHER not in cmdline
-    )
-
-
-def _descendants(root: int) -> dict[int, tuple[str, int]]:
-    """PID -> (start time, ppid) of every live descendant of ``root``."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, tuple[str, int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _proc_stat(int(entry))
-        if stat is None:
-            continue
-        children.setdefault(stat[0], []).append(int(entry))
-        stats[int(entry)] = (stat[2], stat[0])
-    found: dict[int, tuple[str, int]] = {}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found[child] = stats[child]
-                todo.append(child)
-    return found
-
-
-class DagsterDev:
-    """``dagster dev`` (or ``command``, which starts it on ``port``) in its own process
-    group, its output in a log file.
-
-    A watcher thread remembers every descendant it ever sees (pid, start time, parent,
-    command line): one that left the process group or was re-parented is still stopped, by
-    its own pid, at the end, and the test can count the JVMs each run started.
-    """
-
-    def __init__(
-        self,
-        *,
-        cwd: Path,
-        env: dict[str, str],
-        port: int,
-        log_path: Path,
-        command: list[str] | None = None,
-    ) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/graphql"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            command
-            or [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        root_stat = _proc_stat(self.proc.pid)
-        self._lock = threading.Lock()
-        self.drivers: dict[int, ProcInfo] = {}
-        self.known: dict[int, ProcInfo] = {
-            self.proc.pid: ProcInfo(
-                root_stat[2] if root_stat else "?", os.getpid(), _cmdline(self.proc.pid)
-            )
-        }
-        self.http = requests.Session()
-        self.http.trust_env = False  # never go through a proxy: loopback only
-        self.leftovers: list[str] = []
-        self._stop_watching = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="dagster-dev-watcher")
-        self._watcher.daemon = True
-        self._watcher.start()
-
-    # -- bookkeeping
-
-    def _watch(self) -> None:
-        while not self._stop_watching.wait(WATCH_SECONDS):
-            self.track()
-
-    def track(self) -> None:
-        """Remember the current descendants."""
-        if self.proc.poll() is not None:
-            return
-        for pid, (start, ppid) in _descendants(self.proc.pid).items():
-            # Read every time: spark-submit and spark-class exec into java in the same pid.
-            info = ProcInfo(start, ppid, _cmdline(pid))
-            with self._lock:
-                if info.cmdline not in ("?", "") or pid not in self.known:  # "": a zombie
-                    self.known[pid] = info
-                if _is_spark_driver(info.cmdline):
-                    self.drivers[pid] = info
-
-    def processes(self) -> dict[int, ProcInfo]:
-        with self._lock:
-            return dict(self.known)
-
-    def alive(self) -> list[tuple[int, str]]:
-        return [(pid, p.start) for pid, p in self.processes().items() if _alive(pid, p.start)]
-
-    def jvms_by_run(self, run_pids: set[int]) -> tuple[dict[int | None, list[int]], str]:
-        """Spark driver JVMs seen, by the run process they descend from (None: no run).
-
-        Also returns each driver's ancestry, for assertion messages.
-        """
-        procs = self.processes()
-        with self._lock:
-            drivers = dict(self.drivers)
-        found: dict[int | None, list[int]] = {}
-        chains = []
-        for pid, info in sorted(drivers.items()):
-            if info.ppid in drivers:
-                # A JVM forks helpers (briefly carrying its command line) before they exec:
-                # a real driver's parent is Python, never another driver.
-                continue
-            chain, owner, parent = [pid], None, info.ppid
-            while parent in procs and parent not in chain:
-                chain.append(parent)
-                if parent in run_pids:
-                    owner = parent
-                    break
-                parent = procs[parent].ppid
-            found.setdefault(owner, []).append(pid)
-            chains.append(
-                f"driver {pid}: "
-                + " <- ".join(f"{p} {procs.get(p, info).cmdline[:90]!r}" for p in chain)
-            )
-        return found, "\n".join(chains)
-
-    def log_text(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        text = self.log_text().splitlines()[-lines:]
-        return f"\n---- last {len(text)} lines of {self.log_path} ----\n" + "\n".join(text)
-
-    def explain(self, message: str) -> str:
-        return message + self.log_tail()
-
-    # -- GraphQL
-
-    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = self.http.post(
-            self.url, json={"query": query, "variables": variables or {}}, timeout=60
-        )
-        assert response.status_code == 200, self.explain(
-            f"GraphQL HTTP {response.status_code}: {response.text[:2000]}"
-        )
-        body = response.json()
-        assert not body.get("errors"), self.explain(f"GraphQL errors: {body['errors']}")
-        return body["data"]
-
-    def try_graphql(self, query: str, variables: dict[str, Any] | None = None) -> Any:
-        """Like :meth:`graphql`, but None while the server cannot answer it yet."""
-        try:
-            response = self.http.post(
-                self.url, json={"query": query, "variables": variables or {}}, timeout=60
-            )
-            body = response.json() if response.status_code == 200 else {}
-        except (requests.RequestException, ValueError):
-            return None
-        return None if body.get("errors") else body.get("data")
-
-    # -- waiting
-
-    def wait_for(
-        self, what: str, condition: Callable[[], Any], timeout: float, poll: float = POLL_SECONDS
-    ) -> Any:
-        """Poll ``condition`` until it returns something truthy; fail with the log tail."""
-        deadline = time.monotonic() + timeout
-        last_error: BaseException | None = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                pytest.fail(self.explain(f"dagster dev exited ({code}) while waiting for {what}"))
-            try:
-                result = condition()
-            except (requests.RequestException, OSError, DeltaError) as e:
-                last_error, result = e, None  # e.g. a control table read racing a commit
-            if result:
-                return result
-            time.sleep(poll)
-        pytest.fail(
-            self.explain(
-                f"timed out after {timeout:.0f}s waiting for {what}"
-                + (f" (last error: {last_error!r})" if last_error else "")
-            )
-        )
-
-    # -- shutdown
-
-    def stop(self) -> None:
-        """SIGTERM the process group, wait, SIGKILL what is left; record survivors."""
-        self._stop_watching.set()
-        self._watcher.join(timeout=30)
-        self.track()
-        # The group id is dagster dev's pid, which cannot be reused while it is not reaped.
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)  # dagster dev maps SIGTERM to Ctrl-C
-        deadline = time.monotonic() + 45
-        while time.monotonic() < deadline and (self.proc.poll() is None or self.alive()):
-            time.sleep(0.5)
-        for pid, start in self.alive():  # stuck or gone astray: by pid, if still the same
-            with contextlib.suppress(ProcessLookupError):
-                if _alive(pid, start):
-                    os.kill(pid, signal.SIGKILL)
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=15)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and self.alive():
-            time.sleep(0.2)
-        self.leftovers = [f"{pid}: {_cmdline(pid)[:300]}" for pid, _ in self.alive()]
-        self.http.close()
-        self._log.close()
 
 
 # ------------------------------------------------------------------------ control tables
@@ -970,41 +686,6 @@ def _watermark_problems(log: str, expected_raises: tuple[str, ...] = ()) -> list
 # ------------------------------------------------------------------------ the test
 
 
-def _dev_env(dagster_home: Path, watermark_home: Path) -> dict[str, str]:
-    """The environment ``dagster dev`` runs in: the test's homes, quick sensors, a small
-    loopback-only Spark."""
-    env = dict(os.environ)
-    env.update(
-        DAGSTER_HOME=str(dagster_home),
-        WATERMARK_HOME=str(watermark_home),
-        WATERMARK_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL_SECONDS),
-        WATERMARK_MIN_BATCH_INTERVAL_SECONDS=str(MIN_BATCH_INTERVAL_SECONDS),
-        WATERMARK_SPARK_MASTER="local[1]",
-        WATERMARK_SPARK_CONF=json.dumps(
-            {
-                "spark.sql.shuffle.partitions": "1",
-                "spark.default.parallelism": "1",
-                "spark.databricks.delta.snapshotPartitions": "1",
-                # A short-lived driver on a small machine: the C1 JIT alone warms up sooner
-                # (runs about 20% faster here) and the serial GC needs no extra threads.
-                "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                # Loopback only (Spark would otherwise bind to the first non-loopback address).
-                "spark.driver.host": "127.0.0.1",
-                "spark.driver.bindAddress": "127.0.0.1",
-            }
-        ),
-        SPARK_LOCAL_IP="127.0.0.1",
-        # Show DeprecationWarnings (hidden by default outside __main__) so the log check
-        # below can see the ones raised from watermark_dagster's code.
-        PYTHONWARNINGS="default::DeprecationWarning",
-        PYSPARK_PYTHON=sys.executable,
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("WATERMARK_SPARK_REMOTE", None)
-    env.pop("WATERMARK_ENGINE", None)  # `watermark dev` sets it for its children
-    return env
-
-
 @pytest.fixture
 def instance_reader(dagster_home: Path) -> Iterator[Callable[[], Any]]:
     """A read-only handle on the instance ``dagster dev`` uses (opened on first use)."""
@@ -1051,12 +732,14 @@ def _dagster_dev_runs_batches_by_itself(
     assert seeded == {u: 0 for u in UPSTREAMS}, seeded
     assert (dagster_home / "dagster.yaml").is_file()
 
-    env = _dev_env(dagster_home, watermark_home)
+    env = dev_env(dagster_home, watermark_home)
     # The home's engine, as `watermark dev` starts it: every run is its Spark Connect client.
-    engine_ready = stack.enter_context(_engine(watermark_home, env, tmp_path / "engine.out")).ready
+    engine_ready = stack.enter_context(
+        running_engine(watermark_home, env, tmp_path / "engine.out")
+    ).ready
     env["WATERMARK_ENGINE"] = "connect"
 
-    dev = DagsterDev(cwd=REPO, env=env, port=_free_port(), log_path=tmp_path / "dagster_dev.log")
+    dev = DagsterDev(cwd=REPO, env=env, port=free_port(), log_path=tmp_path / "dagster_dev.log")
     timings: dict[str, float] = {}
     try:
         # ---- the webserver answers and the code location loaded, sensors on by default
@@ -1294,11 +977,11 @@ def test_watermark_dev_runs_every_run_on_its_connect_engine_and_starts_no_jvm_in
     paths = DemoPaths(watermark_home)
     assert seed(spark, paths)
     seeded = _latest_versions(paths)
-    port = _free_port()
-    command = [str(SCRIPT), "dev", "--host", "127.0.0.1", "--port", str(port)]
+    port = free_port()
+    command = [str(WATERMARK), "dev", "--host", "127.0.0.1", "--port", str(port)]
     dev = DagsterDev(
         cwd=REPO,
-        env=_dev_env(dagster_home, watermark_home),
+        env=dev_env(dagster_home, watermark_home),
         port=port,
         log_path=tmp_path / "watermark_dev.log",
         command=command,

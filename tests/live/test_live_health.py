@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
-from deltalake import write_deltalake
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.live.test_live_dagster_dev import SCRIPT, DagsterDev, _free_port
+from tests.support.dagster_dev import WATERMARK, DagsterDev
+from tests.support.ports import free_port
+from tests.support.spec_lake import commit_rows
 from watermark_dagster.dagster_defs.checks import RETENTION_CHECK
 from watermark_dagster.dagster_defs.health import LAG_CHECK, RETENTION_JOB, STUCK_CHECK
 from watermark_dagster.store import WatermarkStore
@@ -37,7 +37,7 @@ MODULE = '''"""The code location of test_live_health.py."""
 
 from pathlib import Path
 
-from tests.lakes import copy_rows
+from tests.support.lakes import copy_rows
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import declare_upstream
@@ -103,13 +103,6 @@ query Runs($job: String!) {
 """
 
 
-def _commit(path: Path, ids: list[int]) -> None:
-    table = pa.table({"id": pa.array(ids, pa.int64()), "value": pa.array(ids, pa.int64())})
-    write_deltalake(
-        str(path), table, mode="append", configuration={"delta.enableChangeDataFeed": "true"}
-    )
-
-
 def _executions(dev: DagsterDev, asset: str, check: str) -> list[dict[str, Any]]:
     """Evaluations of a check, newest first (executions without one left out)."""
     data = dev.graphql(EXECUTIONS, {"key": {"path": [asset]}, "check": check})
@@ -140,7 +133,7 @@ def test_lag_stuck_and_retention_checks_under_dagster_dev(
 ) -> None:
     root = tmp_path / "lake"
     root.mkdir()
-    _commit(root / "up", [1, 2])
+    commit_rows(root / "up", [1, 2])
     conf = {
         **SPARK_TEST_CONF,
         "spark.sql.shuffle.partitions": "1",
@@ -170,7 +163,7 @@ def test_lag_stuck_and_retention_checks_under_dagster_dev(
     instance.dispose()
     store = WatermarkStore(root / "control")
 
-    dev = DagsterDev(cwd=root, env=env, port=_free_port(), log_path=tmp_path / "dev.log")
+    dev = DagsterDev(cwd=root, env=env, port=free_port(), log_path=tmp_path / "dev.log")
     try:
         # 1. The first batch runs on its own; then both checks pass.
         dev.wait_for("the first batch", lambda: _caught_up(store, 0), BATCH_TIMEOUT)
@@ -183,8 +176,8 @@ def test_lag_stuck_and_retention_checks_under_dagster_dev(
         # 2. The pipeline fails on the next batch (max_attempts=1: stuck at once), while the
         # upstream runs two versions ahead of its watermark (over lag_max_versions=1).
         (root / "fail").write_text("")
-        _commit(root / "up", [3])
-        _commit(root / "up", [4])
+        commit_rows(root / "up", [3])
+        commit_rows(root / "up", [4])
         stuck = dev.wait_for(
             "a failing stuck check", lambda: _failing(dev, "copy", STUCK_CHECK), BATCH_TIMEOUT
         )
@@ -201,7 +194,7 @@ def test_lag_stuck_and_retention_checks_under_dagster_dev(
         # 3. The cause removed, the operator recovers the batch; both checks pass again.
         (root / "fail").unlink()
         retried = subprocess.run(
-            [str(SCRIPT), "run", "--retry", "--defs", "health_location:defs"],
+            [str(WATERMARK), "run", "--retry", "--defs", "health_location:defs"],
             cwd=root,
             env=env,
             capture_output=True,

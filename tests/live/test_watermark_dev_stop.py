@@ -18,16 +18,9 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from tests.live.test_live_dagster_dev import (
-    SCRIPT,
-    STARTUP_TIMEOUT,
-    DagsterDev,
-    _alive,
-    _cmdline,
-    _descendants,
-    _dev_env,
-    _free_port,
-)
+from tests.support.dagster_dev import STARTUP_TIMEOUT, WATERMARK, DagsterDev, dev_env
+from tests.support.ports import free_port
+from tests.support.process_tree import command_line, descendants, is_alive
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]
 
@@ -103,28 +96,28 @@ def test_watermark_dev_from_elsewhere_stops_on_a_signal_with_a_run_in_flight(
         )
     )
     mark = tmp_path / "run-started"
-    env = _dev_env(dagster_home, watermark_home)
+    env = dev_env(dagster_home, watermark_home)
     env.update(
         # Relative on purpose: watermark dev hands the code server an absolute path.
         WATERMARK_REGISTRY="registry.yaml",
         WM_STALL_MARK=str(mark),
         PYTHONPATH=os.pathsep.join(p for p in (str(modules), env.get("PYTHONPATH", "")) if p),
     )
-    port = _free_port()
+    port = free_port()
     dev = DagsterDev(
         cwd=elsewhere,
         env=env,
         port=port,
         log_path=tmp_path / "watermark_dev.log",
-        command=[str(SCRIPT), "dev", "--host", "127.0.0.1", "--port", str(port)],
+        command=[str(WATERMARK), "dev", "--host", "127.0.0.1", "--port", str(port)],
     )
     try:
         dev.wait_for("the code location to load", lambda: _loaded(dev), STARTUP_TIMEOUT)
         dev.wait_for("a run's transform to start", mark.exists, RUN_START_TIMEOUT)
         dev.track()
         tree = {
-            pid: (start, _cmdline(pid))
-            for pid, (start, _ppid) in _descendants(dev.proc.pid).items()
+            pid: (start, command_line(pid))
+            for pid, (start, _ppid) in descendants(dev.proc.pid).items()
         }
         assert any("java" in cmd and "SparkSubmit" in cmd for _, cmd in tree.values()), dev.explain(
             f"no Spark JVM under watermark dev: {tree}"
@@ -137,7 +130,7 @@ def test_watermark_dev_from_elsewhere_stops_on_a_signal_with_a_run_in_flight(
             code = dev.proc.wait(timeout=STOP_SECONDS)
         except subprocess.TimeoutExpired:
             pytest.fail(dev.explain(f"watermark dev still running {STOP_SECONDS}s after {signum}"))
-        left = {pid: cmd for pid, (start, cmd) in tree.items() if _alive(pid, start)}
+        left = {pid: cmd for pid, (start, cmd) in tree.items() if is_alive(pid, start)}
         assert not left, dev.explain(f"processes left after watermark dev exited: {left}")
         assert code == 0, dev.explain(f"watermark dev exited {code}")
         assert (dagster_home / "workspace.yaml").is_file()

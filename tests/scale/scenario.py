@@ -1,5 +1,5 @@
 """One scenario for every deployment the scale tier tests: upstreams of every read mode,
-the local suite's pipelines (``tests/lakes.py``), batches run by ``watermark run`` in a
+the local suite's pipelines (``tests/support/lakes.py``), batches run by ``watermark run`` in a
 child process, then targets and watermarks checked against the upstreams.
 
 Only the Spark settings differ between deployments (a ``spark_master``, a
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from tests.conftest import REPO
-from tests.lakes import location_defs, location_path, write_spec
+from tests.support.lakes import location_defs, location_path, write_spec
 from watermark_dagster.store import WatermarkStore
 
 WATERMARK = Path(sys.executable).with_name("watermark")
@@ -64,7 +64,7 @@ class Scenario:
         return self.path("_control")
 
     def spec(self) -> dict[str, Any]:
-        """The code location (``tests.lakes.defs_from``) with this deployment's Spark."""
+        """The code location (``tests.support.lakes.defs_from``) with this deployment's Spark."""
         upstreams = [
             {"name": "changes", "path": self.path("changes"), "mode": "cdf"},
             {"name": "events", "path": self.path("events"), "mode": "append_only"},

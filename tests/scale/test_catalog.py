@@ -1,6 +1,6 @@
 """Upstreams and targets named by catalog table, in Spark's session catalog backed by an
 embedded Hive metastore (PySpark's Hive 2.3 jars and Derby), end to end: the same spec and
-transforms as the local suite (tests/lakes.py), only the configuration differs.
+transforms as the local suite (tests/support/lakes.py), only the configuration differs.
 
 Every Spark process is a child (`watermark run`, the load-time resolution, the helper
 below): embedded Derby admits one JVM at a time, and this test process starts none. The
@@ -22,14 +22,13 @@ from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.lakes import defs_from, location_defs, location_path, write_spec
+from tests.support.cli import SCRIPT
+from tests.support.lakes import defs_from, location_defs, location_path, write_spec
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.scale
-
-SCRIPT = Path(sys.executable).with_name("watermark")
 
 
 def catalog_conf(root: Path) -> dict[str, str]:

@@ -16,9 +16,9 @@ import yaml
 from deltalake import DeltaTable
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.leaks import leaks
 from tests.scale.s3_demo import KEY_PATHS, KEYS, UPSTREAMS, S3DemoPaths
 from tests.scale.s3server import S3Server, running_s3_server
+from tests.support.leaks import leaks
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.scale

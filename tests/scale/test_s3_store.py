@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tests.scale.s3server import S3Server, proxy, running_s3_server
-from tests.store.test_store import _advance_at
 from tests.support.processes import spawn_pool
+from tests.support.store_races import advance_at
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.store import WatermarkStore
@@ -53,7 +53,7 @@ def test_processes_racing_the_watermark_cas_on_s3_advance_it_once(s3: S3Server) 
         # Then finalizers race the same watermark's compare-and-swap: exactly one moves
         # it, the others find it moved (the store's outcome for a lost race).
         start = time.time() + 3
-        results = _within(pool.starmap_async(_advance_at, [(root, start, "up2")] * 3))
+        results = _within(pool.starmap_async(advance_at, [(root, start, "up2")] * 3))
     assert sorted(results) == ["ADVANCE", "ALREADY_DONE", "ALREADY_DONE"], results
     batches = store.batches()
     assert len(batches) == 1

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from tests.dagster.test_blocked_upstreams import RESET, Lake, blocked_lake
+from tests.support.blocked import RESET, blocked_lake
+from tests.support.spec_lake import Lake
 from watermark_dagster.errors import recreated_fix
 
 

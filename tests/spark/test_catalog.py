@@ -14,7 +14,7 @@ from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
-from tests.lakes import defs_from, registry_from
+from tests.support.lakes import defs_from, registry_from
 from watermark_dagster.core.records import CheckpointStatus
 from watermark_dagster.dagster_defs.checks import CONTINUITY_CHECK
 from watermark_dagster.dagster_defs.headless import HeadlessRunner

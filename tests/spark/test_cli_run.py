@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dagster.test_cli_output import _commit, _lake
+from tests.support.spec_lake import commit_rows, up_copy_lake
 
 
 @pytest.mark.spark
@@ -15,10 +15,10 @@ def test_run_once_runs_one_batch_and_run_runs_until_idle(
     from dagster import DagsterInstance
     from dagster._core.instance.ref import InstanceRef
 
-    from tests.lakes import defs_from
+    from tests.support.lakes import defs_from
     from watermark_dagster.dagster_defs.headless import HeadlessRunner
 
-    lake = _lake(tmp_path, dagster_home, spark_master="local[1]")
+    lake = up_copy_lake(tmp_path, dagster_home, spark_master="local[1]")
     lake.spec["upstreams"][0]["max_versions_per_batch"] = 1
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
     try:  # the first load, in this process
@@ -26,7 +26,7 @@ def test_run_once_runs_one_batch_and_run_runs_until_idle(
     finally:
         instance.dispose()
     for i in (3, 4, 5):
-        _commit(tmp_path / "up", [i])  # versions 3, 4, 5: three batches of one version
+        commit_rows(tmp_path / "up", [i])  # versions 3, 4, 5: three batches of one version
 
     once = lake.cli("run", "--once", "--json")
     assert once.returncode == 0, once.stdout + once.stderr

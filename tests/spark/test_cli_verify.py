@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dagster.test_cli import SCRIPT, _env, _versions
+from tests.support.cli import SCRIPT, control_versions, home_env
 from watermark_dagster.demo import DemoPaths
 
 
@@ -34,7 +34,7 @@ def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: 
         assert HeadlessRunner(defs, instance).run_until_idle().completed == ["b000001"]
     finally:
         instance.dispose()
-    env = _env(
+    env = home_env(
         paths.home,
         DAGSTER_HOME=str(dagster_home),
         WATERMARK_SPARK_MASTER="local[1]",
@@ -53,7 +53,7 @@ def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: 
         assert out.returncode in (0, 1), out.stderr[-3000:]
         return out.returncode, json.loads(out.stdout)
 
-    before = _versions(paths.home)
+    before = control_versions(paths.home)
     rc, report = verify()
     assert rc == 0, report
     assert report["equal"], report
@@ -83,4 +83,4 @@ def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: 
         first,
         second,
     ]
-    assert _versions(paths.home) == before  # verify reads only
+    assert control_versions(paths.home) == before  # verify reads only

@@ -19,8 +19,6 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,47 +27,19 @@ from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable as RsDeltaTable
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from tests.dagster.test_no_jvm import _java_shim
+from tests.support.cli import SCRIPT
+from tests.support.engine import running_engine
+from tests.support.java_shim import java_shim
 from tests.support.plan_checks import HIDING
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
 from watermark_dagster.dagster_defs.runs import DIED_TAG
 from watermark_dagster.demo import DemoPaths, apply_round, seed
 from watermark_dagster.demo.verify import compare_with_full_recompute
-from watermark_dagster.runtime.connect import EngineRecord, free_port, live_engine, read_record
+from watermark_dagster.runtime.connect import free_port, live_engine, read_record
 
 pytestmark = pytest.mark.spark
 
-SCRIPT = Path(sys.executable).with_name("watermark")
 START_TIMEOUT = 600
-
-
-@dataclass
-class Engine:
-    """A `watermark engine` process for one home."""
-
-    process: subprocess.Popen
-    home: Path
-    env: dict[str, str]
-    ready: dict
-    output: Path
-
-    @property
-    def folder(self) -> Path:
-        return self.home / "engine"
-
-    def record(self) -> EngineRecord:
-        found = read_record(self.folder)
-        assert found is not None, self.output.read_text()[-3000:]
-        return found
-
-    def stop(self) -> int:
-        """SIGTERM, as `watermark dev` and an operator stop it; its exit code."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)  # anything left in its group
 
 
 def _server_storage(ui_port: int) -> list:
@@ -96,38 +66,6 @@ def _env(home: Path, conf: dict[str, str] | None = None) -> dict[str, str]:
     for name in ("WATERMARK_ENGINE", "WATERMARK_SPARK_REMOTE", "WATERMARK_REGISTRY"):
         env.pop(name, None)
     return env
-
-
-@contextlib.contextmanager
-def _engine(home: Path, env: dict[str, str], output: Path) -> Iterator[Engine]:
-    with output.open("w") as out:
-        process = subprocess.Popen(
-            [str(SCRIPT), "engine", "--json"],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
-    try:
-        assert process.stdout is not None
-        text, ready = "", None
-        for line in process.stdout:  # the ready object, once the server listens
-            text += line
-            with contextlib.suppress(json.JSONDecodeError):
-                ready = json.loads(text)
-                break
-        assert ready, f"engine exited {process.wait()}: {output.read_text()[-3000:]}"
-        yield Engine(process, home, env, ready, output)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _run(env: dict[str, str], *, ok: bool = True) -> dict:
@@ -191,9 +129,9 @@ def test_runs_use_the_home_engine_start_no_jvm_survive_its_restart_and_run_alone
     # The server's web UI on, for its storage page (below).
     ui = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
     env = _env(paths.home, ui)
-    java_home, launches = _java_shim(tmp_path)
+    java_home, launches = java_shim(tmp_path)
     run_env = {**env, "JAVA_HOME": str(java_home)}
-    with _engine(paths.home, env, tmp_path / "engine.out") as engine:
+    with running_engine(paths.home, env, tmp_path / "engine.out") as engine:
         record = engine.record()
         assert engine.ready == {
             "url": record.url,
@@ -296,12 +234,12 @@ ISOLATION = textwrap.dedent(
     seen["label_left_in_b"] = b.conf.get(USER_METADATA_CONF, None)
     # What a full transform reads, told from the client's own plan (no round trip): the
     # I6 check of declared pipelines over Connect; SQL text only the server can resolve.
-    from watermark_dagster.read.derive import _relation_roots
+    from watermark_dagster.read.transform_checks import relation_roots
 
     local = b.createDataFrame([("a", 1)], "who string, i int")
     joined = b.read.format("delta").load(table).join(local, "who").groupBy("who").count()
-    seen["roots"] = _relation_roots(joined)
-    seen["roots_of_sql"] = _relation_roots(b.sql("SELECT * FROM range(3)"))
+    seen["roots"] = relation_roots(joined)
+    seen["roots_of_sql"] = relation_roots(b.sql("SELECT * FROM range(3)"))
     a.stop()
     c = build_spark_session(remote=url, new_session=True)
     seen["view_after_release"] = c.catalog.tableExists("only_in_a")
@@ -323,7 +261,7 @@ def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
     env = _env(home)
     table = tmp_path / "shared"
     spark.createDataFrame([], "who string, i int").write.format("delta").save(str(table))
-    with _engine(home, env, tmp_path / "engine.out") as engine:
+    with running_engine(home, env, tmp_path / "engine.out") as engine:
         proc = subprocess.run(
             [sys.executable, "-c", ISOLATION, engine.record().url, str(table)],
             env=env,
@@ -392,7 +330,7 @@ def test_what_a_python_full_transform_hides_is_refused_on_connect_too(tmp_path: 
     before writing (tests/support/plan_checks.py asserts it)."""
     home = tmp_path / "wm"
     env = _env(home)
-    with _engine(home, env, tmp_path / "engine.out") as engine:
+    with running_engine(home, env, tmp_path / "engine.out") as engine:
         proc = subprocess.run(
             [sys.executable, "-c", HIDING_ON_CONNECT, engine.record().url, str(tmp_path)],
             env=env,
@@ -456,7 +394,7 @@ def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_
     mark = tmp_path / "killed"
     # The engine is started for the default code location; the runs load this registry
     # themselves: plans are built in the run process, the server only executes them.
-    with _engine(home, env, tmp_path / "engine.out") as engine:
+    with running_engine(home, env, tmp_path / "engine.out") as engine:
         original = engine.record()
         run_env = {
             **env,
@@ -536,7 +474,7 @@ def test_a_client_killed_after_its_target_commit_on_the_engine_applies_each_batc
             """
         )
     )
-    with _engine(home, env, tmp_path / "engine.out"):
+    with running_engine(home, env, tmp_path / "engine.out"):
         run_env = {
             **env,
             "WATERMARK_REGISTRY": str(registry),

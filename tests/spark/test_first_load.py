@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.unit.test_spark_settings import _bytes
+from tests.support.spark_sizes import size_bytes
 from watermark_dagster.runtime.spark import default_driver_memory
 
 
@@ -20,7 +20,7 @@ def test_a_2m_row_first_load_succeeds_at_the_default_settings(tmp_path: Path) ->
     MERGE into a new target — in a fresh process at the default Spark settings. At Spark's
     own 1 GiB driver heap this load failed with UNABLE_TO_ACQUIRE_MEMORY (issue 11)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.first_load", str(tmp_path), "2000000"],
+        [sys.executable, "-m", "tests.support.first_load", str(tmp_path), "2000000"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -32,5 +32,5 @@ def test_a_2m_row_first_load_succeeds_at_the_default_settings(tmp_path: Path) ->
     assert out["completed"] == ["b000001"], out
     assert out["target_rows"] == 2_000_000
     # The JVM really got the default heap (maxMemory is the heap less one survivor space).
-    configured = _bytes(default_driver_memory())
+    configured = size_bytes(default_driver_memory())
     assert 0.85 * configured <= out["driver_max_heap_bytes"] <= configured

@@ -1,4 +1,4 @@
-"""The probe the no-JVM tests rely on (tests/dagster/test_no_jvm.py) sees a real JVM start."""
+"""The probe the no-JVM tests rely on (tests/support/java_shim.py) sees a real JVM start."""
 
 import subprocess
 import sys
@@ -7,20 +7,20 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.dagster.test_no_jvm import _env, _java_shim
+from tests.support.java_shim import java_shim, shim_env
 
 
 @pytest.mark.spark  # starts a JVM on purpose: the shim must see it
 def test_the_java_shim_sees_a_spark_session_start(tmp_path: Path) -> None:
     """The probe the other tests rely on: a session started under the shim is recorded."""
-    java_home, launches = _java_shim(tmp_path)
+    java_home, launches = java_shim(tmp_path)
     code = (
         "from watermark_dagster.runtime.spark import build_spark_session\n"
         "build_spark_session(master='local[1]').stop()\n"
     )
     subprocess.run(
         [sys.executable, "-c", code],
-        env=_env(tmp_path, java_home),
+        env=shim_env(tmp_path, java_home),
         cwd=REPO,
         check=True,
         capture_output=True,

@@ -11,14 +11,14 @@ running a batch): they reach the terminal, and no log is written.
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import SCRIPT
+
 pytestmark = pytest.mark.spark
 
-SCRIPT = Path(sys.executable).with_name("watermark")
 # What Spark and its resolver print below Python: Ivy's report, log4j's notices and
 # WARN lines, the JVM's own warnings.
 NOISE = re.compile(

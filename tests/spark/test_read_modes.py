@@ -11,16 +11,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetCheckKey, AssetKey, AssetRecordsFilter, DagsterInstance
-from dagster._core.instance.ref import InstanceRef
+from dagster import AssetCheckKey, AssetKey
 from dagster._core.loader import LoadingContextForTest
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsDeltaTable
@@ -29,8 +26,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO
-from tests.console import watermark_main as console_main
-from tests.lakes import defs_from, location_defs, location_path, registry_from, write_spec
+from tests.support.lakes import defs_from, registry_from, write_spec
+from tests.support.spark_lake import (
+    Lake,
+    batch_metadata,
+    id_frame,
+    open_lake,
+    source_rows,
+    write_ids,
+)
 from watermark_dagster.config.pipeline import BatchContext, Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
@@ -38,7 +42,7 @@ from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, c
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.assets import REPLAY_TAG
-from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.health import STUCK_CHECK
 from watermark_dagster.errors import ReplayRefusedError, UpstreamUnreadableError
 from watermark_dagster.observe.log import latest_local_version
@@ -46,97 +50,14 @@ from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.run_pipeline import execute_pipeline, recompute_pipeline
 from watermark_dagster.read.inputs import UpstreamInput
-from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark
-
-SCRIPT = Path(sys.executable).with_name("watermark")
-
-
-@dataclass
-class Lake:
-    root: Path
-    spark: SparkSession
-    instance: DagsterInstance
-
-    @property
-    def control_root(self) -> str:
-        return str(self.root / "control")
-
-    @property
-    def store(self) -> WatermarkStore:
-        return WatermarkStore(self.control_root)
-
-    def path(self, name: str) -> str:
-        return str(self.root / name)
-
-    def spec(self, upstreams: list[dict], pipelines: list[dict]) -> dict[str, Any]:
-        return {"control_root": self.control_root, "upstreams": upstreams, "pipelines": pipelines}
-
-    def run(self, spec: dict[str, Any]) -> CycleReport:
-        return HeadlessRunner(defs_from(spec), self.instance).run_until_idle()
-
-    def table(self, name: str) -> DataFrame:
-        return self.spark.read.format("delta").load(self.path(name))
-
-    def rows(self, name: str) -> dict[int, Any]:
-        """ID -> value of a table, failing on a duplicated id."""
-        found = [(r["id"], r["value"]) for r in self.table(name).select("id", "value").collect()]
-        ids = [i for i, _ in found]
-        assert len(ids) == len(set(ids)), f"duplicated ids in {name}"
-        return dict(found)
-
-    def cli(
-        self, spec: dict[str, Any], *args: str, process: bool = False
-    ) -> subprocess.CompletedProcess:
-        """``watermark ARGS`` on ``spec``'s code location: in this process, on the test's
-        Spark session (:mod:`tests.console`), or as a process of its own with ``process``
-        (a replay that runs: its executor stops the command's Spark session)."""
-        spec_file = write_spec(self.root / "spec.json", spec)
-        env = {
-            **os.environ,
-            "PYTHONPATH": location_path(spec_file),
-            "DAGSTER_HOME": os.environ["DAGSTER_HOME"],
-        }
-        argv = [*args, "--defs", location_defs(spec_file)]
-        if not process:
-            return console_main(argv, env)
-        return subprocess.run(
-            [str(SCRIPT), *argv], env=env, capture_output=True, text=True, timeout=600
-        )
 
 
 @pytest.fixture
 def lake(spark: SparkSession, tmp_path: Path, dagster_home: Path) -> Iterator[Lake]:
-    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
-    try:
-        yield Lake(tmp_path, spark, instance)
-    finally:
-        instance.dispose()
-
-
-def _frame(spark: SparkSession, ids: range, value: int = 1) -> DataFrame:
-    return spark.createDataFrame([(i, value * i) for i in ids], "id long, value long").coalesce(1)
-
-
-def _write(spark: SparkSession, path: str, ids: range, *, cdf: bool, mode: str = "append") -> None:
-    writer = _frame(spark, ids).write.format("delta").mode(mode)
-    if cdf:
-        writer = writer.option("delta.enableChangeDataFeed", "true")
-    writer.save(path)
-
-
-def _meta(lake: Lake, asset: str, batch_id: str) -> dict[str, Any]:
-    records = lake.instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[batch_id]), limit=1
-    ).records
-    assert records, f"no materialization of {asset} for {batch_id}"
-    meta = records[0].asset_materialization.metadata  # type: ignore[union-attr]
-    return {k: getattr(v, "value", v) for k, v in meta.items()}
-
-
-def _source_rows(lake: Lake, name: str) -> dict[int, Any]:
-    return {r["id"]: r["value"] for r in lake.table(name).select("id", "value").collect()}
+    with open_lake(spark, tmp_path, dagster_home) as opened:
+        yield opened
 
 
 # ------------------------------------------------------------------ APPEND_ONLY
@@ -144,7 +65,7 @@ def _source_rows(lake: Lake, name: str) -> dict[int, Any]:
 
 def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> None:
     spark, src = lake.spark, lake.path("events")
-    _write(spark, src, range(0, 50), cdf=False)
+    write_ids(spark, src, range(0, 50), cdf=False)
     pipes = [
         {
             "name": "events_copy",
@@ -159,20 +80,20 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     assert not first.failed_runs, first
     assert lake.store.get_batch(first.completed[0]).full_load == ("events_copy",)
 
-    _write(spark, src, range(50, 55), cdf=False)  # v1
-    _write(spark, src, range(55, 60), cdf=False)  # v2
+    write_ids(spark, src, range(50, 55), cdf=False)  # v1
+    write_ids(spark, src, range(55, 60), cdf=False)  # v2
     DeltaTable.forPath(spark, src).optimize().executeCompaction()  # v3: no data change
-    _write(spark, src, range(60, 65), cdf=False)  # v4
+    write_ids(spark, src, range(60, 65), cdf=False)  # v4
     second = lake.run(spec)
     assert len(second.completed) == 1, second
     assert not second.failed_runs, second
     batch = lake.store.get_batch(second.completed[0])
     assert batch.inputs["events"].mode is ReadMode.APPEND_ONLY
     assert batch.inputs["events"].range == VersionRange(1, 4)
-    meta = _meta(lake, "events_copy", batch.batch_id)
+    meta = batch_metadata(lake, "events_copy", batch.batch_id)
     # Three appended files, 15 rows: not the 65-row table, not the compacted file again.
     assert (meta["events/files_read"], meta["events/rows_read"]) == (3, 15)
-    assert lake.rows("copy") == _source_rows(lake, "events")
+    assert lake.rows("copy") == source_rows(lake, "events")
 
     # An UPDATE inside the range: the batch fails loudly, nothing is written or advanced.
     # The error is terminal: `watermark run` attempts it once (although 3 attempts are
@@ -214,10 +135,10 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
     resumed = HeadlessRunner(defs_from(spec), lake.instance).run_until_idle(retry=True)
     assert len(resumed.completed) == 1, resumed
     assert not resumed.failed_runs, resumed
-    meta = _meta(lake, "events_copy", resumed.completed[0])
+    meta = batch_metadata(lake, "events_copy", resumed.completed[0])
     assert meta["events/read_mode"] == "SNAPSHOT"
     assert meta["full_load"] is True
-    assert lake.rows("copy") == _source_rows(lake, "events")
+    assert lake.rows("copy") == source_rows(lake, "events")
     assert lake.rows("copy")[3] == 333
     assert lake.store.committed_versions()["events"] == 5
 
@@ -227,7 +148,7 @@ def test_append_only_reads_only_added_files_and_fails_on_updates(lake: Lake) -> 
 
 def test_a_new_pipeline_bootstraps_from_a_snapshot_then_follows(lake: Lake) -> None:
     spark, src = lake.spark, lake.path("orders")
-    _write(spark, src, range(0, 20), cdf=True)
+    write_ids(spark, src, range(0, 20), cdf=True)
     first_pipe = {
         "name": "orders_copy",
         "upstreams": ["orders"],
@@ -239,7 +160,7 @@ def test_a_new_pipeline_bootstraps_from_a_snapshot_then_follows(lake: Lake) -> N
     table = DeltaTable.forPath(spark, src)
     table.update("id < 5", {"value": "value + 100"})
     table.delete("id = 7")
-    _write(spark, src, range(20, 25), cdf=True)
+    write_ids(spark, src, range(20, 25), cdf=True)
     assert len(lake.run(spec).completed) == 1
 
     # A second pipeline joins a location that has been running for a while.
@@ -267,22 +188,22 @@ def test_a_new_pipeline_bootstraps_from_a_snapshot_then_follows(lake: Lake) -> N
     assert detail is not None
     assert list(detail["clusteringColumns"]) == ["id"]
     assert batch.inputs["orders"].mode is ReadMode.CDF
-    assert _meta(lake, "orders_copy", batch_id)["orders/read_mode"] == "CDF"
-    assert _meta(lake, "orders_doubled", batch_id)["orders/read_mode"] == "SNAPSHOT"
+    assert batch_metadata(lake, "orders_copy", batch_id)["orders/read_mode"] == "CDF"
+    assert batch_metadata(lake, "orders_doubled", batch_id)["orders/read_mode"] == "SNAPSHOT"
 
     # Then it follows incrementally.
     table.delete("id = 11")
-    _write(spark, src, range(25, 27), cdf=True)
+    write_ids(spark, src, range(25, 27), cdf=True)
     [next_id] = lake.run(spec).completed
     assert lake.store.get_batch(next_id).full_load == ("orders_full",)  # overwrites each time
-    assert _meta(lake, "orders_doubled", next_id)["orders/read_mode"] == "CDF"
+    assert batch_metadata(lake, "orders_doubled", next_id)["orders/read_mode"] == "CDF"
 
     expected = recompute_pipeline(
         spark, registry_from(spec), "orders_doubled", lake.store.committed_versions()
     )
     assert lake.rows("doubled") == {r["id"]: r["value"] for r in expected.collect()}
-    assert lake.rows("copy") == _source_rows(lake, "orders")
-    assert lake.rows("full") == _source_rows(lake, "orders")
+    assert lake.rows("copy") == source_rows(lake, "orders")
+    assert lake.rows("full") == source_rows(lake, "orders")
 
 
 # ------------------------------------------------------------------ TIMESTAMP windows
@@ -325,7 +246,7 @@ def test_timestamp_windows_read_tied_rows_exactly_once(lake: Lake) -> None:
     ]
     spec = lake.spec([upstream], pipes)
     [b1] = lake.run(spec).completed
-    assert _meta(lake, "clicks_copy", b1)["clicks/rows_read"] == 2
+    assert batch_metadata(lake, "clicks_copy", b1)["clicks/rows_read"] == 2
     tie_micros = int(tie.timestamp() * 1_000_000)
     assert lake.store.committed()["clicks"].committed_cursor == (tie_micros, 2)
 
@@ -334,7 +255,7 @@ def test_timestamp_windows_read_tied_rows_exactly_once(lake: Lake) -> None:
     later = tie + timedelta(minutes=1)
     _clicks(folder, "part-2.parquet", [(3, tie, tie), (4, later, later), (5, None, later)])
     [b2] = lake.run(spec).completed
-    assert _meta(lake, "clicks_copy", b2)["clicks/rows_read"] == 3
+    assert batch_metadata(lake, "clicks_copy", b2)["clicks/rows_read"] == 3
     copy = lake.table("copy").select("id", "_wm_batch_id").collect()
     assert sorted((r["id"], r["_wm_batch_id"]) for r in copy) == [
         (1, b1),
@@ -418,7 +339,7 @@ def test_delta_cursor_upstream_goes_idle_after_commits_that_add_nothing_past_it(
         assert len(report.completed) <= 1, f"{what}: batches {report.completed}"
         for batch_id in report.completed:
             for pipeline in ("clicks_copy", "clicks_log"):
-                meta = _meta(lake, pipeline, batch_id)
+                meta = batch_metadata(lake, pipeline, batch_id)
                 assert meta["rows_read"] == 0, (what, meta)
                 assert meta["rows_written"] == 0, (what, meta)
         assert lake.run(spec).completed == [], f"{what}: not idle"
@@ -428,7 +349,7 @@ def test_delta_cursor_upstream_goes_idle_after_commits_that_add_nothing_past_it(
     # Rows past the position are still read, once.
     _delta_clicks(lake, [(9, t0 + timedelta(minutes=9))])
     [last] = lake.run(spec).completed
-    assert _meta(lake, "clicks_copy", last)["rows_read"] == 1
+    assert batch_metadata(lake, "clicks_copy", last)["rows_read"] == 1
     log_ids = [r["id"] for r in lake.table("log").select("id").collect()]
     assert sorted(log_ids) == list(range(1, 10))
     assert sorted(lake.rows("copy")) == list(range(1, 10))
@@ -479,7 +400,7 @@ def test_timestamp_lag_holds_back_recent_rows_until_they_pass_it(lake: Lake) -> 
 
 def test_an_append_target_retried_after_a_crash_holds_each_row_once(lake: Lake) -> None:
     spark, src = lake.spark, lake.path("log")
-    _write(spark, src, range(0, 10), cdf=False)
+    write_ids(spark, src, range(0, 10), cdf=False)
     pipes = [
         {
             "name": "log_copy",
@@ -493,7 +414,7 @@ def test_an_append_target_retried_after_a_crash_holds_each_row_once(lake: Lake) 
     ]
     spec = lake.spec([{"name": "log", "path": src}], pipes)
     lake.run(spec)
-    _write(spark, src, range(10, 15), cdf=False)
+    write_ids(spark, src, range(10, 15), cdf=False)
     runner = HeadlessRunner(defs_from(spec), lake.instance)
     runner.tick("watermark_coordinator")  # plans batch 2 (its run is not executed here)
     batch = lake.store.open_batch()
@@ -502,7 +423,14 @@ def test_an_append_target_retried_after_a_crash_holds_each_row_once(lake: Lake) 
     # A worker appends batch 2 and is killed before it records its checkpoint.
     spec_file = write_spec(lake.root / "spec.json", spec)
     child = subprocess.run(
-        [sys.executable, "-m", "tests.run_pipeline", str(spec_file), "log_copy", batch.batch_id],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.run_pipeline",
+            str(spec_file),
+            "log_copy",
+            batch.batch_id,
+        ],
         env={**os.environ, "WATERMARK_FAULTS": "after_target_commit", "PYTHONPATH": str(REPO)},
         cwd=REPO,
         capture_output=True,
@@ -515,7 +443,7 @@ def test_an_append_target_retried_after_a_crash_holds_each_row_once(lake: Lake) 
     report = runner.run_until_idle()
     assert report.completed == [batch.batch_id]
     assert not report.failed_runs
-    assert _meta(lake, "log_copy", batch.batch_id)["already_applied"] is True
+    assert batch_metadata(lake, "log_copy", batch.batch_id)["already_applied"] is True
     ids = [r["id"] for r in lake.table("copy").collect()]
     assert sorted(ids) == list(range(15))
     detail = DeltaTable.forPath(lake.spark, lake.path("copy")).detail().first()
@@ -531,24 +459,24 @@ def test_a_replay_that_could_only_reload_is_refused_and_writes_nothing(lake: Lak
     0. Now it is refused before anything is recorded, by the command line and, for a replay
     batch that reaches a run anyway, by the run; a replay into a missing target too."""
     spark, src = lake.spark, lake.path("events")
-    _write(spark, src, range(0, 5), cdf=False)  # v0: batch 1 loads it
+    write_ids(spark, src, range(0, 5), cdf=False)  # v0: batch 1 loads it
     pipes = [
         {"name": "events_copy", "upstreams": ["events"], "target": lake.path("copy")}
         | {"transform": "copy"}
     ]
     spec = lake.spec([{"name": "events", "path": src, "on_data_change": "snapshot"}], pipes)
     lake.run(spec)
-    _write(spark, src, range(5, 8), cdf=False)  # v1
+    write_ids(spark, src, range(5, 8), cdf=False)  # v1
     lake.run(spec)
     DeltaTable.forPath(spark, src).update("id = 3", {"value": "333"})  # v2: a reload
     lake.run(spec)
-    _write(spark, src, range(8, 10), cdf=False)  # v3
+    write_ids(spark, src, range(8, 10), cdf=False)  # v3
     lake.run(spec)
-    _write(spark, src, range(10, 12), cdf=False)  # v4
+    write_ids(spark, src, range(10, 12), cdf=False)  # v4
     lake.run(spec)
     assert lake.store.committed_versions()["events"] == 4
     before = lake.rows("copy")
-    assert before == _source_rows(lake, "events")
+    assert before == source_rows(lake, "events")
     target_version = latest_local_version(lake.path("copy"))
     tables = ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
     versions = {t: lake.store.table_version(t) for t in tables}
@@ -596,7 +524,7 @@ def test_a_replay_that_could_only_reload_is_refused_and_writes_nothing(lake: Lak
 
 def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: Lake) -> None:
     spark, src = lake.spark, lake.path("prices")
-    _write(spark, src, range(0, 6), cdf=True)
+    write_ids(spark, src, range(0, 6), cdf=True)
     pipes = [
         {
             "name": "prices_copy",
@@ -705,7 +633,7 @@ def _vacuum_change_files(lake: Lake, src: str) -> None:
 
 def _clean_log(lake: Lake, src: str) -> None:
     """What log cleanup does: a checkpoint, then the older commit files are removed."""
-    _write(lake.spark, src, range(100, 101), cdf=True)
+    write_ids(lake.spark, src, range(100, 101), cdf=True)
     RsDeltaTable(src).create_checkpoint()
     for version in (0, 1):
         Path(src, "_delta_log", f"{version:020d}.json").unlink()
@@ -737,7 +665,7 @@ def _retype_column(lake: Lake, src: str) -> None:
 def _recreate(lake: Lake, src: str) -> None:
     shutil.rmtree(src)
     for chunk in (range(0, 4), range(4, 8), range(8, 12), range(12, 16)):
-        _write(lake.spark, src, chunk, cdf=True)
+        write_ids(lake.spark, src, chunk, cdf=True)
 
 
 # case -> (how to break the range, the error, a phrase of its message, break after planning)
@@ -763,7 +691,7 @@ BREAKS = {
 def test_an_unreadable_range_fails_loudly_and_reset_recovers(lake: Lake, case: str) -> None:
     spark, src = lake.spark, lake.path("up")
     breaker, error_name, phrase, after_planning = BREAKS[case]
-    _write(spark, src, range(0, 8), cdf=True)
+    write_ids(spark, src, range(0, 8), cdf=True)
     pipes = [
         {"name": "up_copy", "upstreams": ["up"], "target": lake.path("copy"), "transform": "copy"}
     ]
@@ -811,14 +739,14 @@ def test_an_unreadable_range_fails_loudly_and_reset_recovers(lake: Lake, case: s
 
 def test_additive_nullable_columns_pass_through(lake: Lake) -> None:
     spark, src = lake.spark, lake.path("up")
-    _write(spark, src, range(0, 4), cdf=True)
+    write_ids(spark, src, range(0, 4), cdf=True)
     pipes = [
         {"name": "up_copy", "upstreams": ["up"], "target": lake.path("copy"), "transform": "copy"}
     ]
     spec = lake.spec([{"name": "up", "path": src}], pipes)
     lake.run(spec)
     (
-        _frame(spark, range(4, 6))
+        id_frame(spark, range(4, 6))
         .withColumn("note", F.lit("new"))
         .write.format("delta")
         .mode("append")
@@ -973,7 +901,7 @@ def test_a_replay_reads_a_delta_cursor_source_as_its_origin_batch_did(lake: Lake
 
     for i in (1, 2, 3):
         click(i, t0 + timedelta(minutes=i))
-    _write(lake.spark, orders, range(1, 4), cdf=True)
+    write_ids(lake.spark, orders, range(1, 4), cdf=True)
     registry = Registry(
         upstreams=[
             DeltaUpstream(name="orders", path=orders),

@@ -33,8 +33,8 @@ from dagster_graphql.test.utils import (
 from deltalake import write_deltalake
 
 from tests.conftest import REPO
-from tests.leaks import blobs_holding, leaks
 from tests.spark.secret_probe import PROBE_SETTING
+from tests.support.leaks import blobs_holding, leaks
 from watermark_dagster import definitions
 
 pytestmark = pytest.mark.spark

@@ -7,16 +7,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance
-from dagster._core.instance.ref import InstanceRef
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsDeltaTable
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from tests.lakes import before_images_first
-from tests.spark.test_read_modes import Lake, _meta, _source_rows, _write
+from tests.support.lakes import before_images_first
+from tests.support.spark_lake import Lake, batch_metadata, open_lake, source_rows, write_ids
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput
@@ -35,11 +33,8 @@ ROWS_PER_FILE_CONF = "spark.sql.files.maxRecordsPerFile"
 
 @pytest.fixture
 def lake(spark: SparkSession, tmp_path: Path, dagster_home: Path) -> Iterator[Lake]:
-    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
-    try:
-        yield Lake(tmp_path, spark, instance)
-    finally:
-        instance.dispose()
+    with open_lake(spark, tmp_path, dagster_home) as opened:
+        yield opened
 
 
 # ------------------------------------------------------------------ same-commit ties
@@ -115,7 +110,7 @@ def test_a_key_removed_and_re_added_in_one_commit_resolves_to_the_state_after_it
     lake: Lake, rewrite: str
 ) -> None:
     spark, src = lake.spark, lake.path("src")
-    _write(spark, src, range(0, 10), cdf=True)  # v0
+    write_ids(spark, src, range(0, 10), cdf=True)  # v0
     # recompute() reads the pinned snapshot, so ties cannot touch it; one case shows it.
     names = ("copy", "raw", "recomputed") if rewrite == "restore" else ("copy", "raw")
     pipes = [
@@ -133,7 +128,7 @@ def test_a_key_removed_and_re_added_in_one_commit_resolves_to_the_state_after_it
     [batch_id] = lake.run(spec).completed
     planned = lake.store.get_batch(batch_id).inputs["src"]
     assert (planned.mode, planned.range) == (ReadMode.CDF, VersionRange(1, 2))
-    expected = _source_rows(lake, "src")
+    expected = source_rows(lake, "src")
     for name in names:
         assert lake.rows(name) == expected, f"{rewrite}: target {name} differs"
 
@@ -166,8 +161,8 @@ def _last_operation(path: str) -> dict[str, Any]:
 def test_a_batch_with_nothing_to_write_commits_nothing_and_reports_zeros(lake: Lake) -> None:
     spark = lake.spark
     orders, log_path = lake.path("orders"), lake.path("log")
-    _write(spark, orders, range(0, 30), cdf=True)
-    _write(spark, log_path, range(0, 30), cdf=False)
+    write_ids(spark, orders, range(0, 30), cdf=True)
+    write_ids(spark, log_path, range(0, 30), cdf=False)
     pipes = [
         {
             "name": "orders_copy",
@@ -187,9 +182,9 @@ def test_a_batch_with_nothing_to_write_commits_nothing_and_reports_zeros(lake: L
     spec = lake.spec([{"name": "orders", "path": orders}, {"name": "log", "path": log_path}], pipes)
     lake.run(spec)  # first loads
     DeltaTable.forPath(spark, orders).update("id < 12", {"value": "value + 1"})
-    _write(spark, log_path, range(30, 35), cdf=False)
+    write_ids(spark, log_path, range(30, 35), cdf=False)
     [merged] = lake.run(spec).completed
-    assert _meta(lake, "orders_copy", merged)["rows_updated"] == 12
+    assert batch_metadata(lake, "orders_copy", merged)["rows_updated"] == 12
     copy_version, events_version = _version(lake.path("copy")), _version(lake.path("events"))
 
     # Commits that change no row (a table property, a compaction): the batch reads
@@ -204,7 +199,7 @@ def test_a_batch_with_nothing_to_write_commits_nothing_and_reports_zeros(lake: L
         ("orders_copy", "copy", copy_version),
         ("log_copy", "events", events_version),
     ):
-        meta = _meta(lake, asset, empty)
+        meta = batch_metadata(lake, asset, empty)
         assert meta["rows_read"] == 0, (asset, meta)
         # Not the 12 rows the MERGE of the previous batch updated: nothing was committed.
         assert (meta["rows_written"], meta["rows_updated"]) == (0, 0), (asset, meta)
@@ -367,11 +362,11 @@ def test_a_merge_batch_copies_about_the_rows_it_changes(
     last = _last_operation(lake.path("copy"))
     assert last["operation"] == "MERGE"
     assert int(last["operationMetrics"]["numTargetRowsCopied"]) <= 2 * 25, last
-    meta = _meta(lake, "orders_copy", batch_id)
+    meta = batch_metadata(lake, "orders_copy", batch_id)
     assert (meta["rows_updated"], meta["rows_deleted"], meta["rows_inserted"]) == (12, 8, 5)
     assert meta["rows_copied"] <= 2 * 25, meta
     assert meta["files_touched"] <= len(ranges)
-    assert lake.rows("copy") == _source_rows(lake, "orders")
+    assert lake.rows("copy") == source_rows(lake, "orders")
 
     # How: the first load wrote a few files of disjoint key ranges, with deletion vectors.
     assert 4 <= len(ranges) <= 6, ranges

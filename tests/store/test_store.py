@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from tests.support.processes import spawn_pool
+from tests.support.store_races import advance_at
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at
 from watermark_dagster.core.finalizing import AdvanceDecision
 from watermark_dagster.core.planning import UpstreamPosition
@@ -149,14 +150,6 @@ def _plan_at(root: str, start_at: float, latest: int) -> tuple[str | None, bool]
     return (batch.batch_id if batch else None), created
 
 
-def _advance_at(root: str, start_at: float, upstream: str) -> str:
-    store = WatermarkStore(root)
-    batch = store.open_batch()
-    assert batch is not None
-    time.sleep(max(0.0, start_at - time.time()))
-    return store.advance(batch, upstream, actor="racer").value
-
-
 def _checkpoint_at(root: str, start_at: float, pipeline: str) -> int:
     store = WatermarkStore(root)
     store.ensure_tables()
@@ -197,7 +190,7 @@ def test_concurrent_finalizers_advance_once(tmp_path: Path, pool) -> None:
     store = WatermarkStore(root)
     store.create_batch(_positions(), PIPELINES, actor="test")
     start = time.time() + 1.5
-    results = pool.starmap(_advance_at, [(root, start, "up2")] * 4)
+    results = pool.starmap(advance_at, [(root, start, "up2")] * 4)
     assert sorted(results) == ["ADVANCE", "ALREADY_DONE", "ALREADY_DONE", "ALREADY_DONE"]
     advanced = [h for h in store.history() if h["event"] == "WATERMARK_ADVANCED"]
     assert len(advanced) == 1

@@ -1,6 +1,7 @@
 """The package's shape, checked from its source: layers depend downwards only, the pure core
 imports no engine, no module reaches into another's private names, no import cycles, and
-Dagster's private modules only where no public API covers them.
+Dagster's private modules only where no public API covers them. The tests' own shape too: no
+test module imports another (the helpers they share live in tests/support/).
 
 The layers, lowest first (docs/architecture.md):
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "watermark_dagster"
+TESTS = Path(__file__).resolve().parents[1]
 ROOT = "watermark_dagster"
 
 LAYERS: dict[str, int] = {
@@ -271,3 +273,42 @@ def test_loading_the_code_location_imports_neither_pyspark_nor_sqlglot(tmp_path:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "", f"loading the definitions imported {out.stdout.strip()}"
+
+
+def _imported_test_modules(path: Path) -> Iterator[str]:
+    """``line: module`` of every import in ``path`` (top level or in a function) of one of
+    the suite's modules (``tests.*`` or relative) whose last dotted part starts with
+    ``test_``; ``from P import test_x`` counts as one. A library's (``dagster._core.test_utils``)
+    is no test module of this suite."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            package = "." * node.level + (node.module or "")
+            targets = [package] + [
+                f"{package.rstrip('.')}.{alias.name}" if node.module else package + alias.name
+                for alias in node.names
+                if alias.name.startswith("test_")
+            ]
+        else:
+            continue
+        for target in targets:
+            ours = target.startswith((".", "tests."))
+            if ours and target.rsplit(".", 1)[-1].startswith("test_"):
+                yield f"{node.lineno}: {target}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """A helper two test modules share lives in tests/support/, not in one of them: a test
+    module imported by another runs its imports (and its module-level setup) twice over,
+    and its helpers look private while others depend on them. Conftest imports are fine."""
+    found = [
+        f"{path.relative_to(TESTS.parent)}:{where}"
+        for path in sorted(TESTS.rglob("test_*.py"))
+        for where in _imported_test_modules(path)
+    ]
+    assert not found, (
+        "test modules importing other test modules (move the helpers to tests/support/):\n"
+        + "\n".join(found)
+    )

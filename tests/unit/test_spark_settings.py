@@ -82,11 +82,6 @@ def test_watermark_spark_conf_reaches_the_code_locations_resource(
     assert settings["spark.driver.memory"] == "6g"
 
 
-def _bytes(size: str) -> int:
-    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
-    return int(size[:-1]) * units[size[-1].lower()]
-
-
 @pytest.mark.parametrize(
     ("text", "conflict"),
     [

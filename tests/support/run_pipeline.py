@@ -1,4 +1,4 @@
-"""Run one pipeline on one batch in this process: ``python -m tests.run_pipeline SPEC
+"""Run one pipeline on one batch in this process: ``python -m tests.support.run_pipeline SPEC
 PIPELINE BATCH``. The crash tests run it with WATERMARK_FAULTS set, so it is killed with
 SIGKILL at the named point, as a worker would die."""
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import SPARK_TEST_CONF
-from tests.lakes import registry_from
+from tests.support.lakes import registry_from
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.runtime.spark import build_spark_session
 from watermark_dagster.store import WatermarkStore

@@ -10,7 +10,7 @@ given to the command for the call and taken back afterwards:
   ``sys.path``;
 * fresh imports of the code location's module (``watermark_dagster.definitions`` reads
   ``WATERMARK_HOME`` and ``WATERMARK_REGISTRY`` when imported; ``--defs`` modules written
-  by ``tests/lakes.py`` share one name);
+  by ``tests/support/lakes.py`` share one name);
 * file descriptors 1 and 2 (a quiet command points 2 at its log file) and ``sys.stdin``
   at ``/dev/null``.
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 # Modules a child process would import afresh for each command.
 _FRESH_MODULES = ("watermark_dagster.definitions",)
-_FRESH_PREFIXES = ("lake_",)  # tests/lakes.py write_spec modules
+_FRESH_PREFIXES = ("lake_",)  # tests/support/lakes.py write_spec modules
 
 
 @contextlib.contextmanager

@@ -147,8 +147,8 @@ def write_spec(path: Path, spec: dict[str, Any]) -> Path:
     path.write_text(json.dumps(spec))
     module = path.with_name(f"{_module_name(path)}.py")
     module.write_text(
-        f'"""The code location of {path.name}, written by tests/lakes.py."""\n\n'
-        "import json\nfrom pathlib import Path\n\nfrom tests.lakes import defs_from\n\n"
+        f'"""The code location of {path.name}, written by tests/support/lakes.py."""\n\n'
+        "import json\nfrom pathlib import Path\n\nfrom tests.support.lakes import defs_from\n\n"
         f"defs = defs_from(json.loads(Path({str(path)!r}).read_text()))\n"
     )
     return path
@@ -165,5 +165,5 @@ def location_defs(spec_file: Path) -> str:
 
 def location_path(spec_file: Path) -> str:
     """``PYTHONPATH`` for a process loading the code location of ``spec_file``: the
-    spec's folder (its module) and the repository (``tests.lakes``)."""
+    spec's folder (its module) and the repository (``tests.support.lakes``)."""
     return os.pathsep.join([str(spec_file.parent), str(REPO)])

@@ -1,6 +1,6 @@
 """First load of a large upstream through the real pipeline path, in a fresh process at the
-default Spark settings: ``python -m tests.first_load ROOT ROWS [CONF_JSON]`` (a JSON object of
-Spark settings overrides a default, e.g. ``{"spark.driver.memory": "1g"}``).
+default Spark settings: ``python -m tests.support.first_load ROOT ROWS [CONF_JSON]`` (a JSON
+object of Spark settings overrides a default, e.g. ``{"spark.driver.memory": "1g"}``).
 
 The upstream (id, customer_id, amount, ts, a 50-character payload; change data feed on) is
 written with delta-rs, so the only JVM is the one the pipeline's run starts through the
