@@ -237,7 +237,7 @@ def run_replay_batch(lake: Lake) -> str:
     """Record a replay of up's version 0 and add its partition, as ``watermark replay``
     does before its run starts; the batch stays open (PLANNED)."""
     plan = plan_replay(lake.store, lake.registry, "up", VersionRange(0, 0))
-    batch = lake.store.create_replay_batch(
+    batch = lake.store.create_range_replay(
         "up",
         plan.range,
         mode=plan.mode,

@@ -696,7 +696,7 @@ class DeclaredCase:
         pipelines = self.consumers[upstream]
         readers = {u for p in pipelines for u in self.registry.pipelines[p].upstreams}
         try:
-            batch = self.store.create_replay_batch(
+            batch = self.store.create_range_replay(
                 upstream,
                 VersionRange(start, end),
                 mode=ReadMode.CDF,

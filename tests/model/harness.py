@@ -384,7 +384,7 @@ class Case:
         end = self.rng.randint(start, committed)
         has_cdf = upstream == "src"
         try:
-            batch = self.store.create_replay_batch(
+            batch = self.store.create_range_replay(
                 upstream,
                 VersionRange(start, end),
                 mode=ReadMode.CDF if has_cdf else ReadMode.APPEND_ONLY,

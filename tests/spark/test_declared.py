@@ -164,7 +164,7 @@ def test_a_replay_past_the_inline_keys_limit_stays_incremental_and_rolls_nothing
     run_cycle(spark, registry, store)
     orders_range = replayed.inputs["orders"].range
     assert orders_range is not None
-    replay = store.create_replay_batch(
+    replay = store.create_range_replay(
         "orders",
         orders_range,
         mode=replayed.inputs["orders"].mode,

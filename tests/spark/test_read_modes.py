@@ -492,7 +492,7 @@ def test_a_replay_that_could_only_reload_is_refused_and_writes_nothing(lake: Lak
 
     # A replay batch that reaches a run all the same (recorded by hand, as a backfill of
     # an older version would) fails there, before the write.
-    replay = lake.store.create_replay_batch(
+    replay = lake.store.create_range_replay(
         "events",
         VersionRange(1, 3),
         mode=ReadMode.APPEND_ONLY,
@@ -544,7 +544,7 @@ def test_replaying_an_older_batch_into_a_merge_target_leaves_newer_rows(lake: La
     assert (before[1], before[2]) == (200, 100)
 
     registry = registry_from(spec)
-    replay = lake.store.create_replay_batch(
+    replay = lake.store.create_range_replay(
         "prices",
         VersionRange(1, 1),
         mode=ReadMode.CDF,
@@ -938,7 +938,7 @@ def test_a_replay_reads_a_delta_cursor_source_as_its_origin_batch_did(lake: Lake
 
     orders_range = second.inputs["orders"].range
     assert orders_range is not None
-    replay = store.create_replay_batch(
+    replay = store.create_range_replay(
         "orders",
         orders_range,
         mode=ReadMode.CDF,

@@ -286,7 +286,7 @@ def run_replay(
     who = actor or default_actor()
     batch = unfinished_replay(store, plan)
     if batch is None:
-        batch = store.create_replay_batch(
+        batch = store.create_range_replay(
             plan.upstream,
             plan.range,
             mode=plan.mode,
@@ -395,9 +395,9 @@ def start_backfill_replay(
     ends it with ``store.set_batch_status``.
 
     Raises:
-        BatchStateError: the store refused it (see ``WatermarkStore.create_batch_replay``).
+        BatchStateError: the store refused it (see ``WatermarkStore.create_backfill_replay``).
     """
-    return store.create_batch_replay(
+    return store.create_backfill_replay(
         plan.batch.batch_id,
         pipeline=plan.pipeline,
         upstreams=list(registry.pipelines[plan.pipeline].upstreams),

@@ -403,7 +403,7 @@ class WatermarkStore(ControlTables):
             },
         )
 
-    def create_replay_batch(
+    def create_range_replay(
         self,
         upstream: str,
         rng: VersionRange,
@@ -414,7 +414,8 @@ class WatermarkStore(ControlTables):
         actor: str,
         reason: str | None = None,
     ) -> Batch:
-        """Record a REPLAY batch that re-reads ``rng`` of ``upstream`` through ``pipelines``.
+        """Record a REPLAY batch that re-reads ``rng`` of ``upstream`` through ``pipelines``
+        (``watermark replay``; a batch partition's backfill is :meth:`create_backfill_replay`).
 
         The other upstreams are pinned where the scheduled batch that applied version
         ``rng.end`` pinned them, and the replay writes with that batch's position
@@ -458,7 +459,7 @@ class WatermarkStore(ControlTables):
         )
         return batch
 
-    def create_batch_replay(
+    def create_backfill_replay(
         self,
         batch_id: str,
         *,
@@ -468,12 +469,12 @@ class WatermarkStore(ControlTables):
         actor: str,
         reason: str | None = None,
     ) -> Batch:
-        """Record a REPLAY batch that re-reads every version range batch ``batch_id``
-        pinned for ``upstreams`` through ``pipeline`` (a backfill of an applied batch
-        partition; see :func:`~watermark_dagster.core.replay.plan_batch_replay`).
+        """Record a REPLAY batch for a backfill of the applied batch ``batch_id``'s
+        partition: it re-reads every version range ``batch_id`` pinned for ``upstreams``
+        through ``pipeline`` (see :func:`~watermark_dagster.core.replay.plan_batch_replay`).
 
         It writes at that batch's position, pins the other upstreams where it pinned them,
-        and, like :meth:`create_replay_batch`, never moves a committed watermark.
+        and, like :meth:`create_range_replay`, never moves a committed watermark.
 
         Raises:
             BatchStateError: the batch is unknown, a range is not applied yet (beyond the
