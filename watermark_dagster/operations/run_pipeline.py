@@ -35,7 +35,7 @@ from watermark_dagster.operations.decide import (
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.derive import choose_strategy, transform_of
-from watermark_dagster.read.inputs import UpstreamInput
+from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import existing_target
 from watermark_dagster.write.targets import write_target
@@ -195,16 +195,22 @@ def run_pipeline(
         # A rewrite (decided above, or by the transform past the keys the driver collects)
         # overwrites the target with the full transform's output, as a full load does.
         rewrite = strategy is not None and strategy.strategy is Strategy.REWRITE
-        write = write_target(
-            spark,
-            output,
-            pipeline,
-            batch_id=batch_id,
-            write_seq=batch.write_seq,
-            full_load=full_load or rewrite,
-            replay=replay,
-            retried=attempt > 1,
-        )
+        try:
+            write = write_target(
+                spark,
+                output,
+                pipeline,
+                batch_id=batch_id,
+                write_seq=batch.write_seq,
+                full_load=full_load or rewrite,
+                replay=replay,
+                retried=attempt > 1,
+            )
+        except Exception as e:  # files of a pinned input gone: named, as a read's are (I6)
+            named = unreadable_in_write(inputs, e)
+            if named is e:
+                raise
+            raise named from e
         if strategy is not None:
             strategy.seconds = round(time.perf_counter() - started, 3)
         log.info(

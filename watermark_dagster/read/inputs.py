@@ -40,7 +40,7 @@ from watermark_dagster.read.cursor import (
 from watermark_dagster.read.frames import as_changes
 from watermark_dagster.read.preflight import preflight
 from watermark_dagster.read.snapshot import read_snapshot
-from watermark_dagster.read.tables import table_at
+from watermark_dagster.read.tables import comparable_location, table_at
 
 
 def _cursor_upstream(upstream: Upstream) -> CursorUpstream:
@@ -367,16 +367,7 @@ def unreadable(upstream: Upstream, what: str, error: BaseException) -> BaseExcep
     first = meaningful[0] if meaningful else text.strip()
     # "org.apache.spark.SparkException: [FAILED_READ_FILE...] ..." -> "[FAILED_READ_FILE...] ..."
     first = re.sub(r"^(?:[a-z_][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ", "", first)[:500]
-    path = None
-    for pattern in (
-        r"reading file (\S+?)\.? File does not exist",
-        r"File (\S+) does not exist",
-        r"FileNotFoundException: (?:File )?(\S+)",
-    ):
-        found = re.search(pattern, text)
-        if found:
-            path = found.group(1).rstrip(".")
-            break
+    path = _missing_path(text)
     for needles, cause, fix in _CAUSES:
         if any(n.lower() in text.lower() for n in needles):
             missing = f"; missing file: {path}" if path else ""
@@ -388,3 +379,41 @@ def unreadable(upstream: Upstream, what: str, error: BaseException) -> BaseExcep
                 fix=fix.format(reset=reset_command(upstream.name)),
             )
     return error
+
+
+def _missing_path(text: str) -> str | None:
+    """The path of the missing file Spark's error text names, if it names one."""
+    for pattern in (
+        r"reading file (\S+?)\.? File does not exist",
+        r"File (\S+) does not exist",
+        r"FileNotFoundException: (?:File )?(\S+)",
+    ):
+        found = re.search(pattern, text)
+        if found:
+            return found.group(1).rstrip(".")
+    return None
+
+
+def unreadable_in_write(inputs: Mapping[str, UpstreamInput], error: BaseException) -> BaseException:
+    """The named error of a write whose Spark job failed reading a pinned input: the files
+    of a snapshot the batch reads whole (a ``rewrite``, a ``full`` batch, a join through
+    another upstream) were removed after the batch was planned (a VACUUM). The count of a
+    range's rows (:meth:`UpstreamInput.count_rows`) has not read those files, and a
+    rewrite reports its rows from the log's statistics without reading any.
+
+    :func:`unreadable` of the input whose location holds the missing file, or of the only
+    input read when Spark's text names no file; ``error`` itself otherwise.
+    """
+    read = [i for i in inputs.values() if i.mode is not ReadMode.NOOP]
+    path = _missing_path(str(error))
+    if path is not None:
+        where = comparable_location(path)
+        read = [
+            i for i in read if where.startswith(comparable_location(i.location).rstrip("/") + "/")
+        ]
+    if len(read) != 1:
+        return error
+    [found] = read
+    at = found.snapshot_version
+    what = f"of the snapshot at version {at}" if at is not None else found.describe()
+    return unreadable(found._upstream, what, error)

@@ -1,8 +1,10 @@
 """An upstream's table at a pinned version, with delta-rs (no JVM), and the errors of a
 range that cannot be read any more (its table or its commits are gone)."""
 
+import posixpath
 from collections.abc import Sequence
 from functools import cache
+from urllib.parse import unquote, urlsplit
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -137,3 +139,11 @@ def configuration(upstream: Upstream, version: int) -> dict[str, str]:
     """The table properties as of ``version``, keys lower-cased."""
     config = table_at(upstream, version).metadata().configuration or {}
     return {k.lower(): str(v) for k, v in config.items()}
+
+
+def comparable_location(location: str) -> str:
+    """``location`` as a comparable URI: local paths and ``file:`` URIs as ``file:/path``."""
+    parsed = urlsplit(location)
+    if parsed.scheme in ("", "file"):
+        return "file:" + posixpath.normpath(unquote(parsed.path))
+    return f"{parsed.scheme}://{parsed.netloc}{posixpath.normpath(unquote(parsed.path))}"

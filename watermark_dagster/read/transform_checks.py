@@ -8,11 +8,9 @@ runs: the analyzed plan, or over Spark Connect the client's plan, is read.
 """
 
 import json
-import posixpath
 import re
 from collections.abc import Iterable
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame
@@ -23,6 +21,7 @@ from watermark_dagster.config.pipeline import (
 )
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.plan_text import TRUNCATED, PlanNode, analyzed_tree
+from watermark_dagster.read.tables import comparable_location
 
 
 def reads_only_upstreams(
@@ -48,14 +47,18 @@ def reads_only_upstreams(
     Raises:
         TerminalError: naming the pipeline, what it reads outside and the fix.
     """
-    roots = tuple(_normalized(batch[u].location).rstrip("/") + "/" for u in pipeline.upstreams)
+    roots = tuple(
+        comparable_location(batch[u].location).rstrip("/") + "/" for u in pipeline.upstreams
+    )
     read = relation_roots(output)
     if read is None:
         read = list(output.inputFiles())
         if getattr(output, "_jdf", None) is None and not declared_sql:
             read += _unlocated_in_subqueries(_connect_plan(pipeline, output))
     read = [*read, *_unpinned(_leaves(pipeline, output), literal_rows=declared_sql)]
-    outside = sorted({r for r in read if not (_normalized(r).rstrip("/") + "/").startswith(roots)})
+    outside = sorted(
+        {r for r in read if not (comparable_location(r).rstrip("/") + "/").startswith(roots)}
+    )
     if outside:
         raise TerminalError(
             f"Pipeline '{pipeline.name}': its full transform reads "
@@ -68,6 +71,10 @@ def reads_only_upstreams(
             "and declare any other table it needs as an upstream of the pipeline"
             + (" with a key path." if pipeline.declared is not None else "."),
         )
+
+
+def _root(location: str) -> str:
+    return comparable_location(location).rstrip("/") + "/"
 
 
 # Leaves of an analyzed plan that read no storage.
@@ -195,14 +202,6 @@ def _connect_read_roots(output: DataFrame) -> list[str] | None:
         else:
             return None
     return roots
-
-
-def _normalized(location: str) -> str:
-    """``location`` as a comparable URI: local paths and ``file:`` URIs as ``file:/path``."""
-    parsed = urlsplit(location)
-    if parsed.scheme in ("", "file"):
-        return "file:" + posixpath.normpath(unquote(parsed.path))
-    return f"{parsed.scheme}://{parsed.netloc}{posixpath.normpath(unquote(parsed.path))}"
 
 
 # Plan nodes and expressions whose rows or values depend on other keys' rows, or that are
