@@ -94,7 +94,9 @@ LONGEST_MODULES = (
     "tests/model/test_declared.py",  # 218 s
     "tests/spark/test_writes.py",  # 216 s
     "tests/live/test_live_health.py",  # 177 s
+    "tests/spark/test_rewrite_attacks.py",  # 172-209 s under a load of 6
     "tests/spark/test_quiet_output.py",  # 127 s (one demo and a verify)
+    "tests/spark/test_tutorial.py",  # 134 s under a load of 6
     "tests/spark/test_cli_run.py",  # 112 s
     "tests/deploy/test_postgres.py",  # 103 s
     "tests/spark/test_cli_verify.py",  # 90 s

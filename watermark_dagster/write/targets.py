@@ -185,7 +185,9 @@ def refusing_duplicate_keys(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
     persisted and summarised first. NULL keys are one key, as the MERGE matches them."""
     columns = [quoted(k) for k in keys]
     rows = F.count(F.lit(1)).over(Window.partitionBy(*columns))
-    message = F.concat(F.lit(DUPLICATE_KEY_MARKER), F.to_json(F.struct(*columns)))
+    message = F.concat(
+        F.lit(DUPLICATE_KEY_MARKER), F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+    )
     refused = F.when(F.col(_KEY_ROWS) > 1, F.raise_error(message)).otherwise(F.lit(True))
     return frame.withColumn(_KEY_ROWS, rows).where(refused).drop(_KEY_ROWS)
 
