@@ -401,16 +401,20 @@ def unreadable_in_write(inputs: Mapping[str, UpstreamInput], error: BaseExceptio
     range's rows (:meth:`UpstreamInput.count_rows`) has not read those files, and a
     rewrite reports its rows from the log's statistics without reading any.
 
-    :func:`unreadable` of the input whose location holds the missing file, or of the only
-    input read when Spark's text names no file; ``error`` itself otherwise.
+    :func:`unreadable` of the input whose location holds the missing file Spark's error
+    names; ``error`` itself when it names no file under an input's location (an error of
+    the transform, such as a column that "does not exist", is not a missing file).
     """
-    read = [i for i in inputs.values() if i.mode is not ReadMode.NOOP]
     path = _missing_path(str(error))
-    if path is not None:
-        where = comparable_location(path)
-        read = [
-            i for i in read if where.startswith(comparable_location(i.location).rstrip("/") + "/")
-        ]
+    if path is None:
+        return error
+    where = comparable_location(path)
+    read = [
+        i
+        for i in inputs.values()
+        if i.mode is not ReadMode.NOOP
+        and where.startswith(comparable_location(i.location).rstrip("/") + "/")
+    ]
     if len(read) != 1:
         return error
     [found] = read
