@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from dagster import (
     AssetCheckKey,
     AssetKey,
@@ -324,15 +325,18 @@ def test_open_batch_is_resumed_after_its_run_is_killed(
     _assert_targets_exact(spark, location.paths)
 
 
-# Runs start at once and execute in the launching process: no daemon, no run worker.
-_SYNC_RUNS = """
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: DefaultRunCoordinator
-run_launcher:
-  module: dagster._core.launcher.sync_in_memory_run_launcher
-  class: SyncInMemoryRunLauncher
-"""
+# Runs start at once and execute in the launching process: no daemon, no run worker. These
+# blocks replace the shipped dagster.yaml's (its run_coordinator is the queued one).
+_SYNC_RUNS = {
+    "run_coordinator": {
+        "module": "dagster._core.run_coordinator",
+        "class": "DefaultRunCoordinator",
+    },
+    "run_launcher": {
+        "module": "dagster._core.launcher.sync_in_memory_run_launcher",
+        "class": "SyncInMemoryRunLauncher",
+    },
+}
 
 BACKFILL = """
 mutation Backfill($params: LaunchBackfillParams!) {
@@ -366,8 +370,8 @@ def _ui(location: Location, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from watermark_dagster import definitions
 
     home = Path(os.environ["DAGSTER_HOME"])
-    with open(home / "dagster.yaml", "a") as f:
-        f.write(_SYNC_RUNS)
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    (home / "dagster.yaml").write_text(yaml.safe_dump({**config, **_SYNC_RUNS}))
     monkeypatch.setenv("WATERMARK_HOME", str(location.paths.home))
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
     try:

@@ -166,7 +166,15 @@ def test_python_blocks_run(page: Path, workdir: Path) -> None:
 
 # --- yaml -------------------------------------------------------------------------------
 
-INSTANCE_KEYS = {"storage", "concurrency", "run_monitoring", "run_queue", "telemetry"}
+INSTANCE_KEYS = {
+    "storage",
+    "concurrency",
+    "run_monitoring",
+    "run_queue",
+    "run_coordinator",
+    "run_launcher",
+    "telemetry",
+}
 
 
 @pytest.mark.parametrize("block", of("yaml"), ids=lambda b: b.where)
