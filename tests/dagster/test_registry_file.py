@@ -155,13 +155,14 @@ def test_a_good_file_loads(tmp_path: Path, transforms: Path) -> None:
 
 
 def test_every_declaration_option_has_a_yaml_key() -> None:
-    """The file takes exactly the keyword arguments of Upstream and Pipeline."""
+    """The file takes exactly the settings of Upstream and Pipeline, and every field but the
+    name (a file's entry key) and a pipeline's `declared` (written as full: or sql:) is one:
+    a new field without its metadata fails here."""
     upstream_fields = {
         f.name for kind in (DeltaUpstream, CursorUpstream) for f in dataclasses.fields(kind)
     }
     assert set(UPSTREAM_KEYS) == upstream_fields - {"name"}
-    # A declared pipeline's `declared` is written as full: (a function) or sql: (a query);
-    # a hand-written one's full_transform as full: beside transform:.
+    # A hand-written pipeline's full_transform is written full: (beside transform:).
     fields = {f.name for f in dataclasses.fields(Pipeline)} - {"name", "declared", "full_transform"}
     assert set(PIPELINE_KEYS) == fields | {"full", "sql"}
 

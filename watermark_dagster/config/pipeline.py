@@ -8,7 +8,7 @@ Example:
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
@@ -25,6 +25,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
+from watermark_dagster.config.options import Kind, Option, file_only, options_of, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
@@ -329,20 +330,40 @@ class Pipeline:
     """
 
     name: str
-    upstreams: Sequence[str]
-    target: str = ""
-    table: str | None = None
-    keys: Sequence[str] = ()
-    transform: Transform | None = field(default=None, compare=False)
-    full_transform: FullTransform | None = field(default=None, compare=False)
+    upstreams: Sequence[str] = field(metadata=written_as(Kind.UPSTREAMS))
+    target: str = field(
+        default="", metadata=written_as(Kind.LOCATION, shape="text (the target table's location)")
+    )
+    table: str | None = field(
+        default=None,
+        metadata=written_as(
+            Kind.TABLE, shape="text (the target's catalog table name: schema.table)"
+        ),
+    )
+    keys: Sequence[str] = field(default=(), metadata=written_as(Kind.NAMES))
+    transform: Transform | None = field(
+        default=None, compare=False, metadata=written_as(Kind.FUNCTION)
+    )
+    full_transform: FullTransform | None = field(
+        default=None,
+        compare=False,
+        metadata=written_as(
+            Kind.FUNCTION,
+            key="full",
+            shape="text (module:function, the full transform; beside transform: for a "
+            "hand-written pipeline)",
+        ),
+    )
     declared: Declared | None = field(default=None, compare=False)
-    description: str | None = None
-    write: WriteModeValue = "merge"
-    partition_by: tuple[str, ...] = ()
-    cluster_by: tuple[str, ...] = ()
-    storage_options: StorageOptions | None = None
-    strategy: StrategyValue = "auto"
-    change_feed: ChangeFeedValue | None = None
+    description: str | None = field(default=None, metadata=written_as(Kind.TEXT))
+    write: WriteModeValue = field(default="merge", metadata=written_as(Kind.CHOICE))
+    partition_by: tuple[str, ...] = field(default=(), metadata=written_as(Kind.NAMES))
+    cluster_by: tuple[str, ...] = field(default=(), metadata=written_as(Kind.NAMES))
+    storage_options: StorageOptions | None = field(
+        default=None, metadata=written_as(Kind.STORAGE_OPTIONS)
+    )
+    strategy: StrategyValue = field(default="auto", metadata=written_as(Kind.CHOICE))
+    change_feed: ChangeFeedValue | None = field(default=None, metadata=written_as(Kind.CHOICE))
 
     def __post_init__(self) -> None:
         validate_name("pipeline name", self.name)
@@ -506,6 +527,36 @@ class Pipeline:
         return (
             None if self.table is None else table_name_parts(self.table, f"Pipeline '{self.name}'")
         )
+
+
+def _file_options() -> tuple[Option, ...]:
+    """The settings of a pipeline entry in a file: the :class:`Pipeline`'s, where ``full:``
+    also declares a pipeline whose upstreams map to key paths, and ``sql:``."""
+    found: list[Option] = []
+    for option in options_of(Pipeline):
+        if option.key == "full":
+            option = replace(
+                option,
+                doc=f"{option.doc} With ``upstreams`` mapped to key paths and no "
+                "``transform``, it declares the pipeline instead (as "
+                ":func:`declared_pipeline`): the incremental form is derived.",
+            )
+        found.append(option)
+    found.append(
+        file_only(
+            "sql",
+            Kind.TEXT,
+            "One Spark SQL query over the upstreams, the target from scratch, with "
+            "``upstreams`` mapped to key paths (as :func:`sql_pipeline`): the incremental form "
+            "is derived.",
+            shape="text (one Spark SQL query over the upstreams)",
+        )
+    )
+    return tuple(found)
+
+
+PIPELINE_OPTIONS = _file_options()
+"""Every setting a pipeline entry of a registry file or a component may give."""
 
 
 def declared_pipeline(

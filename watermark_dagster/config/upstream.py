@@ -16,7 +16,7 @@ Example:
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import ClassVar, Literal
@@ -27,6 +27,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
+from watermark_dagster.config.options import Kind, Option, options_of, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.errors import ConfigurationError
 
@@ -135,11 +136,13 @@ class Upstream:
     """True when the upstream has no versions and is read through a cursor column."""
 
     name: str
-    path: str = ""
-    table: str | None = None
-    storage_options: StorageOptions | None = None
-    description: str | None = None
-    start_from: StartFrom = "beginning"
+    path: str = field(default="", metadata=written_as(Kind.LOCATION))
+    table: str | None = field(default=None, metadata=written_as(Kind.TABLE))
+    storage_options: StorageOptions | None = field(
+        default=None, metadata=written_as(Kind.STORAGE_OPTIONS)
+    )
+    description: str | None = field(default=None, metadata=written_as(Kind.TEXT))
+    start_from: StartFrom = field(default="beginning", metadata=written_as(Kind.START))
 
     def __post_init__(self) -> None:
         if type(self) is Upstream:
@@ -205,10 +208,12 @@ class DeltaUpstream(Upstream):
     is_cursor: ClassVar[bool] = False
 
     # Dataclass fields implementing the base's read-only properties.
-    mode: DeltaMode = "auto"  # pyright: ignore[reportIncompatibleMethodOverride]
-    on_data_change: OnDataChangeValue = "fail"
-    schema_changes: SchemaChangesValue = "additive"
-    max_versions_per_batch: int | None = None  # pyright: ignore[reportIncompatibleMethodOverride]
+    mode: DeltaMode = field(default="auto", metadata=written_as(Kind.CHOICE))  # pyright: ignore[reportIncompatibleMethodOverride]
+    on_data_change: OnDataChangeValue = field(default="fail", metadata=written_as(Kind.CHOICE))
+    schema_changes: SchemaChangesValue = field(default="additive", metadata=written_as(Kind.CHOICE))
+    max_versions_per_batch: int | None = field(  # pyright: ignore[reportIncompatibleMethodOverride]
+        default=None, metadata=written_as(Kind.WHOLE, shape="a whole number of versions")
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -261,12 +266,14 @@ class CursorUpstream(Upstream):
 
     is_cursor: ClassVar[bool] = True
 
-    cursor: str
-    cursor_fallback: str | None = None
-    tie_break: Sequence[str] = ()
-    lag_seconds: float = 0.0
-    format: str = "delta"
-    read_options: Mapping[str, str] | None = None
+    cursor: str = field(metadata=written_as(Kind.COLUMN))
+    cursor_fallback: str | None = field(default=None, metadata=written_as(Kind.COLUMN))
+    tie_break: Sequence[str] = field(default=(), metadata=written_as(Kind.NAMES))
+    lag_seconds: float = field(default=0.0, metadata=written_as(Kind.SECONDS))
+    format: str = field(
+        default="delta", metadata=written_as(Kind.TEXT, shape="text (a Spark source format)")
+    )
+    read_options: Mapping[str, str] | None = field(default=None, metadata=written_as(Kind.OPTIONS))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -348,20 +355,29 @@ def declare_upstream(**settings: object) -> AnyUpstream:
     return DeltaUpstream(**settings)  # pyright: ignore[reportArgumentType]
 
 
-_SHARED_SETTINGS = frozenset(
-    {"name", "path", "table", "storage_options", "description", "start_from"}
-)
-_DELTA_SETTINGS = _SHARED_SETTINGS | {
-    "mode",
-    "on_data_change",
-    "schema_changes",
-    "max_versions_per_batch",
-}
-_CURSOR_SETTINGS = _SHARED_SETTINGS | {
-    "cursor",
-    "cursor_fallback",
-    "tie_break",
-    "lag_seconds",
-    "format",
-    "read_options",
-}
+def _file_options() -> tuple[Option, ...]:
+    """The settings of an upstream entry in a file: a Delta upstream's, and with
+    ``mode: timestamp`` a cursor upstream's."""
+    shared = {o.key for o in options_of(Upstream)}
+    by_version = "by version"
+    by_cursor = "`mode: timestamp`"
+    found: list[Option] = []
+    for option in options_of(DeltaUpstream):
+        if option.key == "mode":
+            option = replace(
+                option,
+                choices=(*option.choices, str(UpstreamMode.TIMESTAMP)),
+                doc=f"{option.doc} ``timestamp``: read in windows of a cursor column (the "
+                f"settings for {by_cursor} apply).",
+            )
+        found.append(option if option.key in shared else replace(option, applies=by_version))
+    found += [
+        replace(o, applies=by_cursor) for o in options_of(CursorUpstream) if o.key not in shared
+    ]
+    return tuple(found)
+
+
+UPSTREAM_OPTIONS = _file_options()
+"""Every setting an upstream entry of a registry file or a component may give."""
+_DELTA_SETTINGS = frozenset({"name"} | {o.key for o in options_of(DeltaUpstream)})
+_CURSOR_SETTINGS = frozenset({"name"} | {o.key for o in options_of(CursorUpstream)})

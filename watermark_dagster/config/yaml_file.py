@@ -32,7 +32,7 @@ the entry and the key or value at fault, and ends with the fix; nothing is writt
 import difflib
 import importlib
 import os
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -41,10 +41,11 @@ import yaml
 
 from watermark_dagster.config.declared import check_function, declare
 from watermark_dagster.config.names import validate_name
-from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.options import Kind, Option
+from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import StorageOptions, as_reference
-from watermark_dagster.config.upstream import AnyUpstream, declare_upstream
+from watermark_dagster.config.upstream import UPSTREAM_OPTIONS, AnyUpstream, declare_upstream
 from watermark_dagster.errors import ConfigurationError, DeclaredSqlError
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -388,49 +389,32 @@ def _storage_options(reader: _Reader, value: Any) -> Any:
     return {str(k): references[k] if k in references else plain[str(k)] for k in options}
 
 
-_NAMES = "a list of names ([a, b]) or one name"
-_OPTIONS = "a mapping of option: value (scalar values, each key once)"
 _STORAGE_OPTIONS = "a mapping of option: value (scalar values or {env: VARIABLE}, each key once)"
-# key -> (what it must be, converter returning the value or _WRONG)
-UPSTREAM_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
-    "path": ("text (the table's location)", _location),
-    "table": ("text (a catalog table name: schema.table or catalog.schema.table)", _text),
-    "mode": ("text (auto, cdf, append_only, snapshot or timestamp)", _text),
-    "on_data_change": ("text (fail or snapshot)", _text),
-    "start_from": ("beginning, latest, a version or an ISO 8601 timestamp", _start),
-    "schema_changes": ("text (additive or strict)", _text),
-    "cursor": ("text (a column name)", _text),
-    "cursor_fallback": ("text (a column name)", _text),
-    "tie_break": (_NAMES, _names),
-    "lag_seconds": ("a number of seconds", _seconds),
-    "format": ("text (a Spark source format)", _text),
-    "read_options": (_OPTIONS, _options),
-    "max_versions_per_batch": ("a whole number of versions", _count),
-    "storage_options": (_STORAGE_OPTIONS, _storage_options),
-    "description": ("text", _text),
+# How a file's value of each kind is checked and converted (to _WRONG when it is not one).
+_CONVERT: dict[Kind, Callable[[_Reader, Any], Any]] = {
+    Kind.TEXT: _text,
+    Kind.COLUMN: _text,
+    Kind.TABLE: _text,
+    Kind.FUNCTION: _text,
+    Kind.CHOICE: _text,  # the declaration checks the value (and names the allowed ones)
+    Kind.LOCATION: _location,
+    Kind.NAMES: _names,
+    Kind.UPSTREAMS: _upstreams,
+    Kind.WHOLE: _count,
+    Kind.SECONDS: _seconds,
+    Kind.START: _start,
+    Kind.OPTIONS: _options,
+    Kind.STORAGE_OPTIONS: _storage_options,
 }
-PIPELINE_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
-    "upstreams": (
-        _NAMES + ", or for a declared pipeline a mapping of upstream: key path",
-        _upstreams,
-    ),
-    "target": ("text (the target table's location)", _location),
-    "table": ("text (the target's catalog table name: schema.table)", _text),
-    "keys": (_NAMES, _names),
-    "transform": ("text (module:function)", _text),
-    "full": (
-        "text (module:function, the full transform; beside transform: for a hand-written pipeline)",
-        _text,
-    ),
-    "sql": ("text (one Spark SQL query over the upstreams)", _text),
-    "write": ("text (merge, append or overwrite)", _text),
-    "strategy": ("text (auto, incremental, full or rewrite)", _text),
-    "change_feed": ("text (minimal or any)", _text),
-    "partition_by": (_NAMES, _names),
-    "cluster_by": (_NAMES, _names),
-    "storage_options": (_STORAGE_OPTIONS, _storage_options),
-    "description": ("text", _text),
-}
+
+
+def _checks(options: Iterable[Option]) -> dict[str, tuple[str, Callable[[_Reader, Any], Any]]]:
+    return {o.key: (o.shape, _CONVERT[o.kind]) for o in options}
+
+
+# key -> (what it must be, converter returning the value or _WRONG), from the declarations
+UPSTREAM_KEYS = _checks(UPSTREAM_OPTIONS)
+PIPELINE_KEYS = _checks(PIPELINE_OPTIONS)
 TOP_KEYS: dict[str, tuple[str, Callable[[_Reader, Any], Any]]] = {
     "upstreams": ("a mapping of name: {path: ..., ...}", lambda _r, v: v),
     "pipelines": ("a mapping of name: {upstreams: [...], target: ..., ...}", lambda _r, v: v),

@@ -10,9 +10,10 @@ with their ``defs.yaml:line`` errors. See docs/component.md.
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from dagster import AssetKey, DefaultSensorStatus, Definitions, template_var
 from dagster.components import (
@@ -24,12 +25,13 @@ from dagster.components import (
     ScaffoldRequest,
     scaffold_with,
 )
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, create_model
 
 from watermark_dagster.config import env
-from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.options import Kind, Option
+from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, Pipeline
 from watermark_dagster.config.secrets import as_reference
-from watermark_dagster.config.upstream import Upstream
+from watermark_dagster.config.upstream import UPSTREAM_OPTIONS, Upstream
 from watermark_dagster.config.yaml_file import load_registry_mapping
 from watermark_dagster.dagster_defs.assets import WatermarkTranslator
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
@@ -49,56 +51,61 @@ class EnvReference(Model):
 
 
 OptionValue = str | int | float | bool | EnvReference
-_NAMES = "a list of names ([a, b]) or one name"
+# The type each kind of setting has in defs.yaml (Dagster checks it with `dg check yaml`).
+_TYPES: dict[Kind, Any] = {
+    Kind.TEXT: str,
+    Kind.COLUMN: str,
+    Kind.TABLE: str,
+    Kind.FUNCTION: str,
+    Kind.LOCATION: str,
+    Kind.NAMES: str | list[str],
+    Kind.UPSTREAMS: str | list[str] | dict[str, str | list[str] | None],
+    Kind.WHOLE: int,
+    Kind.SECONDS: float,
+    Kind.START: str | int,
+    Kind.OPTIONS: dict[str, Scalar],
+    Kind.STORAGE_OPTIONS: dict[str, OptionValue],
+}
 
 
-class UpstreamSpec(Resolvable, Model):
-    """One upstream, as under ``upstreams:`` in a registry file."""
+class _Spec(Resolvable, Model):
+    """An entry of ``upstreams:`` or ``pipelines:``, its fields made from the declarations
+    (:mod:`watermark_dagster.config.options`)."""
 
-    path: str | None = Field(None, description="The table's location (relative: to defs.yaml).")
-    table: str | None = Field(None, description="A catalog table: schema.table.")
-    mode: Literal["auto", "cdf", "append_only", "snapshot", "timestamp"] | None = Field(
-        None, description="How changes are read (default auto)."
+
+def _spec_model(name: str, doc: str, options: Sequence[Option]) -> type[_Spec]:
+    fields: dict[str, Any] = {}
+    for option in options:
+        # A Literal of the choices, made at run time from the declaration's own.
+        choices: Any = Literal[option.choices] if option.choices else None  # pyright: ignore[reportInvalidTypeArguments]
+        kind: Any = choices or _TYPES[option.kind]
+        about = option.plain + (" Relative: to defs.yaml." if option.kind is Kind.LOCATION else "")
+        if option.required and not option.applies:
+            fields[option.key] = (kind, Field(description=about))
+        else:
+            fields[option.key] = (kind | None, Field(None, description=about))
+    return create_model(name, __base__=_Spec, __module__=__name__, __doc__=doc, **fields)
+
+
+if TYPE_CHECKING:  # what the type checker sees of the models made below
+
+    class UpstreamSpec(_Spec):
+        """One upstream, as under ``upstreams:`` in a registry file."""
+
+    class PipelineSpec(_Spec):
+        """One pipeline, as under ``pipelines:`` in a registry file."""
+
+else:
+    UpstreamSpec = _spec_model(
+        "UpstreamSpec",
+        "One upstream, as under ``upstreams:`` in a registry file.",
+        UPSTREAM_OPTIONS,
     )
-    on_data_change: Literal["fail", "snapshot"] | None = None
-    start_from: str | int | None = Field(
-        None, description="beginning, latest, a version or an ISO 8601 timestamp."
+    PipelineSpec = _spec_model(
+        "PipelineSpec",
+        "One pipeline, as under ``pipelines:`` in a registry file.",
+        PIPELINE_OPTIONS,
     )
-    schema_changes: Literal["additive", "strict"] | None = None
-    cursor: str | None = Field(None, description="mode: timestamp: the cursor column.")
-    cursor_fallback: str | None = None
-    tie_break: str | list[str] | None = Field(None, description=_NAMES)
-    lag_seconds: float | None = None
-    format: str | None = Field(None, description="mode: timestamp: a Spark source format.")
-    read_options: dict[str, Scalar] | None = None
-    max_versions_per_batch: int | None = None
-    storage_options: dict[str, OptionValue] | None = Field(
-        None, description="delta-rs storage options; credentials as {env: VARIABLE}."
-    )
-    description: str | None = None
-
-
-class PipelineSpec(Resolvable, Model):
-    """One pipeline, as under ``pipelines:`` in a registry file."""
-
-    upstreams: str | list[str] | dict[str, str | list[str] | None] = Field(
-        description="The upstreams it reads: "
-        + _NAMES
-        + "; for a declared pipeline (full: or sql:) a mapping of upstream: key path."
-    )
-    target: str | None = Field(None, description="The target table's location.")
-    table: str | None = Field(None, description="The target's catalog table: schema.table.")
-    keys: str | list[str] | None = Field(None, description="The target's key columns.")
-    transform: str | None = Field(None, description="module:function, hand-written.")
-    full: str | None = Field(None, description="module:function, the full transform.")
-    sql: str | None = Field(None, description="One Spark SQL query over the upstreams.")
-    write: Literal["merge", "append", "overwrite"] | None = None
-    strategy: Literal["auto", "incremental", "full", "rewrite"] | None = None
-    change_feed: Literal["minimal", "any"] | None = None
-    partition_by: str | list[str] | None = None
-    cluster_by: str | list[str] | None = None
-    storage_options: dict[str, OptionValue] | None = None
-    description: str | None = None
 
 
 class SettingsSpec(Resolvable, Model):
