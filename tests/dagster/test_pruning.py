@@ -26,13 +26,13 @@ from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
 
 from watermark_dagster.cli.app import run as watermark
-from watermark_dagster.config import env
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus, batch_id_for
 from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
+from watermark_dagster.dagster_defs.component import settings_from_environment
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.pruning import PRUNE_PER_TICK, stale_batch_partitions
@@ -294,7 +294,7 @@ def test_keep_batch_partitions_from_the_environment_is_validated(
 ) -> None:
     monkeypatch.setenv("WATERMARK_KEEP_BATCH_PARTITIONS", raw)
     with pytest.raises(ConfigurationError, match="WATERMARK_KEEP_BATCH_PARTITIONS"):
-        env.keep_batch_partitions()
+        settings_from_environment()
 
 
 def test_a_pruned_batch_is_shown_and_its_range_replayed(

@@ -213,11 +213,11 @@ def test_nothing_new_plans_nothing(setup) -> None:
 def test_default_settings_plan_the_next_batch_at_once(setup, monkeypatch) -> None:
     """A code location built without settings uses the same minimum interval as the
     environment's default (0): new commits right after a batch are planned at once."""
-    from watermark_dagster.config import env
+    from watermark_dagster.dagster_defs.component import settings_from_environment
 
     monkeypatch.delenv("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", raising=False)
-    assert WatermarkSettings().min_batch_interval_seconds == env.min_batch_interval_seconds()
-    assert env.min_batch_interval_seconds() == 0
+    assert WatermarkSettings().min_batch_interval_seconds == 0
+    assert settings_from_environment().min_batch_interval_seconds == 0
     built, instance, store, ups = setup
     defs = build_definitions(
         location_of(built).registry, control_root=store.root

@@ -8,7 +8,6 @@ from typing import Literal
 
 import pytest
 
-from watermark_dagster.config.option_docs import docs_tables, with_tables
 from watermark_dagster.config.options import Kind, options_of, written_as
 from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, ChangeFeed, Strategy, WriteMode
 from watermark_dagster.config.upstream import (
@@ -22,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_docs_option_tables_are_the_declarations() -> None:
-    page = ROOT / "docs" / "registry-file.md"
-    text = page.read_text(encoding="utf-8")
-    assert with_tables(text, docs_tables()) == text, (
-        "docs/registry-file.md's option tables differ from the declarations: run "
-        "`python -m watermark_dagster.config.option_docs --write docs/registry-file.md`."
-    )
+    from watermark_dagster.dagster_defs.option_docs import docs_tables, with_tables
+
+    for page, tables in docs_tables().items():
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        assert with_tables(text, tables) == text, (
+            f"docs/{page}'s option tables differ from the declarations: run "
+            "`python -m watermark_dagster.dagster_defs.option_docs --write docs`."
+        )
 
 
 @pytest.mark.parametrize(
@@ -87,3 +88,32 @@ def test_a_setting_without_its_sentence_is_refused_at_import() -> None:
 
     with pytest.raises(TypeError, match=r"Undocumented.color .* Args:"):
         options_of(Undocumented)
+
+
+def test_each_location_setting_is_read_from_its_variable_unless_the_component_sets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from watermark_dagster.dagster_defs.component import (
+        SETTINGS_OPTIONS,
+        SettingsSpec,
+        settings_from_environment,
+    )
+
+    other = {Kind.WHOLE: "7", Kind.SECONDS: "120", Kind.TEXT: "5 4 * * *"}
+    with_variable = [o for o in SETTINGS_OPTIONS if o.env]
+    assert len(with_variable) == 11
+    for option in with_variable:
+        monkeypatch.setenv(option.env, other[option.kind])
+    from_env = settings_from_environment()
+    given = SettingsSpec(
+        **{o.key: 300 if o.kind is not Kind.TEXT else "0 0 * * *" for o in with_variable}
+    )
+    from_spec = settings_from_environment(given)
+    for option in with_variable:
+        assert option.field is not None
+        holder = from_env if hasattr(from_env, option.field) else from_env.health
+        spec_holder = from_spec if hasattr(from_spec, option.field) else from_spec.health
+        raw = other[option.kind]
+        want = raw if option.kind is Kind.TEXT else float(raw)
+        assert getattr(holder, option.field) == want, option.env
+        assert getattr(spec_holder, option.field) in (300, "0 0 * * *"), option.key

@@ -1,41 +1,18 @@
-"""Embedded defaults of the demo code location, each overridable by an environment variable.
-
-| variable | default | meaning |
-| --- | --- | --- |
-| ``WATERMARK_HOME`` | ``./.watermark`` | demo tables and control tables live under it |
-| ``WATERMARK_SPARK_MASTER`` | ``local[*]`` | Spark master (``spark://...`` for a cluster) |
-| ``WATERMARK_SPARK_REMOTE`` | unset | Spark Connect URL (``sc://host:port``) |
-| ``WATERMARK_SPARK_CONF`` | ``{}`` | Spark settings (JSON); a credential as ``{"env": "VAR"}`` |
-| ``WATERMARK_ENGINE`` | ``auto`` | ``auto``/``connect``/``process``: where a run's Spark runs |
-| ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS`` | ``0`` | minimum time between two batches |
-| ``WATERMARK_SENSOR_INTERVAL_SECONDS`` | ``30`` | how often the sensors tick |
-| ``WATERMARK_MAX_ATTEMPTS`` | ``3`` | failed runs of a batch before it is reported stuck |
-| ``WATERMARK_MAX_DEATHS`` | ``10`` | runs of a batch that died (were killed) before it is stuck |
-| ``WATERMARK_DEATH_BACKOFF_SECONDS`` | ``10`` | wait after a death, doubling per death (0: none) |
-| ``WATERMARK_KEEP_BATCH_PARTITIONS`` | ``1000`` | batch partitions kept in Dagster (0: all) |
-| ``WATERMARK_REGISTRY`` | unset | a YAML registry file to load instead of the demo registry |
-| ``WATERMARK_LAG_MAX_VERSIONS`` | ``100`` | lag check: most versions behind (0: no bound) |
-| ``WATERMARK_LAG_MAX_SECONDS`` | ``3600`` | lag check: oldest unconsumed commit's age |
-| ``WATERMARK_OBSERVE_EVERY_SECONDS`` | ``60`` | each upstream is reported at least this often |
-| ``WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS`` | ``86400`` | pipelines' freshness window (0: none) |
-| ``WATERMARK_RETENTION_CHECK_CRON`` | ``0 * * * *`` | when the retention_horizon checks run |
-"""
+"""The environment a code location reads: ``WATERMARK_HOME``, the Spark variables, the
+registry file, and each location setting's variable (``WatermarkSettings`` and
+``HealthSettings`` declare them; docs/configuration.md lists every variable)."""
 
 import json
 import os
 from pathlib import Path
 from typing import cast
 
+from watermark_dagster.config.options import Kind, Option
 from watermark_dagster.config.secrets import OptionValue, as_reference
-from watermark_dagster.core.resuming import (
-    DEFAULT_DEATH_BACKOFF_SECONDS,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_DEATHS,
-)
 from watermark_dagster.errors import ConfigurationError
 
-# The one default of each batching setting: `WatermarkSettings` (a code location built with
-# `build_definitions`) and the environment variables below both read these.
+# The one default of each batching setting, declared by `WatermarkSettings`: a variable left
+# unset leaves it.
 DEFAULT_MIN_BATCH_INTERVAL_SECONDS = 0.0
 DEFAULT_SENSOR_INTERVAL_SECONDS = 30
 DEFAULT_KEEP_BATCH_PARTITIONS = 1000
@@ -47,8 +24,7 @@ DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS = 86400.0
 DEFAULT_RETENTION_CHECK_CRON = "0 * * * *"
 
 
-def _number(name: str, default: str, cast: type) -> float | int:
-    raw = os.environ.get(name, default)
+def _number(name: str, raw: str, default: str, cast: type) -> float | int:
     try:
         value = cast(raw)
     except ValueError:
@@ -101,77 +77,20 @@ def spark_conf() -> dict[str, OptionValue]:
     return settings
 
 
-def min_batch_interval_seconds() -> float:
-    """``WATERMARK_MIN_BATCH_INTERVAL_SECONDS``."""
-    return float(
-        _number(
-            "WATERMARK_MIN_BATCH_INTERVAL_SECONDS", str(DEFAULT_MIN_BATCH_INTERVAL_SECONDS), float
-        )
-    )
+def setting(option: Option) -> int | float | str | None:
+    """A location setting's value from its environment variable (``option.env``), None
+    when the variable is unset or empty; the settings class checks the value further.
 
-
-def sensor_interval_seconds() -> int:
-    """``WATERMARK_SENSOR_INTERVAL_SECONDS``."""
-    return int(
-        _number("WATERMARK_SENSOR_INTERVAL_SECONDS", str(DEFAULT_SENSOR_INTERVAL_SECONDS), int)
-    )
-
-
-def max_attempts() -> int:
-    """``WATERMARK_MAX_ATTEMPTS``."""
-    return max(1, int(_number("WATERMARK_MAX_ATTEMPTS", str(DEFAULT_MAX_ATTEMPTS), int)))
-
-
-def max_deaths() -> int:
-    """``WATERMARK_MAX_DEATHS``."""
-    return max(1, int(_number("WATERMARK_MAX_DEATHS", str(DEFAULT_MAX_DEATHS), int)))
-
-
-def death_backoff_seconds() -> float:
-    """``WATERMARK_DEATH_BACKOFF_SECONDS``."""
-    return float(
-        _number("WATERMARK_DEATH_BACKOFF_SECONDS", str(DEFAULT_DEATH_BACKOFF_SECONDS), float)
-    )
-
-
-def keep_batch_partitions() -> int:
-    """``WATERMARK_KEEP_BATCH_PARTITIONS``."""
-    return int(_number("WATERMARK_KEEP_BATCH_PARTITIONS", str(DEFAULT_KEEP_BATCH_PARTITIONS), int))
-
-
-def lag_max_versions() -> int:
-    """``WATERMARK_LAG_MAX_VERSIONS``."""
-    return int(_number("WATERMARK_LAG_MAX_VERSIONS", str(DEFAULT_LAG_MAX_VERSIONS), int))
-
-
-def lag_max_seconds() -> float:
-    """``WATERMARK_LAG_MAX_SECONDS``."""
-    return float(_number("WATERMARK_LAG_MAX_SECONDS", f"{DEFAULT_LAG_MAX_SECONDS:g}", float))
-
-
-def observe_every_seconds() -> float:
-    """``WATERMARK_OBSERVE_EVERY_SECONDS``."""
-    return float(
-        _number("WATERMARK_OBSERVE_EVERY_SECONDS", f"{DEFAULT_OBSERVE_EVERY_SECONDS:g}", float)
-    )
-
-
-def freshness_fail_after_seconds() -> float:
-    """``WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS``."""
-    return float(
-        _number(
-            "WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS",
-            f"{DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS:g}",
-            float,
-        )
-    )
-
-
-def retention_check_cron() -> str:
-    """``WATERMARK_RETENTION_CHECK_CRON`` (checked by ``HealthSettings``)."""
-    return os.environ.get("WATERMARK_RETENTION_CHECK_CRON", "").strip() or (
-        DEFAULT_RETENTION_CHECK_CRON
-    )
+    Raises:
+        ConfigurationError: a number setting's variable holds no number, or a negative one.
+    """
+    raw = os.environ.get(option.env or "", "").strip()
+    if not option.env or not raw:
+        return None
+    if option.kind in (Kind.WHOLE, Kind.SECONDS):
+        default = option.default
+        return _number(option.env, raw, str(default), int if option.kind is Kind.WHOLE else float)
+    return raw
 
 
 ENGINES = ("auto", "connect", "process")

@@ -12,8 +12,11 @@ it (``field(default=..., metadata=written_as(Kind.NAMES))``):
 From that one declaration come the registry file's keys and their checks
 (:mod:`~watermark_dagster.config.yaml_file`), the Component's models
 (:mod:`~watermark_dagster.dagster_defs.component`) and the option tables of
-docs/registry-file.md (:mod:`~watermark_dagster.config.option_docs`). Adding a setting is
-adding its field and its ``Args:`` sentence.
+docs/registry-file.md and docs/configuration.md
+(:mod:`~watermark_dagster.dagster_defs.option_docs`). The location settings
+(``WatermarkSettings``, ``HealthSettings``) are declared the same way, each with the
+environment variable it is read from. Adding a setting is adding its field and its
+``Args:`` (or ``Attributes:``) sentence.
 """
 
 import dataclasses
@@ -84,16 +87,21 @@ class WrittenAs:
         kind: the value's form.
         key: the file's key when it is not the field's name (``full`` for ``full_transform``).
         shape: what an error says the value must be, when the kind's words are not enough.
+        env: the environment variable a code location reads it from when its declaration
+            leaves it out (location settings only).
     """
 
     kind: Kind
     key: str | None = None
     shape: str | None = None
+    env: str | None = None
 
 
-def written_as(kind: Kind, *, key: str | None = None, shape: str | None = None) -> dict[str, Any]:
+def written_as(
+    kind: Kind, *, key: str | None = None, shape: str | None = None, env: str | None = None
+) -> dict[str, Any]:
     """The ``metadata=`` of a dataclass field that is a setting (see the module docstring)."""
-    return {_META: WrittenAs(kind, key, shape)}
+    return {_META: WrittenAs(kind, key, shape, env)}
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,7 @@ class Option:
         default: the field's default (:data:`REQUIRED`: none).
         shape: what an error says the value must be.
         applies: which entries take it (``""``: all of its section's).
+        env: the environment variable it is read from when left out (None: none).
     """
 
     key: str
@@ -119,6 +128,7 @@ class Option:
     default: object = REQUIRED
     shape: str = ""
     applies: str = ""
+    env: str | None = None
 
     @property
     def required(self) -> bool:
@@ -132,10 +142,11 @@ class Option:
 
 
 def options_of(cls: type, *, applies: str = "") -> tuple[Option, ...]:
-    """The settings a dataclass declares, in field order, each with its ``Args:`` entry.
+    """The settings a dataclass declares, in field order, each with its ``Args:`` (or
+    ``Attributes:``) entry.
 
     Raises:
-        TypeError: a setting has no ``Args:`` entry in the class's (or a base class's)
+        TypeError: a setting has no such entry in the class's (or a base class's)
             docstring, or a choice field's type is not a ``Literal``.
     """
     docs: dict[str, str] = {}
@@ -171,14 +182,24 @@ def options_of(cls: type, *, applies: str = "") -> tuple[Option, ...]:
                 default=default,
                 shape=shape,
                 applies=applies,
+                env=meta.env,
             )
         )
     return tuple(found)
 
 
-def file_only(key: str, kind: Kind, doc: str, *, shape: str | None = None) -> Option:
+def file_only(
+    key: str,
+    kind: Kind,
+    doc: str,
+    *,
+    shape: str | None = None,
+    choices: tuple[str, ...] = (),
+    default: object = None,
+) -> Option:
     """A key that only a file has (no field of its own), optional."""
-    return Option(key, None, kind, doc, default=None, shape=shape or _SHAPES[kind])
+    shape = shape or (f"text ({_either(choices)})" if choices else _SHAPES[kind])
+    return Option(key, None, kind, doc, choices=choices, default=default, shape=shape)
 
 
 def _either(choices: Iterable[str]) -> str:
@@ -196,14 +217,16 @@ def _literal_values(hint: object) -> tuple[str, ...]:
 
 
 def _args_section(docstring: str) -> dict[str, str]:
-    """A Google-style docstring's ``Args:`` entries, each joined onto one line."""
+    """A Google-style docstring's ``Args:`` (else ``Attributes:``) entries, each joined onto
+    one line."""
     lines = inspect.cleandoc(docstring).splitlines()
-    if "Args:" not in lines:
+    section = next((s for s in ("Args:", "Attributes:") if s in lines), None)
+    if section is None:
         return {}
     entries: dict[str, str] = {}
     name: str | None = None
     indent: int | None = None
-    for line in lines[lines.index("Args:") + 1 :]:
+    for line in lines[lines.index(section) + 1 :]:
         if not line.strip():
             continue
         depth = len(line) - len(line.lstrip())

@@ -28,7 +28,7 @@ from dagster.components import (
 from pydantic import BaseModel, Field, PrivateAttr, create_model
 
 from watermark_dagster.config import env
-from watermark_dagster.config.options import Kind, Option
+from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, Pipeline
 from watermark_dagster.config.secrets import as_reference
 from watermark_dagster.config.upstream import UPSTREAM_OPTIONS, Upstream
@@ -87,6 +87,20 @@ def _spec_model(name: str, doc: str, options: Sequence[Option]) -> type[_Spec]:
     return create_model(name, __base__=_Spec, __module__=__name__, __doc__=doc, **fields)
 
 
+SETTINGS_OPTIONS = (
+    *options_of(WatermarkSettings),
+    file_only(
+        "sensors",
+        Kind.CHOICE,
+        "whether the sensors start running when the location loads.",
+        choices=("running", "stopped"),
+        default="running",
+    ),
+    *options_of(HealthSettings),
+)
+"""The settings of a component's ``settings:``: a :class:`WatermarkSettings`' and a
+:class:`HealthSettings`', each left out read from its ``WATERMARK_...`` variable."""
+
 if TYPE_CHECKING:  # what the type checker sees of the models made below
 
     class UpstreamSpec(_Spec):
@@ -94,6 +108,9 @@ if TYPE_CHECKING:  # what the type checker sees of the models made below
 
     class PipelineSpec(_Spec):
         """One pipeline, as under ``pipelines:`` in a registry file."""
+
+    class SettingsSpec(_Spec):
+        """Sensor, batching and health settings."""
 
 else:
     UpstreamSpec = _spec_model(
@@ -106,27 +123,12 @@ else:
         "One pipeline, as under ``pipelines:`` in a registry file.",
         PIPELINE_OPTIONS,
     )
-
-
-class SettingsSpec(Resolvable, Model):
-    """Sensor, batching and health settings; each one left out is read from the
-    environment as for ``watermark_dagster.definitions`` (``WATERMARK_...``)."""
-
-    min_batch_interval_seconds: float | None = None
-    sensor_interval_seconds: int | None = None
-    max_attempts: int | None = None
-    max_deaths: int | None = None
-    death_backoff_seconds: float | None = None
-    maintain_every_batches: int | None = None
-    keep_batch_partitions: int | None = None
-    sensors: Literal["running", "stopped"] | None = Field(
-        None, description="Whether the sensors start running when the location loads."
+    SettingsSpec = _spec_model(
+        "SettingsSpec",
+        "Sensor, batching and health settings; each one left out is read from its "
+        "``WATERMARK_...`` variable, as for ``watermark_dagster.definitions``.",
+        SETTINGS_OPTIONS,
     )
-    lag_max_versions: int | None = None
-    lag_max_seconds: float | None = None
-    observe_every_seconds: float | None = None
-    freshness_fail_after_seconds: float | None = None
-    retention_check_cron: str | None = None
 
 
 class SparkSpec(Resolvable, Model):
@@ -366,43 +368,26 @@ def settings_from_environment(spec: SettingsSpec | None = None) -> WatermarkSett
         ConfigurationError: a value is not usable (names it and the fix).
     """
     given = spec.model_dump(exclude_none=True) if spec else {}
-    health = HealthSettings(
-        lag_max_versions=_pick(given.pop("lag_max_versions", None), env.lag_max_versions),
-        lag_max_seconds=_pick(given.pop("lag_max_seconds", None), env.lag_max_seconds),
-        observe_every_seconds=_pick(
-            given.pop("observe_every_seconds", None), env.observe_every_seconds
-        ),
-        freshness_fail_after_seconds=_pick(
-            given.pop("freshness_fail_after_seconds", None), env.freshness_fail_after_seconds
-        ),
-        retention_check_cron=_pick(
-            given.pop("retention_check_cron", None), env.retention_check_cron
-        ),
-    )
-    sensors = given.pop("sensors", None)
+
+    def values(cls: type) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for option in options_of(cls):
+            value = given.get(option.key)
+            value = env.setting(option) if value is None else value
+            if value is not None and option.field is not None:
+                found[option.field] = value
+        return found
+
     settings = WatermarkSettings(
-        min_batch_interval_seconds=_pick(
-            given.pop("min_batch_interval_seconds", None), env.min_batch_interval_seconds
-        ),
-        sensor_interval_seconds=_pick(
-            given.pop("sensor_interval_seconds", None), env.sensor_interval_seconds
-        ),
-        max_attempts=_pick(given.pop("max_attempts", None), env.max_attempts),
-        max_deaths=_pick(given.pop("max_deaths", None), env.max_deaths),
-        death_backoff_seconds=_pick(
-            given.pop("death_backoff_seconds", None), env.death_backoff_seconds
-        ),
-        keep_batch_partitions=_pick(
-            given.pop("keep_batch_partitions", None), env.keep_batch_partitions
-        ),
-        health=health,
+        **values(WatermarkSettings), health=HealthSettings(**values(HealthSettings))
     )
+    sensors = given.get("sensors")
     if sensors is not None:
         status = (
             DefaultSensorStatus.RUNNING if sensors == "running" else DefaultSensorStatus.STOPPED
         )
         settings = replace(settings, default_status=status)
-    return replace(settings, **given)
+    return settings
 
 
 def spark_from_environment(spec: SparkSpec | None = None) -> SparkSessionResource:
@@ -425,10 +410,6 @@ def spark_from_environment(spec: SparkSpec | None = None) -> SparkSessionResourc
         conf=dagster_values(conf) or {},
         engine=engine or env.engine(),  # type: ignore[arg-type]
     )
-
-
-def _pick(value: Any, default: Any) -> Any:
-    return default() if value is None else value
 
 
 def _plain(spec: BaseModel) -> dict[str, Any]:

@@ -25,7 +25,7 @@ The ``retention_horizon`` check runs on a schedule shipped RUNNING
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +60,7 @@ from watermark_dagster.config.env import (
     DEFAULT_OBSERVE_EVERY_SECONDS,
     DEFAULT_RETENTION_CHECK_CRON,
 )
+from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.resuming import ResumeAction, ResumeStep, RetryPolicy, resume_step
@@ -115,30 +116,49 @@ def _valid_cron(value: object) -> bool:
 class HealthSettings:
     """Thresholds and cadences of the health signals.
 
+    Each setting a code location leaves out is read from its ``WATERMARK_...`` variable
+    (docs/configuration.md lists them, made from these declarations).
+
     Attributes:
         lag_max_versions: the ``watermark_lag`` check fails when an upstream is more than
             this many versions ahead of its committed watermark (0: no version bound).
-            ``WATERMARK_LAG_MAX_VERSIONS``, default 100.
-        lag_max_seconds: it fails when the upstream's oldest unconsumed commit is older
-            than this (0: no time bound). ``WATERMARK_LAG_MAX_SECONDS``, default 3600.
+        lag_max_seconds: the ``watermark_lag`` check also fails when the upstream's oldest
+            unconsumed commit is older than this (0: no time bound).
         observe_every_seconds: each upstream is reported (an observation and its lag check)
-            at least this often even when nothing moved, so lag plots over time.
-            ``WATERMARK_OBSERVE_EVERY_SECONDS``, default 60 (0: every coordinator tick).
+            at least this often even when nothing moved, so lag plots over time (0: every
+            coordinator tick).
         freshness_fail_after_seconds: a pipeline's freshness fails when it has not been
             materialized for this long (0: no freshness policy; else at least 60, Dagster's
-            minimum). ``WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS``, default one day.
-        retention_check_cron: when the ``retention_horizon`` checks run (a cron string).
-            ``WATERMARK_RETENTION_CHECK_CRON``, default hourly.
+            minimum).
+        retention_check_cron: when the schedule ``watermark_retention_schedule`` runs the
+            ``retention_horizon`` checks (a cron string; default hourly).
 
     Raises:
         ConfigurationError: a value is not usable; the message names it and the fix.
     """
 
-    lag_max_versions: int = DEFAULT_LAG_MAX_VERSIONS
-    lag_max_seconds: float = DEFAULT_LAG_MAX_SECONDS
-    observe_every_seconds: float = DEFAULT_OBSERVE_EVERY_SECONDS
-    freshness_fail_after_seconds: float = DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS
-    retention_check_cron: str = DEFAULT_RETENTION_CHECK_CRON
+    lag_max_versions: int = field(
+        default=DEFAULT_LAG_MAX_VERSIONS,
+        metadata=written_as(Kind.WHOLE, env="WATERMARK_LAG_MAX_VERSIONS"),
+    )
+    lag_max_seconds: float = field(
+        default=DEFAULT_LAG_MAX_SECONDS,
+        metadata=written_as(Kind.SECONDS, env="WATERMARK_LAG_MAX_SECONDS"),
+    )
+    observe_every_seconds: float = field(
+        default=DEFAULT_OBSERVE_EVERY_SECONDS,
+        metadata=written_as(Kind.SECONDS, env="WATERMARK_OBSERVE_EVERY_SECONDS"),
+    )
+    freshness_fail_after_seconds: float = field(
+        default=DEFAULT_FRESHNESS_FAIL_AFTER_SECONDS,
+        metadata=written_as(Kind.SECONDS, env="WATERMARK_FRESHNESS_FAIL_AFTER_SECONDS"),
+    )
+    retention_check_cron: str = field(
+        default=DEFAULT_RETENTION_CHECK_CRON,
+        metadata=written_as(
+            Kind.TEXT, shape="text (a cron string)", env="WATERMARK_RETENTION_CHECK_CRON"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.lag_max_versions, int) or isinstance(self.lag_max_versions, bool):

@@ -33,6 +33,7 @@ from watermark_dagster.config.env import (
     DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
     DEFAULT_SENSOR_INTERVAL_SECONDS,
 )
+from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.planning import batch_is_due
@@ -62,6 +63,7 @@ from watermark_dagster.dagster_defs.runs import (
     mark_deaths_recorded,
 )
 from watermark_dagster.errors import (
+    ConfigurationError,
     ReloadHeldError,
     UpstreamRecreatedError,
     UpstreamUnavailableError,
@@ -80,45 +82,76 @@ from watermark_dagster.operations.coordinate import (
 class WatermarkSettings:
     """How often and how eagerly batches are planned and retried.
 
+    Each setting a code location leaves out is read from its ``WATERMARK_...`` variable
+    (docs/configuration.md lists them, made from these declarations).
+
     Attributes:
         min_batch_interval_seconds: no batch is planned sooner than this after the previous
-            one; changes in between are coalesced (keeps the partition count down). Default
-            0 (plan as soon as there is work), as ``WATERMARK_MIN_BATCH_INTERVAL_SECONDS``.
+            one; changes in between are coalesced, which keeps the partition count down (0:
+            plan as soon as there is work).
         sensor_interval_seconds: how often the coordinator and finalizer tick.
-        max_attempts: runs of one batch that may fail (raise an error) before the
-            coordinator stops resubmitting it and reports it stuck.
-        max_deaths: runs of one batch that may die (killed, run worker lost, engine gone)
-            before it is stuck; deaths do not count towards ``max_attempts``.
-        death_backoff_seconds: the wait after a death before the batch is requested
-            again, doubling with each further death (up to 5 minutes; 0: none).
+        max_attempts: failed runs (an error was raised) of one batch before the coordinator
+            stops resubmitting it and reports it stuck (a terminal error stops it at once).
+        max_deaths: runs of one batch that may die (killed, run worker lost, engine gone: no
+            error) before it is reported stuck; a death spends no attempt.
+        death_backoff_seconds: the wait after a run died before its batch is run again,
+            doubling with each further death of the batch up to 5 minutes (0: no wait).
         maintain_every_batches: the finalizer compacts the control tables after every N-th
             batch (0: never), keeping sensor reads small as history grows.
         default_status: whether the sensors start running when the code location loads.
         keep_batch_partitions: the finalizer keeps the newest N batch partitions in Dagster
             and deletes older ones of ended batches when a batch completes, at most
-            ``PRUNE_PER_TICK`` a tick (0: keep all; see :mod:`.pruning`), so the partitions
-            view and its queries stay small. Their batches, ranges and
-            history stay in the control tables (`watermark batches`, `watermark batch ID`),
-            their runs and materializations in Dagster; a pruned batch is re-run with
-            `watermark replay`, not a UI backfill. ``WATERMARK_KEEP_BATCH_PARTITIONS``.
+            ``PRUNE_PER_TICK`` a tick (0: keep all), so the partitions view and its queries
+            stay small. Their batches, ranges and history stay in the control tables
+            (``watermark batches``, ``watermark batch ID``), their runs and materializations
+            in Dagster; a pruned batch is re-run with ``watermark replay``, not a UI
+            backfill.
         health: the lag and stuck-batch checks' thresholds, the observation cadence, the
-            pipelines' freshness and the retention check's schedule (``WATERMARK_LAG_*``,
-            ``WATERMARK_OBSERVE_EVERY_SECONDS``, ...; see :class:`.health.HealthSettings`).
+            pipelines' freshness and the retention check's schedule
+            (:class:`.health.HealthSettings`).
     """
 
-    min_batch_interval_seconds: float = DEFAULT_MIN_BATCH_INTERVAL_SECONDS
-    sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_SECONDS
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    max_deaths: int = DEFAULT_MAX_DEATHS
-    death_backoff_seconds: float = DEFAULT_DEATH_BACKOFF_SECONDS
-    maintain_every_batches: int = 50
+    min_batch_interval_seconds: float = field(
+        default=DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
+        metadata=written_as(Kind.SECONDS, env="WATERMARK_MIN_BATCH_INTERVAL_SECONDS"),
+    )
+    sensor_interval_seconds: int = field(
+        default=DEFAULT_SENSOR_INTERVAL_SECONDS,
+        metadata=written_as(
+            Kind.WHOLE, shape="a whole number of seconds", env="WATERMARK_SENSOR_INTERVAL_SECONDS"
+        ),
+    )
+    max_attempts: int = field(
+        default=DEFAULT_MAX_ATTEMPTS,
+        metadata=written_as(Kind.WHOLE, env="WATERMARK_MAX_ATTEMPTS"),
+    )
+    max_deaths: int = field(
+        default=DEFAULT_MAX_DEATHS, metadata=written_as(Kind.WHOLE, env="WATERMARK_MAX_DEATHS")
+    )
+    death_backoff_seconds: float = field(
+        default=DEFAULT_DEATH_BACKOFF_SECONDS,
+        metadata=written_as(Kind.SECONDS, env="WATERMARK_DEATH_BACKOFF_SECONDS"),
+    )
+    maintain_every_batches: int = field(default=50, metadata=written_as(Kind.WHOLE))
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
-    keep_batch_partitions: int = DEFAULT_KEEP_BATCH_PARTITIONS
+    keep_batch_partitions: int = field(
+        default=DEFAULT_KEEP_BATCH_PARTITIONS,
+        metadata=written_as(Kind.WHOLE, env="WATERMARK_KEEP_BATCH_PARTITIONS"),
+    )
     health: HealthSettings = field(default_factory=HealthSettings)
 
     def __post_init__(self) -> None:
         check_keep_batch_partitions(self.keep_batch_partitions)
-        self.retry_policy  # noqa: B018 -- validates the three settings when they are made
+        for name in ("max_attempts", "max_deaths"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(
+                    f"WatermarkSettings.{name}={value!r} is not a whole number of runs of 1 "
+                    "or more.",
+                    fix=f"use 1 or more, such as {getattr(WatermarkSettings, name)} "
+                    f"(environment: WATERMARK_{name.upper()}).",
+                )
+        self.retry_policy  # noqa: B018 -- validates the backoff when the settings are made
 
     @property
     def retry_policy(self) -> RetryPolicy:

@@ -1,9 +1,10 @@
-"""The option tables of docs/registry-file.md, made from the declarations
-(:mod:`~watermark_dagster.config.options`).
+"""The option tables of the docs, made from the declarations
+(:mod:`~watermark_dagster.config.options`): an upstream's and a pipeline's keys in
+docs/registry-file.md, the location settings and their variables in docs/configuration.md.
 
-``python -m watermark_dagster.config.option_docs`` prints them; ``--write
-docs/registry-file.md`` rewrites them between their ``<!-- NAME:start -->`` and
-``<!-- NAME:end -->`` markers. A test fails when the page differs from the declarations.
+``python -m watermark_dagster.dagster_defs.option_docs`` prints them; ``--write DOCS``
+rewrites them in the pages under the folder DOCS, between their ``<!-- NAME:start -->`` and
+``<!-- NAME:end -->`` markers. A test fails when a page differs from the declarations.
 """
 
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 from watermark_dagster.config.options import Kind, Option
 from watermark_dagster.config.pipeline import PIPELINE_OPTIONS
 from watermark_dagster.config.upstream import UPSTREAM_OPTIONS
+from watermark_dagster.dagster_defs.component import SETTINGS_OPTIONS
 
 
 def _shown(option: Option) -> str:
@@ -49,11 +51,28 @@ def markdown_table(options: Iterable[Option]) -> str:
     return "\n".join(rows)
 
 
-def docs_tables() -> dict[str, str]:
-    """Each generated table of docs/registry-file.md, by the name of its markers."""
+def settings_table(options: Iterable[Option]) -> str:
+    """The location settings as a Markdown table: variable, ``settings:`` key, default,
+    meaning."""
+    rows = [
+        "| variable | `settings:` key | default | what it does |",
+        "| --- | --- | --- | --- |",
+    ]
+    rows += [
+        f"| {f'`{o.env}`' if o.env else 'none'} | `{o.key}` | {_shown(o)} | {_cell(o.doc)} |"
+        for o in options
+    ]
+    return "\n".join(rows)
+
+
+def docs_tables() -> dict[str, dict[str, str]]:
+    """Each page's generated tables, by the name of their markers."""
     return {
-        "upstream-options": markdown_table(UPSTREAM_OPTIONS),
-        "pipeline-options": markdown_table(PIPELINE_OPTIONS),
+        "registry-file.md": {
+            "upstream-options": markdown_table(UPSTREAM_OPTIONS),
+            "pipeline-options": markdown_table(PIPELINE_OPTIONS),
+        },
+        "configuration.md": {"location-settings": settings_table(SETTINGS_OPTIONS)},
     }
 
 
@@ -75,18 +94,21 @@ def with_tables(text: str, tables: Mapping[str, str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m watermark_dagster.config.option_docs [--write FILE]``: print the docs' option
-    tables, or rewrite them in FILE between their markers."""
-    tables = docs_tables()
+    """``python -m watermark_dagster.dagster_defs.option_docs [--write DOCS]``: print the
+    docs' option tables, or rewrite them in the pages under DOCS."""
+    pages = docs_tables()
     if argv[:1] == ["--write"] and len(argv) == 2:
-        path = Path(argv[1])
-        path.write_text(with_tables(path.read_text(encoding="utf-8"), tables), encoding="utf-8")
+        for page, tables in pages.items():
+            path = Path(argv[1]) / page
+            text = path.read_text(encoding="utf-8")
+            path.write_text(with_tables(text, tables), encoding="utf-8")
         return 0
     if argv:
-        print("usage: python -m watermark_dagster.config.option_docs [--write FILE]")
+        print("usage: python -m watermark_dagster.dagster_defs.option_docs [--write DOCS]")
         return 2
-    for name, table in tables.items():
-        print(f"<!-- {name} -->\n{table}\n")
+    for page, tables in pages.items():
+        for name, table in tables.items():
+            print(f"<!-- {page}: {name} -->\n{table}\n")
     return 0
 
 
