@@ -117,3 +117,32 @@ def test_each_location_setting_is_read_from_its_variable_unless_the_component_se
         want = raw if option.kind is Kind.TEXT else float(raw)
         assert getattr(holder, option.field) == want, option.env
         assert getattr(spec_holder, option.field) in (300, "0 0 * * *"), option.key
+
+
+@pytest.mark.parametrize(
+    ("builder", "not_taken"),
+    [
+        ("pipeline", {"transform"}),
+        ("declared_pipeline", {"transform", "full_transform", "write"}),
+        ("sql_pipeline", {"transform", "full_transform", "write"}),
+    ],
+)
+def test_each_python_builder_takes_the_pipeline_settings_with_their_defaults(
+    builder: str, not_taken: set[str]
+) -> None:
+    """@pipeline, @declared_pipeline and sql_pipeline spell out their keywords for editors;
+    a setting added to Pipeline fails here until each builder takes it."""
+    import inspect
+
+    from watermark_dagster.config import pipeline as module
+
+    parameters = inspect.signature(getattr(module, builder)).parameters
+    for option in options_of(module.Pipeline):
+        assert option.field is not None
+        if option.field in not_taken:
+            assert option.field not in parameters, (builder, option.field)
+            continue
+        assert option.field in parameters, f"{builder} does not take {option.field}"
+        default = parameters[option.field].default
+        if default is not inspect.Parameter.empty:  # a builder may require what Pipeline need not
+            assert default == option.default, (builder, option.field, default)
