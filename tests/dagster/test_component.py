@@ -252,7 +252,7 @@ def test_the_demo_component_declares_the_python_demo(
 
 
 def test_the_component_model_takes_the_registry_file_keys() -> None:
-    from watermark_dagster.config.yaml_file import PIPELINE_KEYS, TOP_KEYS, UPSTREAM_KEYS
+    from watermark_dagster.config.yaml_values import PIPELINE_KEYS, TOP_KEYS, UPSTREAM_KEYS
     from watermark_dagster.dagster_defs.component import (
         PipelineSpec,
         UpstreamSpec,

@@ -24,12 +24,8 @@ from tests.support.cli import SCRIPT
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
-from watermark_dagster.config.yaml_file import (
-    PIPELINE_KEYS,
-    UPSTREAM_KEYS,
-    load_registry,
-    load_registry_file,
-)
+from watermark_dagster.config.yaml_file import load_registry, load_registry_file
+from watermark_dagster.config.yaml_values import PIPELINE_KEYS, UPSTREAM_KEYS
 from watermark_dagster.dagster_defs.definitions import location_of
 from watermark_dagster.definitions import build_file_definitions
 from watermark_dagster.errors import ConfigurationError
