@@ -599,13 +599,13 @@ def declared_pipeline(
     def wrap(fn: FullTransform) -> Pipeline:
         pipeline_name = name or getattr(fn, "__name__", "")
         validate_name("pipeline name", pipeline_name)
-        return Pipeline(
-            name=pipeline_name,
-            upstreams=tuple(_upstream_names(pipeline_name, upstreams)),
+        return _declared(
+            pipeline_name,
+            upstreams,
+            declare(pipeline_name, upstreams, keys=tuple(keys), function=fn),
+            keys=tuple(keys),
             target=target,
             table=table,
-            keys=tuple(keys),
-            declared=declare(pipeline_name, upstreams, keys=tuple(keys), function=fn),
             description=description or (fn.__doc__ or "").strip() or None,
             partition_by=tuple(partition_by),
             cluster_by=tuple(cluster_by),
@@ -650,13 +650,13 @@ def sql_pipeline(
             the upstreams or uses a window, LIMIT, sampling or a non-deterministic function.
     """
     validate_name("pipeline name", name)
-    return Pipeline(
-        name=name,
-        upstreams=tuple(_upstream_names(name, upstreams)),
+    return _declared(
+        name,
+        upstreams,
+        declare(name, upstreams, keys=tuple(keys), sql=sql),
+        keys=tuple(keys),
         target=target,
         table=table,
-        keys=tuple(keys),
-        declared=declare(name, upstreams, keys=tuple(keys), sql=sql),
         description=description,
         partition_by=tuple(partition_by),
         cluster_by=tuple(cluster_by),
@@ -664,6 +664,15 @@ def sql_pipeline(
         strategy=strategy,
         change_feed=change_feed,
     )
+
+
+def _declared(
+    name: str, upstreams: Mapping[str, KeyPathSpec], declared: Declared, **settings: object
+) -> Pipeline:
+    """The pipeline a declaration makes, its upstreams those its key paths name."""
+    names = tuple(_upstream_names(name, upstreams))
+    # The settings are the builders' own typed keywords, passed on as they came.
+    return Pipeline(name=name, upstreams=names, declared=declared, **settings)  # pyright: ignore[reportArgumentType]
 
 
 def _upstream_names(pipeline: str, upstreams: object) -> list[str]:
