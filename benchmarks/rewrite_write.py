@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import watermark_dagster  # noqa: F401 - build_session then uses the project's session
+    import watermark_dagster.write.append_overwrite as append_overwrite
     import watermark_dagster.write.targets as targets
     from watermark_dagster.demo.paths import DemoPaths
     from watermark_dagster.demo.pipelines import build_demo_registry, full_orders_enriched
@@ -63,12 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     def rewrite_unchecked() -> None:
-        checked = targets.refusing_duplicate_keys
-        targets.refusing_duplicate_keys = lambda frame, keys: frame  # type: ignore[assignment]
+        checked = append_overwrite.refusing_duplicate_keys
+        append_overwrite.refusing_duplicate_keys = lambda frame, keys: frame  # type: ignore[assignment]
         try:
             rewrite()
         finally:
-            targets.refusing_duplicate_keys = checked
+            append_overwrite.refusing_duplicate_keys = checked
 
     writes: dict[str, Callable[[], None]] = {
         "plain": plain,

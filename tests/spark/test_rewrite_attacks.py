@@ -60,7 +60,7 @@ from watermark_dagster.operations.run_pipeline import (
     run_pipeline,
 )
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write import targets
+from watermark_dagster.write import duplicate_keys, targets
 from watermark_dagster.write.commits import FENCE, label_prefix
 
 pytestmark = pytest.mark.spark
@@ -874,5 +874,5 @@ def test_the_rewrites_duplicate_key_refusal_names_a_key_with_a_null_part(
         [(1, None, 10), (1, None, 11), (1, 2, 12)], "a long, b long, v long"
     )
     with pytest.raises(Exception, match="watermark-duplicate-key") as failed:
-        targets.refusing_duplicate_keys(frame, ["a", "b"]).collect()
-    assert targets.duplicate_key_in(failed.value) == {"a": 1, "b": None}
+        duplicate_keys.refusing_duplicate_keys(frame, ["a", "b"]).collect()
+    assert duplicate_keys.duplicate_key_in(failed.value) == {"a": 1, "b": None}

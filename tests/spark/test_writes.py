@@ -602,31 +602,31 @@ def test_a_reload_killed_before_it_clustered_the_target_again_finishes_on_retry(
     transaction committed and skips the write: before, the target stayed unclustered for
     good; now the retry finishes the layout, and makes no second data commit."""
     from watermark_dagster.core.faults import SimulatedCrash
-    from watermark_dagster.write import targets
+    from watermark_dagster.write import append_overwrite, clustering
 
     spark = lake.spark
     pipeline = _pipeline(lake, "reloaded", "merge", keys=("id",))
     first = _rows(spark, range(5))
     write_target(spark, first, pipeline, batch_id="b1", write_seq=1, full_load=True)
-    assert targets.clustering_columns(spark, pipeline.target) == ("id",)
+    assert clustering.clustering_columns(spark, pipeline.target) == ("id",)
 
     retyped = spark.createDataFrame([(i, str(i)) for i in range(5)], "id long, value string")
 
     def killed(*_args: Any, **_kwargs: Any) -> None:
         raise SimulatedCrash("killed before the recluster")
 
-    monkeypatch.setattr(targets, "recluster", killed)
+    monkeypatch.setattr(append_overwrite, "recluster", killed)
     with pytest.raises(SimulatedCrash):
         write_target(spark, retyped, pipeline, batch_id="b2", write_seq=2, full_load=True)
     monkeypatch.undo()
-    assert targets.clustering_columns(spark, pipeline.target) == ()
+    assert clustering.clustering_columns(spark, pipeline.target) == ()
     data_commit = _version(pipeline.target)
 
     again = write_target(
         spark, retyped, pipeline, batch_id="b2", write_seq=2, full_load=True, retried=True
     )
     assert again.already_applied
-    assert targets.clustering_columns(spark, pipeline.target) == ("id",)
+    assert clustering.clustering_columns(spark, pipeline.target) == ("id",)
     assert _last_operation(pipeline.target)["operation"] == "CLUSTER BY"
     assert _version(pipeline.target) == data_commit + 1  # the recluster, no second write
 

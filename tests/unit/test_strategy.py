@@ -30,7 +30,7 @@ from watermark_dagster.read.derive import (
     estimate_seconds,
 )
 from watermark_dagster.store import codec
-from watermark_dagster.write.targets import DUPLICATE_KEY_MARKER, duplicate_key_in
+from watermark_dagster.write.duplicate_keys import DUPLICATE_KEY_MARKER, duplicate_key_in
 
 BIG = 100 * AUTO_FULL_BELOW_BYTES
 

@@ -138,7 +138,7 @@ def reloads_after_abandon(
     checkpoints and the logs of its unfinished pipelines' targets.
     """
     from watermark_dagster.core.finalizing import reloads_due
-    from watermark_dagster.write.targets import applied_by_target
+    from watermark_dagster.write.fences import applied_by_target
 
     newest = store.newest_scheduled()
     if newest is None:

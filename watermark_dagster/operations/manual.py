@@ -345,7 +345,7 @@ def recover_applied(
     """Before a forced change abandons ``batch_id``: record as succeeded each of its
     pipelines whose run was killed after writing its target and before recording success.
 
-    The target says so itself (:func:`~watermark_dagster.write.targets.applied_by_target`:
+    The target says so itself (:func:`~watermark_dagster.write.fences.applied_by_target`:
     its Delta transaction, or a commit labelled with the batch). Without this, the batch's
     ranges would be read again by the next batch under a new position, and an append
     target would get those rows twice (I4). Each recovery is a SUCCESS checkpoint and a
@@ -356,7 +356,7 @@ def recover_applied(
     """
     from watermark_dagster.core.records import BatchStatus
     from watermark_dagster.operations.coordinate import succeeded
-    from watermark_dagster.write.targets import applied_by_target
+    from watermark_dagster.write.fences import applied_by_target
 
     batch = store.get_batch(batch_id)
     if batch.status is not BatchStatus.PLANNED:
@@ -401,7 +401,7 @@ def fence_batch(
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Before a forced change abandons scheduled batch ``batch_id``: fence the target of
     each of its pipelines that has not applied it, so that no write of the batch lands
-    there afterwards (:func:`~watermark_dagster.write.targets.fence_target`: an empty
+    there afterwards (:func:`~watermark_dagster.write.fences.fence_target`: an empty
     commit recording the batch's Delta transaction, which every write of the batch
     carries). Without it, a run that passed its own check just before the batch was
     abandoned could still commit, and the next batch would apply the same ranges again
@@ -419,7 +419,7 @@ def fence_batch(
     from watermark_dagster.core.records import BatchKind, BatchStatus
     from watermark_dagster.operations.coordinate import succeeded
     from watermark_dagster.write.commits import existing_target
-    from watermark_dagster.write.targets import fence_target
+    from watermark_dagster.write.fences import fence_target
 
     batch = store.get_batch(batch_id)
     if batch.status is not BatchStatus.PLANNED or batch.kind is BatchKind.REPLAY:

@@ -163,7 +163,7 @@ def newest_written_seq(table: RsDeltaTable, *, newest: int = 20) -> int | None:
 
 def fence_label(pipeline: str, batch_id: str, write_seq: int) -> str:
     """The label of the fence a forced change commits for ``pipeline``'s write of
-    ``batch_id`` (see :func:`~watermark_dagster.write.targets.fence_target`)."""
+    ``batch_id`` (see :func:`~watermark_dagster.write.fences.fence_target`)."""
     return f"{FENCE}{label_prefix(pipeline, batch_id)}seq={write_seq}"
 
 

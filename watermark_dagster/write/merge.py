@@ -282,7 +282,7 @@ def merge_into_target(
     ``transaction`` (Delta application id, version), when given, is recorded by the MERGE's
     commit, and Delta skips the MERGE when the target records that transaction at that
     version or later: a retry after the commit, or a batch a forced change fenced
-    (:func:`~watermark_dagster.write.targets.fence_target`), commits nothing.
+    (:func:`~watermark_dagster.write.fences.fence_target`), commits nothing.
 
     Raises:
         TerminalError: a key column is missing, or several rows share a key and there is
