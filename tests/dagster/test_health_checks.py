@@ -44,13 +44,10 @@ from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.checks import RETENTION_CHECK
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB, build_definitions
-from watermark_dagster.dagster_defs.health import (
-    LAG_CHECK,
-    RETENTION_JOB,
-    RETENTION_SCHEDULE,
-    STUCK_CHECK,
-    HealthSettings,
-)
+from watermark_dagster.dagster_defs.health import HealthSettings
+from watermark_dagster.dagster_defs.health_lag import LAG_CHECK
+from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
+from watermark_dagster.dagster_defs.names import RETENTION_JOB, RETENTION_SCHEDULE
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, WatermarkSettings
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.store import WatermarkStore

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.conftest import REPO
 from tests.scale.spark_servers import free_port, group_alive, start
 from watermark_dagster.dagster_defs.definitions import BATCH_JOB
-from watermark_dagster.dagster_defs.health import RETENTION_JOB
+from watermark_dagster.dagster_defs.names import RETENTION_JOB
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
 
 DAGSTER = Path(sys.executable).with_name("dagster")

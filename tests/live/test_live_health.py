@@ -24,7 +24,9 @@ from tests.support.dagster_dev import WATERMARK, DagsterDev
 from tests.support.ports import free_port
 from tests.support.spec_lake import commit_rows
 from watermark_dagster.dagster_defs.checks import RETENTION_CHECK
-from watermark_dagster.dagster_defs.health import LAG_CHECK, RETENTION_JOB, STUCK_CHECK
+from watermark_dagster.dagster_defs.health_lag import LAG_CHECK
+from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
+from watermark_dagster.dagster_defs.names import RETENTION_JOB
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = [pytest.mark.live, pytest.mark.spark]

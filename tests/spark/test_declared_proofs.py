@@ -293,7 +293,7 @@ def test_a_full_batch_finds_the_keys_a_wrong_derivation_left_stale(
     customer 2's orders) leaves two target rows stale with exit 0. The next full batch
     counts exactly those as drift, though its own changes touched neither, says which, and
     writes the correct rows."""
-    from watermark_dagster.dagster_defs.health import drift_result
+    from watermark_dagster.dagster_defs.health_drift import drift_result
     from watermark_dagster.operations.coordinate import look_before_planning, plan_next
     from watermark_dagster.operations.run_pipeline import execute_pipeline
     from watermark_dagster.read import derive

@@ -38,7 +38,8 @@ from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointSta
 from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
-from watermark_dagster.dagster_defs.health import DRIFT_CHECK, STUCK_CHECK
+from watermark_dagster.dagster_defs.health_drift import DRIFT_CHECK
+from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, DIED_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings

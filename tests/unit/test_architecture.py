@@ -199,7 +199,7 @@ PRIVATE_DAGSTER_ALLOWED: dict[str, str] = {
         "BulkActionStatus: no public way to ask for the running backfills, which fail as a "
         "whole once a partition they target is deleted"
     ),
-    "watermark_dagster.dagster_defs.health: "
+    "watermark_dagster.dagster_defs.health_reporter: "
     "dagster._core.definitions.asset_checks.asset_check_evaluation": (
         "AssetCheckEvaluationTargetMaterializationData: not exported, yet the one way for a "
         "check reported by a sensor to name the materialization it checked (the UI falls "

@@ -20,7 +20,7 @@ def headless_executor(ctx: Context) -> BatchExecutor:
 
         from watermark_dagster.dagster_defs.assets import REPLAY_TAG, nothing_to_do_events
         from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
-        from watermark_dagster.dagster_defs.health import STUCK_CHECK
+        from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
         from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
 
         instance = DagsterInstance.get()

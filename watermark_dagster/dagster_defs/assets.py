@@ -671,7 +671,7 @@ def build_pipeline_asset(
         if pipeline.declared is not None:
             # Its watermark_drift check, for this materialization (a full batch measured
             # drift; another says it did not).
-            from watermark_dagster.dagster_defs.health import drift_evaluation
+            from watermark_dagster.dagster_defs.health_drift import drift_evaluation
 
             evaluation = drift_evaluation(context.asset_key, pipeline.name, metadata)
             context.log_event(evaluation)  # pyright: ignore[reportArgumentType]

@@ -40,15 +40,16 @@ from watermark_dagster.dagster_defs.check_family import (
     checks_on,
     versioned,
 )
-from watermark_dagster.dagster_defs.health import (
-    DRIFT_CHECK,
+from watermark_dagster.dagster_defs.health import HealthSettings
+from watermark_dagster.dagster_defs.health_drift import DRIFT_CHECK, drift_result
+from watermark_dagster.dagster_defs.health_lag import (
     LAG_CHECK,
-    STUCK_CHECK,
     CommitTimes,
-    HealthSettings,
-    drift_result,
     lag_result,
     measure_lag,
+)
+from watermark_dagster.dagster_defs.health_stuck import (
+    STUCK_CHECK,
     runs_scope,
     stuck_result,
     stuck_state,
@@ -350,7 +351,7 @@ def build_health_checks(
     """The ``watermark_lag`` checks of the consumed versioned upstreams, the
     ``watermark_stuck_batch`` checks of the pipelines and the ``watermark_drift`` checks of
     the declared pipelines, runnable from the UI (the coordinator reports the first two on
-    its own through :class:`~watermark_dagster.dagster_defs.health.HealthReporter`, and
+    its own through :class:`~watermark_dagster.dagster_defs.health_reporter.HealthReporter`, and
     each batch run reports the third).
 
     Args:

@@ -40,10 +40,8 @@ from watermark_dagster.dagster_defs.checks import (
     build_health_checks,
     build_retention_checks,
 )
-from watermark_dagster.dagster_defs.health import (
-    build_retention_schedule,
-    with_freshness,
-)
+from watermark_dagster.dagster_defs.health_freshness import with_freshness
+from watermark_dagster.dagster_defs.health_retention import build_retention_schedule
 from watermark_dagster.dagster_defs.names import BATCH_JOB as BATCH_JOB
 from watermark_dagster.dagster_defs.names import (
     DEFAULT_NAMES,

@@ -99,7 +99,7 @@ def build_replay_job(
             outcome_metadata,
             replay_metadata,
         )
-        from watermark_dagster.dagster_defs.health import runs_scope, stuck_evaluations
+        from watermark_dagster.dagster_defs.health_stuck import runs_scope, stuck_evaluations
         from watermark_dagster.dagster_defs.targets import target_metadata
         from watermark_dagster.operations.replay import plan_replay, run_replay
         from watermark_dagster.operations.run_pipeline import execute_pipeline

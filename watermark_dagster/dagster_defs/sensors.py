@@ -47,7 +47,8 @@ from watermark_dagster.core.resuming import (
 )
 from watermark_dagster.dagster_defs.assets import nothing_to_do_events, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
-from watermark_dagster.dagster_defs.health import HealthReporter, HealthSettings
+from watermark_dagster.dagster_defs.health import HealthSettings
+from watermark_dagster.dagster_defs.health_reporter import HealthReporter
 from watermark_dagster.dagster_defs.names import COORDINATOR as COORDINATOR
 from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, LocationNames
 from watermark_dagster.dagster_defs.names import FINALIZER as FINALIZER
