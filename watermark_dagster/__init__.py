@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from watermark_dagster.config.registry import Registry
     from watermark_dagster.config.secrets import EnvRef
     from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
-    from watermark_dagster.dagster_defs.assets import WatermarkTranslator
     from watermark_dagster.dagster_defs.component import WatermarkComponent
     from watermark_dagster.dagster_defs.definitions import (
         WatermarkLocation,
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
         WatermarkStoreResource,
     )
     from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+    from watermark_dagster.dagster_defs.translator import WatermarkTranslator
     from watermark_dagster.read.changes import matching_keys, recompute
     from watermark_dagster.store import WatermarkStore
 
@@ -52,7 +52,7 @@ _API = {
     "CursorUpstream": "watermark_dagster.config.upstream",
     "DeltaUpstream": "watermark_dagster.config.upstream",
     "Upstream": "watermark_dagster.config.upstream",
-    "WatermarkTranslator": "watermark_dagster.dagster_defs.assets",
+    "WatermarkTranslator": "watermark_dagster.dagster_defs.translator",
     "WatermarkComponent": "watermark_dagster.dagster_defs.component",
     "build_definitions": "watermark_dagster.dagster_defs.definitions",
     "build_location": "watermark_dagster.dagster_defs.definitions",

@@ -64,9 +64,9 @@ from watermark_dagster.core.records import (
     CheckpointStatus,
     WatermarkHow,
 )
-from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import WORKER_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings

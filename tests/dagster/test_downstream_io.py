@@ -30,8 +30,8 @@ from deltalake import DeltaTable, write_deltalake
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
-from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.definitions import build_location
+from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.target_io import TARGETS_IO_MANAGER_KEY
 
 PIPELINE_KEY = AssetKey(["orders_enriched"])

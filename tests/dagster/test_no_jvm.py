@@ -112,7 +112,7 @@ _BACKFILL = textwrap.dedent(
     from dagster import AssetKey, DagsterInstance, RunRequest, SensorResult
     from watermark_dagster.config.pipeline import WriteMode
     from watermark_dagster.config.registry import Registry
-    from watermark_dagster.dagster_defs.assets import SKIPPED_TAG
+    from watermark_dagster.dagster_defs.pipeline_outcomes import SKIPPED_TAG
     from watermark_dagster.dagster_defs.definitions import build_definitions
     from watermark_dagster.dagster_defs.resources import held_spark_sessions, spark_was_started
     from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG

@@ -31,10 +31,10 @@ from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus, batch_id_for
-from watermark_dagster.dagster_defs.assets import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.component import settings_from_environment
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
+from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.pruning import PRUNE_PER_TICK, stale_batch_partitions
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
 from watermark_dagster.errors import ConfigurationError

@@ -54,7 +54,6 @@ from watermark_dagster.core.resuming import (
     decide_resume,
     resume_step,
 )
-from watermark_dagster.dagster_defs.assets import WatermarkTranslator
 from watermark_dagster.dagster_defs.definitions import build_definitions, location_of
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.runs import (
@@ -71,6 +70,7 @@ from watermark_dagster.dagster_defs.sensors import (
     CoordinatorCursor,
     WatermarkSettings,
 )
+from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.errors import ConfigurationError, UpstreamSchemaChangedError
 from watermark_dagster.operations.status import stuck_batches
 from watermark_dagster.store import WatermarkStore
@@ -884,7 +884,7 @@ def test_the_first_look_reports_the_retention_checks_then_leaves_them_to_the_sch
 def test_range_metadata_is_numeric_or_left_out() -> None:
     """Plots need numbers: a snapshot starts at 0, a NOOP input has no start, a cursor
     window no versions; never the text "none"."""
-    from watermark_dagster.dagster_defs.assets import outcome_metadata
+    from watermark_dagster.dagster_defs.pipeline_outcomes import outcome_metadata
     from watermark_dagster.operations.decide import InputReport, PipelineOutcome
 
     reports = (

@@ -35,11 +35,11 @@ from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus
-from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.health_drift import DRIFT_CHECK
 from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
+from watermark_dagster.dagster_defs.replay_backfill import REPLAY_TAG
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, DIED_TAG
 from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings

@@ -41,9 +41,9 @@ from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
-from watermark_dagster.dagster_defs.assets import REPLAY_TAG
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
+from watermark_dagster.dagster_defs.replay_backfill import REPLAY_TAG
 from watermark_dagster.errors import ReplayRefusedError, UpstreamUnreadableError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer

@@ -18,9 +18,10 @@ def headless_executor(ctx: Context) -> BatchExecutor:
     def execute(batch_id: str, pipelines: Sequence[str]) -> list[str | None]:
         from dagster import AssetCheckKey, DagsterInstance, RunRequest, SensorResult
 
-        from watermark_dagster.dagster_defs.assets import REPLAY_TAG, nothing_to_do_events
         from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
         from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
+        from watermark_dagster.dagster_defs.pipeline_outcomes import nothing_to_do_events
+        from watermark_dagster.dagster_defs.replay_backfill import REPLAY_TAG
         from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, BATCH_TAG
 
         instance = DagsterInstance.get()

@@ -33,11 +33,11 @@ from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, Pipeline
 from watermark_dagster.config.secrets import as_reference
 from watermark_dagster.config.upstream import UPSTREAM_OPTIONS, Upstream
 from watermark_dagster.config.yaml_file import load_registry_mapping
-from watermark_dagster.dagster_defs.assets import WatermarkTranslator
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, dagster_values
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.errors import ConfigurationError
 
 Scalar = str | int | float | bool

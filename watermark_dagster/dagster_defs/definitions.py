@@ -29,11 +29,7 @@ from watermark_dagster.config.secrets import (
     checked_options,
     resolved_options,
 )
-from watermark_dagster.dagster_defs.assets import (
-    WatermarkTranslator,
-    build_pipeline_asset,
-    build_upstream_assets,
-)
+from watermark_dagster.dagster_defs.assets import build_pipeline_asset
 from watermark_dagster.dagster_defs.checks import (
     RETENTION_CHECK,
     build_continuity_checks,
@@ -64,6 +60,8 @@ from watermark_dagster.dagster_defs.sensors import (
     build_finalizer_sensor,
 )
 from watermark_dagster.dagster_defs.target_io import PipelineTargetIOManager
+from watermark_dagster.dagster_defs.translator import WatermarkTranslator
+from watermark_dagster.dagster_defs.upstream_assets import build_upstream_assets
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.runtime.catalog import resolve_catalog_tables

@@ -93,13 +93,12 @@ def build_replay_job(
     )
     def watermark_replay(context: OpExecutionContext, config: ReplayConfig) -> None:
         """Record the REPLAY batch, run its pipelines in this process, end it."""
-        from watermark_dagster.dagster_defs.assets import (
-            REPLAY_TAG,
+        from watermark_dagster.dagster_defs.health_stuck import runs_scope, stuck_evaluations
+        from watermark_dagster.dagster_defs.pipeline_outcomes import (
             nothing_to_do_events,
             outcome_metadata,
-            replay_metadata,
         )
-        from watermark_dagster.dagster_defs.health_stuck import runs_scope, stuck_evaluations
+        from watermark_dagster.dagster_defs.replay_backfill import REPLAY_TAG, replay_metadata
         from watermark_dagster.dagster_defs.targets import target_metadata
         from watermark_dagster.operations.replay import plan_replay, run_replay
         from watermark_dagster.operations.run_pipeline import execute_pipeline

@@ -45,13 +45,13 @@ from watermark_dagster.core.resuming import (
     ResumeStep,
     RetryPolicy,
 )
-from watermark_dagster.dagster_defs.assets import nothing_to_do_events, observation_event
 from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
 from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.health_reporter import HealthReporter
 from watermark_dagster.dagster_defs.names import COORDINATOR as COORDINATOR
 from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, LocationNames
 from watermark_dagster.dagster_defs.names import FINALIZER as FINALIZER
+from watermark_dagster.dagster_defs.pipeline_outcomes import nothing_to_do_events
 from watermark_dagster.dagster_defs.pruning import (
     check_keep_batch_partitions,
     stale_batch_partitions,
@@ -63,6 +63,7 @@ from watermark_dagster.dagster_defs.runs import (
     batch_runs,
     mark_deaths_recorded,
 )
+from watermark_dagster.dagster_defs.upstream_assets import observation_event
 from watermark_dagster.errors import (
     ConfigurationError,
     ReloadHeldError,
