@@ -5,20 +5,20 @@ from datetime import UTC, datetime
 
 import pytest
 
+from watermark_dagster.core.batch_ending import batch_status, decide_status_change
 from watermark_dagster.core.finalizing import (
     AdvanceDecision,
-    batch_reading,
-    batch_status,
-    check_unmoved,
     decide_advance,
     decide_advance_step,
     decide_cursor_advance,
-    decide_status_change,
     finalize_step,
+    require_open,
+)
+from watermark_dagster.core.manual_changes import (
+    batch_reading,
+    check_unmoved,
     manual_watermark,
     refuse_open_batch,
-    reloads_due,
-    require_open,
     stale_after_manual_change,
 )
 from watermark_dagster.core.planning import PlannedInput
@@ -32,6 +32,7 @@ from watermark_dagster.core.records import (
     WatermarkHow,
     seq_of,
 )
+from watermark_dagster.core.reloads import reloads_due
 from watermark_dagster.errors import (
     BatchStateError,
     TerminalError,

@@ -1,16 +1,13 @@
-"""Finalizing decisions: what a batch's end may change, in plain Python (no Dagster,
-Spark or delta-rs).
+"""Advancing a committed watermark at a batch's end, in plain Python (no Dagster, Spark or
+delta-rs): which upstreams may advance (I4), and each advance kept to I1 and I2.
 
 The store applies these answers inside its compare-and-swap; the finalizer and the
-command line call the same functions, so each rule has one definition:
-
-* advancing a committed watermark (I1, I2) and which upstreams may advance (I4);
-* how a batch ends: the status its rows add up to, and which status changes are allowed;
-* manual moves of a watermark (``watermark set`` / ``reset``): the open-batch refusal and
-  which batches such a move abandons.
+command line call the same functions, so each rule has one definition. How a batch ends
+is :mod:`~watermark_dagster.core.batch_ending`; manual moves of a watermark are
+:mod:`~watermark_dagster.core.manual_changes`.
 """
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -25,21 +22,16 @@ from watermark_dagster.core.ranges import (
 )
 from watermark_dagster.core.records import (
     Batch,
-    BatchKind,
     BatchStatus,
     Watermark,
-    WatermarkChange,
     WatermarkHow,
     version_text,
 )
 from watermark_dagster.errors import (
     BatchStateError,
-    TerminalError,
     WatermarkGapError,
     WatermarkRegressionError,
 )
-
-# ---------------------------------------------------------------- advancing a watermark
 
 
 class AdvanceDecision(StrEnum):
@@ -294,259 +286,3 @@ def require_open(batch: Batch, upstream: str) -> None:
             batch_id=batch.batch_id,
             upstream=upstream,
         )
-
-
-# ---------------------------------------------------------------- how a batch ends
-
-# Rows of a batch change status together; a mix means a write was cut short, and the
-# least finished status is the truth.
-_STATUS_PRECEDENCE = (
-    BatchStatus.PLANNED,
-    BatchStatus.FAILED,
-    BatchStatus.ABANDONED,
-    BatchStatus.COMPLETED,
-)
-
-
-def batch_status(row_statuses: Collection[BatchStatus]) -> BatchStatus:
-    """The status of a batch whose rows have ``row_statuses`` (the least finished)."""
-    return next(s for s in _STATUS_PRECEDENCE if s in row_statuses)
-
-
-def decide_status_change(
-    batch: Batch, row_statuses: Collection[BatchStatus], status: BatchStatus
-) -> bool:
-    """Whether ``batch`` (with rows in ``row_statuses``) is to become ``status``.
-
-    Returns:
-        False when every row has ``status`` already (nothing to write), else True.
-
-    Raises:
-        BatchStateError: the batch already ended (a batch ends once: a finalizer and a
-            `watermark set --force` that both saw it open cannot both end it), or a
-            scheduled batch would complete with a ranged upstream not advanced.
-    """
-    if set(row_statuses) == {status}:
-        return False
-    if batch.status in (BatchStatus.COMPLETED, BatchStatus.ABANDONED):
-        raise BatchStateError(
-            f"Batch {batch.batch_id} is already {batch.status.value}; it cannot become "
-            f"{status.value}.",
-            batch_id=batch.batch_id,
-            fix="list it with `watermark batch` and act on the next batch.",
-        )
-    if status is BatchStatus.COMPLETED and batch.kind is BatchKind.SCHEDULED:
-        pending = [u for u in batch.ranged_upstreams if u not in batch.advanced]
-        if pending:
-            raise BatchStateError(
-                f"Batch {batch.batch_id} cannot complete: upstream(s) {pending} not advanced.",
-                batch_id=batch.batch_id,
-            )
-    return True
-
-
-# ---------------------------------------------------------------- manual changes
-
-
-def batch_reading(open_batch: Batch | None, upstream: str) -> Batch | None:
-    """``open_batch`` if it reads ``upstream`` (a range or window, not NOOP), else None."""
-    planned = open_batch.inputs.get(upstream) if open_batch is not None else None
-    if planned is None or planned.mode is ReadMode.NOOP:
-        return None
-    return open_batch
-
-
-def check_manual_change(upstream: str, version: int | None, how: WatermarkHow) -> None:
-    """Validate a manual move: MANUAL_SET to a version >= 0, or RESET to None.
-
-    Raises:
-        ValueError: any other combination.
-    """
-    if how is WatermarkHow.RESET and version is not None:
-        raise ValueError(f"{upstream}: a RESET stores no version, got {version}")
-    if how is WatermarkHow.MANUAL_SET and (not isinstance(version, int) or version < 0):
-        raise ValueError(f"{upstream}: a MANUAL_SET needs a version >= 0, got {version!r}")
-    if how not in (WatermarkHow.MANUAL_SET, WatermarkHow.RESET):
-        raise ValueError(f"{upstream}: a manual change is MANUAL_SET or RESET, not {how}")
-
-
-def manual_change(
-    upstream: str,
-    version: int | None,
-    how: WatermarkHow,
-    current: Watermark | None,
-    *,
-    open_batch: str | None = None,
-) -> WatermarkChange:
-    """The manual move of ``upstream`` from its committed row ``current`` to ``version``.
-
-    Raises:
-        ValueError: ``how`` and ``version`` do not go together (see
-            :func:`check_manual_change`).
-    """
-    check_manual_change(upstream, version, how)
-    return WatermarkChange(
-        upstream=upstream,
-        old=current.committed_version if current is not None else None,
-        new=version,
-        how=how,
-        old_cursor=encode_position(current.committed_cursor) if current is not None else None,
-        open_batch=open_batch,
-    )
-
-
-def check_unmoved(expected: WatermarkChange | None, preview: WatermarkChange) -> None:
-    """Refuse a manual change whose state moved since the operator confirmed ``expected``.
-
-    Raises:
-        TerminalError: the committed value or the open batch differ from ``expected``.
-    """
-    if expected is None:
-        return
-    now = (preview.old, preview.old_cursor, preview.open_batch)
-    if now != (expected.old, expected.old_cursor, expected.open_batch):
-        raise TerminalError(
-            f"Upstream '{preview.upstream}' moved while the change was being confirmed: "
-            f"committed {expected.old} -> {preview.old}, open batch {expected.open_batch} -> "
-            f"{preview.open_batch}. Nothing was changed.",
-            upstream=preview.upstream,
-            fix="run the command again to see the current state.",
-        )
-
-
-def refuse_open_batch(change: WatermarkChange, reading: Batch | None, *, force: bool) -> None:
-    """Refuse a manual move of ``change.upstream`` while an open batch reads it.
-
-    Moving the watermark under an open batch would break it; ``force`` abandons the batch
-    instead, so the next plan starts from the new value. A change that moves nothing is
-    never refused.
-
-    Args:
-        change: the previewed change (``watermark set`` / ``reset``).
-        reading: the open batch that reads the upstream (see :func:`batch_reading`), or None.
-        force: the operator asked to abandon that batch.
-
-    Raises:
-        BatchStateError: ``reading`` is open, the change moves the watermark and ``force``
-            is False; the message names the batch and what it reads.
-    """
-    if reading is None or force or not change.changed:
-        return
-    upstream = change.upstream
-    raise BatchStateError(
-        f"Upstream '{upstream}': batch {reading.batch_id} is open and reads {upstream} "
-        f"({reading.inputs[upstream].describe()}); moving the watermark now would break it. "
-        "Nothing was changed.",
-        upstream=upstream,
-        batch_id=reading.batch_id,
-        fix=f"wait until it completes (`watermark batch {reading.batch_id}`), or pass --force "
-        "to abandon it so the next plan starts from the new value.",
-    )
-
-
-def manual_event(how: WatermarkHow) -> str:
-    """The ``history`` event of a manual move: WATERMARK_SET or WATERMARK_RESET."""
-    return "WATERMARK_SET" if how is WatermarkHow.MANUAL_SET else "WATERMARK_RESET"
-
-
-def manual_why(change: WatermarkChange, reason: str | None) -> str:
-    """The phrase that names a manual move in the error of the batches it abandons."""
-    why = f"manual {change.how.value} of '{change.upstream}' from {change.old} to {change.new}"
-    return f"{why}: {reason}" if reason else why
-
-
-def manual_watermark(
-    current: Watermark | None,
-    change: WatermarkChange,
-    *,
-    actor: str,
-    now: datetime,
-    pending_history: str,
-) -> Watermark:
-    """The committed row after a manual move from ``current``.
-
-    A manual set keeps the table identity the watermark refers to; a reset forgets it,
-    so a recreated table is loaded afresh. ``pending_history`` is the move's history row,
-    committed with it.
-    """
-    kept = current.table_id if current is not None else None
-    table_id = kept if change.how is WatermarkHow.MANUAL_SET else None
-    # Not a batch's: batch_id None.
-    return Watermark(
-        change.upstream,
-        change.new,
-        None,
-        change.how,
-        now,
-        actor,
-        table_id=table_id,
-        pending_history=pending_history,
-    )
-
-
-def stale_after_manual_change(batch: Batch | None, upstream: str, version: int | None) -> bool:
-    """True when ``batch`` (the open batch reading ``upstream``) was planned from the
-    watermark before a manual move to ``version``: its range does not start right after
-    the new value, so it is abandoned and the next plan starts from the new value."""
-    planned = batch.inputs.get(upstream) if batch is not None else None
-    if planned is None or planned.range is None:
-        return False
-    first = 0 if version is None else version + 1
-    return planned.range.start != first
-
-
-def reloads_due(
-    newest: Batch | None,
-    holding: Collection[str],
-    marks: Mapping[str, Watermark],
-    pipeline_inputs: Mapping[str, Collection[str]],
-    *,
-    reloading: Collection[str] = (),
-) -> tuple[str, ...]:
-    """The pipelines the next plan owes a reload in full, from the newest scheduled batch.
-
-    A pipeline stays owed until a batch plans its reload: ``newest.reloads_owed`` names
-    those the newest batch could not plan (their upstreams were blocked or unavailable).
-    When a forced change abandoned ``newest``, these are owed too:
-
-    * a pipeline that holds the batch (``holding``: succeeded, recovered by the forced
-      change, or written late by a run the change could not fence because its target did
-      not exist yet) and read an upstream whose committed watermark does not cover what
-      the batch read: not advanced for the batch, and for a versioned one below the version
-      it read up to. The next batch would read those changes again, and an append target
-      would hold them twice (I4); reloading the target from the next batch's snapshots
-      makes it whole again;
-    * a pipeline the batch was to reload that does not hold it: its target may hold the
-      rows of an earlier abandoned batch.
-
-    None is owed by a pipeline that reloads in the next plan anyway (``reloading``: an
-    overwrite pipeline, or one reading a versioned upstream with nothing committed, which
-    it loads as a snapshot), nor by one no longer in ``pipeline_inputs``.
-    """
-    if newest is None:
-        return ()
-    owed = set(newest.reloads_owed)
-    if newest.status is BatchStatus.ABANDONED:
-        for pipeline in newest.pipelines:
-            upstreams = pipeline_inputs.get(pipeline)
-            if upstreams is None:
-                continue
-            if pipeline in holding:
-                if not all(_covers(newest, u, marks.get(u)) for u in upstreams):
-                    owed.add(pipeline)
-            elif pipeline in newest.full_load:
-                owed.add(pipeline)
-    return tuple(sorted(p for p in owed if p in pipeline_inputs and p not in reloading))
-
-
-def _covers(batch: Batch, upstream: str, mark: Watermark | None) -> bool:
-    """Whether ``upstream``'s committed watermark covers what ``batch`` read of it."""
-    planned = batch.inputs.get(upstream)
-    if planned is None or upstream in batch.advanced:
-        return True
-    if planned.is_cursor:
-        return not planned.reads  # a window read and not advanced is read again
-    if mark is None or mark.committed_version is None:
-        return True  # read as a snapshot next: its readers reload anyway
-    read_to = planned.snapshot_version
-    return read_to is None or mark.committed_version >= read_to

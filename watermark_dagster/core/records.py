@@ -64,7 +64,7 @@ class Batch:
     reloads_owed: tuple[str, ...] = ()
     """Pipelines owed a reload (after a forced change abandoned an earlier batch) that this
     batch did not plan: their upstreams were blocked or unavailable. The next plans carry
-    them until one reloads them (:func:`~watermark_dagster.core.finalizing.reloads_due`)."""
+    them until one reloads them (:func:`~watermark_dagster.core.reloads.reloads_due`)."""
     order_seq: int | None = None
     table_ids: Mapping[str, str | None] = field(default_factory=dict[str, str | None])
     schema_fingerprints: Mapping[str, str | None] = field(default_factory=dict[str, str | None])

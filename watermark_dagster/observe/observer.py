@@ -345,7 +345,7 @@ def observe_registry(
             target always needs a first load; an empty one only if the pipeline never ran
             (a pipeline whose output is legitimately empty is not reloaded forever).
         reload: pipelines whose next batch reloads their target whatever it holds (see
-            :func:`~watermark_dagster.core.finalizing.reloads_owed`), among those whose
+            :func:`~watermark_dagster.core.reloads.reloads_due`), among those whose
             upstreams all start from the beginning.
     """
     marks = marks or {}

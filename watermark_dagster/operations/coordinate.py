@@ -127,7 +127,7 @@ def reloads_after_abandon(
     registry: Registry, store: WatermarkStore, marks: Mapping[str, Watermark]
 ) -> tuple[str | None, tuple[str, ...]]:
     """The newest scheduled batch's id and the pipelines the next plan owes a reload in
-    full (:func:`~watermark_dagster.core.finalizing.reloads_due`): those a batch could not
+    full (:func:`~watermark_dagster.core.reloads.reloads_due`): those a batch could not
     plan yet, and, when a forced change abandoned the newest batch, those whose target
     holds rows of it that the committed watermarks do not cover. A pipeline holds the
     batch when it succeeded (or was recovered) for it, or when its target records the
@@ -137,7 +137,7 @@ def reloads_after_abandon(
     Reads the newest scheduled batch; only while it is an abandoned one also its
     checkpoints and the logs of its unfinished pipelines' targets.
     """
-    from watermark_dagster.core.finalizing import reloads_due
+    from watermark_dagster.core.reloads import reloads_due
     from watermark_dagster.write.fences import applied_by_target
 
     newest = store.newest_scheduled()

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from watermark_dagster.config.pipeline import Strategy, StrategyRun
 from watermark_dagster.core import records
-from watermark_dagster.core.finalizing import batch_status
+from watermark_dagster.core.batch_ending import batch_status
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import (
     CursorPosition,

@@ -25,21 +25,23 @@ from typing import Any
 from deltalake import DeltaTable
 
 from watermark_dagster.config.pipeline import StrategyRun
+from watermark_dagster.core.batch_ending import decide_status_change
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.finalizing import (
     AdvanceDecision,
     AdvanceStep,
     advanced_watermark,
+    decide_advance_step,
+    require_open,
+)
+from watermark_dagster.core.manual_changes import (
     batch_reading,
     check_unmoved,
-    decide_advance_step,
-    decide_status_change,
     manual_change,
     manual_event,
     manual_watermark,
     manual_why,
     refuse_open_batch,
-    require_open,
     stale_after_manual_change,
 )
 from watermark_dagster.core.planning import UpstreamPosition, plan_batch, with_committed
