@@ -416,7 +416,7 @@ def test_strategy_runs_are_the_pipelines_measured_runs_in_the_newest_two_buckets
     (as run_pipeline writes it), from the newest STRATEGY_BUCKETS buckets only, so the read
     stays flat however long history grows."""
     from watermark_dagster.config.pipeline import Strategy, StrategyChoice
-    from watermark_dagster.store.store import STRATEGY_BUCKETS
+    from watermark_dagster.store.history import STRATEGY_BUCKETS
 
     store = WatermarkStore(tmp_path)
 

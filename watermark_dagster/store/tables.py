@@ -58,6 +58,17 @@ PROPERTIES = {
 
 _BUCKET = "bucket"
 
+# The names of the control tables (their schemas: :data:`schema.TABLES`).
+BATCHES = "batches"
+WATERMARKS = "committed_watermarks"
+CHECKPOINTS = "pipeline_checkpoints"
+HISTORY = "history"
+
+
+def where(**values: Any) -> dict[str, Any]:
+    """Rows whose columns equal ``values`` (None values are left out)."""
+    return {column: value for column, value in values.items() if value is not None}
+
 
 def arrow_table(table: str, rows: list[dict[str, Any]], columns: Sequence[str] = ()) -> pa.Table:
     """``rows`` in the schema of control table ``table`` (only ``columns`` when given).
@@ -537,4 +548,13 @@ class ControlTables:
         return removed
 
 
-__all__ = ["ControlTables", "ScanStats", "arrow_table"]
+__all__ = [
+    "BATCHES",
+    "CHECKPOINTS",
+    "HISTORY",
+    "WATERMARKS",
+    "ControlTables",
+    "ScanStats",
+    "arrow_table",
+    "where",
+]
