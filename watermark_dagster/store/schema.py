@@ -106,6 +106,9 @@ NO_BATCH_BUCKET = -1
 
 BUCKETED = frozenset({"batches", "pipeline_checkpoints", "history"})
 
+# The partition column of the BUCKETED tables.
+BUCKET = "bucket"
+
 TABLES: dict[str, pa.Schema] = {
     "batches": BATCHES,
     "committed_watermarks": COMMITTED_WATERMARKS,

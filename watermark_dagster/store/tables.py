@@ -1,24 +1,18 @@
-"""The control tables as Delta tables: compare-and-swap commits, Arrow reads and writes,
-creation and migration, upkeep. No record or rule of the control plane lives here.
+"""The control tables as Delta tables: compare-and-swap commits, Arrow writes, creation
+and migration, upkeep. No record or rule of the control plane lives here.
 
 Every state change is a compare-and-swap on one table: the change is decided against the
 table as of version ``v`` and committed as version ``v + 1`` with delta-rs' own commit
 retries turned off, so a concurrent writer that got there first makes the commit fail;
 :meth:`ControlTables._cas` then reloads, decides again and retries.
 
-Reads cost what a tick needs, not what history holds: ``batches``,
-``pipeline_checkpoints`` and ``history`` are partitioned by ``bucket`` (see
-:mod:`watermark_dagster.store.schema`), each read names the buckets it needs and prunes
-files with Delta's per-file statistics before opening any, and one handle per table is
-kept and refreshed to the latest version instead of loaded from scratch. After each commit
-the bucket it touched is compacted once it holds more than :data:`COMPACT_AT` files, so
-file counts stay bounded continuously; Delta checkpoints every :data:`CHECKPOINT_EVERY`
-commits and expired log entries are cleaned up with them. :attr:`ControlTables.scans`
-counts what was read, so tests can prove a tick's reads do not grow with history.
+Reads (:mod:`watermark_dagster.store.scans`) cost what a tick needs, not what history
+holds. After each commit the bucket it touched is compacted once it holds more than
+:data:`COMPACT_AT` files, so file counts stay bounded continuously; Delta checkpoints
+every :data:`CHECKPOINT_EVERY` commits and expired log entries are cleaned up with them.
 """
 
 import contextlib
-import dataclasses
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +28,8 @@ from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.errors import CommitConflictError
 from watermark_dagster.store import schema
 from watermark_dagster.store.conditional import require_conditional_writes
+from watermark_dagster.store.scans import ScanStats, TableReads
+from watermark_dagster.store.schema import BUCKET
 
 T = TypeVar("T")
 
@@ -56,8 +52,6 @@ PROPERTIES = {
     "delta.enableExpiredLogCleanup": "true",
 }
 
-_BUCKET = "bucket"
-
 # The names of the control tables (their schemas: :data:`schema.TABLES`).
 BATCHES = "batches"
 WATERMARKS = "committed_watermarks"
@@ -77,9 +71,9 @@ def arrow_table(table: str, rows: list[dict[str, Any]], columns: Sequence[str] =
     carry one, so no caller computes it.
     """
     table_schema = schema.TABLES[table]
-    if table in schema.BUCKETED and (not columns or _BUCKET in columns):
+    if table in schema.BUCKETED and (not columns or BUCKET in columns):
         rows = [
-            r if _BUCKET in r else {**r, _BUCKET: schema.bucket_of(r.get("batch_id"))} for r in rows
+            r if BUCKET in r else {**r, BUCKET: schema.bucket_of(r.get("batch_id"))} for r in rows
         ]
     if columns:
         table_schema = pa.schema([f for f in table_schema if f.name in set(columns)])
@@ -91,7 +85,7 @@ def _buckets_of(table: str, rows: Iterable[Mapping[str, Any]]) -> frozenset[int]
     if table not in schema.BUCKETED:
         return frozenset()
     return frozenset(
-        r[_BUCKET] if _BUCKET in r else schema.bucket_of(r.get("batch_id")) for r in rows
+        r[BUCKET] if BUCKET in r else schema.bucket_of(r.get("batch_id")) for r in rows
     )
 
 
@@ -101,36 +95,11 @@ def _on(keys: Sequence[str], buckets: frozenset[int] = frozenset()) -> str:
     never user input."""
     terms = [f"t.{k} = s.{k}" for k in keys]
     if buckets:
-        terms.insert(0, f"t.{_BUCKET} IN ({', '.join(str(int(b)) for b in sorted(buckets))})")
+        terms.insert(0, f"t.{BUCKET} IN ({', '.join(str(int(b)) for b in sorted(buckets))})")
     return " AND ".join(terms)
 
 
-@dataclasses.dataclass
-class ScanStats:
-    """What the store read since it was created (or since :meth:`reset`).
-
-    ``files`` and ``rows`` count the data files opened and the rows read from them, before
-    any filtering in memory; ``loads`` counts tables loaded from scratch and ``refreshes``
-    cached handles brought up to date; ``commits`` counts commits this store made.
-    """
-
-    files: int = 0
-    rows: int = 0
-    loads: int = 0
-    refreshes: int = 0
-    commits: int = 0
-
-    def reset(self) -> None:
-        """Start counting from zero."""
-        for field in dataclasses.fields(self):
-            setattr(self, field.name, 0)
-
-    def snapshot(self) -> dict[str, int]:
-        """The counts as a mapping."""
-        return dataclasses.asdict(self)
-
-
-class ControlTables:
+class ControlTables(TableReads):
     """The four control tables under one root folder (a local path or an object-store URI).
 
     Args:
@@ -159,10 +128,6 @@ class ControlTables:
         self._handles: dict[str, DeltaTable] = {}
         self._touched: dict[str, set[int]] = {}
 
-    def uri(self, table: str) -> str:
-        """Location of one control table."""
-        return f"{self.root}/{table}"
-
     # ---------------------------------------------------------------- creation, migration
 
     def ensure_tables(self) -> None:
@@ -188,7 +153,7 @@ class ControlTables:
                     uri,
                     table_schema,
                     mode="ignore",
-                    partition_by=[_BUCKET] if name in schema.BUCKETED else None,
+                    partition_by=[BUCKET] if name in schema.BUCKETED else None,
                     name=f"watermark_{name}",
                     configuration=PROPERTIES,
                     storage_options=self.storage_options,
@@ -202,7 +167,7 @@ class ControlTables:
     def _upgrade(self, name: str, table_schema: pa.Schema) -> None:
         """Bring one existing control table to the current layout and properties."""
         dt = self._handle(name)
-        if name in schema.BUCKETED and _BUCKET not in dt.metadata().partition_columns:
+        if name in schema.BUCKETED and BUCKET not in dt.metadata().partition_columns:
             self.migrated[name] = self._cas(
                 name, lambda dt: self._repartition(dt, name), ensure=False
             )
@@ -218,7 +183,7 @@ class ControlTables:
         """Rewrite table ``name`` (as of ``dt``) partitioned by ``bucket``, every row kept,
         as the version right after ``dt`` (inside :meth:`_cas`). Returns the rows
         rewritten, 0 when a concurrent process already did it."""
-        if _BUCKET in dt.metadata().partition_columns:
+        if BUCKET in dt.metadata().partition_columns:
             return 0
         rows = dt.to_pyarrow_dataset().to_table().to_pylist()
         self.scans.rows += len(rows)
@@ -227,7 +192,7 @@ class ControlTables:
             arrow_table(name, rows),
             mode="overwrite",
             schema_mode="overwrite",
-            partition_by=[_BUCKET],
+            partition_by=[BUCKET],
             commit_properties=_CAS,
         )
         self.scans.commits += 1
@@ -250,22 +215,6 @@ class ControlTables:
 
     # ---------------------------------------------------------------- reads
 
-    def _handle(self, table: str) -> DeltaTable:
-        """This store's handle on ``table``, brought up to its latest version (loaded from
-        scratch the first time, or when refreshing it fails, e.g. after log cleanup)."""
-        dt = self._handles.get(table)
-        if dt is not None:
-            try:
-                dt.update_incremental()
-                self.scans.refreshes += 1
-                return dt
-            except DeltaError:
-                pass
-        dt = DeltaTable(self.uri(table), storage_options=self.storage_options)
-        self.scans.loads += 1
-        self._handles[table] = dt
-        return dt
-
     def _load(self, table: str) -> DeltaTable:
         self.ensure_tables()
         return self._handle(table)
@@ -273,122 +222,6 @@ class ControlTables:
     def table_version(self, table: str) -> int:
         """Current Delta version of one control table (used to prove nothing was written)."""
         return self._load(table).version()
-
-    def _scan(
-        self,
-        dt: DeltaTable,
-        predicate: list[tuple[str, str, Any]] | None = None,
-        columns: list[str] | None = None,
-    ) -> pa.Table:
-        """The rows of the data files of ``dt`` that ``predicate`` may match, in the
-        control schema (only ``columns`` when given).
-
-        ``predicate`` (delta-rs tuple filters) selects files by partition value and
-        per-file statistics inside delta-rs, so the cost is that of the files chosen, not
-        of every file in the table; rows are not filtered here (see :meth:`_rows`).
-        """
-        name = Path(dt.table_uri.rstrip("/")).name
-        table_schema = schema.TABLES[name]
-        if columns is not None:
-            table_schema = pa.schema([table_schema.field(c) for c in columns])
-        if dt.version() < 0:  # a table that does not exist yet (read-only stores)
-            return table_schema.empty_table()
-        dataset = dt.to_pyarrow_dataset(file_pruning_predicate=predicate or None)
-        self.scans.files += len(dataset.files)
-        if not dataset.files:
-            return table_schema.empty_table()
-        found = dataset.to_table(columns=columns)
-        self.scans.rows += found.num_rows
-        missing = [f.name for f in table_schema if f.name not in found.column_names]
-        if missing:
-            # A table of an older release, read without upgrading it (read-only stores):
-            # its missing columns (the bucket too) read as NULL.
-            for i, column in enumerate(table_schema.names):
-                if column in missing:
-                    field = table_schema.field(column).with_nullable(True)
-                    table_schema = table_schema.set(i, field)
-                    found = found.append_column(field, pa.nulls(found.num_rows, field.type))
-        # Files written by delta-rs merges may carry ``string_view`` columns: filters run
-        # after this cast to the declared schema.
-        return found.select(table_schema.names).cast(table_schema)
-
-    @staticmethod
-    def _bucketed(dt: DeltaTable) -> bool:
-        """Whether ``dt`` has the ``bucket`` layout (an older release's table has not)."""
-        return dt.version() >= 0 and _BUCKET in dt.metadata().partition_columns
-
-    def _rows(
-        self,
-        dt: DeltaTable,
-        match: Mapping[str, Any] | None = None,
-        *,
-        buckets: Iterable[int] | None = None,
-        also: Callable[[dict[str, Any]], bool] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Rows whose columns equal ``match`` (a list value: any of its values), read
-        from ``buckets`` only when given, for which ``also`` (a test statistics cannot
-        decide, like a substring match) is true when given.
-
-        ``match`` and ``buckets`` choose the files to open; every row read is then
-        filtered exactly.
-        """
-        match = dict(match or {})
-        predicate: list[tuple[str, str, Any]] = []
-        if buckets is not None and self._bucketed(dt):
-            predicate.append((_BUCKET, "in", sorted(set(buckets))))
-        for column, value in match.items():
-            many = isinstance(value, list | tuple | set | frozenset)
-            predicate.append((column, "in", sorted(value)) if many else (column, "=", value))
-        table = self._scan(dt, predicate)
-        if _BUCKET in table.column_names:
-            table = table.drop_columns([_BUCKET])
-        # A bucket's rows are few: exact filtering in Python costs less than planning a
-        # filter query over them.
-        wanted = {
-            c: set(v) if isinstance(v, list | tuple | set | frozenset) else {v}
-            for c, v in match.items()
-        }
-        return [
-            row
-            for row in table.to_pylist()
-            if all(row[c] in values for c, values in wanted.items()) and (also is None or also(row))
-        ]
-
-    def _buckets(self, dt: DeltaTable) -> list[int]:
-        """The buckets that hold rows in ``dt``, newest first (from the log, no data read)."""
-        if not self._bucketed(dt):
-            # Nothing yet, or an older release's table read as it is: one read of it all.
-            return [0] if dt.version() >= 0 else []
-        return sorted({int(p[_BUCKET]) for p in dt.partitions()}, reverse=True)
-
-    def _rows_newest_first(
-        self,
-        dt: DeltaTable,
-        match: Mapping[str, Any] | None = None,
-        *,
-        enough: Callable[[list[dict[str, Any]]], bool],
-    ) -> list[dict[str, Any]]:
-        """Rows matching ``match``, reading one bucket at a time from the newest until
-        ``enough`` says the rows found so far suffice (never the bucket of rows of no
-        batch, which sorts below every batch's)."""
-        found: list[dict[str, Any]] = []
-        for bucket in self._buckets(dt):
-            if bucket == schema.NO_BATCH_BUCKET:
-                break
-            found.extend(self._rows(dt, match, buckets=[bucket]))
-            if enough(found):
-                break
-        return found
-
-    def _next_seq(self, dt: DeltaTable) -> int:
-        """The sequence number after the highest in ``batches`` as of ``dt`` (reads the
-        newest bucket only)."""
-        buckets = self._buckets(dt)
-        if not buckets:
-            return 1
-        newest = [(_BUCKET, "=", buckets[0])] if self._bucketed(dt) else None
-        seqs = self._scan(dt, newest, ["seq"])["seq"].to_pylist()
-        return max(seqs, default=0) + 1
 
     # ---------------------------------------------------------------- writes
 
@@ -434,7 +267,7 @@ class ControlTables:
             self.uri(table),
             data,
             mode="append",
-            partition_by=[_BUCKET] if table in schema.BUCKETED else None,
+            partition_by=[BUCKET] if table in schema.BUCKETED else None,
             storage_options=self.storage_options,
         )
         self._committed(table, rows)
@@ -453,7 +286,7 @@ class ControlTables:
             dt,
             arrow_table(table, rows),
             mode="append",
-            partition_by=[_BUCKET] if table in schema.BUCKETED else None,
+            partition_by=[BUCKET] if table in schema.BUCKETED else None,
             commit_properties=_CAS,
         )
         self._committed(table, rows)
@@ -514,7 +347,7 @@ class ControlTables:
         dt = self._handle(table)
         for bucket in sorted(touched):
             if table in schema.BUCKETED:
-                where = [(_BUCKET, "=", str(bucket))]
+                where = [(BUCKET, "=", str(bucket))]
                 files = len(dt.file_uris(file_pruning_predicate=where))
             else:
                 files, where = len(dt.file_uris()), None
@@ -554,7 +387,6 @@ __all__ = [
     "HISTORY",
     "WATERMARKS",
     "ControlTables",
-    "ScanStats",
     "arrow_table",
     "where",
 ]
