@@ -272,8 +272,9 @@ def test_a_to_char_key_touches_the_key_the_query_computes(
     """``TO_CHAR(x, '000')`` gives '007'; sqlglot writes the key's expression back as
     ``CAST(x AS STRING)`` ('7'), so a new row of x = 7 touches key '7', the cut-down view
     holds no row of '007', and the target keeps n = 1 where the SQL gives 2.
-    Root cause: key_inference._key_input renders the expression with sqlglot's Spark
-    generator, which is not a faithful round trip (TO_CHAR's format is dropped)."""
+    Root cause: key_inference._computed_keys.computed_key renders the expression with
+    sqlglot's Spark generator, which is not a faithful round trip (TO_CHAR's format is
+    dropped)."""
     tables: Tables = {"t": ("id LONG, x LONG", [(1, 7), (2, 12)])}
     shape: Shape = (
         "codes",

@@ -59,7 +59,7 @@ UNFAITHFUL = [
 def test_a_computed_key_keeps_its_meaning_or_is_refused(
     expression: str, column: str, faithful: Callable[[str], bool]
 ) -> None:
-    """Root cause: key_inference._key_input writes the template with
+    """Root cause: key_inference._computed_keys.computed_key writes the template with
     ``template.sql(dialect="spark")``, which is not a faithful round trip of Spark SQL."""
     template = _template(expression, column)
     assert template is None or faithful(template), template
@@ -67,7 +67,7 @@ def test_a_computed_key_keeps_its_meaning_or_is_refused(
 
 def test_a_key_expression_sqlglot_cannot_write_is_refused_cleanly() -> None:
     """``REGEXP_REPLACE(s, 'a')`` (Spark wants a replacement) makes sqlglot's generator
-    raise KeyError inside _key_input: the definitions fail to load with a traceback, not
+    raise KeyError inside computed_key: the definitions fail to load with a traceback, not
     the refusal naming the pipeline, its line and a fix."""
     with pytest.raises(ConfigurationError):
         _load(

@@ -46,7 +46,7 @@ from watermark_dagster.errors import ConfigurationError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from watermark_dagster.config.key_inference import Inference
+    from watermark_dagster.config.key_inference.inference import Inference
 
 FullTransform = Callable[..., "DataFrame"]
 """``full(orders=..., customers=...) -> DataFrame``: the target computed from scratch."""

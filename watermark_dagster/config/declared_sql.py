@@ -34,7 +34,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from watermark_dagster.config.key_inference import Inference, Refusal, infer
+from watermark_dagster.config.key_inference.inference import Inference, infer
+from watermark_dagster.config.key_inference.refusal import Refusal
 from watermark_dagster.config.key_paths import KeyPath
 from watermark_dagster.errors import ConfigurationError, DeclaredSqlError
 
