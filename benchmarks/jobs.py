@@ -87,19 +87,7 @@ def instrument(phases: PhaseJobs) -> None:
 
     _wrap(rp, "_bind_inputs", phases, "bind inputs")
     _wrap(UpstreamInput, "count_rows", phases, "count rows read")
-    _wrap(rp, "transform_of", phases, "transform (build)")
-    original_transform_of = rp.transform_of
-
-    def transform_of(pipeline: Any) -> Any:
-        transform = original_transform_of(pipeline)
-
-        def timed(batch: Any) -> Any:
-            with phases.phase("transform (build)"):
-                return transform(batch)
-
-        return timed
-
-    rp.transform_of = transform_of
+    _wrap(rp, "transformed", phases, "transform (build)")
     _wrap(rp, "write_target", phases, "write target (other)")
     from watermark_dagster.write import merge
 

@@ -635,7 +635,7 @@ class DeclaredCase:
             if outcome is None:
                 continue
             if outcome.strategy is not None and not outcome.full_load:
-                ran = outcome.strategy.strategy
+                ran = outcome.strategy.choice.strategy
                 self.stats.full_runs += ran == "full"
                 self.stats.rewrite_runs += ran == "rewrite"
                 self.stats.incremental_runs += ran == "incremental"

@@ -469,9 +469,9 @@ def test_a_timestamp_ntz_key_with_the_driver_outside_utc(
     it a TIMESTAMP literal read in the driver's zone (10:00 -> 15:00Z), which equals no
     NTZ value. An update of v = 1 touches 10:00; the cut-down view and the recomputed rows
     hold nothing for it, so the batch DELETES the key's row.
-    Root cause: derive._one_of (used by where_in / _where_keys / _changes_for_values /
+    Root cause: key_values._one_of (used by where_in / _where_keys / changes_for_values /
     flag_untouched) writes collected TIMESTAMP_NTZ values as TIMESTAMP literals;
-    derive._collected keeps NTZ values naive. Plain NTZ keys hit it too; the plan form
+    key_values.collected keeps NTZ values naive. Plain NTZ keys hit it too; the plan form
     (past INLINE_KEYS_LIMIT) does not."""
     from datetime import datetime
 

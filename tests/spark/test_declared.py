@@ -187,7 +187,10 @@ def test_a_replay_past_the_inline_keys_limit_stays_incremental_and_rolls_nothing
     target = spark.read.format("delta").load(paths.target("auto_enriched"))
     assert _rows(target, full.columns) == _rows(full, full.columns)
     assert outcome.strategy is not None
-    assert (outcome.strategy.strategy, outcome.strategy.reason) == ("incremental", "a replay")
+    assert (outcome.strategy.choice.strategy, outcome.strategy.choice.reason) == (
+        "incremental",
+        "a replay",
+    )
 
 
 def test_a_key_path_column_the_upstream_lacks_is_refused_before_writing(
@@ -525,11 +528,11 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
         # The strategy each ran with is recorded, with its reason and cost.
         chosen = {n: o.strategy for n, o in outcomes.items()}
         assert chosen["incremental"] is not None
-        assert chosen["incremental"].strategy == "incremental"
+        assert chosen["incremental"].choice.strategy == "incremental"
         assert chosen["full"] is not None
-        assert chosen["full"].strategy == "full"
-        assert chosen["full"].reason == "configured strategy=full"
-        assert chosen["full"].snapshot_bytes
+        assert chosen["full"].choice.strategy == "full"
+        assert chosen["full"].choice.reason == "configured strategy=full"
+        assert chosen["full"].choice.snapshot_bytes
         assert chosen["full"].seconds is not None
         for name in switching_names:
             switching = chosen[name]
@@ -545,7 +548,7 @@ def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_a
                 # It has run both: `auto` picks what they measured cheaper, scaled to this
                 # batch's sizes (never below what a run took).
                 assert meta["strategy_reason"].startswith("auto: measured"), (name, meta)
-                estimates = switching.estimates
+                estimates = switching.choice.estimates
                 assert meta["strategy"] == min(estimates, key=lambda s: estimates[s])
                 seconds = {str(r.strategy): r.seconds for r in runs[:-1]}
                 assert estimates["full"] >= seconds["full"]
@@ -654,10 +657,10 @@ def test_a_rewrite_overwrites_once_stamps_every_row_and_spares_a_minimal_change_
         chosen = {n: o.strategy for n, o in outcomes.items()}
         assert all(c is not None for c in chosen.values())
         # These small tables are read whole: rewritten where the change feed allows it.
-        assert chosen["rewriting"].strategy == "rewrite", chosen["rewriting"]
+        assert chosen["rewriting"].choice.strategy == "rewrite", chosen["rewriting"]
         assert chosen["rewriting"].metadata()["change_feed"] == "any"
-        assert chosen["hand_written"].strategy == "rewrite"
-        assert chosen["guarded"].strategy == "full", chosen["guarded"]
+        assert chosen["hand_written"].choice.strategy == "rewrite"
+        assert chosen["guarded"].choice.strategy == "full", chosen["guarded"]
         assert chosen["guarded"].metadata()["change_feed"] == "minimal"
         for name in rewritten:
             table = DeltaTable.forPath(spark, paths.target(name))

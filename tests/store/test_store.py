@@ -415,7 +415,8 @@ def test_strategy_runs_are_the_pipelines_measured_runs_in_the_newest_two_buckets
     """What `auto` weighs: the strategy each PIPELINE_SUCCEEDED row of the pipeline records
     (as run_pipeline writes it), from the newest STRATEGY_BUCKETS buckets only, so the read
     stays flat however long history grows."""
-    from watermark_dagster.config.pipeline import Strategy, StrategyChoice
+    from watermark_dagster.config.pipeline import Strategy
+    from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice
     from watermark_dagster.store.history import STRATEGY_BUCKETS
 
     store = WatermarkStore(tmp_path)
@@ -424,8 +425,7 @@ def test_strategy_runs_are_the_pipelines_measured_runs_in_the_newest_two_buckets
         detail: dict[str, object] = {"attempt": 1, "rows_read": 1, "rows_written": 1}
         if strategy is not None:
             choice = StrategyChoice(strategy, "test", changed_bytes=seq, snapshot_bytes=1000)
-            choice.seconds = seconds
-            detail["strategy"] = choice.measured()
+            detail["strategy"] = MeasuredStrategy(choice, seconds).measured()
         store.record(
             "PIPELINE_SUCCEEDED",
             actor="test",

@@ -1,10 +1,11 @@
 """How a declared pipeline's batch picks its strategy (no JVM): the rule of
-``read/derive.py`` over the sizes the Delta log gives, and the configuration's checks.
+``core/strategy.py`` over the sizes the Delta log gives, the immutable value it decides and
+what a run records beside it, and the configuration's checks.
 That the strategies give equal targets, and what a full recompute writes, is proven with
 Spark in ``tests/spark/test_declared.py`` and ``tests/model/test_declared.py``."""
 
 import json
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
@@ -12,23 +13,24 @@ from watermark_dagster.config.pipeline import (
     ChangeFeed,
     Pipeline,
     Strategy,
-    StrategyChoice,
-    StrategyRun,
     pipeline,
     sql_pipeline,
 )
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
-from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.read.derive import (
+from watermark_dagster.core.strategy import (
     AUTO_FULL_BELOW_BYTES,
     AUTO_FULL_FRACTION,
     AUTO_MEASURE_WHOLE_BELOW_BYTES,
     MEASURED_RUNS,
+    MeasuredStrategy,
+    StrategyChoice,
+    StrategyRun,
     choose_strategy,
     decide_strategy,
     estimate_seconds,
 )
+from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.store import codec
 from watermark_dagster.write.duplicate_keys import DUPLICATE_KEY_MARKER, duplicate_key_in
 
@@ -71,14 +73,47 @@ def test_a_replay_is_always_incremental(configured: Strategy) -> None:
 
 def test_the_metadata_names_the_choice_its_reason_sizes_and_cost() -> None:
     choice = decide_strategy(Strategy.AUTO, 5, 10, replay=False)
-    choice.seconds = 1.5
-    assert choice.metadata() == {
+    decided = {
         "strategy": "full",
         "strategy_reason": choice.reason,
         "change_feed": "minimal",
         "changed_bytes": 5,
         "snapshot_bytes": 10,
-        "strategy_seconds": 1.5,
+    }
+    assert choice.metadata() == decided
+    # What the run cost is recorded beside the decision, not written into it.
+    assert MeasuredStrategy(choice, 1.5).metadata() == decided | {"strategy_seconds": 1.5}
+    assert choice.metadata() == decided
+
+
+def test_a_decision_is_immutable_and_a_switch_is_a_new_value() -> None:
+    """The decision the batch context carries cannot be changed by the transform: past
+    INLINE_KEYS_LIMIT an `auto` batch runs the whole form as a new value, which says so,
+    and the one decided stays as it was."""
+    decided = decide_strategy(Strategy.AUTO, 1, MID, replay=False, rewrite=True)
+    assert decided.strategy is Strategy.INCREMENTAL
+    with pytest.raises(FrozenInstanceError):
+        decided.strategy = Strategy.REWRITE  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        decided.seconds = 1.0  # type: ignore[attr-defined]
+    switched = decided.switched_to_whole(50_000)
+    assert (switched.strategy, switched.switched) == (Strategy.REWRITE, True)
+    assert switched.reason == (
+        f"auto: the batch touched more than 50,000 keys (INLINE_KEYS_LIMIT); {decided.reason}"
+    )
+    assert (switched.changed_bytes, switched.snapshot_bytes) == (1, MID)
+    assert (decided.strategy, decided.switched) == (Strategy.INCREMENTAL, False)
+    minimal = decide_strategy(Strategy.AUTO, 1, MID, replay=False).switched_to_whole(2)
+    assert minimal.strategy is Strategy.FULL
+    measured = MeasuredStrategy(switched, 2.5)
+    with pytest.raises(FrozenInstanceError):
+        measured.seconds = 3.0  # type: ignore[misc]
+    assert measured.measured() == {
+        "strategy": "rewrite",
+        "seconds": 2.5,
+        "changed_bytes": 1,
+        "snapshot_bytes": MID,
+        "switched": True,
     }
 
 
@@ -357,6 +392,6 @@ def test_a_batch_that_switched_past_the_inline_keys_limit_counts_as_an_increment
     assert alone.strategy is Strategy.INCREMENTAL
     # The switch is recorded with the run and read back from its history row.
     switched = StrategyChoice(Strategy.REWRITE, "auto: ...", changed, MID, switched=True)
-    switched.seconds = 5.0
-    row = {"batch_id": "b000001", "detail": json.dumps({"strategy": switched.measured()})}
+    measured = MeasuredStrategy(switched, 5.0).measured()
+    row = {"batch_id": "b000001", "detail": json.dumps({"strategy": measured})}
     assert codec.strategy_run(row) == tried

@@ -29,10 +29,13 @@ from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
+from watermark_dagster.core.strategy import ChangeFeed, Strategy
 from watermark_dagster.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from watermark_dagster.core.strategy import StrategyChoice
 
 
 class PinnedInput(Protocol):
@@ -146,142 +149,6 @@ class WriteMode(StrEnum):
 
 StrategyValue = Literal["auto", "incremental", "full", "rewrite"]
 ChangeFeedValue = Literal["minimal", "any"]
-
-
-class Strategy(StrEnum):
-    """How a pipeline with a full transform brings its target up to a batch
-    (``strategy=``): a declared pipeline, or a hand-written one that also gives
-    ``full_transform=``.
-
-    * ``incremental``: recompute only the keys the batch touched (derived from the full
-      transform and the key paths), or run the hand-written transform.
-    * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
-      that differ from the target (its change feed carries only keys that changed).
-    * ``rewrite``: run the full transform over the pinned snapshots and overwrite the
-      target with it in one idempotent commit: what a recompute costs, but the target's
-      change feed then holds every row (deleted and inserted again), so only a target whose
-      change feed may say so (``change_feed="any"``, :class:`ChangeFeed`) is rewritten.
-    * ``auto`` (default): the strategy the pipeline's own recent batches measured as
-      cheapest; before they have, the size rule: the whole form (``rewrite``, or ``full``
-      for a ``minimal`` change feed) when the batch changed a large share of the
-      upstreams' bytes or the snapshots are small, or touched more keys than the driver
-      collects, else ``incremental``; each form is measured once before the measurements
-      decide (:mod:`watermark_dagster.read.derive` says how).
-
-    A replay always runs ``incremental``: its ranges are older than the target.
-    """
-
-    AUTO = "auto"
-    INCREMENTAL = "incremental"
-    FULL = "full"
-    REWRITE = "rewrite"
-
-
-class ChangeFeed(StrEnum):
-    """What a pipeline's target's change data feed promises its readers (``change_feed=``).
-
-    * ``minimal``: a batch's commits carry only the keys whose rows changed, as an
-      incremental batch's do; the ``rewrite`` strategy never runs. The default for a target
-      that a pipeline of the registry reads as an upstream: its batches then read only
-      what changed.
-    * ``any``: a batch may rewrite the whole target, so its change feed may hold every row
-      (each deleted and inserted again). The default for a target no pipeline of the
-      registry reads; set ``change_feed="minimal"`` when something outside it reads the
-      target's change feed.
-    """
-
-    MINIMAL = "minimal"
-    ANY = "any"
-
-
-@dataclass
-class StrategyChoice:
-    """The strategy one batch of a pipeline with a full transform runs with, and why.
-
-    Attributes:
-        strategy: ``incremental`` or ``full`` (never ``auto``: that is what was decided).
-        reason: why, in words (shown in the log line and the materialization metadata).
-        changed_bytes: bytes of the files the batch's ranges added, removed or wrote as
-            change data, over every upstream (None when the log cannot say).
-        snapshot_bytes: bytes of the pinned snapshots' files, over every upstream.
-        seconds: what it cost: the transform and the write, once the batch ran.
-        estimates: ``auto``'s estimate of each strategy's seconds for this batch, from the
-            pipeline's measured history (empty when it decided without one).
-        fixed: the strategy may not change during the batch (a replay: its snapshots are
-            older than the target, which a full diff would roll back).
-        switched: the batch began incremental and switched to the whole form past the
-            touched keys the driver collects.
-        whole: the form that reads everything this pipeline may use: ``rewrite`` when its
-            target's change feed may hold every row, else ``full``. ``auto`` switches an
-            incremental batch to it when the batch touches more keys than the driver
-            collects.
-    """
-
-    strategy: Strategy
-    reason: str
-    changed_bytes: int | None = None
-    snapshot_bytes: int | None = None
-    seconds: float | None = None
-    estimates: dict[str, float] = field(default_factory=dict[str, float])
-    fixed: bool = False
-    whole: Strategy = Strategy.FULL
-    switched: bool = False
-
-    def metadata(self) -> dict[str, object]:
-        """The choice as materialization metadata."""
-        found: dict[str, object] = {
-            "strategy": str(self.strategy),
-            "strategy_reason": self.reason,
-            # Whether the target's change feed may hold every row (its readers' promise).
-            "change_feed": str(
-                ChangeFeed.ANY if self.whole is Strategy.REWRITE else ChangeFeed.MINIMAL
-            ),
-        }
-        if self.changed_bytes is not None:
-            found["changed_bytes"] = self.changed_bytes
-        if self.snapshot_bytes is not None:
-            found["snapshot_bytes"] = self.snapshot_bytes
-        if self.seconds is not None:
-            found["strategy_seconds"] = self.seconds
-        for strategy, seconds in sorted(self.estimates.items()):
-            found[f"strategy_estimate_{strategy}"] = seconds
-        return found
-
-    def measured(self) -> dict[str, object] | None:
-        """What this batch measured, as recorded in the pipeline's ``PIPELINE_SUCCEEDED``
-        history row for ``auto`` to read back (None before the batch ran)."""
-        if self.seconds is None:
-            return None
-        return {
-            "strategy": str(self.strategy),
-            "seconds": self.seconds,
-            "changed_bytes": self.changed_bytes,
-            "snapshot_bytes": self.snapshot_bytes,
-            **({"switched": True} if self.switched else {}),
-        }
-
-
-@dataclass(frozen=True)
-class StrategyRun:
-    """One past batch of a pipeline as ``auto`` weighs it: the strategy it ran,
-    what that cost, and the sizes it was decided on.
-
-    Attributes:
-        batch_id: the batch.
-        strategy: ``incremental``, ``full`` or ``rewrite``.
-        seconds: the transform and the write.
-        changed_bytes: bytes the batch's ranges changed (None when the log could not say).
-        snapshot_bytes: bytes of the pinned snapshots (None when unknown).
-        switched: the batch began incremental and switched to ``strategy`` past
-            ``INLINE_KEYS_LIMIT`` touched keys: an incremental attempt, as ``auto`` weighs it.
-    """
-
-    batch_id: str
-    strategy: Strategy
-    seconds: float
-    changed_bytes: int | None = None
-    snapshot_bytes: int | None = None
-    switched: bool = False
 
 
 Transform = Callable[[BatchContext], "DataFrame"]

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from watermark_dagster.config.pipeline import Pipeline, StrategyChoice
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.outcomes import succeeded_pipelines, superseded_by
 from watermark_dagster.core.records import Batch, BatchStatus, seq_of
+from watermark_dagster.core.strategy import MeasuredStrategy
 from watermark_dagster.errors import BatchStateError
 from watermark_dagster.store import WatermarkStore
 
@@ -58,7 +59,7 @@ class PipelineOutcome:
     skipped_reason: str | None = None
     full_load: bool = False
     skip: SkipKind | None = None
-    strategy: StrategyChoice | None = None
+    strategy: MeasuredStrategy | None = None
 
     @property
     def rows_read(self) -> int:

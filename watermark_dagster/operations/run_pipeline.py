@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.pipeline import Pipeline, Strategy, StrategyChoice
+from watermark_dagster.config.pipeline import Pipeline, Strategy
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
@@ -25,6 +25,7 @@ from watermark_dagster.core.records import (
     BatchStatus,
     CheckpointStatus,
 )
+from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice, choose_strategy
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
 from watermark_dagster.operations.decide import (
     InputReport,
@@ -34,7 +35,7 @@ from watermark_dagster.operations.decide import (
 )
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
-from watermark_dagster.read.derive import choose_strategy, transform_of
+from watermark_dagster.read.derive import transform_of, transformed
 from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import existing_target
@@ -179,7 +180,9 @@ def run_pipeline(
             batch_id, batch.seq, pipeline_name, inputs, spark, full_load, strategy
         )
         started = time.perf_counter()
-        output = transform_of(pipeline)(context)
+        # The strategy the output was computed with: the one decided above, or the whole
+        # form a declared `auto` batch switched to (a new value; the decision is unchanged).
+        output, ran = transformed(pipeline, context)
         # The transform is user code: its annotation promises a DataFrame, this checks it.
         if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TerminalError(
@@ -194,7 +197,7 @@ def run_pipeline(
         _refuse_abandoned(store, pipeline_name, batch_id)
         # A rewrite (decided above, or by the transform past the keys the driver collects)
         # overwrites the target with the full transform's output, as a full load does.
-        rewrite = strategy is not None and strategy.strategy is Strategy.REWRITE
+        rewrite = ran is not None and ran.strategy is Strategy.REWRITE
         try:
             write = write_target(
                 spark,
@@ -211,8 +214,11 @@ def run_pipeline(
             if named is e:
                 raise
             raise named from e
-        if strategy is not None:
-            strategy.seconds = round(time.perf_counter() - started, 3)
+        measured = (
+            MeasuredStrategy(ran, round(time.perf_counter() - started, 3))
+            if ran is not None
+            else None
+        )
         log.info(
             "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d%s%s%s",
             pipeline_name,
@@ -224,8 +230,8 @@ def run_pipeline(
             write.rows_deleted,
             " (full load)" if full_load else "",
             " (already applied: skipped by Delta)" if write.already_applied else "",
-            f" strategy={strategy.strategy} ({strategy.reason}; {strategy.seconds} s)"
-            if strategy is not None
+            f" strategy={measured.choice.strategy} ({measured.choice.reason}; {measured.seconds} s)"
+            if measured is not None
             else "",
         )
         if write.drift:
@@ -272,7 +278,7 @@ def run_pipeline(
         for upstream_input in inputs.values():
             upstream_input.release()
     outcome = PipelineOutcome(
-        pipeline_name, batch, attempt, reports, write, full_load=full_load, strategy=strategy
+        pipeline_name, batch, attempt, reports, write, full_load=full_load, strategy=measured
     )
     store.finish_checkpoint(
         pipeline_name,
@@ -285,8 +291,8 @@ def run_pipeline(
     # A write Delta skipped (its commit landed before a crash) measured nothing, and may
     # not be the strategy that wrote the target: recorded as unknown, which a replay
     # inside the batch treats as `full` (operations/replay.py).
-    measuring = strategy is not None and not replay and not write.already_applied
-    measured = strategy.measured() if measuring and strategy is not None else None
+    measuring = measured is not None and not replay and not write.already_applied
+    recorded = measured.measured() if measuring and measured is not None else None
     store.record(
         "PIPELINE_SUCCEEDED",
         actor=run_id,
@@ -298,7 +304,7 @@ def run_pipeline(
             "rows_written": outcome.rows_written,
             # What the strategy cost, for `auto` to weigh in later batches (a replay's
             # older ranges say nothing about the batches to come).
-            **({"strategy": measured} if measured is not None else {}),
+            **({"strategy": recorded} if recorded is not None else {}),
         },
     )
     fault_point("after_checkpoint")

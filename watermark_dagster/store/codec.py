@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from watermark_dagster.config.pipeline import Strategy, StrategyRun
 from watermark_dagster.core import records
 from watermark_dagster.core.batch_ending import batch_status
 from watermark_dagster.core.planning import PlannedInput
@@ -24,6 +23,7 @@ from watermark_dagster.core.ranges import (
     decode_position,
     encode_position,
 )
+from watermark_dagster.core.strategy import Strategy, StrategyRun
 
 Row = dict[str, Any]
 R = TypeVar("R")

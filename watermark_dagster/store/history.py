@@ -14,7 +14,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from watermark_dagster.config.pipeline import StrategyRun
+from watermark_dagster.core.strategy import StrategyRun
 from watermark_dagster.store import codec
 from watermark_dagster.store.reads import StateReads
 from watermark_dagster.store.schema import NO_BATCH_BUCKET, bucket_of
