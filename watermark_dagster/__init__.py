@@ -11,9 +11,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from watermark_dagster.config.batch_context import BatchContext, PinnedInput
     from watermark_dagster.config.pipeline import (
-        BatchContext,
-        PinnedInput,
         Pipeline,
         WriteMode,
         declared_pipeline,
@@ -40,8 +39,8 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _API = {
-    "BatchContext": "watermark_dagster.config.pipeline",
-    "PinnedInput": "watermark_dagster.config.pipeline",
+    "BatchContext": "watermark_dagster.config.batch_context",
+    "PinnedInput": "watermark_dagster.config.batch_context",
     "Pipeline": "watermark_dagster.config.pipeline",
     "WriteMode": "watermark_dagster.config.pipeline",
     "pipeline": "watermark_dagster.config.pipeline",

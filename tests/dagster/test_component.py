@@ -263,8 +263,7 @@ def test_the_component_model_takes_the_registry_file_keys() -> None:
     assert set(PipelineSpec.model_fields) == set(PIPELINE_KEYS)
     assert set(TOP_KEYS) <= set(WatermarkComponent.model_fields)
     # The values too: dg check yaml refuses what the declarations refuse.
-    from watermark_dagster.config.pipeline import PIPELINE_OPTIONS
-    from watermark_dagster.config.upstream import UPSTREAM_OPTIONS
+    from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
 
     schema = WatermarkComponent.model().model_json_schema()
     for spec, options in (("UpstreamSpec", UPSTREAM_OPTIONS), ("PipelineSpec", PIPELINE_OPTIONS)):

@@ -32,7 +32,8 @@ from deltalake import DeltaTable as RsTable
 from deltalake import QueryBuilder, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at

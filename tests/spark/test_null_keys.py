@@ -20,7 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.support.cycles import run_cycle
-from watermark_dagster.config.pipeline import BatchContext, Pipeline, pipeline, sql_pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline, pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.read.changes import matching_keys, recompute

@@ -35,7 +35,8 @@ from tests.support.spark_lake import (
     source_rows,
     write_ids,
 )
-from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput, cursor_has_new_data, cursor_state

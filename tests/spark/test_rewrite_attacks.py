@@ -36,7 +36,8 @@ from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from watermark_dagster.config.pipeline import BatchContext, pipeline, sql_pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.faults import SimulatedCrash, simulate_crash_at

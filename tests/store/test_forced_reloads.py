@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.observations import RegistryObservation

@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from tests.conftest import REPO, SPARK_TEST_CONF
-from watermark_dagster.config.pipeline import BatchContext, Pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import declare_upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions

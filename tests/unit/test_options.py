@@ -8,10 +8,10 @@ from typing import Literal
 
 import pytest
 
+from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
 from watermark_dagster.config.options import Kind, options_of, written_as
-from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, ChangeFeed, Strategy, WriteMode
+from watermark_dagster.config.pipeline import ChangeFeed, Strategy, WriteMode
 from watermark_dagster.config.upstream import (
-    UPSTREAM_OPTIONS,
     OnDataChange,
     SchemaChanges,
     UpstreamMode,

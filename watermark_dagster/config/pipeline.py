@@ -1,5 +1,5 @@
 """Pipelines: a transform from pinned upstream inputs into one target table, run once per
-batch, and what the transform receives.
+batch (what the transform receives: :mod:`~watermark_dagster.config.batch_context`).
 
 Example:
     >>> @pipeline(upstreams=["orders"], target="/lake/orders_clean", keys=["order_id"])
@@ -8,10 +8,11 @@ Example:
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, cast
 
+from watermark_dagster.config.batch_context import Transform
 from watermark_dagster.config.declared import (
     Declared,
     FullTransform,
@@ -25,110 +26,14 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
-from watermark_dagster.config.options import Kind, Option, file_only, options_of, written_as
+from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.core.columns import RESERVED_PREFIX
-from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.core.strategy import ChangeFeed, Strategy
 from watermark_dagster.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-    from watermark_dagster.core.strategy import StrategyChoice
-
-
-class PinnedInput(Protocol):
-    """One upstream as a batch pinned it: ``batch["orders"]`` in a transform."""
-
-    @property
-    def mode(self) -> ReadMode:
-        """How the range is read (``cdf``, ``append_only``, ``snapshot``, ``timestamp``)."""
-        ...
-
-    @property
-    def range(self) -> VersionRange | None:
-        """The pinned version range (None for a cursor upstream)."""
-        ...
-
-    @property
-    def window(self) -> CursorWindow | None:
-        """The pinned cursor window (None for a Delta upstream)."""
-        ...
-
-    @property
-    def snapshot_version(self) -> int | None:
-        """The version ``snapshot`` is read at: the range's end."""
-        ...
-
-    @property
-    def location(self) -> str:
-        """Where the upstream's data lives (a catalog table's resolved location)."""
-        ...
-
-    @property
-    def changes(self) -> "DataFrame":
-        """The change rows in the pinned range, with ``_change_type``,
-        ``_commit_version`` and ``_commit_timestamp``."""
-        ...
-
-    @property
-    def snapshot(self) -> "DataFrame":
-        """The table as of the range's end."""
-        ...
-
-    def net_changes(self, keys: Sequence[str]) -> "DataFrame":
-        """The latest change per key in the range (deletes included)."""
-        ...
-
-    def changed_keys(self, columns: Sequence[str]) -> "DataFrame":
-        """The distinct values of ``columns`` among the changed rows, both sides of an
-        update included."""
-        ...
-
-
-class BatchContext(Protocol):
-    """What a transform receives: the batch, and each upstream as the batch pinned it.
-
-    ``batch["orders"].changes`` is the change feed in the pinned range;
-    ``batch["orders"].snapshot`` is the table as of the range's end.
-    """
-
-    @property
-    def batch_id(self) -> str:
-        """The batch's id (its Dagster partition key)."""
-        ...
-
-    @property
-    def seq(self) -> int:
-        """The batch's sequence number."""
-        ...
-
-    @property
-    def pipeline(self) -> str:
-        """The pipeline being run."""
-        ...
-
-    @property
-    def spark(self) -> "SparkSession":
-        """The Spark session the inputs are read with."""
-        ...
-
-    @property
-    def full_load(self) -> bool:
-        """True when the pipeline reloads: every input's ``changes`` is its snapshot."""
-        ...
-
-    @property
-    def strategy(self) -> "StrategyChoice | None":
-        """How this batch is computed, for a pipeline that has a full transform (None for
-        a hand-written pipeline without one and for a full load); a declared pipeline's
-        derived transform may switch it to ``full``."""
-        ...
-
-    def __getitem__(self, upstream: str) -> PinnedInput:
-        """The pinned input of ``upstream`` (one of the pipeline's upstreams)."""
-        ...
+    pass
 
 
 WriteModeValue = Literal["merge", "append", "overwrite"]
@@ -149,9 +54,6 @@ class WriteMode(StrEnum):
 
 StrategyValue = Literal["auto", "incremental", "full", "rewrite"]
 ChangeFeedValue = Literal["minimal", "any"]
-
-
-Transform = Callable[[BatchContext], "DataFrame"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -394,36 +296,6 @@ class Pipeline:
         return (
             None if self.table is None else table_name_parts(self.table, f"Pipeline '{self.name}'")
         )
-
-
-def _file_options() -> tuple[Option, ...]:
-    """The settings of a pipeline entry in a file: the :class:`Pipeline`'s, where ``full:``
-    also declares a pipeline whose upstreams map to key paths, and ``sql:``."""
-    found: list[Option] = []
-    for option in options_of(Pipeline):
-        if option.key == "full":
-            option = replace(
-                option,
-                doc=f"{option.doc} With ``upstreams`` mapped to key paths and no "
-                "``transform``, it declares the pipeline instead (as "
-                ":func:`declared_pipeline`): the incremental form is derived.",
-            )
-        found.append(option)
-    found.append(
-        file_only(
-            "sql",
-            Kind.TEXT,
-            "One Spark SQL query over the upstreams, the target from scratch, with "
-            "``upstreams`` mapped to key paths (as :func:`sql_pipeline`): the incremental form "
-            "is derived.",
-            shape="text (one Spark SQL query over the upstreams)",
-        )
-    )
-    return tuple(found)
-
-
-PIPELINE_OPTIONS = _file_options()
-"""Every setting a pipeline entry of a registry file or a component may give."""
 
 
 def declared_pipeline(

@@ -16,7 +16,7 @@ Example:
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import ClassVar, Literal
@@ -27,7 +27,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
-from watermark_dagster.config.options import Kind, Option, options_of, written_as
+from watermark_dagster.config.options import Kind, options_of, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.errors import ConfigurationError
 
@@ -355,29 +355,5 @@ def declare_upstream(**settings: object) -> AnyUpstream:
     return DeltaUpstream(**settings)  # pyright: ignore[reportArgumentType]
 
 
-def _file_options() -> tuple[Option, ...]:
-    """The settings of an upstream entry in a file: a Delta upstream's, and with
-    ``mode: timestamp`` a cursor upstream's."""
-    shared = {o.key for o in options_of(Upstream)}
-    by_version = "by version"
-    by_cursor = "`mode: timestamp`"
-    found: list[Option] = []
-    for option in options_of(DeltaUpstream):
-        if option.key == "mode":
-            option = replace(
-                option,
-                choices=(*option.choices, str(UpstreamMode.TIMESTAMP)),
-                doc=f"{option.doc} ``timestamp``: read in windows of a cursor column (the "
-                f"settings for {by_cursor} apply).",
-            )
-        found.append(option if option.key in shared else replace(option, applies=by_version))
-    found += [
-        replace(o, applies=by_cursor) for o in options_of(CursorUpstream) if o.key not in shared
-    ]
-    return tuple(found)
-
-
-UPSTREAM_OPTIONS = _file_options()
-"""Every setting an upstream entry of a registry file or a component may give."""
 _DELTA_SETTINGS = frozenset({"name"} | {o.key for o in options_of(DeltaUpstream)})
 _CURSOR_SETTINGS = frozenset({"name"} | {o.key for o in options_of(CursorUpstream)})

@@ -2,8 +2,8 @@
 raises with the file and line.
 
 The upstream and pipeline keys come from the declarations
-(:data:`~watermark_dagster.config.upstream.UPSTREAM_OPTIONS`,
-:data:`~watermark_dagster.config.pipeline.PIPELINE_OPTIONS`): each :class:`Kind` has one
+(:data:`~watermark_dagster.config.file_options.UPSTREAM_OPTIONS`,
+:data:`~watermark_dagster.config.file_options.PIPELINE_OPTIONS`): each :class:`Kind` has one
 converter here, which returns the value or :data:`WRONG`.
 """
 
@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.options import Kind, Option
-from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, Pipeline
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import as_reference
-from watermark_dagster.config.upstream import UPSTREAM_OPTIONS
 from watermark_dagster.config.yaml_lines import LinedMapping, mapping_at
 from watermark_dagster.errors import ConfigurationError
 

@@ -28,10 +28,11 @@ from dagster.components import (
 from pydantic import BaseModel, Field, PrivateAttr, create_model
 
 from watermark_dagster.config import env
+from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
 from watermark_dagster.config.options import Kind, Option, file_only, options_of
-from watermark_dagster.config.pipeline import PIPELINE_OPTIONS, Pipeline
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import as_reference
-from watermark_dagster.config.upstream import UPSTREAM_OPTIONS, Upstream
+from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.config.yaml_file import load_registry_mapping
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.health import HealthSettings

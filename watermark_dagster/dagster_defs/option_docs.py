@@ -12,9 +12,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
 from watermark_dagster.config.options import Kind, Option
-from watermark_dagster.config.pipeline import PIPELINE_OPTIONS
-from watermark_dagster.config.upstream import UPSTREAM_OPTIONS
 from watermark_dagster.dagster_defs.component import SETTINGS_OPTIONS
 
 

@@ -10,7 +10,8 @@ recompute uses, and hands back upserts and deletes. Touched keys select rows thr
 
 from pyspark.sql import DataFrame
 
-from watermark_dagster.config.pipeline import BatchContext, Pipeline, pipeline
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline, pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.demo.paths import DemoPaths
 from watermark_dagster.demo.pipelines import (

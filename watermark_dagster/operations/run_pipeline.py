@@ -46,7 +46,7 @@ log = logging.getLogger("watermark_dagster")
 
 @dataclass
 class PinnedBatch:
-    """The :class:`~watermark_dagster.config.pipeline.BatchContext` a transform receives:
+    """The :class:`~watermark_dagster.config.batch_context.BatchContext` a transform receives:
     the batch, and each upstream's :class:`UpstreamInput` as the batch pinned it."""
 
     batch_id: str

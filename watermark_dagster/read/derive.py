@@ -47,9 +47,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from watermark_dagster.config.batch_context import BatchContext, Transform
 from watermark_dagster.config.declared import Declared, paths_for_batch
 from watermark_dagster.config.key_paths import Hop, KeyPath, key_input, restrictable
-from watermark_dagster.config.pipeline import BatchContext, Pipeline, Strategy, Transform
+from watermark_dagster.config.pipeline import Pipeline, Strategy
 from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE, DELETE, UPSERT
 from watermark_dagster.core.strategy import StrategyChoice
 from watermark_dagster.errors import TerminalError

@@ -15,10 +15,8 @@ from typing import Any, cast
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame
 
-from watermark_dagster.config.pipeline import (
-    BatchContext,
-    Pipeline,
-)
+from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.plan_text import TRUNCATED, PlanNode, analyzed_tree
 from watermark_dagster.read.tables import comparable_location
