@@ -34,13 +34,11 @@ from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.checks import RETENTION_CHECK
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.observe.retention import (
+from watermark_dagster.observe.needed_version import needed_version
+from watermark_dagster.observe.retention import RetentionState, check_retention, commit_time
+from watermark_dagster.observe.retention_properties import (
     DELETED_FILE_RETENTION,
     LOG_RETENTION,
-    RetentionState,
-    check_retention,
-    commit_time,
-    needed_version,
     parse_interval,
 )
 from watermark_dagster.store import WatermarkStore

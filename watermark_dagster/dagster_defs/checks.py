@@ -66,13 +66,8 @@ from watermark_dagster.dagster_defs.names import (
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.errors import TerminalError, UpstreamUnavailableError, WatermarkError
 from watermark_dagster.observe.observer import Observer
-from watermark_dagster.observe.retention import (
-    DEFAULT_MARGIN,
-    RetentionStatus,
-    check_retention,
-    format_duration,
-    margin_for,
-)
+from watermark_dagster.observe.retention import RetentionStatus, check_retention, format_duration
+from watermark_dagster.observe.retention_properties import DEFAULT_MARGIN, margin_for
 from watermark_dagster.operations.coordinate import unreadable_next_ranges
 from watermark_dagster.store import WatermarkStore
 

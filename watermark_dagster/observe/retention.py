@@ -12,14 +12,15 @@ keeps that history for a limited time only:
 So the needed version stays readable for about ``min(both)`` after it was committed: the
 **horizon**. :func:`check_retention` reports where an upstream stands; it fails once the
 needed version's age reaches the horizon minus a safety margin, or when its commit file is
-already gone. :func:`evaluate_retention` is the decision itself, on plain values.
+already gone. :func:`evaluate_retention` is the decision itself, on plain values. The
+needed version is :mod:`~watermark_dagster.observe.needed_version`'s; the two retention
+properties are read by :mod:`~watermark_dagster.observe.retention_properties`.
 
 No Dagster here, and no JVM: the table configuration comes from delta-rs, the commit time
 from the needed version's commit file (``_delta_log/<version>.json``).
 """
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,192 +33,20 @@ from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.core.planning import PlannedInput
-from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import (
-    ConfigurationError,
     UpstreamUnavailableError,
     missing_table_error,
     reset_command,
 )
 from watermark_dagster.observe.log import DeltaLog
-
-DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
-LOG_RETENTION = "delta.logRetentionDuration"
-# Delta's own defaults when a table does not set the property.
-DEFAULT_DELETED_FILE_RETENTION = "interval 1 week"
-DEFAULT_LOG_RETENTION = "interval 30 days"
-# Fail this long before the horizon: a fraction of the horizon, or a fixed duration.
-DEFAULT_MARGIN = 0.25
-
-_UNITS = {
-    "week": timedelta(weeks=1),
-    "day": timedelta(days=1),
-    "hour": timedelta(hours=1),
-    "minute": timedelta(minutes=1),
-    "second": timedelta(seconds=1),
-    "millisecond": timedelta(milliseconds=1),
-    "microsecond": timedelta(microseconds=1),
-}
-_PART = re.compile(r"(\d+)\s+([a-z]+)")
-
-
-def parse_interval(value: str, *, upstream: str, prop: str) -> timedelta:
-    """A Delta interval property (``interval 7 days``, ``168 hours``, ``interval 1 week``).
-
-    Accepts Delta's calendar-interval strings without months or years: an optional
-    ``interval`` keyword, then one or more ``<integer> <unit>`` parts, case-insensitive,
-    units singular or plural (week, day, hour, minute, second, millisecond, microsecond).
-
-    Raises:
-        ConfigurationError: the value cannot be read; the message names the upstream, the
-            property and the value.
-    """
-    text = value.strip().lower() if isinstance(value, str) else ""
-    text = text.removeprefix("interval").strip()
-    total = timedelta()
-    problem = None if text else "it is empty"
-    pos = 0
-    while problem is None and pos < len(text):
-        m = _PART.match(text, pos)
-        if m is None:
-            problem = "expected '<integer> <unit>' parts"
-            break
-        unit = m.group(2)
-        if unit.endswith("s") and unit[:-1] in _UNITS:
-            unit = unit[:-1]
-        if unit not in _UNITS:
-            problem = (
-                "Delta retention intervals cannot use months or years"
-                if unit.rstrip("s") in ("month", "year")
-                else f"unknown unit {m.group(2)!r}"
-            )
-            break
-        total += int(m.group(1)) * _UNITS[unit]
-        pos = m.end()
-        while pos < len(text) and text[pos] in " ,":
-            pos += 1
-    if problem is not None:
-        raise ConfigurationError(
-            f"Upstream '{upstream}': table property {prop} = {value!r} is not a Delta interval "
-            f"({problem}).",
-            upstream=upstream,
-            fix=f"set it to a value like 'interval 7 days' or 'interval 168 hours' with "
-            f"ALTER TABLE ... SET TBLPROPERTIES ('{prop}' = 'interval 7 days').",
-        )
-    return total
-
-
-def table_retentions(
-    configuration: Mapping[str, str | None], *, upstream: str
-) -> tuple[timedelta, timedelta]:
-    """``(deletedFileRetentionDuration, logRetentionDuration)`` of a table, with Delta's
-    defaults for unset properties. Property names are matched case-insensitively.
-
-    Raises:
-        ConfigurationError: a property is set to something that is not an interval.
-    """
-    config = {k.lower(): v for k, v in configuration.items() if v is not None}
-    return (
-        parse_interval(
-            config.get(DELETED_FILE_RETENTION.lower(), DEFAULT_DELETED_FILE_RETENTION),
-            upstream=upstream,
-            prop=DELETED_FILE_RETENTION,
-        ),
-        parse_interval(
-            config.get(LOG_RETENTION.lower(), DEFAULT_LOG_RETENTION),
-            upstream=upstream,
-            prop=LOG_RETENTION,
-        ),
-    )
-
-
-def margin_for(horizon: timedelta, margin: float | timedelta) -> timedelta:
-    """The warning margin: a fraction of the horizon (``0.25``) or a fixed duration.
-
-    Raises:
-        ConfigurationError: a fraction outside ``[0, 1)`` or a negative duration.
-    """
-    if isinstance(margin, timedelta):
-        if margin < timedelta():
-            raise ConfigurationError(
-                f"Retention check margin {margin} is negative.", fix="use a duration >= 0."
-            )
-        return margin
-    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
-        raise ConfigurationError(
-            f"Retention check margin {margin!r} is not a fraction of the horizon in [0, 1) "
-            "nor a duration.",
-            fix="use e.g. 0.25 (a quarter of the horizon) or timedelta(days=2).",
-        )
-    return horizon * margin
-
-
-@dataclass(frozen=True)
-class NeededVersion:
-    """The oldest version of an upstream a batch still needs, and which batch needs it.
-
-    Attributes:
-        version: the version; None when there is none to protect (see ``why``).
-        why: who needs it, as an appositive for messages ("version 4, <why>, was ...").
-        committed_version: the committed watermark (None: nothing committed yet).
-        batch_id: the open batch that pins it, if it is pinned.
-    """
-
-    version: int | None
-    why: str
-    committed_version: int | None
-    batch_id: str | None = None
-
-
-def needed_version(
-    *, committed: int | None, open_input: PlannedInput | None, batch_id: str | None = None
-) -> NeededVersion:
-    """The oldest version a batch still needs from one upstream.
-
-    * The open batch pins a range read as changes (CDF, appended files): its start.
-    * The open batch reads a snapshot at version ``v`` (a NOOP input, or a SNAPSHOT load):
-      ``v + 1``. Files of version ``v`` can only be vacuumed after a later commit removed
-      them, so the age that matters is that of the first commit after ``v``.
-    * No open batch: ``committed + 1``, where the next batch starts.
-    * Nothing committed and no open batch: none (the first batch loads a snapshot of the
-      latest version, which VACUUM never touches).
-    """
-    if open_input is not None:
-        where = f"open batch {batch_id}" if batch_id else "the open batch"
-        rng = open_input.range
-        # A SNAPSHOT input pins [0, end] but reads only the table as of its end.
-        if rng is not None and open_input.mode is not ReadMode.SNAPSHOT:
-            return NeededVersion(
-                rng.start,
-                f"the start of {open_input.mode} {rng} pinned by {where}",
-                committed,
-                batch_id,
-            )
-        if open_input.snapshot_version is None:
-            return NeededVersion(
-                None,
-                f"{where} reads it through a cursor column, not by version",
-                committed,
-                batch_id,
-            )
-        v = open_input.snapshot_version
-        return NeededVersion(
-            v + 1,
-            f"the first commit after version {v}, whose snapshot {where} reads",
-            committed,
-            batch_id,
-        )
-    if committed is None:
-        return NeededVersion(
-            None,
-            "nothing is committed yet: the first batch loads a snapshot of the latest version",
-            None,
-        )
-    return NeededVersion(
-        committed + 1,
-        f"where the next batch starts (committed watermark {committed})",
-        committed,
-    )
+from watermark_dagster.observe.needed_version import NeededVersion, needed_version
+from watermark_dagster.observe.retention_properties import (
+    DEFAULT_MARGIN,
+    DELETED_FILE_RETENTION,
+    LOG_RETENTION,
+    margin_for,
+    table_retentions,
+)
 
 
 class RetentionState(StrEnum):
