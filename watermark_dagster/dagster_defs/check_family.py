@@ -42,7 +42,7 @@ class CheckFamily(Generic[S]):
         op: the op's name, before the location's prefix (:class:`LocationNames`).
         description: the op's description.
         subjects: each check key's subject (an upstream, a pipeline name).
-        describe: the description of one check key's spec.
+        describe: the description of one subject's check spec.
         evaluate: the verdicts of the selected ``(key, subject)`` pairs (sorted by key).
         needs_store: the op requires the location's control tables resource.
     """
@@ -50,7 +50,7 @@ class CheckFamily(Generic[S]):
     op: str
     description: str
     subjects: Mapping[AssetCheckKey, S]
-    describe: Callable[[AssetCheckKey, S], str]
+    describe: Callable[[S], str]
     evaluate: Callable[
         [AssetCheckExecutionContext, Sequence[tuple[AssetCheckKey, S]]], Iterator[Verdict]
     ]
@@ -64,7 +64,7 @@ def build_check_family(family: CheckFamily[S], names: LocationNames) -> list[Ass
 
     @multi_asset_check(
         specs=[
-            AssetCheckSpec(key.name, asset=key.asset_key, description=family.describe(key, s))
+            AssetCheckSpec(key.name, asset=key.asset_key, description=family.describe(s))
             for key, s in family.subjects.items()
         ],
         can_subset=True,

@@ -174,7 +174,7 @@ def build_retention_checks(
         subjects=checks_on(
             RETENTION_CHECK, upstream_keys, versioned(registry.consumed_upstreams()), _name
         ),
-        describe=lambda _key, u: (
+        describe=lambda u: (
             f"Fails when the oldest version of '{u.name}' a batch still needs is "
             "near the table's retention horizon (delta.deletedFileRetentionDuration, "
             "delta.logRetentionDuration) or already gone."
@@ -318,7 +318,7 @@ def build_continuity_checks(
         op=CONTINUITY_CHECKS_OP,
         description="Whether each upstream still continues from its committed watermark.",
         subjects=checks_on(CONTINUITY_CHECK, upstream_keys, registry.consumed_upstreams(), _name),
-        describe=lambda _key, u: (
+        describe=lambda u: (
             f"Fails while nothing can be planned for '{u.name}': the table was "
             "dropped and recreated since its committed watermark, it is missing, or the "
             "range it needs next can no longer be read (log cleanup, VACUUM). The "
@@ -415,7 +415,7 @@ def build_health_checks(
             subjects=checks_on(
                 LAG_CHECK, upstream_keys, versioned(registry.consumed_upstreams()), _name
             ),
-            describe=lambda _key, u: (
+            describe=lambda u: (
                 f"Fails when '{u.name}' is too far ahead of its committed watermark (versions "
                 "or age of its oldest unconsumed commit). The coordinator sensor reports it."
             ),
@@ -425,7 +425,7 @@ def build_health_checks(
             op=STUCK_CHECKS_OP,
             description="Whether the open batch is stuck.",
             subjects=checks_on(STUCK_CHECK, pipeline_keys, pipeline_keys, pipeline_name),
-            describe=lambda _key, p: (
+            describe=lambda p: (
                 f"Fails while the open batch is stuck with '{p}' unfinished (a terminal "
                 "error, max_attempts failed runs or max_deaths runs that died). The "
                 "coordinator sensor reports it."
@@ -436,7 +436,7 @@ def build_health_checks(
             op=DRIFT_CHECKS_OP,
             description="Whether the newest full batch found the target drifted.",
             subjects=checks_on(DRIFT_CHECK, pipeline_keys, declared, pipeline_name),
-            describe=lambda _key, p: (
+            describe=lambda p: (
                 f"Fails when a full batch of '{p}' found target rows that differed from the "
                 "full transform for keys its changes did not touch (drift). Each batch run "
                 "evaluates it for its materialization."
