@@ -138,7 +138,7 @@ class Option:
     @property
     def plain(self) -> str:
         """:attr:`doc` as plain text (a Component field's description)."""
-        return re.sub(r":\w+:`~?\.?([^`]+)`", r"\1", self.doc).replace("``", "")
+        return shown_references(self.doc, quote="").replace("`", "")
 
 
 def options_of(cls: type, *, applies: str = "") -> tuple[Option, ...]:
@@ -240,3 +240,15 @@ def _args_section(docstring: str) -> dict[str, str]:
         elif name is not None:
             entries[name] = f"{entries[name]} {line.strip()}"
     return entries
+
+
+def shown_references(text: str, quote: str = "`") -> str:
+    """Markdown for reStructuredText ``text``: each Sphinx reference (``:func:`~a.b.name```)
+    as its name quoted by ``quote`` (the last part for ``~``, as Sphinx shows it, else the
+    whole path), and double backquotes as single ones."""
+
+    def name(match: re.Match[str]) -> str:
+        target = match.group(2).lstrip(".")
+        return quote + (target.rsplit(".", 1)[-1] if match.group(1) else target) + quote
+
+    return re.sub(r":\w+:`(~?)([^`]+)`", name, text).replace("``", "`")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
-from watermark_dagster.config.options import Kind, Option
+from watermark_dagster.config.options import Kind, Option, shown_references
 from watermark_dagster.dagster_defs.component import SETTINGS_OPTIONS
 
 
@@ -33,7 +33,7 @@ def _takes(option: Option) -> str:
 
 
 def _cell(text: str) -> str:
-    plain = re.sub(r":\w+:`~?\.?([^`]+)`", r"`\1`", text).replace("``", "`")
+    plain = shown_references(text)
     return plain.replace("|", "\\|")
 
 
