@@ -1,7 +1,8 @@
-"""The package's shape, checked from its source: layers depend downwards only, the pure core
-imports no engine, no module reaches into another's private names, no import cycles, and
-Dagster's private modules only where no public API covers them. The tests' own shape too: no
-test module imports another (the helpers they share live in tests/support/).
+"""The package's shape, checked from its source: layers depend downwards only, modules of at
+most 500 lines, the pure core imports no engine, no module reaches into another's private
+names, no import cycles, and Dagster's private modules only where no public API covers them.
+The tests' own shape too: no test module imports another (the helpers they share live in
+tests/support/).
 
 The layers, lowest first (docs/architecture.md):
 
@@ -120,6 +121,20 @@ def test_every_module_belongs_to_a_layer() -> None:
     assert not unplaced, (
         f"modules outside the layers (add them to LAYERS and docs/architecture.md): {unplaced}"
     )
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_every_module_holds_one_idea_in_at_most_500_lines() -> None:
+    """A module past 500 lines has always held several ideas here (store.py held five):
+    split it along them, each new module saying in its docstring what it holds."""
+    long = {
+        _module_name(path): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
 
 
 def test_layers_depend_downwards_only() -> None:
