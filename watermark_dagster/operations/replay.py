@@ -12,9 +12,10 @@ Executing a batch is the caller's: a :class:`BatchExecutor` (the command line ha
 headless Dagster runner, so the replay's materializations show in the UI).
 """
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.ranges import ReadMode, VersionRange
@@ -139,15 +140,20 @@ def _refuse_reloading(
 
 def _strategy_written(store: "WatermarkStore", pipeline: str, batch_id: str) -> str | None:
     """The strategy ``pipeline``'s write of ``batch_id`` used, as its ``PIPELINE_SUCCEEDED``
-    history row records it (None: not recorded, e.g. a recovered run or a full load)."""
-    from watermark_dagster.store import codec
-
+    history row records it, measured or not (a retry whose write Delta skipped records the
+    rewrite its commit shows, without seconds); None: not recorded, e.g. a recovered run
+    or a full load."""
     for row in store.history(batch_id=batch_id):
         if row.get("event") != "PIPELINE_SUCCEEDED" or row.get("pipeline") != pipeline:
             continue
-        run = codec.strategy_run(row)
-        if run is not None:
-            return str(run.strategy)
+        detail: object = json.loads(str(row.get("detail") or "{}"))
+        if not isinstance(detail, dict):
+            continue
+        recorded = cast(dict[str, object], detail).get("strategy")
+        if isinstance(recorded, dict):
+            name = cast(dict[str, object], recorded).get("strategy")
+            if isinstance(name, str):
+                return name
     return None
 
 

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,7 +39,7 @@ from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.derive import transform_of, transformed
 from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write.commits import existing_target
+from watermark_dagster.write.commits import existing_target, label_prefix
 from watermark_dagster.write.targets import write_target
 
 log = logging.getLogger("watermark_dagster")
@@ -288,11 +289,17 @@ def run_pipeline(
         rows_read=outcome.rows_read,
         rows_written=outcome.rows_written,
     )
-    # A write Delta skipped (its commit landed before a crash) measured nothing, and may
-    # not be the strategy that wrote the target: recorded as unknown, which a replay
-    # inside the batch treats as `full` (operations/replay.py).
+    # A write Delta skipped (its commit landed before a crash) measured nothing: no seconds
+    # are recorded, so `auto` weighs nothing from it. Its strategy may not be the one that
+    # wrote the target (a configuration changed in between), so what is recorded is what
+    # the batch's commit shows: an overwrite is a rewrite, which stamped every row with the
+    # batch's position, so a replay ending inside the batch is allowed as after any
+    # rewrite; a MERGE may have been `full`, recorded as unknown, which a replay inside the
+    # batch treats as `full` (operations/replay.py).
     measuring = measured is not None and not replay and not write.already_applied
     recorded = measured.measured() if measuring and measured is not None else None
+    if measured is not None and not replay and write.already_applied:
+        recorded = {"strategy": str(Strategy.REWRITE)} if _rewritten(pipeline, batch_id) else None
     store.record(
         "PIPELINE_SUCCEEDED",
         actor=run_id,
@@ -303,12 +310,27 @@ def run_pipeline(
             "rows_read": outcome.rows_read,
             "rows_written": outcome.rows_written,
             # What the strategy cost, for `auto` to weigh in later batches (a replay's
-            # older ranges say nothing about the batches to come).
+            # older ranges say nothing about the batches to come), or only the strategy
+            # that wrote the batch (a retry's skipped write, above).
             **({"strategy": recorded} if recorded is not None else {}),
         },
     )
     fault_point("after_checkpoint")
     return outcome
+
+
+def _rewritten(pipeline: Pipeline, batch_id: str) -> bool:
+    """Whether the target's data commit of ``pipeline``'s write of ``batch_id`` (among its
+    newest 100 commits) is an overwrite: the ``rewrite`` strategy wrote the batch."""
+    table = existing_target(pipeline.target, resolved_options(pipeline.storage_options))
+    if table is None:
+        return False
+    prefix = label_prefix(pipeline.name, batch_id)  # fences and preparing commits differ
+    for commit in table.history(100):
+        if str(commit.get("userMetadata") or "").startswith(prefix):
+            parameters = cast(Mapping[str, object], commit.get("operationParameters") or {})
+            return commit.get("operation") == "WRITE" and parameters.get("mode") == "Overwrite"
+    return False
 
 
 def _refuse_abandoned(store: WatermarkStore, pipeline_name: str, batch_id: str) -> None:
