@@ -99,9 +99,11 @@ class BatchContext(Protocol):
 
     @property
     def strategy(self) -> "StrategyChoice | None":
-        """How this batch is computed, for a pipeline that has a full transform (None for
-        a hand-written pipeline without one and for a full load); a declared pipeline's
-        derived transform may switch it to ``full``."""
+        """How this batch is planned to be computed, for a pipeline that has a full
+        transform (None for a hand-written pipeline without one and for a full load). The
+        value never changes: when a declared pipeline's derived transform switches to its
+        whole form (``full`` or ``rewrite``) past the keys the driver collects, the run
+        records the switched value it returns."""
         ...
 
     def __getitem__(self, upstream: str) -> PinnedInput:
