@@ -12,10 +12,9 @@ Executing a batch is the caller's: a :class:`BatchExecutor` (the command line ha
 headless Dagster runner, so the replay's materializations show in the UI).
 """
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.ranges import ReadMode, VersionRange
@@ -143,17 +142,14 @@ def _strategy_written(store: "WatermarkStore", pipeline: str, batch_id: str) -> 
     history row records it, measured or not (a retry whose write Delta skipped records the
     rewrite its commit shows, without seconds); None: not recorded, e.g. a recovered run
     or a full load."""
+    from watermark_dagster.store import codec
+
     for row in store.history(batch_id=batch_id):
         if row.get("event") != "PIPELINE_SUCCEEDED" or row.get("pipeline") != pipeline:
             continue
-        detail: object = json.loads(str(row.get("detail") or "{}"))
-        if not isinstance(detail, dict):
-            continue
-        recorded = cast(dict[str, object], detail).get("strategy")
-        if isinstance(recorded, dict):
-            name = cast(dict[str, object], recorded).get("strategy")
-            if isinstance(name, str):
-                return name
+        strategy = codec.strategy_written(row)
+        if strategy is not None:
+            return str(strategy)
     return None
 
 

@@ -239,20 +239,40 @@ def history_row(event: str, actor: str | None, **fields: Any) -> Row:
     return row
 
 
+def _recorded_strategy(row: Row) -> tuple[Strategy, dict[str, Any]] | None:
+    """The strategy a ``PIPELINE_SUCCEEDED`` history row records, with what it records
+    of it, or None when it records none."""
+    detail = json.loads(row.get("detail") or "{}")
+    recorded = detail.get("strategy") if isinstance(detail, dict) else None
+    if not isinstance(recorded, dict):
+        return None
+    try:
+        strategy = Strategy(recorded["strategy"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if strategy is Strategy.AUTO else (strategy, recorded)
+
+
+def strategy_written(row: Row) -> Strategy | None:
+    """The strategy that wrote the batch, as a ``PIPELINE_SUCCEEDED`` history row records
+    it, measured or not (a retry whose write Delta skipped records the rewrite its commit
+    shows, without seconds); None when it records none."""
+    found = _recorded_strategy(row)
+    return None if found is None else found[0]
+
+
 def strategy_run(row: Row) -> StrategyRun | None:
     """The measured strategy a ``PIPELINE_SUCCEEDED`` history row records (see
     ``StrategyChoice.measured``), or None when it records none (a hand-written pipeline, a
-    full load, a replay, a row from before strategies were recorded)."""
-    detail = json.loads(row.get("detail") or "{}")
-    measured = detail.get("strategy") if isinstance(detail, dict) else None
-    if not isinstance(measured, dict):
+    full load, a replay, a retry's skipped write, a row from before strategies were
+    recorded)."""
+    found = _recorded_strategy(row)
+    if found is None:
         return None
+    strategy, measured = found
     try:
-        strategy = Strategy(measured["strategy"])
         seconds = float(measured["seconds"])
     except (KeyError, TypeError, ValueError):
-        return None
-    if strategy is Strategy.AUTO:
         return None
 
     def size(name: str) -> int | None:
