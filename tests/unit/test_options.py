@@ -146,3 +146,16 @@ def test_each_python_builder_takes_the_pipeline_settings_with_their_defaults(
         default = parameters[option.field].default
         if default is not inspect.Parameter.empty:  # a builder may require what Pipeline need not
             assert default == option.default, (builder, option.field, default)
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "1e400"])
+def test_a_seconds_variable_that_is_no_finite_number_is_refused_at_load(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """timedelta(seconds=nan) raised on every coordinator tick: no batch was ever planned."""
+    from watermark_dagster.dagster_defs.component import settings_from_environment
+    from watermark_dagster.errors import ConfigurationError
+
+    monkeypatch.setenv("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", raw)
+    with pytest.raises(ConfigurationError, match="WATERMARK_MIN_BATCH_INTERVAL_SECONDS"):
+        settings_from_environment()

@@ -3,6 +3,7 @@ registry file, and each location setting's variable (``WatermarkSettings`` and
 ``HealthSettings`` declare them; docs/configuration.md lists every variable)."""
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import cast
@@ -32,6 +33,11 @@ def _number(name: str, raw: str, default: str, cast: type) -> float | int:
             f"Environment variable {name}={raw!r} is not a number.",
             fix=f"set {name} to a number such as {default}, or unset it.",
         ) from None
+    if not math.isfinite(value):  # "nan" and "inf" parse as floats
+        raise ConfigurationError(
+            f"Environment variable {name}={raw!r} is not a finite number.",
+            fix=f"set {name} to a number such as {default}, or unset it.",
+        )
     if value < 0:
         raise ConfigurationError(
             f"Environment variable {name}={raw!r} is negative.", fix=f"set {name} to 0 or more."
