@@ -45,6 +45,7 @@ from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.core.records import Batch, BatchStatus, CheckpointStatus
 from watermark_dagster.errors import (
     BatchStateError,
+    ReplayRefusedError,
     RetryableError,
     TerminalError,
     UpstreamSchemaChangedError,
@@ -60,7 +61,7 @@ from watermark_dagster.operations.run_pipeline import (
     run_pipeline,
 )
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write import duplicate_keys, targets
+from watermark_dagster.write import commits, duplicate_keys, targets
 from watermark_dagster.write.commits import FENCE, label_prefix
 
 pytestmark = pytest.mark.spark
@@ -880,3 +881,51 @@ def test_the_rewrites_duplicate_key_refusal_names_a_key_with_a_null_part(
     with pytest.raises(Exception, match="watermark-duplicate-key") as failed:
         duplicate_keys.refusing_duplicate_keys(frame, ["a", "b"]).collect()
     assert duplicate_keys.duplicate_key_in(failed.value) == {"a": 1, "b": None}
+
+
+def test_a_merge_retried_after_more_commits_than_it_reads_is_found_by_its_transaction(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `full` batch dies right after its MERGE commit, then more commits than a retry
+    reads (``RECENT_COMMITS``, 100; 5 here, to keep the test short) land on the target
+    (table property changes: OPTIMIZE, other writers), so the batch's labelled commit is
+    older than those the retry reads. The retry (the operator
+    switched the strategy to `incremental` meanwhile) must still find its write, by the
+    pipeline's Delta transaction at the batch's position, and report it applied: it must
+    not record `incremental` for a batch that `full` wrote, which would let a replay
+    ending inside the batch roll keys back (it did, before)."""
+    lake = _seed(tmp_path)
+    store = lake.store()
+    _cycle(spark, _copied(lake, "full"), store)
+    _update(lake, "id < 3", "value + 1")  # v1
+    _delete(lake, "id = 4")  # v2
+    full = _copied(lake, "full")
+    b2 = _plan(full, store)
+    with pytest.raises(SimulatedCrash), simulate_crash_at("after_target_commit"):
+        _run(spark, full, store, b2.batch_id, "copied")
+    [commit] = _data_commits(lake.target("copied"), "copied", b2.batch_id)
+    monkeypatch.setattr(commits, "RECENT_COMMITS", 5)
+    for n in range(6):
+        spark.sql(
+            f"ALTER TABLE delta.`{lake.target('copied')}` SET TBLPROPERTIES ('probe' = '{n}')"
+        )
+    before = _seqs(spark, lake.target("copied"))
+
+    retry = _run(spark, _copied(lake, "incremental"), store, b2.batch_id, "copied")
+    assert retry.write is not None
+    assert retry.write.already_applied, retry.write
+    assert [c["version"] for c in _data_commits(lake.target("copied"), "copied", b2.batch_id)] == [
+        commit["version"]
+    ]
+    assert [run.batch_id for run in store.strategy_runs("copied")] == []
+    incremental = _copied(lake, "incremental")
+    _finalize(incremental, store, b2.batch_id)
+    _assert_exact(spark, lake, "copied")
+    try:
+        inside = _replay(spark, incremental, store, 1, 1)
+    except ReplayRefusedError:
+        pass  # a retried MERGE records no strategy: a replay inside it stays refused
+    else:
+        assert inside.status is BatchStatus.COMPLETED, inside.error
+    _assert_no_regression(before, _seqs(spark, lake.target("copied")))
+    _assert_exact(spark, lake, "copied")

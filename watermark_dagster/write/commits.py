@@ -142,10 +142,17 @@ def existing_target(target: str, storage_options: Mapping[str, str] | None) -> R
     return RsDeltaTable(target, storage_options=options)
 
 
-def labelled_commit(table: RsDeltaTable, prefix: str, *, newest: int = 100) -> int | None:
-    """The version of the newest of the target's last ``newest`` commits whose label
-    starts with ``prefix`` (see :func:`new_label`), or None."""
-    for commit in table.history(newest):
+RECENT_COMMITS = 100
+"""How many of a target's newest commits a search for a labelled commit reads: a commit
+older than that is found by the pipeline's Delta transaction instead (see
+:func:`~watermark_dagster.write.fences.evidence_in`)."""
+
+
+def labelled_commit(table: RsDeltaTable, prefix: str, *, newest: int | None = None) -> int | None:
+    """The version of the newest of the target's last ``newest`` commits (default
+    :data:`RECENT_COMMITS`) whose label starts with ``prefix`` (see :func:`new_label`), or
+    None."""
+    for commit in table.history(newest or RECENT_COMMITS):
         if str(commit.get("userMetadata") or "").startswith(prefix):
             return int(commit.get("version", -1))
     return None
@@ -167,9 +174,12 @@ def fence_label(pipeline: str, batch_id: str, write_seq: int) -> str:
     return f"{FENCE}{label_prefix(pipeline, batch_id)}seq={write_seq}"
 
 
-def fenced(table: RsDeltaTable, pipeline: str, batch_id: str, *, newest: int = 100) -> int | None:
+def fenced(
+    table: RsDeltaTable, pipeline: str, batch_id: str, *, newest: int | None = None
+) -> int | None:
     """The version of the fence a forced change committed against ``pipeline``'s write of
-    ``batch_id`` among the target's last ``newest`` commits, or None."""
+    ``batch_id`` among the target's last ``newest`` commits (default
+    :data:`RECENT_COMMITS`), or None."""
     return labelled_commit(table, FENCE + label_prefix(pipeline, batch_id), newest=newest)
 
 

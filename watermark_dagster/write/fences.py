@@ -46,10 +46,12 @@ def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str 
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
-    return None if table is None else _evidence(table, pipeline, batch_id, write_seq)
+    return None if table is None else evidence_in(table, pipeline, batch_id, write_seq)
 
 
-def _evidence(table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int) -> str | None:
+def evidence_in(
+    table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int
+) -> str | None:
     """:func:`applied_by_target` on a target's log already opened."""
     version = labelled_commit(table, label_prefix(pipeline.name, batch_id))
     if version is not None:
@@ -115,7 +117,7 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     table = existing_target(pipeline.target, options)
     if table is None:
         return Fence()
-    evidence = _evidence(table, pipeline, batch_id, write_seq)
+    evidence = evidence_in(table, pipeline, batch_id, write_seq)
     if evidence is not None:
         return Fence(applied=evidence)
     existing = fenced(table, pipeline.name, batch_id)
@@ -140,7 +142,7 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     version = fenced(table, pipeline.name, batch_id, newest=max(1, table.version() - before))
     if version is not None:
         return Fence(fenced=version, new=True)
-    evidence = _evidence(table, pipeline, batch_id, write_seq)
+    evidence = evidence_in(table, pipeline, batch_id, write_seq)
     if evidence is not None:  # the batch's write won the race: Delta skipped the fence
         return Fence(applied=evidence)
     raise TerminalError(

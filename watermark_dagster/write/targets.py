@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
+from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
@@ -33,7 +34,7 @@ from watermark_dagster.write.commits import (
     label_prefix,
     labelled_commit,
 )
-from watermark_dagster.write.fences import refuse_fenced, transaction_app_id
+from watermark_dagster.write.fences import evidence_in, refuse_fenced, transaction_app_id
 from watermark_dagster.write.merge import merge_into_target
 
 log = logging.getLogger("watermark_dagster")
@@ -83,6 +84,22 @@ def _conflict_error(
     )
 
 
+def _merge_evidence(
+    table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int, *, replay: bool
+) -> str | None:
+    """What shows that a retried MERGE of ``batch_id`` already landed, or None.
+
+    A scheduled batch's write carries the pipeline's Delta transaction at its position, so
+    when its labelled commit is older than the commits read, the transaction still shows
+    it (:func:`~watermark_dagster.write.fences.evidence_in`; a fence is no evidence). A
+    replay writes below the target's transaction: only its own labelled commit shows it.
+    """
+    if not replay:
+        return evidence_in(table, pipeline, batch_id, write_seq)
+    version = labelled_commit(table, label_prefix(pipeline.name, batch_id))
+    return None if version is None else f"the target's version {version}"
+
+
 def write_target(
     spark: SparkSession,
     output: DataFrame,
@@ -121,19 +138,17 @@ def write_target(
             return append_or_overwrite(
                 spark, output, pipeline, batch_id=batch_id, write_seq=write_seq, overwrite=overwrite
             )
-        if retried:
-            table = existing_target(pipeline.target, options)
-            prefix = label_prefix(pipeline.name, batch_id)
-            version = None if table is None else labelled_commit(table, prefix)
-            if table is not None and version is not None:
+        table = existing_target(pipeline.target, options) if retried else None
+        if table is not None:
+            evidence = _merge_evidence(table, pipeline, batch_id, write_seq, replay=replay)
+            if evidence is not None:
                 # One decision per write: the MERGE landed before the crash; doing it again
                 # would commit the same changes twice to the target's change feed.
                 log.info(
-                    "pipeline=%s batch=%s: its MERGE is the target's version %d already; "
-                    "not merged again",
+                    "pipeline=%s batch=%s: its MERGE landed already (%s); not merged again",
                     pipeline.name,
                     batch_id,
-                    version,
+                    evidence,
                 )
                 return WriteResult.nothing(table.version(), already_applied=True)
         return merge_into_target(
