@@ -79,7 +79,8 @@ from watermark_dagster.core.records import (
 )
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.run_pipeline import decide_pipeline
 from watermark_dagster.store import WatermarkStore, codec

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         SparkSessionResource,
         WatermarkStoreResource,
     )
-    from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+    from watermark_dagster.dagster_defs.settings import WatermarkSettings
     from watermark_dagster.dagster_defs.translator import WatermarkTranslator
     from watermark_dagster.read.changes import matching_keys, recompute
     from watermark_dagster.store import WatermarkStore

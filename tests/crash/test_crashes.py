@@ -69,7 +69,8 @@ from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import WORKER_TAG
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.errors import BatchStateError, WatermarkError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.operations import manual

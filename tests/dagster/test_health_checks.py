@@ -48,7 +48,8 @@ from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.health_lag import LAG_CHECK
 from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
 from watermark_dagster.dagster_defs.names import RETENTION_JOB, RETENTION_SCHEDULE
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, WatermarkSettings
+from watermark_dagster.dagster_defs.sensors import COORDINATOR
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.store import WatermarkStore
 

@@ -36,7 +36,8 @@ from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.names import BATCHES_PARTITIONS_NAME
 from watermark_dagster.dagster_defs.pruning import PRUNE_PER_TICK, stale_batch_partitions
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.operations.replay import plan_replay, run_replay
 

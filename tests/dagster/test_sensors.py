@@ -68,8 +68,8 @@ from watermark_dagster.dagster_defs.sensors import (
     COORDINATOR,
     FINALIZER,
     CoordinatorCursor,
-    WatermarkSettings,
 )
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.errors import ConfigurationError, UpstreamSchemaChangedError
 from watermark_dagster.operations.status import stuck_batches

@@ -30,7 +30,8 @@ from watermark_dagster.core.records import (
     CheckpointStatus,
 )
 from watermark_dagster.dagster_defs.definitions import build_definitions
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.store import codec, shared_store
 from watermark_dagster.store.schema import BUCKET_SIZE
 from watermark_dagster.store.tables import COMPACT_AT

@@ -46,7 +46,7 @@ from watermark_dagster.config.upstream import declare_upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
-from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 
 ROOT = Path({root!r})
 MARKER = ROOT / "fail"

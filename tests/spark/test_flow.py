@@ -42,7 +42,8 @@ from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
 from watermark_dagster.dagster_defs.replay_backfill import REPLAY_TAG
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.runs import ATTEMPT_TAG, DIED_TAG
-from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER, WatermarkSettings
+from watermark_dagster.dagster_defs.sensors import COORDINATOR, FINALIZER
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.demo import DemoPaths, apply_round, build_demo_registry, seed
 from watermark_dagster.demo.data import ORDERS
 from watermark_dagster.demo.verify import compare_with_full_recompute

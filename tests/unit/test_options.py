@@ -1,6 +1,7 @@
 """One declaration per setting: the registry file, the Component and the docs' tables are
 made from the dataclass fields, their types and their docstring sentences."""
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -159,3 +160,66 @@ def test_a_seconds_variable_that_is_no_finite_number_is_refused_at_load(
     monkeypatch.setenv("WATERMARK_MIN_BATCH_INTERVAL_SECONDS", raw)
     with pytest.raises(ConfigurationError, match="WATERMARK_MIN_BATCH_INTERVAL_SECONDS"):
         settings_from_environment()
+
+
+from watermark_dagster.dagster_defs.component import SETTINGS_OPTIONS  # noqa: E402
+
+SECONDS_SETTINGS = [o.key for o in SETTINGS_OPTIONS if o.kind is Kind.SECONDS]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+@pytest.mark.parametrize("key", SECONDS_SETTINGS)
+def test_a_seconds_setting_given_by_a_component_that_is_no_finite_number_is_refused(
+    key: str, value: float
+) -> None:
+    """A component's `settings:` may say `.nan` or `.inf` (YAML floats): each seconds
+    setting refuses it when the location loads, naming the setting (NaN passed the
+    `< 0` checks before)."""
+    from watermark_dagster.dagster_defs.component import SettingsSpec, settings_from_environment
+    from watermark_dagster.errors import ConfigurationError
+
+    assert len(SECONDS_SETTINGS) >= 5
+    with pytest.raises(ConfigurationError, match=key):
+        settings_from_environment(SettingsSpec(**{key: value}))
+
+
+@pytest.mark.parametrize("raw", ["0", "-3"])
+def test_a_sensor_interval_below_one_second_is_refused_at_load(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from watermark_dagster.dagster_defs.component import settings_from_environment
+    from watermark_dagster.errors import ConfigurationError
+
+    monkeypatch.setenv("WATERMARK_SENSOR_INTERVAL_SECONDS", raw)
+    with pytest.raises(ConfigurationError, match="WATERMARK_SENSOR_INTERVAL_SECONDS"):
+        settings_from_environment()
+
+
+def test_a_retry_policy_with_a_backoff_that_is_no_finite_number_is_refused() -> None:
+    from watermark_dagster.core.resuming import RetryPolicy
+
+    for backoff in (math.nan, math.inf, -1.0):
+        with pytest.raises(ValueError, match="backoff"):
+            RetryPolicy(death_backoff_seconds=backoff)
+    assert RetryPolicy(death_backoff_seconds=0.0).backoff(3) == 0.0
+
+
+@pytest.mark.parametrize("text", [".nan", ".inf", "-1"])
+def test_a_cursor_lag_in_a_registry_file_that_is_no_finite_number_is_refused(
+    text: str, tmp_path: Path
+) -> None:
+    from watermark_dagster.config.yaml_file import load_registry_file
+    from watermark_dagster.errors import ConfigurationError
+
+    path = tmp_path / "registry.yaml"
+    path.write_text(
+        "upstreams:\n"
+        "  - name: clicks\n"
+        "    path: /landing/clicks\n"
+        "    mode: timestamp\n"
+        "    cursor: event_time\n"
+        f"    lag_seconds: {text}\n"
+        "pipelines: {}\n"
+    )
+    with pytest.raises(ConfigurationError, match="lag_seconds"):
+        load_registry_file(path)

@@ -21,6 +21,7 @@ environment variable it is read from. Adding a setting is adding its field and i
 
 import dataclasses
 import inspect
+import math
 import re
 import types
 import typing
@@ -186,6 +187,17 @@ def options_of(cls: type, *, applies: str = "") -> tuple[Option, ...]:
             )
         )
     return tuple(found)
+
+
+def is_seconds(value: object) -> bool:
+    """True when ``value`` is a number of seconds a setting can hold: an ``int`` or
+    ``float``, finite (YAML's ``.nan`` and ``.inf`` are floats) and 0 or more."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def file_only(

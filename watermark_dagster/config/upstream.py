@@ -27,7 +27,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
-from watermark_dagster.config.options import Kind, options_of, written_as
+from watermark_dagster.config.options import Kind, is_seconds, options_of, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.errors import ConfigurationError
 
@@ -295,13 +295,9 @@ class CursorUpstream(Upstream):
         for column in (self.cursor, self.cursor_fallback, *self.tie_break):
             if column is not None:
                 validate_name("cursor column", column)
-        if (
-            isinstance(self.lag_seconds, bool)
-            or not isinstance(self.lag_seconds, int | float)  # pyright: ignore[reportUnnecessaryIsInstance]
-            or self.lag_seconds < 0
-        ):
+        if not is_seconds(self.lag_seconds):
             raise ConfigurationError(
-                f"{owner}: lag_seconds must be a number >= 0, got {self.lag_seconds!r}.",
+                f"{owner}: lag_seconds must be a finite number >= 0, got {self.lag_seconds!r}.",
                 upstream=self.name,
             )
         validate_name("format", self.format)

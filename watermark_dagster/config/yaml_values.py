@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
 from watermark_dagster.config.names import validate_name
-from watermark_dagster.config.options import Kind, Option
+from watermark_dagster.config.options import Kind, Option, is_seconds
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import as_reference
 from watermark_dagster.config.yaml_lines import LinedMapping, mapping_at
@@ -252,7 +252,7 @@ def _count(_: Reader, value: Any) -> Any:
 
 
 def _seconds(_: Reader, value: Any) -> Any:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else WRONG
+    return value if is_seconds(value) else WRONG
 
 
 def _start(_: Reader, value: Any) -> Any:

@@ -13,6 +13,7 @@ after a backoff and does not spend ``max_attempts``; only ``max_deaths`` deaths 
 (a batch that always kills its process) stop it, with a reason that names the deaths.
 """
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,7 +45,8 @@ class RetryPolicy:
     death_backoff_seconds: float = DEFAULT_DEATH_BACKOFF_SECONDS
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.max_deaths < 1 or self.death_backoff_seconds < 0:
+        backoff = self.death_backoff_seconds
+        if self.max_attempts < 1 or self.max_deaths < 1 or not 0 <= backoff < math.inf:
             raise ValueError(
                 f"RetryPolicy(max_attempts={self.max_attempts}, max_deaths={self.max_deaths}, "
                 f"death_backoff_seconds={self.death_backoff_seconds}): the maximums must be "

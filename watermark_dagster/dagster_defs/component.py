@@ -37,7 +37,7 @@ from watermark_dagster.config.yaml_file import load_registry_mapping
 from watermark_dagster.dagster_defs.definitions import WatermarkLocation, build_location
 from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.resources import SparkSessionResource, dagster_values
-from watermark_dagster.dagster_defs.sensors import WatermarkSettings
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.errors import ConfigurationError
 

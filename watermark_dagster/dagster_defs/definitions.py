@@ -55,10 +55,10 @@ from watermark_dagster.dagster_defs.resources import (
 )
 from watermark_dagster.dagster_defs.runs import check_consumers
 from watermark_dagster.dagster_defs.sensors import (
-    WatermarkSettings,
     build_coordinator_sensor,
     build_finalizer_sensor,
 )
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.target_io import PipelineTargetIOManager
 from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.dagster_defs.upstream_assets import build_upstream_assets

@@ -22,7 +22,7 @@ from watermark_dagster.config.env import (
     DEFAULT_OBSERVE_EVERY_SECONDS,
     DEFAULT_RETENTION_CHECK_CRON,
 )
-from watermark_dagster.config.options import Kind, written_as
+from watermark_dagster.config.options import Kind, is_seconds, written_as
 from watermark_dagster.errors import ConfigurationError
 
 # Dagster refuses a time-window freshness policy shorter than this.
@@ -30,9 +30,9 @@ MIN_FRESHNESS_SECONDS = 60
 
 
 def _positive(name: str, value: float, fix: str) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+    if not is_seconds(value):
         raise ConfigurationError(
-            f"HealthSettings.{name}={value!r} is not a number >= 0.",
+            f"HealthSettings.{name}={value!r} is not a finite number >= 0.",
             fix=f"{fix} (environment: WATERMARK_{name.upper()})",
         )
 

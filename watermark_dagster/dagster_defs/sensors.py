@@ -19,7 +19,6 @@ from dagster import (
     AssetCheckEvaluation,
     AssetKey,
     AssetObservation,
-    DefaultSensorStatus,
     DynamicPartitionsDefinition,
     RunRequest,
     SensorEvaluationContext,
@@ -28,32 +27,20 @@ from dagster import (
     sensor,
 )
 
-from watermark_dagster.config.env import (
-    DEFAULT_KEEP_BATCH_PARTITIONS,
-    DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
-    DEFAULT_SENSOR_INTERVAL_SECONDS,
-)
-from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.observations import RegistryObservation
 from watermark_dagster.core.planning import batch_is_due
 from watermark_dagster.core.resuming import (
-    DEFAULT_DEATH_BACKOFF_SECONDS,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_DEATHS,
     ResumeAction,
     ResumeStep,
-    RetryPolicy,
 )
 from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
-from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.health_reporter import HealthReporter
 from watermark_dagster.dagster_defs.names import COORDINATOR as COORDINATOR
 from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, LocationNames
 from watermark_dagster.dagster_defs.names import FINALIZER as FINALIZER
 from watermark_dagster.dagster_defs.pipeline_outcomes import nothing_to_do_events
 from watermark_dagster.dagster_defs.pruning import (
-    check_keep_batch_partitions,
     stale_batch_partitions,
 )
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
@@ -63,9 +50,9 @@ from watermark_dagster.dagster_defs.runs import (
     batch_runs,
     mark_deaths_recorded,
 )
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.upstream_assets import observation_event
 from watermark_dagster.errors import (
-    ConfigurationError,
     ReloadHeldError,
     UpstreamRecreatedError,
     UpstreamUnavailableError,
@@ -78,87 +65,6 @@ from watermark_dagster.operations.coordinate import (
     record_deaths,
     resume_batch,
 )
-
-
-@dataclass(frozen=True)
-class WatermarkSettings:
-    """How often and how eagerly batches are planned and retried.
-
-    Each setting a code location leaves out is read from its ``WATERMARK_...`` variable
-    (docs/configuration.md lists them, made from these declarations).
-
-    Attributes:
-        min_batch_interval_seconds: no batch is planned sooner than this after the previous
-            one; changes in between are coalesced, which keeps the partition count down (0:
-            plan as soon as there is work).
-        sensor_interval_seconds: how often the coordinator and finalizer tick.
-        max_attempts: failed runs (an error was raised) of one batch before the coordinator
-            stops resubmitting it and reports it stuck (a terminal error stops it at once).
-        max_deaths: runs of one batch that may die (killed, run worker lost, engine gone: no
-            error) before it is reported stuck; a death spends no attempt.
-        death_backoff_seconds: the wait after a run died before its batch is run again,
-            doubling with each further death of the batch up to 5 minutes (0: no wait).
-        maintain_every_batches: the finalizer compacts the control tables after every N-th
-            batch (0: never), keeping sensor reads small as history grows.
-        default_status: whether the sensors start running when the code location loads.
-        keep_batch_partitions: the finalizer keeps the newest N batch partitions in Dagster
-            and deletes older ones of ended batches when a batch completes, at most
-            ``PRUNE_PER_TICK`` a tick (0: keep all), so the partitions view and its queries
-            stay small. Their batches, ranges and history stay in the control tables
-            (``watermark batches``, ``watermark batch ID``), their runs and materializations
-            in Dagster; a pruned batch is re-run with ``watermark replay``, not a UI
-            backfill.
-        health: the lag and stuck-batch checks' thresholds, the observation cadence, the
-            pipelines' freshness and the retention check's schedule
-            (:class:`.health.HealthSettings`).
-    """
-
-    min_batch_interval_seconds: float = field(
-        default=DEFAULT_MIN_BATCH_INTERVAL_SECONDS,
-        metadata=written_as(Kind.SECONDS, env="WATERMARK_MIN_BATCH_INTERVAL_SECONDS"),
-    )
-    sensor_interval_seconds: int = field(
-        default=DEFAULT_SENSOR_INTERVAL_SECONDS,
-        metadata=written_as(
-            Kind.WHOLE, shape="a whole number of seconds", env="WATERMARK_SENSOR_INTERVAL_SECONDS"
-        ),
-    )
-    max_attempts: int = field(
-        default=DEFAULT_MAX_ATTEMPTS,
-        metadata=written_as(Kind.WHOLE, env="WATERMARK_MAX_ATTEMPTS"),
-    )
-    max_deaths: int = field(
-        default=DEFAULT_MAX_DEATHS, metadata=written_as(Kind.WHOLE, env="WATERMARK_MAX_DEATHS")
-    )
-    death_backoff_seconds: float = field(
-        default=DEFAULT_DEATH_BACKOFF_SECONDS,
-        metadata=written_as(Kind.SECONDS, env="WATERMARK_DEATH_BACKOFF_SECONDS"),
-    )
-    maintain_every_batches: int = field(default=50, metadata=written_as(Kind.WHOLE))
-    default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING
-    keep_batch_partitions: int = field(
-        default=DEFAULT_KEEP_BATCH_PARTITIONS,
-        metadata=written_as(Kind.WHOLE, env="WATERMARK_KEEP_BATCH_PARTITIONS"),
-    )
-    health: HealthSettings = field(default_factory=HealthSettings)
-
-    def __post_init__(self) -> None:
-        check_keep_batch_partitions(self.keep_batch_partitions)
-        for name in ("max_attempts", "max_deaths"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(
-                    f"WatermarkSettings.{name}={value!r} is not a whole number of runs of 1 "
-                    "or more.",
-                    fix=f"use 1 or more, such as {getattr(WatermarkSettings, name)} "
-                    f"(environment: WATERMARK_{name.upper()}).",
-                )
-        self.retry_policy  # noqa: B018 -- validates the backoff when the settings are made
-
-    @property
-    def retry_policy(self) -> RetryPolicy:
-        """``max_attempts``, ``max_deaths`` and ``death_backoff_seconds`` as one value."""
-        return RetryPolicy(self.max_attempts, self.max_deaths, self.death_backoff_seconds)
 
 
 @dataclass
