@@ -15,9 +15,8 @@ from watermark_dagster.core.commits import version_at
 from watermark_dagster.core.planning import (
     Plan,
     UpstreamPosition,
-    plan_batch,
+    plan_from_committed,
     recreation_found,
-    with_committed,
 )
 from watermark_dagster.core.ranges import CursorPosition, ReadMode
 from watermark_dagster.core.records import Watermark
@@ -195,12 +194,10 @@ class RegistryObservation:
     def plan(self) -> Plan:
         """The plan these observations and committed positions give (for previews; the
         coordinator plans inside the store's compare-and-swap)."""
-        positions = [
-            with_committed(p, self.marks.get(p.name), self.source_states.get(p.name))
-            for p in self.positions
-        ]
-        return plan_batch(
-            positions,
+        return plan_from_committed(
+            self.positions,
+            self.marks,
+            self.source_states,
             self.runnable,
             bootstrap=self.bootstrap,
             overwrite=self.overwrite,

@@ -276,6 +276,27 @@ def with_committed(
     )
 
 
+def plan_from_committed(
+    positions: Iterable[UpstreamPosition],
+    marks: Mapping[str, CommittedMark],
+    source_states: Mapping[str, str | None],
+    pipeline_inputs: Mapping[str, Sequence[str]],
+    *,
+    bootstrap: Iterable[str] = (),
+    overwrite: Iterable[str] = (),
+    frozen: Collection[str] = (),
+) -> Plan:
+    """:func:`plan_batch` of ``positions`` as observed, each starting at its committed
+    watermark in ``marks`` (absent: nothing committed) and, for a cursor upstream, new
+    when its observed ``source_states`` entry differs from the committed one (see
+    :func:`with_committed`). The coordinator calls it inside the store's compare-and-swap,
+    previews with the watermarks they read."""
+    fresh = [with_committed(p, marks.get(p.name), source_states.get(p.name)) for p in positions]
+    return plan_batch(
+        fresh, pipeline_inputs, bootstrap=bootstrap, overwrite=overwrite, frozen=frozen
+    )
+
+
 def batch_is_due(last_planned_at: datetime | None, now: datetime, min_interval: timedelta) -> bool:
     """True when at least ``min_interval`` has passed since the previous batch was planned."""
     return last_planned_at is None or now - last_planned_at >= min_interval

@@ -9,7 +9,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from watermark_dagster.core.faults import fault_point
-from watermark_dagster.core.planning import UpstreamPosition, plan_batch, with_committed
+from watermark_dagster.core.planning import UpstreamPosition, plan_from_committed
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import Batch, BatchKind
 from watermark_dagster.core.replay import check_replay_range, plan_batch_replay, plan_replay
@@ -62,11 +62,14 @@ class Plans(History):
             if opened:
                 return opened[0], False
             marks = self.committed()
-            fresh = [
-                with_committed(p, marks.get(p.name), source_states.get(p.name)) for p in positions
-            ]
-            plan = plan_batch(
-                fresh, pipeline_inputs, bootstrap=bootstrap, overwrite=overwrite, frozen=frozen
+            plan = plan_from_committed(
+                positions,
+                marks,
+                source_states,
+                pipeline_inputs,
+                bootstrap=bootstrap,
+                overwrite=overwrite,
+                frozen=frozen,
             )
             if not plan.has_work:
                 return None, False
@@ -83,7 +86,9 @@ class Plans(History):
                 source_states={u: source_states.get(u) for u in plan.inputs},
                 locations={u: locations.get(u) for u in plan.inputs},
             )
-            latest = {p.name: p.latest_version for p in fresh if not plan.inputs[p.name].is_cursor}
+            latest = {
+                p.name: p.latest_version for p in positions if not plan.inputs[p.name].is_cursor
+            }
             committed = {u: w.committed_version for u, w in marks.items()}
             return self._insert_batch(dt, batch, committed=committed, latest=latest), True
 
@@ -157,19 +162,7 @@ class Plans(History):
             return self._insert_batch(dt, batch, committed=committed, latest={}, error=reason)
 
         batch = self._cas(BATCHES, decide)
-        self.record(
-            "BATCH_PLANNED",
-            actor=actor,
-            batch_id=batch.batch_id,
-            upstream=upstream,
-            detail={
-                "kind": BatchKind.REPLAY.value,
-                "range": str(rng),
-                "pipelines": list(batch.pipelines),
-                "order_seq": batch.order_seq,
-                "reason": reason,
-            },
-        )
+        self._record_replay(batch, actor, reason, {"upstream": upstream}, range=str(rng))
         return batch
 
     def create_backfill_replay(
@@ -204,21 +197,36 @@ class Plans(History):
             return self._insert_batch(dt, batch, committed=committed, latest={}, error=reason)
 
         batch = self._cas(BATCHES, decide)
+        ranges = {u: i.describe() for u, i in batch.inputs.items()}
+        self._record_replay(
+            batch, actor, reason, {"pipeline": pipeline}, replays=batch_id, ranges=ranges
+        )
+        return batch
+
+    def _record_replay(
+        self,
+        batch: Batch,
+        actor: str,
+        reason: str | None,
+        subject: Mapping[str, str],
+        **what: Any,
+    ) -> None:
+        """The BATCH_PLANNED history row of the REPLAY ``batch``: ``subject`` (the upstream
+        or pipeline replayed) and ``what`` it re-reads, with its pipelines, position and
+        reason."""
         self.record(
             "BATCH_PLANNED",
             actor=actor,
             batch_id=batch.batch_id,
-            pipeline=pipeline,
+            **subject,
             detail={
                 "kind": BatchKind.REPLAY.value,
-                "replays": batch_id,
-                "ranges": {u: i.describe() for u, i in batch.inputs.items()},
+                **what,
                 "pipelines": list(batch.pipelines),
                 "order_seq": batch.order_seq,
                 "reason": reason,
             },
         )
-        return batch
 
 
 def _replay_batch(
