@@ -27,7 +27,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
-from watermark_dagster.config.options import Kind, options_of, written_as
+from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.errors import ConfigurationError
 
@@ -310,72 +310,3 @@ class CursorUpstream(Upstream):
     def mode(self) -> UpstreamMode:
         """Always ``timestamp``: rows are read in windows of the cursor column."""
         return UpstreamMode.TIMESTAMP
-
-
-def _kinds() -> dict[str, type[Upstream]]:
-    """The upstream kinds a ``kind:`` key names. Kinds declared in their own module import
-    this one, so they are imported here, when a declaration is read."""
-    from watermark_dagster.config.landing import LandingUpstream
-
-    return {"delta": DeltaUpstream, "cursor": CursorUpstream, "landing": LandingUpstream}
-
-
-def declare_upstream(**settings: object) -> Upstream:
-    """The upstream a mapping of settings declares (a YAML entry, a test spec), by its
-    ``kind:`` (see :func:`_kinds`); without one, a :class:`CursorUpstream` when it says
-    ``mode: timestamp``, else a :class:`DeltaUpstream`.
-
-    Raises:
-        ConfigurationError: an unknown kind, a setting that does not apply to that kind,
-            or a bad value.
-    """
-    name = str(settings.get("name", "?"))
-    kinds = _kinds()
-    mode = settings.get("mode")
-    by_cursor = isinstance(mode, str) and mode.strip().lower() == UpstreamMode.TIMESTAMP
-    kind = settings.pop("kind", None)
-    if kind is None:
-        kind = "cursor" if by_cursor else "delta"
-    if not isinstance(kind, str) or kind.strip().lower() not in kinds:
-        raise ConfigurationError(
-            f"Upstream '{name}': kind {kind!r} is not one of {sorted(kinds)}.",
-            upstream=name,
-            fix=f"set kind to one of {sorted(kinds)} (default: delta).",
-        )
-    kind = kind.strip().lower()
-    cls = kinds[kind]
-    if kind == "cursor":
-        settings = {k: v for k, v in settings.items() if k != "mode" or by_cursor}
-        by_cursor = True
-    allowed = frozenset({"name"} | {o.key for o in options_of(cls)})
-    wrong = ", ".join(sorted(set(settings) - allowed - ({"mode"} if by_cursor else set())))
-    if wrong and kind == "landing":
-        raise ConfigurationError(
-            f"Upstream '{name}' is a landing folder (kind: landing); {wrong} do not apply to it.",
-            upstream=name,
-            fix=f"remove them; it takes {', '.join(sorted(allowed - {'name'}))}.",
-        )
-    if wrong and by_cursor:
-        raise ConfigurationError(
-            f"Upstream '{name}' is read by cursor (mode='timestamp'); {wrong} only apply to "
-            "Delta upstreams read by version.",
-            upstream=name,
-            fix="remove them, or choose another mode to read it by version.",
-        )
-    if wrong:
-        raise ConfigurationError(
-            f"Upstream '{name}': {wrong} only apply to mode='timestamp'.",
-            upstream=name,
-            fix="set mode='timestamp' or drop the cursor settings.",
-        )
-    if by_cursor:
-        if not settings.get("cursor"):
-            raise ConfigurationError(
-                f"Upstream '{name}' is read by timestamp but names no cursor column.",
-                upstream=name,
-                fix="give cursor='updated_at' (a timestamp or increasing id column).",
-            )
-        settings = {k: v for k, v in settings.items() if k != "mode"}
-    # The settings are untyped (a YAML entry, a test spec), like plain-Python arguments:
-    # the upstream checks its values when it is built.
-    return cls(**settings)  # pyright: ignore[reportArgumentType]

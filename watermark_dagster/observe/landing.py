@@ -71,7 +71,8 @@ def observe_landing(upstream: LandingUpstream, log: FileLog) -> Observation:
     recreated table).
 
     Raises:
-        UpstreamUnavailableError: the folder does not exist, or no file landed yet.
+        UpstreamUnavailableError: the folder does not exist or cannot be listed, or no file
+            landed yet.
         LandingFileChangedError: a logged file changed (size or modification time).
     """
     try:
@@ -82,6 +83,13 @@ def observe_landing(upstream: LandingUpstream, log: FileLog) -> Observation:
             upstream=upstream.name,
             fix="create it, or fix the upstream's path.",
         ) from None
+    except OSError as e:  # an object store that refused the listing
+        raise UpstreamUnavailableError(
+            f"{upstream.owner}: the landing folder {upstream.path} could not be listed "
+            f"({type(e).__name__}: {e}).",
+            upstream=upstream.name,
+            fix="check the path and the upstream's storage_options (credentials, endpoint).",
+        ) from e
     state = log.state()
     assert state is not None
     known: Mapping[str, LoggedFile] = state.by_path

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
@@ -177,7 +176,13 @@ class FileLog:
             except CommitFailedError:
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
                 continue
-            return self.state() or state
+            # Decided on version v with retries off, the commit is v + 1: the new state is
+            # known without reading the log back.
+            logged = {f.path: f for f in _files(rows)}
+            after = LogState(state.table_id, state.version + 1, {**state.by_path, **logged})
+            with self._lock:
+                self._state = after
+            return after
         raise CommitConflictError(
             f"{self.upstream.owner}: could not record new files in its file log {self.uri} "
             f"after {_ATTEMPTS} attempts; other writers kept committing first.",
@@ -193,7 +198,8 @@ class FileLog:
             TableNotFoundError: the log is gone.
         """
         dt = DeltaTable(self.uri, storage_options=self.options)
-        wanted = (ds.field("ordinal") >= rng.start) & (ds.field("ordinal") <= rng.end)
-        chosen = dt.to_pyarrow_dataset().to_table(columns=_COLUMNS, filter=wanted)
+        chosen = dt.to_pyarrow_table(
+            columns=_COLUMNS, filters=[("ordinal", ">=", rng.start), ("ordinal", "<=", rng.end)]
+        )
         self.rows_read += chosen.num_rows
         return sorted(_files(chosen), key=lambda f: f.ordinal)
