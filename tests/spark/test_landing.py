@@ -25,6 +25,8 @@ from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.errors import LandingFileChangedError
 from watermark_dagster.observe.observer import Observer
+from watermark_dagster.operations.coordinate import finalize_batch
+from watermark_dagster.operations.run_pipeline import execute_pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -130,6 +132,34 @@ def test_a_file_changed_after_loading_or_gone_before_it_is_loud(lake: Lake) -> N
     assert retried.completed == [open_batch.batch_id], retried
     assert lake.rows("copy") == all_files(lake, folder) == {1: 10, 2: 20, 3: 30}
     assert b1 != open_batch.batch_id
+
+    # A replay of that batch reads exactly its pinned files (not one landed since), and is
+    # loud when one of them changed.
+    write_csv(folder, "e.csv", [(2, 99)])
+    Observer().observe(upstream)  # logged as file 4
+    registry = registry_from(spec)
+    run = {"spark": lake.spark, "store": lake.store, "registry": registry}
+
+    def replay() -> str:
+        batch = lake.store.create_range_replay(
+            "drops",
+            VersionRange(2, 3),
+            mode=ReadMode.APPEND_ONLY,
+            pipelines=["drops_copy"],
+            all_upstreams=["drops"],
+            actor="test",
+        )
+        return batch.batch_id
+
+    replayed = replay()
+    outcome = execute_pipeline(**run, pipeline_name="drops_copy", batch_id=replayed)
+    assert outcome.rows_read == 2  # b.csv and c.csv, not e.csv
+    assert lake.rows("copy") == {1: 10, 2: 20, 3: 30}
+    finalize_batch(lake.store, lake.store.get_batch(replayed), registry=registry, actor="test")
+    write_csv(folder, "b.csv", [(2, 22), (8, 80)])  # rewritten after it was loaded
+    with pytest.raises(LandingFileChangedError, match=r"'b.csv' \(file 2\) changed"):
+        execute_pipeline(**run, pipeline_name="drops_copy", batch_id=replay())
+    assert lake.rows("copy") == {1: 10, 2: 20, 3: 30}
 
 
 def test_a_run_killed_after_its_write_is_retried_and_loads_each_file_once(lake: Lake) -> None:
