@@ -53,7 +53,8 @@ def test_new_files_are_loaded_once_batch_after_batch(lake: Lake) -> None:
     [b2] = lake.run(spec).completed
     second = lake.store.get_batch(b2).inputs["drops"]
     assert (second.mode, second.range) == (ReadMode.APPEND_ONLY, VersionRange(3, 4))
-    assert batch_metadata(lake, "drops_copy", b2)["drops/rows_read"] == 3
+    meta = batch_metadata(lake, "drops_copy", b2)
+    assert (meta["drops/files_read"], meta["drops/rows_read"]) == (2, 3)
     assert lake.rows("copy") == all_files(lake, folder)
     assert lake.run(spec).completed == []  # nothing new: no batch
     assert lake.store.get_batch(b2).status is BatchStatus.COMPLETED

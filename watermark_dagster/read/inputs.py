@@ -38,7 +38,13 @@ from watermark_dagster.read.cursor import (
     read_source,
 )
 from watermark_dagster.read.frames import as_changes
-from watermark_dagster.read.landing import PinnedFiles, as_landing, pin_files, read_files
+from watermark_dagster.read.landing import (
+    SOURCE_FILE,
+    PinnedFiles,
+    as_landing,
+    pin_files,
+    read_files,
+)
 from watermark_dagster.read.preflight import preflight
 from watermark_dagster.read.snapshot import read_snapshot
 from watermark_dagster.read.tables import comparable_location, table_at
@@ -108,6 +114,7 @@ class UpstreamInput:
             UpstreamDataChangedError: the range cannot be read as planned (I6).
         """
         window, scan, rows_without_cursor, files = planned.window, None, 0, None
+        files_read: int | None = None
         if planned.is_cursor:
             assert window is not None
             try:
@@ -133,9 +140,11 @@ class UpstreamInput:
                 table_id=table_id,
                 whole=mode is ReadMode.SNAPSHOT,
             )
+            files_read = files.read_by(mode)
         else:
             assert planned.snapshot_version is not None
             mode, scan = preflight(upstream, planned, full_load=full_load, table_id=table_id)
+            files_read = len(scan.files) if scan is not None else None
         return cls(
             name=upstream.name,
             mode=mode,
@@ -144,7 +153,7 @@ class UpstreamInput:
             window=window,
             _spark=spark,
             _upstream=upstream,
-            files_read=len(scan.files) if scan is not None else None,
+            files_read=files_read,
             rows_without_cursor=rows_without_cursor,
             source_version=source_version if planned.is_cursor else None,
             _scan=scan,
@@ -298,7 +307,9 @@ class UpstreamInput:
         The latest is the change of the highest commit version; inside one commit the row
         describing the state after it wins over a delete of the same key (a RESTORE or a
         rewrite without change files removes and re-adds a key in one commit); for a cursor
-        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`).
+        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`);
+        for a landing upstream, the row of the file whose path sorts last, so a retry or a
+        replay keeps the same row (I3).
         """
         then: list[Column] = []
         if self.window is not None:
@@ -306,6 +317,8 @@ class UpstreamInput:
                 c.desc_nulls_last()
                 for c in position_columns(self.changes, _cursor_upstream(self._upstream))
             ]
+        elif self._files is not None:
+            then = [F.col(SOURCE_FILE).desc_nulls_last()]
         changes = self.changes.where(F.col(CHANGE_TYPE) != PREIMAGE)
         return latest_per_key(changes, keys, *then)
 

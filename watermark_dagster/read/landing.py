@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.upstream import Upstream
-from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError, recreated_error, reset_command
 from watermark_dagster.observe.landing import check_unchanged
 from watermark_dagster.observe.landing_files import full_path
@@ -36,6 +36,11 @@ class PinnedFiles:
 
     changes: tuple[LoggedFile, ...]
     snapshot: tuple[LoggedFile, ...]
+
+    def read_by(self, mode: ReadMode) -> int:
+        """How many files a read in ``mode`` opens: every file for a snapshot, the
+        range's for changes."""
+        return len(self.snapshot if mode is ReadMode.SNAPSHOT else self.changes)
 
     @property
     def change_bytes(self) -> int:
