@@ -108,6 +108,11 @@ class UpstreamUnavailableError(TerminalError):
     upstream's name."""
 
 
+class LandingFileChangedError(UpstreamUnavailableError):
+    """A landing folder's file changed (size or modification time) or disappeared after its
+    file log recorded it: its content was, or is to be, loaded as recorded."""
+
+
 class UpstreamRecreatedError(TerminalError):
     """An upstream's latest version fell below the committed one: it was dropped and recreated."""
 

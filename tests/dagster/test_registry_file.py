@@ -23,7 +23,8 @@ from deltalake import write_deltalake
 from tests.support.cli import SCRIPT
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
+from watermark_dagster.config.upstream import DeltaUpstream
+from watermark_dagster.config.upstream_kinds import UPSTREAM_KINDS
 from watermark_dagster.config.yaml_file import load_registry, load_registry_file
 from watermark_dagster.config.yaml_values import PIPELINE_KEYS, UPSTREAM_KEYS
 from watermark_dagster.dagster_defs.definitions import location_of
@@ -154,10 +155,8 @@ def test_every_declaration_option_has_a_yaml_key() -> None:
     """The file takes exactly the settings of Upstream and Pipeline, and every field but the
     name (a file's entry key) and a pipeline's `declared` (written as full: or sql:) is one:
     a new field without its metadata fails here."""
-    upstream_fields = {
-        f.name for kind in (DeltaUpstream, CursorUpstream) for f in dataclasses.fields(kind)
-    }
-    assert set(UPSTREAM_KEYS) == upstream_fields - {"name"}
+    upstream_fields = {f.name for kind in UPSTREAM_KINDS.values() for f in dataclasses.fields(kind)}
+    assert set(UPSTREAM_KEYS) == upstream_fields - {"name"} | {"kind"}
     # A hand-written pipeline's full_transform is written full: (beside transform:).
     fields = {f.name for f in dataclasses.fields(Pipeline)} - {"name", "declared", "full_transform"}
     assert set(PIPELINE_KEYS) == fields | {"full", "sql"}

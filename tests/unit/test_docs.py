@@ -65,6 +65,10 @@ def orders_enriched_full(orders, customers):
     return orders.join(customers.select("customer_id", "name"), "customer_id", "left")
 
 
+def drops_log(batch):
+    return batch["drops"].changes
+
+
 def clicks_log(batch):
     """Append target: the clicks of the window."""
     return batch["clicks"].changes

@@ -2,26 +2,39 @@
 the declarations (:mod:`~watermark_dagster.config.options`).
 
 An upstream entry takes a :class:`~watermark_dagster.config.upstream.DeltaUpstream`'s
-settings, or with ``mode: timestamp`` a
-:class:`~watermark_dagster.config.upstream.CursorUpstream`'s; a pipeline entry takes a
+settings, with ``mode: timestamp`` a
+:class:`~watermark_dagster.config.upstream.CursorUpstream`'s, and with ``kind: landing`` a
+:class:`~watermark_dagster.config.landing.LandingUpstream`'s; a pipeline entry takes a
 :class:`~watermark_dagster.config.pipeline.Pipeline`'s, with ``full:`` for its full
 transform and ``sql:`` for a query.
 """
 
 from dataclasses import replace
 
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream, UpstreamMode
 
 
 def _upstream_options() -> tuple[Option, ...]:
-    """The settings of an upstream entry in a file: a Delta upstream's, and with
-    ``mode: timestamp`` a cursor upstream's."""
+    """The settings of an upstream entry in a file: ``kind``, a Delta upstream's, with
+    ``mode: timestamp`` a cursor upstream's, and with ``kind: landing`` a landing
+    folder's (a key two kinds share is listed once, applying to both)."""
     shared = {o.key for o in options_of(Upstream)}
     by_version = "by version"
     by_cursor = "`mode: timestamp`"
-    found: list[Option] = []
+    by_landing = "`kind: landing`"
+    found: list[Option] = [
+        file_only(
+            "kind",
+            Kind.CHOICE,
+            "What the upstream is: ``delta`` (default; ``cursor`` with ``mode: timestamp``), "
+            "``cursor`` (a table or folder read by a cursor column) or ``landing`` (a "
+            "folder whose files are each loaded once).",
+            choices=("delta", "cursor", "landing"),
+        )
+    ]
     for option in options_of(DeltaUpstream):
         if option.key == "mode":
             option = replace(
@@ -34,6 +47,22 @@ def _upstream_options() -> tuple[Option, ...]:
     found += [
         replace(o, applies=by_cursor) for o in options_of(CursorUpstream) if o.key not in shared
     ]
+    for option in options_of(LandingUpstream):
+        if option.key in shared:
+            continue
+        at = next((i for i, o in enumerate(found) if o.key == option.key), None)
+        if at is None:
+            found.append(replace(option, applies=by_landing))
+        else:
+            known = found[at]
+            found[at] = replace(
+                known,
+                applies=f"{known.applies} or {by_landing}",
+                kind=Kind.OPTIONS if option.kind is Kind.OPTIONS else known.kind,
+                doc=f"{known.doc} For {by_landing}: {option.doc}",
+                choices=(),
+                default=None,
+            )
     return tuple(found)
 
 

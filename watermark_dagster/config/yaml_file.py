@@ -42,7 +42,8 @@ from watermark_dagster.config.declared import check_function, declare
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import StorageOptions
-from watermark_dagster.config.upstream import AnyUpstream, declare_upstream
+from watermark_dagster.config.upstream import Upstream
+from watermark_dagster.config.upstream_kinds import declare_upstream
 from watermark_dagster.config.yaml_lines import LineLoader, mapping_at, with_lines
 from watermark_dagster.config.yaml_values import PIPELINE_KEYS, TOP_KEYS, UPSTREAM_KEYS, Reader
 from watermark_dagster.errors import ConfigurationError, DeclaredSqlError
@@ -169,7 +170,7 @@ def _read_document(reader: Reader, document: Any, what: str) -> RegistryFile:
         k: reader.convert(top, k, "top level", TOP_KEYS) for k in top if top[k] is not None
     }
 
-    upstreams: list[AnyUpstream] = []
+    upstreams: list[Upstream] = []
     lines: dict[tuple[str, str], int] = {}
     for name, body, line in reader.entries(top, "upstreams", "upstream", lines):
         if isinstance(body, str):  # shorthand: `orders: /lake/orders`

@@ -25,6 +25,7 @@ from dagster import (
     multi_asset_check,
 )
 
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.upstream import Upstream
 from watermark_dagster.dagster_defs.names import LocationNames
 
@@ -89,8 +90,14 @@ def checks_on(
 
 
 def versioned(upstreams: Iterable[Upstream]) -> list[Upstream]:
-    """The upstreams with Delta versions (a cursor upstream has none to lose or lag by)."""
+    """The upstreams with versions (a cursor upstream has none to lose or lag by)."""
     return [u for u in upstreams if not u.is_cursor]
+
+
+def delta_logged(upstreams: Iterable[Upstream]) -> list[Upstream]:
+    """The upstreams whose versions are a Delta table's own (a landing folder's are its
+    file numbers: no log or change files to lose to retention)."""
+    return [u for u in versioned(upstreams) if not isinstance(u, LandingUpstream)]
 
 
 def sorted_keys(keys: Iterable[AssetCheckKey]) -> list[AssetCheckKey]:

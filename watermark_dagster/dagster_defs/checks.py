@@ -38,6 +38,7 @@ from watermark_dagster.dagster_defs.check_family import (
     build_check_family,
     check_evaluation,
     checks_on,
+    delta_logged,
     versioned,
 )
 from watermark_dagster.dagster_defs.health import HealthSettings
@@ -172,7 +173,7 @@ def build_retention_checks(
         op=RETENTION_CHECKS_OP,
         description="Retention horizon of each upstream's oldest needed version.",
         subjects=checks_on(
-            RETENTION_CHECK, upstream_keys, versioned(registry.consumed_upstreams()), _name
+            RETENTION_CHECK, upstream_keys, delta_logged(registry.consumed_upstreams()), _name
         ),
         describe=lambda u: (
             f"Fails when the oldest version of '{u.name}' a batch still needs is "
@@ -217,7 +218,7 @@ def retention_evaluations(
     settings = settings or RetentionCheckSettings()
     committed, batch = store.committed_versions(), store.open_batch()
     events = []
-    for upstream in versioned(registry.consumed_upstreams()):
+    for upstream in delta_logged(registry.consumed_upstreams()):
         key = AssetCheckKey(upstream_keys[upstream.name], RETENTION_CHECK)
         events.append(
             check_evaluation(key, *retention_outcome(upstream, committed, batch, settings))

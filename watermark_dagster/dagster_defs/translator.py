@@ -8,6 +8,7 @@ from typing import Any
 from dagster import AssetKey, MetadataValue
 
 from watermark_dagster.config.declared import describe
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import CursorUpstream, Upstream
 
@@ -43,6 +44,8 @@ class WatermarkTranslator:
             return f"Pipeline {item.name} → {item.target}"
         if isinstance(item, CursorUpstream):
             return f"{item.format} source at {item.path}, read by cursor {item.cursor!r}"
+        if isinstance(item, LandingUpstream):
+            return f"Landing folder of {item.format} files at {item.path}, each loaded once"
         return f"Delta table at {item.path}"
 
     def get_metadata(self, item: Upstream | Pipeline) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from datetime import datetime
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.config.registry import Registry
@@ -45,6 +46,8 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
     missing_table_error,
 )
+from watermark_dagster.observe.landing import observe_landing
+from watermark_dagster.observe.landing_log import FileLog
 from watermark_dagster.observe.log import (
     DeltaLog,
     Protocol,
@@ -112,6 +115,15 @@ class Observer:
         self._fingerprints: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._workers = max(1, workers)
+        self._file_logs: dict[str, FileLog] = {}
+
+    def file_log(self, upstream: LandingUpstream) -> FileLog:
+        """The file log of a landing upstream, kept so a look reads only what changed."""
+        with self._lock:
+            log = self._file_logs.get(upstream.log_location)
+            if log is None or log.upstream != upstream:
+                log = self._file_logs[upstream.log_location] = FileLog(upstream)
+            return log
 
     def target_state(self, pipeline: Pipeline) -> TargetState:
         """Whether the pipeline's target is missing, empty (no data file) or filled, for
@@ -179,6 +191,8 @@ class Observer:
             raise missing_table_error(upstream.name, quote_table_name(upstream.table_parts))
         if isinstance(upstream, CursorUpstream):
             return self._observe_cursor(upstream)
+        if isinstance(upstream, LandingUpstream):
+            return observe_landing(upstream, self.file_log(upstream))
         path = upstream.path
         if not is_local(path):
             return self._load(upstream, None)

@@ -38,6 +38,13 @@ from watermark_dagster.read.cursor import (
     read_source,
 )
 from watermark_dagster.read.frames import as_changes
+from watermark_dagster.read.landing import (
+    SOURCE_FILE,
+    PinnedFiles,
+    as_landing,
+    pin_files,
+    read_files,
+)
 from watermark_dagster.read.preflight import preflight
 from watermark_dagster.read.snapshot import read_snapshot
 from watermark_dagster.read.tables import comparable_location, table_at
@@ -79,6 +86,7 @@ class UpstreamInput:
     rows_without_cursor: int = 0
     source_version: int | None = None
     _scan: AppendScan | None = field(default=None, repr=False)
+    _files: PinnedFiles | None = field(default=None, repr=False)
     # Each read once, on first use: the transform and the rows-read count share them.
     _snapshot: DataFrame | None = field(default=None, init=False, repr=False)
     _changes: DataFrame | None = field(default=None, init=False, repr=False)
@@ -105,7 +113,8 @@ class UpstreamInput:
             UpstreamRecreatedError, UpstreamUnreadableError, UpstreamSchemaChangedError,
             UpstreamDataChangedError: the range cannot be read as planned (I6).
         """
-        window, scan, rows_without_cursor = planned.window, None, 0
+        window, scan, rows_without_cursor, files = planned.window, None, 0, None
+        files_read: int | None = None
         if planned.is_cursor:
             assert window is not None
             try:
@@ -121,9 +130,21 @@ class UpstreamInput:
                 at = f"as of version {source_version}" if source_version is not None else ""
                 raise unreadable(upstream, f"of window {window} {at}".strip(), e) from e
             mode = ReadMode.SNAPSHOT if full_load else planned.mode
+        elif (landing := as_landing(upstream)) is not None:
+            assert planned.snapshot_version is not None
+            mode = ReadMode.SNAPSHOT if full_load else planned.mode
+            files = pin_files(
+                landing,
+                planned.range,
+                planned.snapshot_version,
+                table_id=table_id,
+                whole=mode is ReadMode.SNAPSHOT,
+            )
+            files_read = files.read_by(mode)
         else:
             assert planned.snapshot_version is not None
             mode, scan = preflight(upstream, planned, full_load=full_load, table_id=table_id)
+            files_read = len(scan.files) if scan is not None else None
         return cls(
             name=upstream.name,
             mode=mode,
@@ -132,10 +153,11 @@ class UpstreamInput:
             window=window,
             _spark=spark,
             _upstream=upstream,
-            files_read=len(scan.files) if scan is not None else None,
+            files_read=files_read,
             rows_without_cursor=rows_without_cursor,
             source_version=source_version if planned.is_cursor else None,
             _scan=scan,
+            _files=files,
         )
 
     @property
@@ -162,6 +184,9 @@ class UpstreamInput:
             upto = CursorWindow(None, self.window.end if self.window.end is not None else ())
             return source.where(in_window(source, _cursor_upstream(self._upstream), upto))
         assert self.snapshot_version is not None
+        if (landing := as_landing(self._upstream)) is not None:
+            assert self._files is not None
+            return read_files(self._spark, landing, self._files.snapshot)
         return read_snapshot(self._spark, self._upstream, self.snapshot_version)
 
     @property
@@ -184,6 +209,8 @@ class UpstreamInput:
             frame = as_changes(
                 source.where(in_window(source, _cursor_upstream(self._upstream), self.window)), None
             )
+        elif self._files is not None and (landing := as_landing(self._upstream)) is not None:
+            frame = as_changes(read_files(self._spark, landing, self._files.changes), None)
         elif self.mode is ReadMode.APPEND_ONLY:
             assert self.range is not None
             assert self._scan is not None
@@ -221,7 +248,7 @@ class UpstreamInput:
         """
         if self.mode is ReadMode.NOOP:
             return 0
-        if self.window is None and self.snapshot_version is not None:
+        if self.window is None and self.snapshot_version is not None and self._files is None:
             table = table_at(self._upstream, self.snapshot_version)
             features = table.protocol().reader_features or []
             files = pa.table(table.get_add_actions())
@@ -240,6 +267,8 @@ class UpstreamInput:
         such log."""
         if self.window is not None or self.snapshot_version is None:
             return None
+        if self._files is not None:
+            return self._files.change_bytes, self._files.snapshot_bytes
         files = pa.table(table_at(self._upstream, self.snapshot_version).get_add_actions())
         snapshot = sum(int(size or 0) for size in files.column("size_bytes").to_pylist())
         if self.mode is ReadMode.NOOP:
@@ -278,7 +307,9 @@ class UpstreamInput:
         The latest is the change of the highest commit version; inside one commit the row
         describing the state after it wins over a delete of the same key (a RESTORE or a
         rewrite without change files removes and re-adds a key in one commit); for a cursor
-        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`).
+        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`);
+        for a landing upstream, the row of the file whose path sorts last, so a retry or a
+        replay keeps the same row (I3).
         """
         then: list[Column] = []
         if self.window is not None:
@@ -286,6 +317,8 @@ class UpstreamInput:
                 c.desc_nulls_last()
                 for c in position_columns(self.changes, _cursor_upstream(self._upstream))
             ]
+        elif self._files is not None:
+            then = [F.col(SOURCE_FILE).desc_nulls_last()]
         changes = self.changes.where(F.col(CHANGE_TYPE) != PREIMAGE)
         return latest_per_key(changes, keys, *then)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from deltalake import DeltaTable
 
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.upstream import DeltaUpstream, OnDataChange, SchemaChanges, Upstream
 from watermark_dagster.core.observations import Observation
 from watermark_dagster.core.planning import PlannedInput, recreation_found
@@ -106,6 +107,8 @@ def next_range_unreadable(
     rng = planned.range
     if rng is None or planned.mode not in (ReadMode.CDF, ReadMode.APPEND_ONLY):
         return None
+    if isinstance(upstream, LandingUpstream):
+        return None  # its files are checked when the batch reads them
     missing = _gone_commits(upstream, obs, rng)
     if missing:
         return missing_commits_error(upstream, rng, missing, planned=False)

@@ -62,13 +62,22 @@ COMMANDS: tuple[Command, ...] = (
         "get",
         status.cmd_get,
         help="one upstream: watermark, lag, open batch, consumers, history",
-        example="watermark get -t orders\nwatermark get -t orders --history --json",
+        example=(
+            "watermark get -t orders\nwatermark get -t orders --history --json\n"
+            "watermark get -t drops --show-files"
+        ),
         arguments=(
             TABLE,
             arg(
                 "--history",
                 action="store_true",
                 help=f"every change to it (default: last {status.RECENT_HISTORY})",
+            ),
+            arg(
+                "--show-files",
+                action="store_true",
+                help="a landing upstream: the files each batch pinned (batch, file, size, "
+                "mtime, status), and those waiting for a batch",
             ),
         ),
     ),

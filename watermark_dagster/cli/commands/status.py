@@ -3,6 +3,7 @@
 import json
 from typing import Any
 
+from watermark_dagster.cli.commands.landing_files import file_rows, print_files
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import Styled
 from watermark_dagster.errors import WatermarkError
@@ -252,6 +253,9 @@ def cmd_get(ctx: Context) -> int:
         "consumers": _consumer_status(ctx, name),
         "history": history,
     }
+    files = file_rows(ctx, name) if ctx.args.show_files else None
+    if files is not None:
+        out["files"] = files
     if ctx.args.json:
         ctx.console.json(out)
         return EXIT_OK
@@ -294,4 +298,6 @@ def cmd_get(ctx: Context) -> int:
     ctx.console.table(
         ["at", "event", "batch", "old", "new", "actor", "reason"], _history_rows(history)
     )
+    if files is not None:
+        print_files(ctx, files)
     return EXIT_OK

@@ -1,0 +1,47 @@
+"""A landing folder on S3 (moto's server on loopback): listed through the upstream's
+storage options, its files logged beside it, a rewritten file refused. No JVM."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.scale.s3server import S3Server, running_s3_server
+from watermark_dagster.config.landing import LandingUpstream
+from watermark_dagster.config.secrets import EnvRef
+from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.errors import LandingFileChangedError
+from watermark_dagster.observe.landing_log import FileLog
+from watermark_dagster.observe.observer import Observer
+
+pytestmark = pytest.mark.scale
+
+
+@pytest.fixture
+def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    with running_s3_server(tmp_path) as server:
+        for key, value in server.environ().items():
+            monkeypatch.setenv(key, value)
+        yield server
+
+
+def test_a_landing_folder_on_s3_is_listed_logged_and_checked(s3: S3Server) -> None:
+    client = s3.client()
+    for key in ("in/a.csv", "in/sub/b.csv", "in/_SUCCESS", "other/c.csv"):
+        client.put_object(Bucket=s3.bucket, Key=key, Body=b"1,2\n")
+    upstream = LandingUpstream(
+        name="drops",
+        path=s3.uri("in"),
+        format="csv",
+        settle_seconds=0,
+        storage_options={key: EnvRef(key) for key in s3.environ()},
+    )
+    assert Observer().observe(upstream).latest_version == 2
+    logged = FileLog(upstream).files_in(VersionRange(1, 2))
+    assert sorted(f.path for f in logged) == ["a.csv", "sub/b.csv"]
+    assert all(f.size == 4 for f in logged)
+    assert s3.keys("in/_watermark_files/_delta_log/")  # the file log, beside the files
+
+    client.put_object(Bucket=s3.bucket, Key="in/a.csv", Body=b"1,2\n3,4\n")
+    with pytest.raises(LandingFileChangedError, match=r"'a.csv' \(file 1\) changed"):
+        Observer().observe(upstream)

@@ -1,0 +1,171 @@
+"""A landing upstream's file log on real delta-rs tables: each file numbered once, numbers
+without gaps under concurrent looks, changed files refused, looks that read no row."""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from watermark_dagster.config.landing import LandingUpstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.errors import LandingFileChangedError, UpstreamUnavailableError
+from watermark_dagster.observe.landing import check_unchanged
+from watermark_dagster.observe.landing_files import list_files
+from watermark_dagster.observe.landing_log import FileLog
+from watermark_dagster.observe.observer import Observer
+from watermark_dagster.operations.coordinate import look_before_planning, plan_next
+from watermark_dagster.store import WatermarkStore
+
+
+def _landing(folder: Path, **settings: object) -> LandingUpstream:
+    chosen: dict = {"format": "csv", "settle_seconds": 0, **settings}
+    return LandingUpstream(name="drops", path=str(folder), **chosen)
+
+
+def _write(folder: Path, name: str, text: str = "1,2\n", mtime: float | None = None) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_files_are_numbered_once_and_new_means_not_logged(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    _write(folder, "b.csv", mtime=2_000)
+    _write(folder, "a.csv", mtime=3_000)
+    _write(folder, "_SUCCESS")
+    _write(folder, ".hidden.csv")
+    _write(folder, "notes.txt")
+    upstream = _landing(folder, pattern="*.csv")
+    observer = Observer()
+    assert observer.observe(upstream).latest_version == 2
+    log = observer.file_log(upstream)
+    state = log.state()
+    assert state is not None
+    # Older modification times first; hidden files, markers and other patterns never.
+    assert {p: f.ordinal for p, f in state.by_path.items()} == {"b.csv": 1, "a.csv": 2}
+    # Looked at again: nothing new is logged, and no row of the log is read.
+    read = log.rows_read
+    assert observer.observe(upstream).latest_version == 2
+    assert log.rows_read == read
+    # A file copied in with an older mtime than everything logged is new all the same.
+    _write(folder, "late/c.csv", mtime=1_000)
+    assert observer.observe(upstream).latest_version == 3
+    assert [f.path for f in FileLog(upstream).files_in(VersionRange(2, 3))] == [
+        "a.csv",
+        "late/c.csv",
+    ]
+
+
+def test_concurrent_looks_give_each_file_one_number_without_gaps(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    for i in range(40):
+        _write(folder, f"f{i:02d}.csv")
+    upstream = _landing(folder)
+    listed = list_files(upstream)
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def look(part: int) -> None:
+        try:
+            start.wait()
+            # Overlapping halves: every file is offered by two racers.
+            FileLog(upstream).register(listed[part * 10 : part * 10 + 20])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=look, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    state = FileLog(upstream).state()
+    assert state is not None
+    assert sorted(f.ordinal for f in state.by_path.values()) == list(range(1, 41))
+    assert set(state.by_path) == {f.path for f in listed}
+
+
+def test_a_changed_file_is_refused_naming_it_and_both_records(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    a = _write(folder, "a.csv", "1,2\n", mtime=5_000)
+    upstream = _landing(folder)
+    Observer().observe(upstream)
+    _write(folder, "a.csv", "1,2\n3,4\n", mtime=5_000)
+    with pytest.raises(LandingFileChangedError) as raised:
+        Observer().observe(upstream)
+    text = str(raised.value)
+    assert "Upstream 'drops': landing file 'a.csv' (file 1) changed" in text
+    assert "recorded: size 4, mtime 1970-01-01T01:23:20+00:00; now: size 8" in text
+    assert raised.value.upstream == "drops"
+    assert raised.value.fix is not None
+    assert "new file name" in raised.value.fix
+    logged = FileLog(upstream).files_in(VersionRange(1, 1))
+    a.unlink()
+    with pytest.raises(LandingFileChangedError, match=r"'a.csv' \(file 1\) disappeared"):
+        check_unchanged(upstream, logged, loaded=False)
+
+
+def test_unsettled_files_wait_and_an_empty_folder_is_unavailable(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    upstream = _landing(folder, settle_seconds=60)
+    with pytest.raises(UpstreamUnavailableError, match="no file has landed"):
+        Observer().observe(upstream)
+    _write(folder, "fresh.csv")
+    _write(folder, "done.csv", mtime=time.time() - 120)
+    assert Observer().observe(upstream).latest_version == 1
+    missing = _landing(tmp_path / "nowhere")
+    with pytest.raises(UpstreamUnavailableError, match="does not exist"):
+        Observer().observe(missing)
+
+
+def test_ten_thousand_files_are_pinned_by_one_plan_as_a_range(tmp_path: Path) -> None:
+    """10,000 files land; one plan pins them all as the range [0, 10000] (its batch row a
+    few hundred bytes), the first look of a process reads the log once and later looks
+    with nothing new read no row of it."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(10_000):
+        (folder / f"part-{i:05d}.json").write_text(f'{{"id": {i}}}\n')
+    upstream = _landing(folder, format="json", file_schema="id BIGINT")
+    registry = Registry(
+        upstreams=[upstream],
+        pipelines=[
+            Pipeline(
+                name="drops_copy",
+                upstreams=("drops",),
+                target=str(tmp_path / "copy"),
+                keys=("id",),
+                transform=lambda batch: batch["drops"].changes,
+            )
+        ],
+    )
+    store = WatermarkStore(tmp_path / "control")
+    observer = Observer()
+    look = look_before_planning(registry, observer, store, actor="test")
+    batch, created = plan_next(store, look, actor="test")
+    assert created
+    assert batch is not None
+    assert batch.inputs["drops"].range == VersionRange(0, 10_000)
+    rows = DeltaTable(str(tmp_path / "control" / "batches")).to_pyarrow_table().to_pylist()
+    [row] = [r for r in rows if r["upstream"] == "drops"]
+    assert len(json.dumps(row, default=str)) < 1_000
+    log = observer.file_log(upstream)
+    assert log.rows_read == 0  # a new log: the files were appended, none read back
+    fresh = Observer()
+    fresh.observe(upstream)
+    assert fresh.file_log(upstream).rows_read == 10_000  # a new process reads it once
+    fresh.observe(upstream)
+    assert fresh.file_log(upstream).rows_read == 10_000  # then nothing while it is unchanged
+    pinned = FileLog(upstream).files_in(VersionRange(0, 10_000))
+    assert len(pinned) == 10_000
+    assert [f.ordinal for f in pinned] == list(range(1, 10_001))

@@ -1,0 +1,131 @@
+"""A landing folder's files as they are now: listed, filtered, and looked up one by one.
+
+Local folders are walked with :mod:`os`; object stores are listed through
+:mod:`pyarrow.fs` with the upstream's storage options. Names starting with ``.`` or ``_``
+(hidden files, Spark's ``_SUCCESS`` markers, the file log's own folder) are never taken.
+"""
+
+import fnmatch
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pyarrow import fs as pafs
+
+from watermark_dagster.config.landing import LandingUpstream
+from watermark_dagster.config.secrets import resolved_options
+from watermark_dagster.observe.log import is_local, local_path
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """One file of a landing folder: its path relative to the folder (``/``-separated),
+    its size in bytes and its modification time (ns since the epoch)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def full_path(upstream: LandingUpstream, relative: str) -> str:
+    """Where the file ``relative`` (to the landing folder) is, for Spark and lookups."""
+    return f"{upstream.path.rstrip('/')}/{relative}"
+
+
+# delta-rs style storage options -> pyarrow's S3FileSystem arguments.
+_S3_OPTIONS = {
+    "aws_access_key_id": "access_key",
+    "aws_secret_access_key": "secret_key",
+    "aws_session_token": "session_token",
+    "aws_region": "region",
+    "aws_endpoint_url": "endpoint_override",
+    "aws_endpoint": "endpoint_override",
+}
+
+
+def _filesystem(upstream: LandingUpstream) -> tuple[pafs.FileSystem, str]:
+    """The object store filesystem and the folder's path inside it."""
+    options: Mapping[str, str] = resolved_options(upstream.storage_options, upstream.owner) or {}
+    path = upstream.path.rstrip("/")
+    if path.startswith(("s3://", "s3a://")):
+        kwargs: dict[str, object] = {}
+        for key, value in options.items():
+            target = _S3_OPTIONS.get(key.lower())
+            if target is not None:
+                kwargs[target] = value
+        endpoint = str(kwargs.get("endpoint_override", ""))
+        if endpoint.startswith(("http://", "https://")):
+            scheme, _, host = endpoint.partition("://")
+            kwargs["endpoint_override"] = host
+            kwargs["scheme"] = scheme
+        if str(options.get("AWS_ALLOW_HTTP", options.get("aws_allow_http", ""))).lower() == "true":
+            kwargs["scheme"] = "http"
+        return pafs.S3FileSystem(**kwargs), path.split("://", 1)[1]  # pyright: ignore[reportArgumentType]
+    filesystem, inner = pafs.FileSystem.from_uri(path)
+    return filesystem, inner
+
+
+def list_files(upstream: LandingUpstream) -> list[FileStat]:
+    """Every file under the landing folder that ``pattern`` takes (settled or not), sorted
+    by path.
+
+    Raises:
+        FileNotFoundError: the folder does not exist.
+    """
+    found: list[FileStat] = []
+    if is_local(upstream.path):
+        root = local_path(upstream.path)
+        if not os.path.isdir(root):
+            raise FileNotFoundError(root)
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if not _hidden(d)]
+            for name in files:
+                if _hidden(name):
+                    continue
+                full = os.path.join(folder, name)
+                relative = os.path.relpath(full, root).replace(os.sep, "/")
+                if fnmatch.fnmatchcase(relative, upstream.pattern):
+                    st = os.stat(full)
+                    found.append(FileStat(relative, st.st_size, st.st_mtime_ns))
+    else:
+        filesystem, base = _filesystem(upstream)
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=False)
+        for info in filesystem.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue
+            relative = info.path[len(base) :].lstrip("/")
+            if any(_hidden(part) for part in relative.split("/")):
+                continue
+            if fnmatch.fnmatchcase(relative, upstream.pattern):
+                found.append(FileStat(relative, int(info.size or 0), int(info.mtime_ns or 0)))
+    return sorted(found, key=lambda f: f.path)
+
+
+def stat_files(upstream: LandingUpstream, paths: Iterable[str]) -> dict[str, FileStat | None]:
+    """The current size and modification time of each of ``paths`` (relative to the
+    folder); None for a file that is gone."""
+    found: dict[str, FileStat | None] = {}
+    paths = list(paths)
+    if is_local(upstream.path):
+        root = local_path(upstream.path)
+        for relative in paths:
+            try:
+                st = os.stat(os.path.join(root, relative))
+            except FileNotFoundError:
+                found[relative] = None
+            else:
+                found[relative] = FileStat(relative, st.st_size, st.st_mtime_ns)
+        return found
+    filesystem, base = _filesystem(upstream)
+    infos = filesystem.get_file_info([f"{base}/{p}" for p in paths])
+    for relative, info in zip(paths, infos, strict=True):
+        found[relative] = (
+            None
+            if info.type != pafs.FileType.File
+            else FileStat(relative, int(info.size or 0), int(info.mtime_ns or 0))
+        )
+    return found

@@ -1,0 +1,205 @@
+"""A landing upstream's file log: every file it ever took, numbered once, in a Delta table.
+
+The log is the landing folder's version history. A file is appended to it, with the next
+number, its size and its modification time, the first time a look sees it settled; it is
+never renumbered, rewritten or removed. The numbers are the upstream's versions: a batch
+pins the inclusive range of numbers it loads exactly as it pins Delta versions, inside the
+plan's own atomic commit, so the log needs no batch id and holds nothing a crash could
+leave half-pinned (a file logged by a look that died before planning is simply the next
+plan's). Appends are compare-and-swap commits (delta-rs' own retries off): two looks at
+once cannot give two files one number, or one file two numbers.
+
+Reads cost what changed: a look at a local log whose version did not move lists its
+``_delta_log`` folder and reads no row (:attr:`FileLog.rows_read` counts the rows read).
+"""
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from watermark_dagster.config.landing import LandingUpstream
+from watermark_dagster.config.secrets import resolved_options
+from watermark_dagster.core.ranges import VersionRange
+from watermark_dagster.errors import CommitConflictError
+from watermark_dagster.observe.landing_files import FileStat
+from watermark_dagster.observe.log import is_local, latest_local_version
+
+LOG_SCHEMA = pa.schema(
+    [
+        pa.field("ordinal", pa.int64(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("mtime_ns", pa.int64(), nullable=False),
+        pa.field("logged_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+_COLUMNS = ["ordinal", "path", "size", "mtime_ns"]
+_CAS = CommitProperties(max_commit_retries=0)
+_ATTEMPTS = 30
+
+
+@dataclass(frozen=True)
+class LoggedFile:
+    """One file as the log recorded it: its number (from 1), its path relative to the
+    landing folder, its size in bytes and its modification time (ns since the epoch)."""
+
+    ordinal: int
+    path: str
+    size: int
+    mtime_ns: int
+
+    @property
+    def mtime(self) -> datetime:
+        """The modification time recorded, in UTC."""
+        return datetime.fromtimestamp(self.mtime_ns / 1e9, UTC)
+
+
+@dataclass(frozen=True)
+class LogState:
+    """The whole log as of one version: its table id and every file, by path."""
+
+    table_id: str
+    version: int
+    by_path: Mapping[str, LoggedFile] = field(default_factory=dict[str, LoggedFile])
+
+    @property
+    def latest(self) -> int:
+        """The highest file number (0: no file logged yet; numbers have no gaps)."""
+        return max((f.ordinal for f in self.by_path.values()), default=0)
+
+
+def _files(table: pa.Table) -> list[LoggedFile]:
+    return [
+        LoggedFile(int(r["ordinal"]), str(r["path"]), int(r["size"]), int(r["mtime_ns"]))
+        for r in table.select(_COLUMNS).to_pylist()
+    ]
+
+
+class FileLog:
+    """The file log of one landing upstream (a Delta table at its ``log_location``)."""
+
+    def __init__(self, upstream: LandingUpstream) -> None:
+        self.upstream = upstream
+        self.uri = upstream.log_location
+        self.options = resolved_options(upstream.storage_options, upstream.owner)
+        self.rows_read = 0
+        self._state: LogState | None = None
+        self._lock = threading.Lock()
+
+    def _open(self, *, create: bool) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.uri, storage_options=self.options)
+        except TableNotFoundError:
+            if not create:
+                return None
+        try:
+            DeltaTable.create(
+                self.uri,
+                LOG_SCHEMA,
+                mode="ignore",
+                name=f"watermark_files_{self.upstream.name}",
+                storage_options=self.options,
+            )
+        except DeltaError:
+            if not DeltaTable.is_deltatable(self.uri, storage_options=self.options):
+                raise
+        return DeltaTable(self.uri, storage_options=self.options)
+
+    def state(self, *, create: bool = True) -> LogState | None:
+        """Every file logged, reread only when the log's version moved (None: there is no
+        log yet and ``create`` is False)."""
+        with self._lock:
+            cached = self._state
+        if (
+            cached is not None
+            and is_local(self.uri)
+            and latest_local_version(self.uri) == cached.version
+        ):
+            return cached
+        dt = self._open(create=create)
+        if dt is None:
+            return None
+        return self._load(dt)
+
+    def _load(self, dt: DeltaTable) -> LogState:
+        with self._lock:
+            cached = self._state
+        if cached is not None and cached.version == dt.version():
+            return cached
+        table = dt.to_pyarrow_table(columns=_COLUMNS)
+        self.rows_read += table.num_rows
+        state = LogState(str(dt.metadata().id), dt.version(), {f.path: f for f in _files(table)})
+        with self._lock:
+            self._state = state
+        return state
+
+    def register(self, candidates: Sequence[FileStat]) -> LogState:
+        """Append the files of ``candidates`` that the log does not hold, numbered after
+        the last one (older modification times first), in one compare-and-swap commit.
+
+        Raises:
+            CommitConflictError: other writers kept winning the commit.
+        """
+        for attempt in range(_ATTEMPTS):
+            dt = self._open(create=True)
+            assert dt is not None
+            state = self._load(dt)
+            new = sorted(
+                (c for c in candidates if c.path not in state.by_path),
+                key=lambda c: (c.mtime_ns, c.path),
+            )
+            if not new:
+                return state
+            first = state.latest + 1
+            now = datetime.now(UTC)
+            rows = pa.Table.from_pylist(
+                [
+                    {
+                        "ordinal": first + i,
+                        "path": f.path,
+                        "size": f.size,
+                        "mtime_ns": f.mtime_ns,
+                        "logged_at": now,
+                    }
+                    for i, f in enumerate(new)
+                ],
+                schema=LOG_SCHEMA,
+            )
+            try:
+                write_deltalake(dt, rows, mode="append", commit_properties=_CAS)
+            except CommitFailedError:
+                time.sleep(min(0.05 * (attempt + 1), 0.5))
+                continue
+            # Decided on version v with retries off, the commit is v + 1: the new state is
+            # known without reading the log back.
+            logged = {f.path: f for f in _files(rows)}
+            after = LogState(state.table_id, state.version + 1, {**state.by_path, **logged})
+            with self._lock:
+                self._state = after
+            return after
+        raise CommitConflictError(
+            f"{self.upstream.owner}: could not record new files in its file log {self.uri} "
+            f"after {_ATTEMPTS} attempts; other writers kept committing first.",
+            upstream=self.upstream.name,
+            fix="retry; if it persists, check what else writes to the file log.",
+        )
+
+    def files_in(self, rng: VersionRange) -> list[LoggedFile]:
+        """The files numbered inside ``rng`` (version 0 holds none), by number; reads only
+        those rows.
+
+        Raises:
+            TableNotFoundError: the log is gone.
+        """
+        dt = DeltaTable(self.uri, storage_options=self.options)
+        chosen = dt.to_pyarrow_table(
+            columns=_COLUMNS, filters=[("ordinal", ">=", rng.start), ("ordinal", "<=", rng.end)]
+        )
+        self.rows_read += chosen.num_rows
+        return sorted(_files(chosen), key=lambda f: f.ordinal)
