@@ -58,7 +58,7 @@ def test_the_kind_key_picks_the_upstream_type() -> None:
         ),
         (
             {"kind": "landing", "settle_seconds": -1},
-            "settle_seconds must be a number >= 0, got -1",
+            "settle_seconds must be a finite number >= 0, got -1",
             "settle_seconds=",
         ),
         (

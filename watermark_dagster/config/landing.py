@@ -12,14 +12,13 @@ Example:
     ...                         settle_seconds=60)
 """
 
-import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar, Literal
 
 from watermark_dagster.config.names import enum_value
-from watermark_dagster.config.options import Kind, written_as
+from watermark_dagster.config.options import Kind, is_seconds, written_as
 from watermark_dagster.config.upstream import Upstream, UpstreamMode
 from watermark_dagster.errors import ConfigurationError
 
@@ -118,14 +117,9 @@ class LandingUpstream(Upstream):
                 fix="e.g. pattern='*.csv', or leave it out to take every file.",
             )
         settle = self.settle_seconds
-        if (
-            isinstance(settle, bool)
-            or not isinstance(settle, int | float)  # pyright: ignore[reportUnnecessaryIsInstance]
-            or not math.isfinite(settle)
-            or settle < 0
-        ):
+        if not is_seconds(settle):
             raise ConfigurationError(
-                f"{owner}: settle_seconds must be a number >= 0, got {settle!r}.",
+                f"{owner}: settle_seconds must be a finite number >= 0, got {settle!r}.",
                 upstream=self.name,
                 fix="e.g. settle_seconds=60 (0 takes a file as soon as it is listed).",
             )
