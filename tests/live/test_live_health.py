@@ -42,7 +42,7 @@ from pathlib import Path
 from tests.support.lakes import copy_rows
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import declare_upstream
+from watermark_dagster.config.upstream_kinds import declare_upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.resources import SparkSessionResource

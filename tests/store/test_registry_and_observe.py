@@ -16,8 +16,8 @@ from watermark_dagster.config.upstream import (
     DeltaUpstream,
     Upstream,
     UpstreamMode,
-    declare_upstream,
 )
+from watermark_dagster.config.upstream_kinds import declare_upstream
 from watermark_dagster.core.observations import (
     Observation,
     TargetState,

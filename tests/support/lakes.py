@@ -17,7 +17,7 @@ from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.config.batch_context import BatchContext
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import declare_upstream
+from watermark_dagster.config.upstream_kinds import declare_upstream
 from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.sensors import WatermarkSettings

@@ -11,7 +11,8 @@ import pytest
 from watermark_dagster.config.names import quote_table_name, table_name_parts
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, declare_upstream
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
+from watermark_dagster.config.upstream_kinds import declare_upstream
 from watermark_dagster.config.yaml_file import load_registry
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.read.catalog import catalog_spelling, normalize_location

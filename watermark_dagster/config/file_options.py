@@ -2,26 +2,39 @@
 the declarations (:mod:`~watermark_dagster.config.options`).
 
 An upstream entry takes a :class:`~watermark_dagster.config.upstream.DeltaUpstream`'s
-settings, or with ``mode: timestamp`` a
-:class:`~watermark_dagster.config.upstream.CursorUpstream`'s; a pipeline entry takes a
+settings, with ``mode: timestamp`` (or ``kind: cursor``) a
+:class:`~watermark_dagster.config.upstream.CursorUpstream`'s, and with ``kind: database`` a
+:class:`~watermark_dagster.config.database.DatabaseUpstream`'s; a pipeline entry takes a
 :class:`~watermark_dagster.config.pipeline.Pipeline`'s, with ``full:`` for its full
 transform and ``sql:`` for a query.
 """
 
 from dataclasses import replace
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream, UpstreamMode
+from watermark_dagster.config.upstream_kinds import UPSTREAM_KINDS
 
 
 def _upstream_options() -> tuple[Option, ...]:
-    """The settings of an upstream entry in a file: a Delta upstream's, and with
-    ``mode: timestamp`` a cursor upstream's."""
+    """The settings of an upstream entry in a file: ``kind:``, a Delta upstream's, with
+    ``mode: timestamp`` a cursor upstream's, and with ``kind: database`` a database
+    upstream's."""
     shared = {o.key for o in options_of(Upstream)}
     by_version = "by version"
     by_cursor = "`mode: timestamp`"
-    found: list[Option] = []
+    found: list[Option] = [
+        file_only(
+            "kind",
+            Kind.CHOICE,
+            "The kind of upstream: ``delta`` (default; ``cursor`` with ``mode: timestamp``), "
+            "``cursor`` (a table or folder read by a cursor column) or ``database`` (a "
+            "database table read through JDBC by a cursor column).",
+            choices=tuple(UPSTREAM_KINDS),
+        )
+    ]
     for option in options_of(DeltaUpstream):
         if option.key == "mode":
             option = replace(
@@ -33,6 +46,12 @@ def _upstream_options() -> tuple[Option, ...]:
         found.append(option if option.key in shared else replace(option, applies=by_version))
     found += [
         replace(o, applies=by_cursor) for o in options_of(CursorUpstream) if o.key not in shared
+    ]
+    listed = {o.key for o in found}
+    found += [
+        replace(o, applies="`kind: database`")
+        for o in options_of(DatabaseUpstream)
+        if o.key not in listed
     ]
     return tuple(found)
 

@@ -27,7 +27,7 @@ from watermark_dagster.config.names import (
     table_name_parts,
     validate_name,
 )
-from watermark_dagster.config.options import Kind, options_of, written_as
+from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
 from watermark_dagster.errors import ConfigurationError
 
@@ -310,50 +310,3 @@ class CursorUpstream(Upstream):
     def mode(self) -> UpstreamMode:
         """Always ``timestamp``: rows are read in windows of the cursor column."""
         return UpstreamMode.TIMESTAMP
-
-
-# Either kind, for code that reads the settings of one kind after checking which it is.
-AnyUpstream = DeltaUpstream | CursorUpstream
-
-
-def declare_upstream(**settings: object) -> AnyUpstream:
-    """The upstream a mapping of settings declares (a YAML entry, a test spec): a
-    :class:`CursorUpstream` when it says ``mode: timestamp``, else a :class:`DeltaUpstream`.
-
-    Raises:
-        ConfigurationError: a setting that does not apply to that kind, or a bad value.
-    """
-    name = str(settings.get("name", "?"))
-    mode = settings.get("mode")
-    cursor_kind = isinstance(mode, str) and mode.strip().lower() == UpstreamMode.TIMESTAMP
-    allowed = _CURSOR_SETTINGS if cursor_kind else _DELTA_SETTINGS
-    wrong = ", ".join(sorted(set(settings) - allowed - {"mode"}))
-    if wrong and cursor_kind:
-        raise ConfigurationError(
-            f"Upstream '{name}' is read by cursor (mode='timestamp'); {wrong} only apply to "
-            "Delta upstreams read by version.",
-            upstream=name,
-            fix="remove them, or choose another mode to read it by version.",
-        )
-    if wrong:
-        raise ConfigurationError(
-            f"Upstream '{name}': {wrong} only apply to mode='timestamp'.",
-            upstream=name,
-            fix="set mode='timestamp' or drop the cursor settings.",
-        )
-    if cursor_kind:
-        if not settings.get("cursor"):
-            raise ConfigurationError(
-                f"Upstream '{name}' is read by timestamp but names no cursor column.",
-                upstream=name,
-                fix="give cursor='updated_at' (a timestamp or increasing id column).",
-            )
-        kwargs = {k: v for k, v in settings.items() if k != "mode"}
-        # The settings are untyped (a YAML entry, a test spec), like plain-Python arguments:
-        # the upstream checks its values when it is built.
-        return CursorUpstream(**kwargs)  # pyright: ignore[reportArgumentType]
-    return DeltaUpstream(**settings)  # pyright: ignore[reportArgumentType]
-
-
-_DELTA_SETTINGS = frozenset({"name"} | {o.key for o in options_of(DeltaUpstream)})
-_CURSOR_SETTINGS = frozenset({"name"} | {o.key for o in options_of(CursorUpstream)})

@@ -42,7 +42,7 @@ from watermark_dagster.config.declared import check_function, declare
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import StorageOptions
-from watermark_dagster.config.upstream import AnyUpstream, declare_upstream
+from watermark_dagster.config.upstream_kinds import AnyUpstream, declare_upstream
 from watermark_dagster.config.yaml_lines import LineLoader, mapping_at, with_lines
 from watermark_dagster.config.yaml_values import PIPELINE_KEYS, TOP_KEYS, UPSTREAM_KEYS, Reader
 from watermark_dagster.errors import ConfigurationError, DeclaredSqlError

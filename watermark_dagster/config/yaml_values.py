@@ -291,6 +291,12 @@ def _storage_options(reader: Reader, value: Any) -> Any:
     return {str(k): references[k] if k in references else plain[str(k)] for k in options}
 
 
+def _secret(_: Reader, value: Any) -> Any:
+    """``{env: VARIABLE}`` only: a credential read from the environment when it is used."""
+    reference = as_reference(cast("object", value)) if isinstance(value, dict) else None
+    return WRONG if reference is None else reference
+
+
 _STORAGE_OPTIONS = "a mapping of option: value (scalar values or {env: VARIABLE}, each key once)"
 # How a file's value of each kind is checked and converted (to WRONG when it is not one).
 _CONVERT: dict[Kind, Callable[[Reader, Any], Any]] = {
@@ -307,6 +313,7 @@ _CONVERT: dict[Kind, Callable[[Reader, Any], Any]] = {
     Kind.START: _start,
     Kind.OPTIONS: _options,
     Kind.STORAGE_OPTIONS: _storage_options,
+    Kind.SECRET: _secret,
 }
 
 
