@@ -21,6 +21,7 @@ from dagster import AssetKey
 from deltalake import write_deltalake
 
 from tests.support.cli import SCRIPT
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
@@ -154,12 +155,14 @@ def test_every_declaration_option_has_a_yaml_key() -> None:
     """The file takes exactly the settings of Upstream and Pipeline, and every field but the
     name (a file's entry key) and a pipeline's `declared` (written as full: or sql:) is one:
     a new field without its metadata fails here."""
-    upstream_fields = {
-        f.name for kind in (DeltaUpstream, CursorUpstream) for f in dataclasses.fields(kind)
-    }
-    assert set(UPSTREAM_KEYS) == upstream_fields - {"name"}
+    kinds = (DeltaUpstream, CursorUpstream, DatabaseUpstream)
+    upstream_fields = {f.name for kind in kinds for f in dataclasses.fields(kind)}
+    # `kind:` picks the class (config/upstream_kinds.py).
+    assert set(UPSTREAM_KEYS) == (upstream_fields - {"name"}) | {"kind"}
     # A hand-written pipeline's full_transform is written full: (beside transform:).
-    fields = {f.name for f in dataclasses.fields(Pipeline)} - {"name", "declared", "full_transform"}
+    # feed_on_create is Python only: an extraction stage sets it (read/extraction.py).
+    python_only = {"name", "declared", "full_transform", "feed_on_create"}
+    fields = {f.name for f in dataclasses.fields(Pipeline)} - python_only
     assert set(PIPELINE_KEYS) == fields | {"full", "sql"}
 
 

@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
-from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.secrets import EnvRef, StorageOptions, as_reference
 from watermark_dagster.config.upstream import CursorUpstream
@@ -149,8 +148,13 @@ class DatabaseUpstream(CursorUpstream):
                         else "."
                     ),
                 )
-        if self.soft_delete is not None:
-            validate_name("soft_delete column", self.soft_delete)
+        if self.soft_delete is not None and not _IDENTIFIER.match(str(self.soft_delete)):
+            raise ConfigurationError(
+                f"{owner}: soft_delete {self.soft_delete!r} is not a column name.",
+                upstream=self.name,
+                fix="rename the column to letters, digits and underscores, or leave "
+                "soft_delete out.",
+            )
 
     @property
     def database(self) -> str:
@@ -212,6 +216,11 @@ def check_url(owner: str, name: str, url: object) -> None:
         )
 
 
+def _kind_of(value: object) -> str:
+    """What a value is, without showing it (it may be the credential)."""
+    return "text" if isinstance(value, str) else f"a {type(value).__name__}"
+
+
 def _secret(owner: str, name: str, what: str, value: object) -> EnvRef | None:
     """``value`` as an environment reference; text is refused."""
     if value is None:
@@ -219,7 +228,7 @@ def _secret(owner: str, name: str, what: str, value: object) -> EnvRef | None:
     reference = as_reference(value)
     if reference is None:
         raise ConfigurationError(
-            f"{owner}: {what} is given as {'text' if isinstance(value, str) else repr(value)}; "
+            f"{owner}: {what} is given as {_kind_of(value)}; "
             "a database credential is only read from the environment, so Dagster never "
             "stores it.",
             upstream=name,

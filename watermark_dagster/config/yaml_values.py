@@ -115,6 +115,15 @@ class Reader:
         line = entry.key_lines[key]
         expected, convert = checks[key]
         converted = convert(self, value)
+        if converted is WRONG and convert is _secret:
+            # Never echoed: the text given may be the credential itself.
+            raise self.fail(
+                line,
+                f"{what}: {key} is given as {_type(value)}; a credential is only read from "
+                "the environment, so Dagster never stores it.",
+                fix=f"write {key}: {{env: VARIABLE}} and set VARIABLE where the code location "
+                "and its runs start.",
+            )
         if converted is WRONG:
             quote = (
                 " (YAML reads unquoted yes/no/on/off as booleans and digits as numbers: quote it)"

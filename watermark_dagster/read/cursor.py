@@ -59,11 +59,8 @@ def read_source(
 
 def cursor_value(source: DataFrame, upstream: CursorUpstream) -> Column:
     """The effective cursor as a comparable value: microseconds since the epoch for
-    timestamps (time-zone free), days for dates, the value itself otherwise; for a
-    database, the raw column (its positions are compared as typed literals)."""
+    timestamps (time-zone free), days for dates, the value itself otherwise."""
     assert upstream.cursor is not None
-    if isinstance(upstream, DatabaseUpstream):
-        return F.col(f"`{upstream.cursor}`")
     names = [upstream.cursor] + ([upstream.cursor_fallback] if upstream.cursor_fallback else [])
     values = []
     for name in names:
@@ -113,8 +110,12 @@ def _compare(
 
 
 def in_window(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> Column:
-    """``start < position <= end`` on (cursor, *tie_break)."""
-    cols = position_columns(source, upstream)
+    """``start < position <= end`` on (cursor, *tie_break); for a database upstream, on the
+    raw columns, so the database evaluates it."""
+    if isinstance(upstream, DatabaseUpstream):
+        cols = [F.col(f"`{c}`") for c in upstream.columns_read]
+    else:
+        cols = position_columns(source, upstream)
     cond = cols[0].isNotNull()
     if window.start:
         start = _literals(source, upstream, window.start)
@@ -163,6 +164,16 @@ def snapshot_rows(
     return live_rows(rows, upstream) if isinstance(upstream, DatabaseUpstream) else rows
 
 
+def positions_after(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> DataFrame:
+    """What pinning a window's end reads: for a database table only the position's columns
+    of the rows after the start (pruned and filtered in the database's own query), else
+    the whole source (its rows without a cursor are counted)."""
+    if not isinstance(upstream, DatabaseUpstream):
+        return source
+    after = in_window(source, upstream, CursorWindow(window.start, None))
+    return source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after)
+
+
 @dataclass(frozen=True)
 class PinnedEnd:
     """What the data said when a window's end was pinned.
@@ -187,10 +198,8 @@ def pin_end(
     start whose cursor is at or below the ceiling (``now`` minus the lag, for timestamp
     cursors). A database table is read pruned to the position's columns and filtered by
     ``position > start`` in its own query (its rows without a cursor are not counted)."""
+    source = positions_after(source, upstream, window)
     after = in_window(source, upstream, CursorWindow(window.start, None))
-    if isinstance(upstream, DatabaseUpstream):
-        source = source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after)
-        after = F.lit(True)
     cols = position_columns(source, upstream)
     below = F.lit(True)
     if is_time_cursor(source, upstream):

@@ -47,9 +47,15 @@ def read_table(
         },
         upstream.owner,
     )
+    url = upstream.url
+    reader = spark.read.format("jdbc")
+    if upstream.database != "postgresql":
+        # Spark picks its SQL dialect by the URL (backquoted identifiers for jdbc:mysql:);
+        # MariaDB's driver takes that scheme when its URL says so.
+        url = "jdbc:mysql:" + url.split(":", 2)[2]
+        url += ("&" if "?" in url else "?") + "permitMysqlScheme"
     reader = (
-        spark.read.format("jdbc")
-        .option("url", upstream.url)
+        reader.option("url", url)
         .option("driver", upstream.driver)
         .option("dbtable", upstream.quoted_table)
         .option("fetchsize", str(upstream.fetch_size))

@@ -132,8 +132,13 @@ def extraction_stage(
         transform=extraction_transform(upstream, target, keys),
         description=about,
         write="merge",
+        feed_on_create=True,
     )
-    lake = DeltaUpstream(name=stage or f"{upstream.name}_lake", path=target, description=about)
+    # The target has a change data feed from its first commit: the stage's readers see
+    # its updates and deletes.
+    lake = DeltaUpstream(
+        name=stage or f"{upstream.name}_lake", path=target, description=about, mode="cdf"
+    )
     return extract, lake
 
 

@@ -42,7 +42,9 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     """Every upstream: committed, latest, lag, the open batch's read of it, last change,
     and what holds it: ``unavailable`` or ``blocked`` (its table), or ``stuck`` (the open
     batch reading it, which the coordinator gave up resubmitting), with the ``fix``;
-    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``). With no batch
+    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``), and ``rows``:
+    per pipeline reading it, the rows read and written by the batch that set its committed
+    watermark (a stage of a chain shows its own counts). With no batch
     open, an upstream whose next range can no longer be read (commits or change files gone)
     is ``blocked`` as the coordinator blocks it (``blocked_by``: ``unreadable_range``, else
     ``recreated``)."""
@@ -80,6 +82,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
         rows.append(
             {
                 "upstream": name,
+                "rows": _rows_of(ctx, name, mark.batch_id if mark else None),
                 # A catalog table's name, and the location it resolved to when the code
                 # location loaded (what observation reads).
                 "table": upstream.table,
@@ -112,6 +115,25 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _rows_of(ctx: Context, upstream: str, batch_id: str | None) -> dict[str, Any]:
+    """Per consumer of ``upstream``: rows read and written in batch ``batch_id`` (its
+    last successful attempt; one batch's checkpoints are one bucket's read)."""
+    if batch_id is None:
+        return {}
+    found: dict[str, Any] = {}
+    for c in ctx.read_store.checkpoints(batch_id=batch_id):
+        if c.pipeline in ctx.registry.consumers(upstream) and c.status.value == "SUCCESS":
+            found[c.pipeline] = {"read": c.rows_read, "written": c.rows_written}
+    return found
+
+
+def _rows_cell(row: dict[str, Any]) -> str | None:
+    counts = row["rows"]
+    if not counts:
+        return None
+    return ", ".join(f"{p} {c['read']}/{c['written']}" for p, c in sorted(counts.items()))
 
 
 def _stuck_text(stuck: dict[str, Any]) -> str:
@@ -164,7 +186,17 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
     if as_json:
         ctx.console.json(rows)
         return
-    headers = ["upstream", "committed", "latest", "lag", "mode", "open batch", "last change"]
+    headers = [
+        "upstream",
+        "committed",
+        "latest",
+        "lag",
+        "mode",
+        "state",
+        "rows read/written",
+        "open batch",
+        "last change",
+    ]
     # Upstreams named by catalog table get two more columns: the name and where it resolved.
     tables = any(r["table"] for r in rows)
     if tables:
@@ -179,6 +211,8 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
                 _lag_cell(r),
                 r["mode"],
+                r["state"],
+                _rows_cell(r),
                 _open_batch_cell(r),
                 r["last_change"],
             ]
