@@ -5,6 +5,7 @@ from typing import Any
 
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import Styled
+from watermark_dagster.core.records import Checkpoint, CheckpointStatus
 from watermark_dagster.errors import WatermarkError
 
 RECENT_HISTORY = 5
@@ -59,6 +60,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     observer = Observer()  # one cache: the coordinator's look below sees what _look saw
     unreadable = {} if open_batch else unreadable_next_ranges(ctx.registry, observer, store)
     rows = []
+    seen: dict[str, list[Checkpoint]] = {}  # batch id -> its checkpoints, read once
     for name in sorted(ctx.registry.upstreams):
         mark = committed.get(name)
         look = _look(ctx, name, mark, observer, unreadable.get(name))
@@ -82,7 +84,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
         rows.append(
             {
                 "upstream": name,
-                "rows": _rows_of(ctx, name, mark.batch_id if mark else None),
+                "rows": _rows_of(ctx, name, mark.batch_id if mark else None, seen),
                 # A catalog table's name, and the location it resolved to when the code
                 # location loaded (what observation reads).
                 "table": upstream.table,
@@ -117,14 +119,18 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     return rows
 
 
-def _rows_of(ctx: Context, upstream: str, batch_id: str | None) -> dict[str, Any]:
+def _rows_of(
+    ctx: Context, upstream: str, batch_id: str | None, seen: dict[str, list[Checkpoint]]
+) -> dict[str, Any]:
     """Per consumer of ``upstream``: rows read and written in batch ``batch_id`` (its
-    last successful attempt; one batch's checkpoints are one bucket's read)."""
+    successful attempt; one batch's checkpoints are one bucket's read, kept in ``seen``)."""
     if batch_id is None:
         return {}
+    if batch_id not in seen:
+        seen[batch_id] = ctx.read_store.checkpoints(batch_id=batch_id)
     found: dict[str, Any] = {}
-    for c in ctx.read_store.checkpoints(batch_id=batch_id):
-        if c.pipeline in ctx.registry.consumers(upstream) and c.status.value == "SUCCESS":
+    for c in seen[batch_id]:
+        if c.pipeline in ctx.registry.consumers(upstream) and c.status is CheckpointStatus.SUCCESS:
             found[c.pipeline] = {"read": c.rows_read, "written": c.rows_written}
     return found
 
