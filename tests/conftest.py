@@ -27,7 +27,7 @@ SPARK_TEST_CONF = {
 # The test session's own JVM lives for the whole run: there the full JIT pays back.
 # Measured side by side on test_read_modes.py: 744 s against 885 s with C1 only.
 # It also loads the JDBC drivers of database upstreams (tests/spark/test_database_upstream.py):
-# about 1.8 MB of jars, resolved once with Delta's.
+# 2.0 MB of jars, resolved once with Delta's.
 LONG_LIVED_SPARK_CONF = {
     **SPARK_TEST_CONF,
     "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",

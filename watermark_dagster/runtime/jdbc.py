@@ -5,7 +5,8 @@ A code location that declares a
 in its Spark settings (:func:`spark_jdbc_settings`); the session builder then resolves
 :func:`jdbc_packages` with Delta's jars through ``spark.jars.packages`` (Ivy, once) and
 remembers the jar files, so later sessions start without resolving. A location without a
-database upstream never loads them. The two drivers are small (about 1.8 MB together).
+database upstream never loads them. The two drivers are small (2.0 MB together; resolving
+them the first time took 18 s here).
 """
 
 from collections.abc import Iterable, Mapping
