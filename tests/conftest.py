@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import jvm_archive
+from watermark_dagster.runtime.jdbc import JDBC_DRIVERS_KEY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,13 @@ SPARK_TEST_CONF = {
 
 # The test session's own JVM lives for the whole run: there the full JIT pays back.
 # Measured side by side on test_read_modes.py: 744 s against 885 s with C1 only.
-LONG_LIVED_SPARK_CONF = {**SPARK_TEST_CONF, "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}
+# It also loads the JDBC drivers of database upstreams (tests/spark/test_database_upstream.py):
+# 2.0 MB of jars, resolved once with Delta's.
+LONG_LIVED_SPARK_CONF = {
+    **SPARK_TEST_CONF,
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+    JDBC_DRIVERS_KEY: "true",
+}
 
 # The class archive JVMs of this run start from once it is made (tests/jvm_archive.py); set
 # when the collected tests will start JVMs.

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from tests.conftest import REPO, SPARK_TEST_CONF
 from watermark_dagster.config.batch_context import BatchContext
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream_kinds import declare_upstream
@@ -22,6 +23,7 @@ from watermark_dagster.dagster_defs.definitions import build_definitions
 from watermark_dagster.dagster_defs.resources import SparkSessionResource
 from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.read.changes import recompute
+from watermark_dagster.read.extraction import extraction_stage
 
 
 def copy_rows(upstream: str):
@@ -91,11 +93,21 @@ TRANSFORMS = {
 
 
 def registry_from(spec: dict[str, Any]) -> Registry:
-    """The registry a spec describes."""
+    """The registry a spec describes. A pipeline entry ``{"stage": UPSTREAM, "target": ...,
+    "keys": [...]}`` declares the extraction stage of a database upstream
+    (:func:`~watermark_dagster.read.extraction.extraction_stage`): its pipeline, and the
+    Delta upstream over its target."""
     upstreams = [declare_upstream(**u) for u in spec["upstreams"]]
     pipelines = []
     for p in spec["pipelines"]:
         p = dict(p)
+        if "stage" in p:
+            [source] = [u for u in upstreams if u.name == p["stage"]]
+            assert isinstance(source, DatabaseUpstream)
+            extract, lake = extraction_stage(source, target=p["target"], keys=p["keys"])
+            pipelines.append(extract)
+            upstreams.append(lake)
+            continue
         transform = TRANSFORMS[p.pop("transform")](p["upstreams"][0])
         pipelines.append(
             Pipeline(

@@ -37,14 +37,22 @@ def test_the_kind_key_picks_the_upstream_type() -> None:
     ("kwargs", "message", "fix"),
     [
         ({"pattern": "*.csv"}, "pattern only apply to a landing folder (kind: landing)", "kind"),
-        ({"kind": "cursor", "cursor": "ts", "mode": "cdf"}, "mode 'cdf' reads by version", "kind"),
-        ({"kind": "folder"}, "kind 'folder' is not one of ['cursor', 'delta', 'landing']", "kind"),
+        (
+            {"kind": "cursor", "cursor": "ts", "mode": "cdf"},
+            "mode='cdf' does not apply (it reads by version)",
+            "kind",
+        ),
+        (
+            {"kind": "folder"},
+            "kind 'folder' is not one of ['cursor', 'database', 'delta', 'landing']",
+            "kind",
+        ),
         (
             {"kind": "landing", "cursor": "ts"},
-            "landing folder (kind: landing); cursor do not apply",
+            "landing folder (kind: landing); cursor does not apply",
             "remove them",
         ),
-        ({"kind": "landing", "mode": "cdf"}, "mode do not apply", "remove them"),
+        ({"kind": "landing", "mode": "cdf"}, "mode does not apply", "remove them"),
         ({"kind": "landing", "format": "avro"}, "format 'avro' is not one of", "format"),
         (
             {"kind": "landing", "file_schema": "id INT"},
@@ -111,7 +119,7 @@ def test_a_registry_file_declares_a_landing_upstream(tmp_path: Path) -> None:
         "upstreams:\n  drops:\n    kind: landing\n    path: /in/drops\n    tie_break: [id]\n"
         "pipelines: {}\n"
     )
-    with pytest.raises(ConfigurationError, match=r"watermark.yaml:2.*tie_break do not apply"):
+    with pytest.raises(ConfigurationError, match=r"watermark.yaml:2.*tie_break does not apply"):
         load_registry(registry)
 
 

@@ -2,25 +2,29 @@
 the declarations (:mod:`~watermark_dagster.config.options`).
 
 An upstream entry takes a :class:`~watermark_dagster.config.upstream.DeltaUpstream`'s
-settings, with ``mode: timestamp`` a
-:class:`~watermark_dagster.config.upstream.CursorUpstream`'s, and with ``kind: landing`` a
-:class:`~watermark_dagster.config.landing.LandingUpstream`'s; a pipeline entry takes a
+settings, with ``mode: timestamp`` (or ``kind: cursor``) a
+:class:`~watermark_dagster.config.upstream.CursorUpstream`'s, with ``kind: landing`` a
+:class:`~watermark_dagster.config.landing.LandingUpstream`'s and with ``kind: database`` a
+:class:`~watermark_dagster.config.database.DatabaseUpstream`'s; a pipeline entry takes a
 :class:`~watermark_dagster.config.pipeline.Pipeline`'s, with ``full:`` for its full
 transform and ``sql:`` for a query.
 """
 
 from dataclasses import replace
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream, UpstreamMode
+from watermark_dagster.config.upstream_kinds import UPSTREAM_KINDS
 
 
 def _upstream_options() -> tuple[Option, ...]:
     """The settings of an upstream entry in a file: ``kind``, a Delta upstream's, with
-    ``mode: timestamp`` a cursor upstream's, and with ``kind: landing`` a landing
-    folder's (a key two kinds share is listed once, applying to both)."""
+    ``mode: timestamp`` a cursor upstream's, with ``kind: landing`` a landing folder's (a
+    key two kinds share is listed once, applying to both) and with ``kind: database`` a
+    database upstream's."""
     shared = {o.key for o in options_of(Upstream)}
     by_version = "by version"
     by_cursor = "`mode: timestamp`"
@@ -30,9 +34,10 @@ def _upstream_options() -> tuple[Option, ...]:
             "kind",
             Kind.CHOICE,
             "What the upstream is: ``delta`` (default; ``cursor`` with ``mode: timestamp``), "
-            "``cursor`` (a table or folder read by a cursor column) or ``landing`` (a "
-            "folder whose files are each loaded once).",
-            choices=("delta", "cursor", "landing"),
+            "``cursor`` (a table or folder read by a cursor column), ``landing`` (a folder "
+            "whose files are each loaded once) or ``database`` (a database table read through "
+            "JDBC by a cursor column).",
+            choices=tuple(UPSTREAM_KINDS),
         )
     ]
     for option in options_of(DeltaUpstream):
@@ -63,6 +68,12 @@ def _upstream_options() -> tuple[Option, ...]:
                 choices=(),
                 default=None,
             )
+    listed = {o.key for o in found}
+    found += [
+        replace(o, applies="`kind: database`")
+        for o in options_of(DatabaseUpstream)
+        if o.key not in listed
+    ]
     return tuple(found)
 
 

@@ -60,6 +60,7 @@ class Kind(StrEnum):
     START = "start"
     OPTIONS = "options"
     STORAGE_OPTIONS = "storage_options"
+    SECRET = "secret"
 
 
 # What a value of each kind must be, as an error says it ("lag_seconds must be ...").
@@ -77,6 +78,7 @@ _SHAPES: dict[Kind, str] = {
     Kind.OPTIONS: "a mapping of option: value (scalar values, each key once)",
     Kind.STORAGE_OPTIONS: "a mapping of option: value (scalar values or {env: VARIABLE}, each "
     "key once)",
+    Kind.SECRET: "{env: VARIABLE} (a credential is never given as text)",
 }
 
 

@@ -96,6 +96,9 @@ class Pipeline:
             reads the target, else ``any`` (:meth:`Registry.change_feed`).
         storage_options: storage options for the target on an object store (credentials
             as ``EnvRef("VARIABLE")`` or from the environment, never as text).
+        feed_on_create: create the target with Delta's change data feed on, for a
+            downstream :class:`~watermark_dagster.config.upstream.DeltaUpstream` that reads
+            its updates and deletes (Python only; an extraction stage sets it).
     """
 
     name: str
@@ -133,6 +136,7 @@ class Pipeline:
     )
     strategy: StrategyValue = field(default="auto", metadata=written_as(Kind.CHOICE))
     change_feed: ChangeFeedValue | None = field(default=None, metadata=written_as(Kind.CHOICE))
+    feed_on_create: bool = False
 
     def __post_init__(self) -> None:
         validate_name("pipeline name", self.name)

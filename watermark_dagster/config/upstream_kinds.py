@@ -3,8 +3,10 @@
 A registry file's entry, a component's spec and a test's spec are mappings of settings;
 :func:`declare_upstream` builds the upstream of the kind they name (``delta`` by default,
 ``cursor`` also chosen by ``mode: timestamp``) and refuses settings that kind does not take.
+A new kind of upstream is one line in :data:`UPSTREAM_KINDS`.
 """
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.options import options_of
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream, UpstreamMode
@@ -14,6 +16,7 @@ UPSTREAM_KINDS: dict[str, type[Upstream]] = {
     "delta": DeltaUpstream,
     "cursor": CursorUpstream,
     "landing": LandingUpstream,
+    "database": DatabaseUpstream,
 }
 """``kind:`` value -> the upstream type it declares."""
 
@@ -24,62 +27,35 @@ def declare_upstream(**settings: object) -> Upstream:
     ``mode: timestamp``, else a :class:`DeltaUpstream`.
 
     Raises:
-        ConfigurationError: an unknown kind, a setting that does not apply to that kind,
-            or a bad value.
+        ConfigurationError: an unknown kind, a setting that does not apply to that kind (the
+            message names the upstream, the settings and the fix), or a bad value.
     """
     name = str(settings.get("name", "?"))
-    kinds = UPSTREAM_KINDS
     mode = settings.get("mode")
-    by_cursor = isinstance(mode, str) and mode.strip().lower() == UpstreamMode.TIMESTAMP
-    kind = settings.pop("kind", None)
-    if kind is None:
-        kind = "cursor" if by_cursor else "delta"
-    if not isinstance(kind, str) or kind.strip().lower() not in kinds:
+    by_timestamp = isinstance(mode, str) and mode.strip().lower() == UpstreamMode.TIMESTAMP
+    given = settings.pop("kind", None)
+    kind = "cursor" if by_timestamp else "delta"
+    if given is not None:
+        kind = given.strip().lower() if isinstance(given, str) else ""
+    cls = UPSTREAM_KINDS.get(kind)
+    if cls is None:
         raise ConfigurationError(
-            f"Upstream '{name}': kind {kind!r} is not one of {sorted(kinds)}.",
+            f"Upstream '{name}': kind {given!r} is not one of {sorted(UPSTREAM_KINDS)}.",
             upstream=name,
-            fix=f"set kind to one of {sorted(kinds)} (default: delta).",
+            fix=f"set kind to one of {sorted(UPSTREAM_KINDS)} (default: delta).",
         )
-    kind = kind.strip().lower()
-    cls = kinds[kind]
-    if kind == "cursor":
-        if mode is not None and not by_cursor:
-            raise ConfigurationError(
-                f"Upstream '{name}' is read by cursor (kind: cursor); mode {mode!r} reads by "
-                "version.",
-                upstream=name,
-                fix="drop mode (or give mode: timestamp), or choose kind: delta.",
-            )
-        by_cursor = True
+    by_cursor = issubclass(cls, CursorUpstream)
+    if by_cursor and mode is not None and not by_timestamp:
+        raise ConfigurationError(
+            f"Upstream '{name}' is read by cursor (kind: {kind}); mode={mode!r} does not "
+            "apply (it reads by version).",
+            upstream=name,
+            fix="drop mode (or give mode: timestamp), or choose kind: delta.",
+        )
     allowed = _keys(cls)
-    wrong = ", ".join(sorted(set(settings) - allowed - ({"mode"} if by_cursor else set())))
-    if wrong and kind == "landing":
-        raise ConfigurationError(
-            f"Upstream '{name}' is a landing folder (kind: landing); {wrong} do not apply to it.",
-            upstream=name,
-            fix=f"remove them; it takes {', '.join(sorted(allowed - {'name'}))}.",
-        )
-    if wrong and by_cursor:
-        raise ConfigurationError(
-            f"Upstream '{name}' is read by cursor (mode='timestamp'); {wrong} only apply to "
-            "Delta upstreams read by version.",
-            upstream=name,
-            fix="remove them, or choose another mode to read it by version.",
-        )
-    landing_only = set(settings) - allowed - _keys(CursorUpstream)
-    if wrong and landing_only and landing_only <= _keys(LandingUpstream):
-        raise ConfigurationError(
-            f"Upstream '{name}': {', '.join(sorted(landing_only))} only apply to a landing "
-            "folder (kind: landing).",
-            upstream=name,
-            fix="set kind: landing (kind='landing') or drop them.",
-        )
-    if wrong:
-        raise ConfigurationError(
-            f"Upstream '{name}': {wrong} only apply to mode='timestamp'.",
-            upstream=name,
-            fix="set mode='timestamp' or drop the cursor settings.",
-        )
+    extra = set(settings) - allowed - ({"mode"} if by_cursor else set())
+    if extra:
+        raise _not_taken(name, kind, cls, extra, allowed)
     if by_cursor:
         if not settings.get("cursor"):
             raise ConfigurationError(
@@ -91,6 +67,45 @@ def declare_upstream(**settings: object) -> Upstream:
     # The settings are untyped (a YAML entry, a test spec), like plain-Python arguments:
     # the upstream checks its values when it is built.
     return cls(**settings)  # pyright: ignore[reportArgumentType]
+
+
+def _not_taken(
+    name: str, kind: str, cls: type[Upstream], extra: set[str], allowed: frozenset[str]
+) -> ConfigurationError:
+    """The error for settings ``extra`` that an upstream of ``kind`` does not take: it names
+    the kind they belong to when that is one other kind."""
+    wrong = ", ".join(sorted(extra))
+    if cls is CursorUpstream:
+        return ConfigurationError(
+            f"Upstream '{name}' is read by cursor (mode='timestamp'); {wrong} only apply to "
+            "Delta upstreams read by version.",
+            upstream=name,
+            fix="remove them, or choose another mode to read it by version.",
+        )
+    if cls is DeltaUpstream:
+        for other in ("landing", "database"):
+            owned = extra - _keys(CursorUpstream)
+            if owned and owned <= _keys(UPSTREAM_KINDS[other]):
+                what = "a landing folder" if other == "landing" else "a database upstream"
+                return ConfigurationError(
+                    f"Upstream '{name}': {', '.join(sorted(owned))} only apply to {what} "
+                    f"(kind: {other}).",
+                    upstream=name,
+                    fix=f"set kind: {other} (kind='{other}') or drop them.",
+                )
+        return ConfigurationError(
+            f"Upstream '{name}': {wrong} only apply to mode='timestamp' or to another kind.",
+            upstream=name,
+            fix="set mode='timestamp' (or kind: landing or database) or drop those settings.",
+        )
+    what = "a landing folder" if cls is LandingUpstream else f"a {kind} upstream"
+    return ConfigurationError(
+        f"Upstream '{name}' is {what} (kind: {kind}); {wrong} "
+        + ("does" if len(extra) == 1 else "do")
+        + " not apply to it.",
+        upstream=name,
+        fix=f"remove them; it takes {', '.join(sorted(allowed - {'name'}))}.",
+    )
 
 
 def _keys(cls: type[Upstream]) -> frozenset[str]:

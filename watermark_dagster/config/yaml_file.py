@@ -316,6 +316,8 @@ def _entry(
         if body.get(key) is None and (key not in _OR_TABLE or body.get("table") is None):
             if key == "transform" and (body.get("full") is not None or body.get("sql") is not None):
                 continue  # a declared pipeline: its incremental transform is derived
+            if key == "path" and body.get("kind") == "database":
+                continue  # named by url and source_table (required by its declaration)
             raise reader.fail(
                 body.key_lines.get(key, line),
                 f"{what} has no {key}.",

@@ -115,6 +115,15 @@ class Reader:
         line = entry.key_lines[key]
         expected, convert = checks[key]
         converted = convert(self, value)
+        if converted is WRONG and convert is _secret:
+            # Never echoed: the text given may be the credential itself.
+            raise self.fail(
+                line,
+                f"{what}: {key} is given as {_type(value)}; a credential is only read from "
+                "the environment, so Dagster never stores it.",
+                fix=f"write {key}: {{env: VARIABLE}} and set VARIABLE where the code location "
+                "and its runs start.",
+            )
         if converted is WRONG:
             quote = (
                 " (YAML reads unquoted yes/no/on/off as booleans and digits as numbers: quote it)"
@@ -291,6 +300,12 @@ def _storage_options(reader: Reader, value: Any) -> Any:
     return {str(k): references[k] if k in references else plain[str(k)] for k in options}
 
 
+def _secret(_: Reader, value: Any) -> Any:
+    """``{env: VARIABLE}`` only: a credential read from the environment when it is used."""
+    reference = as_reference(cast("object", value)) if isinstance(value, dict) else None
+    return WRONG if reference is None else reference
+
+
 _STORAGE_OPTIONS = "a mapping of option: value (scalar values or {env: VARIABLE}, each key once)"
 # How a file's value of each kind is checked and converted (to WRONG when it is not one).
 _CONVERT: dict[Kind, Callable[[Reader, Any], Any]] = {
@@ -307,6 +322,7 @@ _CONVERT: dict[Kind, Callable[[Reader, Any], Any]] = {
     Kind.START: _start,
     Kind.OPTIONS: _options,
     Kind.STORAGE_OPTIONS: _storage_options,
+    Kind.SECRET: _secret,
 }
 
 

@@ -66,6 +66,7 @@ _TYPES: dict[Kind, Any] = {
     Kind.START: str | int,
     Kind.OPTIONS: dict[str, Scalar],
     Kind.STORAGE_OPTIONS: dict[str, OptionValue],
+    Kind.SECRET: EnvReference,
 }
 
 

@@ -22,6 +22,7 @@ from dagster import (
     in_process_executor,
 )
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import (
     StorageOptions,
@@ -65,6 +66,7 @@ from watermark_dagster.dagster_defs.upstream_assets import build_upstream_assets
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.runtime.catalog import resolve_catalog_tables
+from watermark_dagster.runtime.jdbc import spark_jdbc_settings
 from watermark_dagster.runtime.storage import spark_s3_settings
 
 if TYPE_CHECKING:
@@ -285,8 +287,10 @@ def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSe
     ``s3://``, endpoint, region, each table's storage options per bucket; see
     :mod:`watermark_dagster.runtime.storage`) under its own ``conf``, which wins. A registry
     with no table on S3 gets ``spark`` back unchanged, so its sessions never load
-    hadoop-aws. Credentials stay in the environment, or are per-bucket settings whose
-    values are environment references (``EnvVar``): Dagster records only the names."""
+    hadoop-aws; a registry with a database upstream also gets the setting that loads its
+    JDBC drivers (:mod:`watermark_dagster.runtime.jdbc`). Credentials stay in the
+    environment, or are per-bucket settings whose values are environment references
+    (``EnvVar``): Dagster records only the names."""
     tables = [
         (f"upstream '{u.name}'", u.path, u.storage_options) for u in registry.upstreams.values()
     ]
@@ -295,6 +299,11 @@ def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSe
         for p in registry.pipelines.values()
     ]
     s3 = spark_s3_settings(tables)
+    s3.update(
+        spark_jdbc_settings(
+            u.name for u in registry.upstreams.values() if isinstance(u, DatabaseUpstream)
+        )
+    )
     if not s3:
         return spark
     fields = {name: getattr(spark, name) for name in type(spark).model_fields}

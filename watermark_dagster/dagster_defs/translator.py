@@ -7,6 +7,7 @@ from typing import Any
 
 from dagster import AssetKey, MetadataValue
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.declared import describe
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.pipeline import Pipeline
@@ -42,6 +43,11 @@ class WatermarkTranslator:
             return item.description
         if isinstance(item, Pipeline):
             return f"Pipeline {item.name} → {item.target}"
+        if isinstance(item, DatabaseUpstream):
+            return (
+                f"{item.database} table {item.source_table} at {item.url}, read by cursor "
+                f"{item.cursor!r}"
+            )
         if isinstance(item, CursorUpstream):
             return f"{item.format} source at {item.path}, read by cursor {item.cursor!r}"
         if isinstance(item, LandingUpstream):

@@ -1,5 +1,9 @@
 """The cursor-window reader: rows of a source whose (cursor, *tie_break) position lies in
-a window, and how a new window's end is pinned."""
+a window, and how a new window's end is pinned.
+
+A database upstream (:mod:`~watermark_dagster.read.database`) is compared on its raw
+columns against literals of their own types, which Spark pushes to the database as its
+query's ``WHERE``; other sources compare a time-zone free value (microseconds, days)."""
 
 import logging
 import operator
@@ -11,18 +15,42 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.upstream import CursorUpstream
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow
-from watermark_dagster.read.frames import spark_reader
+from watermark_dagster.read.database import (
+    literal_of,
+    live_rows,
+    read_table,
+    value_of,
+    with_deletes,
+)
+from watermark_dagster.read.frames import as_changes, spark_reader
 
 log = logging.getLogger("watermark_dagster")
 
 
 def read_source(
-    spark: SparkSession, upstream: CursorUpstream, version: int | None = None
+    spark: SparkSession,
+    upstream: CursorUpstream,
+    version: int | None = None,
+    window: CursorWindow | None = None,
 ) -> DataFrame:
     """A cursor upstream's data (any Spark-readable source): a Delta source as of
-    ``version`` when given (the version its batch was planned at), else its current data."""
+    ``version`` when given (the version its batch was planned at), else its current data.
+    A database table is read in ``partitions`` ranges of ``window`` when it is given."""
+    if isinstance(upstream, DatabaseUpstream):
+        table = read_table(spark, upstream)
+        if upstream.partitions == 1 or window is None or window.end is None or not window.end:
+            return table
+        dtype = table.schema[upstream.cursor].dataType
+        high = value_of(dtype, window.end[0])
+        if window.start:
+            low = value_of(dtype, window.start[0])
+        else:  # the first window: from the lowest cursor (one pruned, filtered aggregate)
+            cursor = F.col(f"`{upstream.cursor}`")
+            low = table.where(cursor <= F.lit(high)).agg(F.min(cursor)).first()[0]  # pyright: ignore[reportOptionalSubscript]
+        return read_table(spark, upstream, (low, high))
     reader = spark_reader(spark, upstream, upstream.format)
     if version is not None and upstream.format == "delta":
         reader = reader.option("versionAsOf", version)
@@ -59,28 +87,91 @@ def position_columns(source: DataFrame, upstream: CursorUpstream) -> list[Column
     return [cursor_value(source, upstream)] + [F.col(f"`{k}`") for k in upstream.tie_break]
 
 
+def _literals(
+    source: DataFrame, upstream: CursorUpstream, position: CursorPosition
+) -> list[Column]:
+    """A position's values as literals: of the raw columns' types for a database upstream,
+    as they are otherwise."""
+    if not isinstance(upstream, DatabaseUpstream):
+        return [F.lit(v) for v in position]
+    names = upstream.columns_read
+    return [literal_of(source.schema[n].dataType, v) for n, v in zip(names, position, strict=False)]
+
+
 def _compare(
-    cols: Sequence[Column], position: CursorPosition, strict: bool, greater: bool
+    cols: Sequence[Column], values: Sequence[Column], strict: bool, greater: bool
 ) -> Column:
-    """Lexicographic ``cols > position`` (or ``>=``, ``<``, ``<=``)."""
+    """Lexicographic ``cols > values`` (or ``>=``, ``<``, ``<=``)."""
     op = operator.gt if greater else operator.lt
     result = F.lit(not strict)
-    for col, value in reversed(list(zip(cols, position, strict=False))):
-        result = op(col, F.lit(value)) | ((col == F.lit(value)) & result)
+    for col, value in reversed(list(zip(cols, values, strict=False))):
+        result = op(col, value) | ((col == value) & result)
     return result
 
 
 def in_window(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> Column:
-    """``start < position <= end`` on (cursor, *tie_break)."""
-    cols = position_columns(source, upstream)
+    """``start < position <= end`` on (cursor, *tie_break); for a database upstream, on the
+    raw columns, so the database evaluates it."""
+    if isinstance(upstream, DatabaseUpstream):
+        cols = [F.col(f"`{c}`") for c in upstream.columns_read]
+    else:
+        cols = position_columns(source, upstream)
     cond = cols[0].isNotNull()
     if window.start:
-        cond = cond & _compare(cols, window.start, strict=True, greater=True)
+        start = _literals(source, upstream, window.start)
+        cond = cond & _compare(cols, start, strict=True, greater=True)
     if window.end is not None:
         if len(window.end) == 0:
             return F.lit(False)
-        cond = cond & _compare(cols, window.end, strict=False, greater=False)
+        end = _literals(source, upstream, window.end)
+        cond = cond & _compare(cols, end, strict=False, greater=False)
     return cond
+
+
+def window_rows(
+    spark: SparkSession,
+    upstream: CursorUpstream,
+    window: CursorWindow,
+    version: int | None = None,
+) -> DataFrame:
+    """The rows of a pinned window (see :func:`read_source` for ``version``)."""
+    source = read_source(spark, upstream, version, window)
+    return source.where(in_window(source, upstream, window))
+
+
+def window_changes(
+    spark: SparkSession,
+    upstream: CursorUpstream,
+    window: CursorWindow,
+    version: int | None = None,
+) -> DataFrame:
+    """A window's rows as change rows: inserts, and deletes where a database upstream's
+    soft-delete column says so."""
+    changes = as_changes(window_rows(spark, upstream, window, version), None)
+    return with_deletes(changes, upstream) if isinstance(upstream, DatabaseUpstream) else changes
+
+
+def snapshot_rows(
+    spark: SparkSession,
+    upstream: CursorUpstream,
+    window: CursorWindow,
+    version: int | None = None,
+) -> DataFrame:
+    """Every row up to a pinned window's end (without the rows a database upstream's
+    soft-delete column marks deleted)."""
+    upto = CursorWindow(None, window.end if window.end is not None else ())
+    rows = window_rows(spark, upstream, upto, version)
+    return live_rows(rows, upstream) if isinstance(upstream, DatabaseUpstream) else rows
+
+
+def positions_after(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> DataFrame:
+    """What pinning a window's end reads: for a database table only the position's columns
+    of the rows after the start (pruned and filtered in the database's own query), else
+    the whole source (its rows without a cursor are counted)."""
+    if not isinstance(upstream, DatabaseUpstream):
+        return source
+    after = in_window(source, upstream, CursorWindow(window.start, None))
+    return source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after)
 
 
 @dataclass(frozen=True)
@@ -105,9 +196,11 @@ def pin_end(
 ) -> PinnedEnd:
     """The end a new window should have: the greatest position among rows after the
     start whose cursor is at or below the ceiling (``now`` minus the lag, for timestamp
-    cursors)."""
-    cols = position_columns(source, upstream)
+    cursors). A database table is read pruned to the position's columns and filtered by
+    ``position > start`` in its own query (its rows without a cursor are not counted)."""
+    source = positions_after(source, upstream, window)
     after = in_window(source, upstream, CursorWindow(window.start, None))
+    cols = position_columns(source, upstream)
     below = F.lit(True)
     if is_time_cursor(source, upstream):
         ceiling = now - timedelta(seconds=upstream.lag_seconds)

@@ -32,10 +32,10 @@ from watermark_dagster.read.cdf import read_changes
 from watermark_dagster.read.changes import latest_per_key
 from watermark_dagster.read.cursor import (
     PinWindow,
-    in_window,
     pin_window,
     position_columns,
-    read_source,
+    snapshot_rows,
+    window_changes,
 )
 from watermark_dagster.read.frames import as_changes
 from watermark_dagster.read.landing import (
@@ -180,9 +180,8 @@ class UpstreamInput:
 
     def _read_snapshot(self) -> DataFrame:
         if self.window is not None:
-            source = read_source(self._spark, _cursor_upstream(self._upstream), self.source_version)
-            upto = CursorWindow(None, self.window.end if self.window.end is not None else ())
-            return source.where(in_window(source, _cursor_upstream(self._upstream), upto))
+            upstream = _cursor_upstream(self._upstream)
+            return snapshot_rows(self._spark, upstream, self.window, self.source_version)
         assert self.snapshot_version is not None
         if (landing := as_landing(self._upstream)) is not None:
             assert self._files is not None
@@ -205,10 +204,8 @@ class UpstreamInput:
             frame = as_changes(self.snapshot, self.snapshot_version)
         elif self.mode is ReadMode.TIMESTAMP:
             assert self.window is not None
-            source = read_source(self._spark, _cursor_upstream(self._upstream), self.source_version)
-            frame = as_changes(
-                source.where(in_window(source, _cursor_upstream(self._upstream), self.window)), None
-            )
+            upstream = _cursor_upstream(self._upstream)
+            frame = window_changes(self._spark, upstream, self.window, self.source_version)
         elif self._files is not None and (landing := as_landing(self._upstream)) is not None:
             frame = as_changes(read_files(self._spark, landing, self._files.changes), None)
         elif self.mode is ReadMode.APPEND_ONLY:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from watermark_dagster.errors import ConfigurationError
-from watermark_dagster.runtime import storage
+from watermark_dagster.runtime import jdbc, storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -211,6 +211,7 @@ def build_spark_session(
     builder = builder.remote(remote) if remote else builder.master(master)
     resolve = not remote and not ({"spark.jars", "spark.jars.packages"} & settings.keys())
     extra = storage.s3_packages() if resolve and storage.needs_s3_jars(settings) else []
+    extra += jdbc.jdbc_packages() if resolve and jdbc.needs_jdbc_jars(settings) else []
     cached = cached_delta_jars(extra) if resolve else None
     if cached:
         settings["spark.jars"] = ",".join(cached)
@@ -324,15 +325,22 @@ if __name__ == "__main__":
         "later sessions start without resolving.",
     )
     parser.add_argument(
+        "--jdbc",
+        action="store_true",
+        help="also the PostgreSQL and MariaDB JDBC drivers, for database upstreams",
+    )
+    parser.add_argument(
         "--s3",
         action="store_true",
         help="also hadoop-aws and the AWS SDK bundle it declares (several hundred MB), "
         "for tables on S3",
     )
-    s3 = parser.parse_args().s3
+    arguments = parser.parse_args()
     settings = storage.spark_s3_settings([("--s3", "s3://bucket/", None)], environ={})
-    conf = {k: v for k, v in settings.items() if isinstance(v, str)} if s3 else {}
+    conf = {k: v for k, v in settings.items() if isinstance(v, str)} if arguments.s3 else {}
+    conf.update(jdbc.spark_jdbc_settings(["--jdbc"] if arguments.jdbc else []))
     build_spark_session(master="local[1]", conf=conf).stop()
-    extra = storage.s3_packages() if s3 else []
+    extra = storage.s3_packages() if arguments.s3 else []
+    extra += jdbc.jdbc_packages() if arguments.jdbc else []
     listed = cached_delta_jars(extra) or []
     print(f"Delta jars ready: {len(listed)} files listed in {_jars_cache_file(extra)}")

@@ -253,6 +253,7 @@ def _commit(
         merge=pipeline.write is WriteMode.MERGE,
         partition_by=pipeline.partition_by,
         cluster_by=pipeline.cluster_by,
+        change_feed=pipeline.feed_on_create,
     )
     if overwrite and counted:
         rows = laid_out(spark, rows, count, layout)

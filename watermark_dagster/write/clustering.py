@@ -49,6 +49,7 @@ def finish_layout(spark: SparkSession, pipeline: Pipeline, table: RsDeltaTable) 
         merge=pipeline.write is WriteMode.MERGE,
         partition_by=pipeline.partition_by,
         cluster_by=pipeline.cluster_by,
+        change_feed=pipeline.feed_on_create,
     )
     if layout.cluster_by and not clustering_columns(spark, pipeline.target):
         log.info(

@@ -37,6 +37,7 @@ DEFAULT_ROWS_PER_FILE = 1_000_000
 _FILL = 0.85
 ROWS_PER_FILE_CONF = "spark.sql.files.maxRecordsPerFile"
 DELETION_VECTORS = "delta.enableDeletionVectors"
+CHANGE_FEED = "delta.enableChangeDataFeed"
 # Delta's own way to set a table property's default for every table a session creates;
 # when a user sets it for deletion vectors, their choice stands.
 DELETION_VECTORS_DEFAULT_CONF = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
@@ -99,14 +100,16 @@ def target_layout(
     merge: bool,
     partition_by: Sequence[str] = (),
     cluster_by: Sequence[str] = (),
+    change_feed: bool = False,
 ) -> Layout:
     """The layout a new target is created with.
 
     Merge targets get deletion vectors and, unless the pipeline gives ``partition_by`` or
     ``cluster_by``, clustering on their keys. Append and overwrite targets keep only what
-    the pipeline asks for (they never update rows in place).
+    the pipeline asks for (they never update rows in place). With ``change_feed`` the
+    target records Delta's change data feed from its first commit.
     """
-    properties: dict[str, str] = {}
+    properties: dict[str, str] = {CHANGE_FEED: "true"} if change_feed else {}
     if merge and spark.conf.get(DELETION_VECTORS_DEFAULT_CONF, None) is None:
         properties[DELETION_VECTORS] = "true"
     clustering = tuple(cluster_by)

@@ -270,6 +270,7 @@ def merge_into_target(
     cluster_by: Sequence[str] = (),
     insert_missing: bool = True,
     transaction: tuple[str, int] | None = None,
+    change_feed: bool = False,
 ) -> WriteResult:
     """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
 
@@ -325,6 +326,7 @@ def merge_into_target(
                     merge=True,
                     partition_by=partition_by,
                     cluster_by=cluster_by,
+                    change_feed=change_feed,
                 )
                 with preparing(spark):
                     create_target(spark, target, schema, layout)

@@ -165,6 +165,7 @@ def write_target(
             insert_missing=not replay,
             # A replay writes below the target's transaction: its _wm_seq guard orders it.
             transaction=None if replay else (transaction_app_id(pipeline), write_seq),
+            change_feed=pipeline.feed_on_create,
         )
 
     conflicts = 0

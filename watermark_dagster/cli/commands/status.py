@@ -6,6 +6,7 @@ from typing import Any
 from watermark_dagster.cli.commands.landing_files import file_rows, print_files
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import Styled
+from watermark_dagster.core.records import Checkpoint, CheckpointStatus
 from watermark_dagster.errors import WatermarkError
 
 RECENT_HISTORY = 5
@@ -43,7 +44,9 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     """Every upstream: committed, latest, lag, the open batch's read of it, last change,
     and what holds it: ``unavailable`` or ``blocked`` (its table), or ``stuck`` (the open
     batch reading it, which the coordinator gave up resubmitting), with the ``fix``;
-    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``). With no batch
+    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``), and ``rows``:
+    per pipeline reading it, the rows read and written by the batch that set its committed
+    watermark (a stage of a chain shows its own counts). With no batch
     open, an upstream whose next range can no longer be read (commits or change files gone)
     is ``blocked`` as the coordinator blocks it (``blocked_by``: ``unreadable_range``, else
     ``recreated``)."""
@@ -58,6 +61,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     observer = Observer()  # one cache: the coordinator's look below sees what _look saw
     unreadable = {} if open_batch else unreadable_next_ranges(ctx.registry, observer, store)
     rows = []
+    seen: dict[str, list[Checkpoint]] = {}  # batch id -> its checkpoints, read once
     for name in sorted(ctx.registry.upstreams):
         mark = committed.get(name)
         look = _look(ctx, name, mark, observer, unreadable.get(name))
@@ -81,6 +85,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
         rows.append(
             {
                 "upstream": name,
+                "rows": _rows_of(ctx, name, mark.batch_id if mark else None, seen),
                 # A catalog table's name, and the location it resolved to when the code
                 # location loaded (what observation reads).
                 "table": upstream.table,
@@ -113,6 +118,29 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _rows_of(
+    ctx: Context, upstream: str, batch_id: str | None, seen: dict[str, list[Checkpoint]]
+) -> dict[str, Any]:
+    """Per consumer of ``upstream``: rows read and written in batch ``batch_id`` (its
+    successful attempt; one batch's checkpoints are one bucket's read, kept in ``seen``)."""
+    if batch_id is None:
+        return {}
+    if batch_id not in seen:
+        seen[batch_id] = ctx.read_store.checkpoints(batch_id=batch_id)
+    found: dict[str, Any] = {}
+    for c in seen[batch_id]:
+        if c.pipeline in ctx.registry.consumers(upstream) and c.status is CheckpointStatus.SUCCESS:
+            found[c.pipeline] = {"read": c.rows_read, "written": c.rows_written}
+    return found
+
+
+def _rows_cell(row: dict[str, Any]) -> str | None:
+    counts = row["rows"]
+    if not counts:
+        return None
+    return ", ".join(f"{p} {c['read']}/{c['written']}" for p, c in sorted(counts.items()))
 
 
 def _stuck_text(stuck: dict[str, Any]) -> str:
@@ -165,7 +193,17 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
     if as_json:
         ctx.console.json(rows)
         return
-    headers = ["upstream", "committed", "latest", "lag", "mode", "open batch", "last change"]
+    headers = [
+        "upstream",
+        "committed",
+        "latest",
+        "lag",
+        "mode",
+        "state",
+        "rows read/written",
+        "open batch",
+        "last change",
+    ]
     # Upstreams named by catalog table get two more columns: the name and where it resolved.
     tables = any(r["table"] for r in rows)
     if tables:
@@ -180,6 +218,8 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
                 _lag_cell(r),
                 r["mode"],
+                r["state"],
+                _rows_cell(r),
                 _open_batch_cell(r),
                 r["last_change"],
             ]

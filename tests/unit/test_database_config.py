@@ -1,0 +1,209 @@
+"""Database upstreams' declarations, checked when they load (no JVM, no server): every
+refusal names the upstream, the value at fault and the fix, and never echoes a credential."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from watermark_dagster.config.database import DatabaseUpstream
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.registry import Registry
+from watermark_dagster.config.secrets import EnvRef
+from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream
+from watermark_dagster.config.upstream_kinds import UPSTREAM_KINDS, declare_upstream
+from watermark_dagster.config.yaml_file import load_registry
+from watermark_dagster.dagster_defs.definitions import with_s3_settings
+from watermark_dagster.dagster_defs.resources import SparkSessionResource
+from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.runtime.jdbc import JDBC_DRIVERS_KEY, jdbc_packages, needs_jdbc_jars
+
+GOOD: dict[str, Any] = {
+    "name": "orders_db",
+    "kind": "database",
+    "url": "jdbc:postgresql://db.internal:5432/shop",
+    "source_table": "public.orders",
+    "cursor": "updated_at",
+    "tie_break": ["id"],
+    "user": {"env": "SHOP_USER"},
+    "password": {"env": "SHOP_PASSWORD"},
+}
+
+
+def test_a_database_upstream_is_declared_by_kind_with_references_only() -> None:
+    upstream = declare_upstream(**GOOD)
+    assert isinstance(upstream, DatabaseUpstream)
+    assert upstream.is_cursor
+    assert upstream.password == EnvRef("SHOP_PASSWORD")
+    assert upstream.quoted_table == '"public"."orders"'
+    assert upstream.driver == "org.postgresql.Driver"
+    maria = declare_upstream(**{**GOOD, "url": "jdbc:mariadb://db:3306/shop"})
+    assert isinstance(maria, DatabaseUpstream)
+    assert maria.quoted_table == "`public`.`orders`"
+    # The other kinds still dispatch as before, and by kind: too.
+    assert isinstance(declare_upstream(name="o", path="/x"), DeltaUpstream)
+    assert type(declare_upstream(name="c", path="/x", mode="timestamp", cursor="ts")) is (
+        CursorUpstream
+    )
+    assert type(declare_upstream(name="c", path="/x", kind="cursor", cursor="ts")) is (
+        CursorUpstream
+    )
+    assert set(UPSTREAM_KINDS) == {"delta", "cursor", "landing", "database"}
+    # The location string Dagster shows holds no credential (none may be in the URL).
+    assert upstream.path == "jdbc:postgresql://db.internal:5432/shop#public.orders"
+
+
+@pytest.mark.parametrize(
+    ("change", "value", "fix"),
+    [
+        pytest.param(
+            {"url": "postgresql://db/shop"},
+            "postgresql://db/shop",
+            "jdbc:postgresql://host",
+            id="not-jdbc",
+        ),
+        pytest.param(
+            {"url": "jdbc:oracle://db/x"}, "oracle", "jdbc:postgresql://", id="other-database"
+        ),
+        pytest.param(
+            {"url": "jdbc:postgresql://bob:hunter2@db/shop"},
+            "//***@db/shop",
+            "{env: DB_PASSWORD}",
+            id="user-info",
+        ),
+        pytest.param(
+            {"url": "jdbc:mariadb://db/shop?user=bob&password=hunter2"},
+            "password=***",
+            "{env: DB_PASSWORD}",
+            id="password-parameter",
+        ),
+        pytest.param(
+            {"password": "hunter2"},
+            "password is given as text",
+            "{env: DB_PASSWORD}",
+            id="password-text",
+        ),
+        pytest.param({"user": "bob"}, "user is given as text", "{env: DB_USER}", id="user-text"),
+        pytest.param(
+            {"source_table": "public.orders; drop table x"},
+            "'public.orders; drop table x'",
+            "source_table: public.orders",
+            id="table-sql",
+        ),
+        pytest.param(
+            {"source_table": "a.b.c"},
+            "'a.b.c'",
+            "source_table: public.orders",
+            id="table-three-parts",
+        ),
+        pytest.param(
+            {"fetch_size": 0},
+            "fetch_size must be a whole number >= 1, got 0",
+            "set fetch_size",
+            id="fetch-size",
+        ),
+        pytest.param({"partitions": "4"}, "got '4'", "set partitions", id="partitions-text"),
+        pytest.param({"reconcile_every": 0}, "got 0", "never reconcile", id="reconcile"),
+        pytest.param(
+            {"soft_delete": "deleted flag"}, "'deleted flag'", "rename", id="soft-delete-column"
+        ),
+        pytest.param({"cursor_fallback": "created"}, "cursor_fallback", "remove", id="fallback"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_upstream_value_and_fix(
+    change: dict[str, Any], value: str, fix: str
+) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        declare_upstream(**{**GOOD, **change})
+    message = str(raised.value)
+    assert "orders_db" in message or raised.value.upstream == "orders_db"
+    assert value in message
+    assert raised.value.fix is not None
+    assert fix in raised.value.fix
+    assert "hunter2" not in message
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"path": "/lake/orders"}, "path does not apply"),
+        ({"format": "parquet"}, "format does not apply"),
+        ({"read_options": {"a": "b"}}, "read_options does not apply"),
+        ({"mode": "cdf"}, "mode='cdf' does not apply"),
+        ({"on_data_change": "fail"}, "on_data_change does not apply"),
+        ({"fetchsize": 10}, "fetchsize does not apply"),
+        ({"kind": "oracle"}, "kind 'oracle' is not one of"),
+    ],
+)
+def test_a_key_that_does_not_apply_is_refused_naming_the_upstream(
+    change: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)) as raised:
+        declare_upstream(**{**GOOD, **change})
+    assert "Upstream 'orders_db'" in str(raised.value)
+    assert raised.value.fix
+
+
+def test_a_registry_file_declares_one_and_never_echoes_a_text_password(tmp_path: Path) -> None:
+    body = (
+        "upstreams:\n"
+        "  orders_db:\n"
+        "    kind: database\n"
+        "    url: jdbc:postgresql://db:5432/shop\n"
+        "    source_table: public.orders\n"
+        "    cursor: updated_at\n"
+        "    tie_break: [id]\n"
+        "    password: {env: SHOP_PASSWORD}\n"
+        "    soft_delete: deleted\n"
+        "pipelines: {}\n"
+    )
+    path = tmp_path / "registry.yaml"
+    path.write_text(body)
+    upstream = load_registry(path).upstreams["orders_db"]
+    assert isinstance(upstream, DatabaseUpstream)
+    assert upstream.password == EnvRef("SHOP_PASSWORD")
+    assert upstream.soft_delete == "deleted"
+
+    path.write_text(body.replace("{env: SHOP_PASSWORD}", "hunter2"))
+    with pytest.raises(
+        ConfigurationError, match=r"registry.yaml:8: upstream 'orders_db': password"
+    ) as raised:
+        load_registry(path)
+    assert "hunter2" not in str(raised.value)
+    assert raised.value.fix
+    assert "{env: VARIABLE}" in raised.value.fix
+
+    path.write_text(body.replace("    soft_delete: deleted\n", "    path: /lake/orders\n"))
+    with pytest.raises(ConfigurationError, match="path does not apply"):
+        load_registry(path)
+
+
+def test_the_drivers_are_loaded_only_by_a_location_declaring_a_database() -> None:
+    spark = SparkSessionResource(master="local[1]", conf={})
+    orders = DeltaUpstream(name="orders", path="/lake/orders")
+
+    def copy(batch: Any) -> Any:
+        return batch
+
+    plain = Registry(
+        upstreams=[orders],
+        pipelines=[
+            Pipeline(name="p", upstreams=("orders",), target="/t", keys=("id",), transform=copy)
+        ],
+    )
+    assert with_s3_settings(spark, plain) is spark
+    database = declare_upstream(**GOOD)
+    extended = Registry(
+        upstreams=[orders, database],
+        pipelines=[
+            Pipeline(name="p", upstreams=("orders_db",), target="/t", keys=("id",), transform=copy)
+        ],
+    )
+    conf = with_s3_settings(spark, extended).conf
+    assert needs_jdbc_jars(conf)
+    assert conf[JDBC_DRIVERS_KEY] == "true"
+    assert jdbc_packages() == [
+        "org.postgresql:postgresql:42.7.14",
+        "org.mariadb.jdbc:mariadb-java-client:3.5.11",
+    ]
