@@ -109,9 +109,12 @@ def _spec(lake: Lake, db: Database, **settings: Any) -> dict[str, Any]:
     return lake.spec([_upstream(db, **settings)], pipes)
 
 
-def _run(lake: Lake, spec: dict[str, Any], batches: int = 2, **kwargs: Any) -> CycleReport:
-    """Two batches: the first extracts, the next carries the lake's new version downstream
-    (a database is asked each time, so every cycle plans: bounded by ``batches``)."""
+def _run(
+    lake: Lake, spec: dict[str, Any], batches: int | None = None, **kwargs: Any
+) -> CycleReport:
+    """Batches until idle (or ``batches`` of them): the first extracts, the next carries
+    the lake's new version downstream; a look plans nothing once the table's greatest
+    position is the one committed."""
     return HeadlessRunner(defs_from(spec), lake.instance).run_until_idle(
         max_batches=batches, **kwargs
     )
@@ -157,6 +160,10 @@ def test_the_chain_follows_the_table_exactly_once(lake: Lake, shop: Database) ->
     db.sql(f"UPDATE {TABLE} SET updated_at = '{_at(9)}' WHERE id = 8")
     _run(lake, spec)
     _assert_chain(lake, db)
+
+    # Nothing changed: the look at the table (one indexed query, no JVM) plans nothing.
+    idle = _run(lake, spec)
+    assert (idle.completed, idle.runs) == ([], []), idle
 
     # `watermark list` shows each stage: its watermark, state and the last batch's rows.
     out = lake.cli(spec, "list", "--json")
@@ -211,6 +218,12 @@ def test_a_failed_stage_leaves_its_neighbours_and_its_retry_resumes(
 ) -> None:
     db = shop
     _one_database_is_enough(db)
+    # The extraction reads as a role of its own, which can be given less than all columns.
+    monkeypatch.setenv("SHOP_USER", "extractor")
+    db.sql(
+        f"DROP ROLE IF EXISTS extractor; CREATE ROLE extractor LOGIN PASSWORD '{db.password}'; "
+        f"GRANT SELECT ON {TABLE} TO extractor"
+    )
     spec = _spec(lake, db)
     _upsert(db, [(1, 10, 1), (2, 20, 2)])
     _run(lake, spec, batches=1)
@@ -218,11 +231,15 @@ def test_a_failed_stage_leaves_its_neighbours_and_its_retry_resumes(
     committed = lake.store.committed()
     written = latest_local_version(lake.path("orders"))
 
-    # The extraction fails (its password variable is gone): the database's watermark stays
-    # where it was and the lake stage gets no new version; the downstream pipeline applies
-    # what the lake stage held before (its own stage, committed on its own).
+    # The extraction fails (its role may read the position columns only, so the look plans
+    # the batch and the read is refused): the database's watermark stays where it was and
+    # the lake stage gets no new version; the downstream pipeline applies what the lake
+    # stage held before (its own stage, committed on its own).
     _upsert(db, [(3, 30, 3)])
-    monkeypatch.delenv("SHOP_PASSWORD")
+    db.sql(
+        f"REVOKE SELECT ON {TABLE} FROM extractor; "
+        f"GRANT SELECT (id, updated_at) ON {TABLE} TO extractor"
+    )
     report = _run(lake, spec, batches=1)
     assert not all(r.success for r in report.runs)
     failed = lake.store.open_batch()
@@ -234,7 +251,7 @@ def test_a_failed_stage_leaves_its_neighbours_and_its_retry_resumes(
 
     # Fixed, the retry runs the same batch. Its window was never pinned (the attempt
     # failed before reading), so the retry pins it, and a row committed meanwhile is in it.
-    monkeypatch.setenv("SHOP_PASSWORD", db.password)
+    db.sql(f"GRANT SELECT ON {TABLE} TO extractor")
     _upsert(db, [(4, 40, 4)])
     report = _run(lake, spec, retry=True)
     assert report.completed[0] == failed.batch_id

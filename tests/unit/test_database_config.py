@@ -207,3 +207,50 @@ def test_the_drivers_are_loaded_only_by_a_location_declaring_a_database() -> Non
         "org.postgresql:postgresql:42.7.14",
         "org.mariadb.jdbc:mariadb-java-client:3.5.11",
     ]
+
+
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
+def test_the_look_at_a_table_asks_for_its_top_position_from_quoted_identifiers(
+    database: str,
+) -> None:
+    """The coordinator's look (observe/database_state) is one query the (cursor, tie-break)
+    index serves, made of the validated identifiers quoted for the database."""
+    from watermark_dagster.observe.database_state import top_position_query
+
+    quote = '"' if database == "postgresql" else "`"
+    upstream = declare_upstream(**{**GOOD, "url": f"jdbc:{database}://db.internal/shop"})
+    assert isinstance(upstream, DatabaseUpstream)
+    q = quote
+    assert top_position_query(upstream) == (
+        f"SELECT {q}updated_at{q}, {q}id{q} FROM {q}public{q}.{q}orders{q} "
+        f"WHERE {q}updated_at{q} IS NOT NULL ORDER BY {q}updated_at{q} DESC, {q}id{q} DESC "
+        "LIMIT 1"
+    )
+
+
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
+def test_a_look_that_cannot_reach_the_database_blocks_the_upstream_naming_why(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing listens on the port (a real refused connection, no server): the look raises
+    UpstreamUnavailableError naming the upstream and the fix, and never the password; an
+    unset credential variable is reported the same way, not as a failed tick."""
+    from tests.support.ports import free_port
+    from watermark_dagster.errors import UpstreamUnavailableError
+    from watermark_dagster.observe.observer import Observer
+
+    port = free_port()
+    upstream = declare_upstream(**{**GOOD, "url": f"jdbc:{database}://127.0.0.1:{port}/shop"})
+    monkeypatch.setenv("SHOP_USER", "watermark")
+    monkeypatch.setenv("SHOP_PASSWORD", "s3cret-Pa55")
+    with pytest.raises(UpstreamUnavailableError) as refused:
+        Observer().observe(upstream)
+    text = str(refused.value)
+    assert "orders_db" in text, text
+    assert f"127.0.0.1:{port}" in text, text
+    assert "s3cret-Pa55" not in text
+    assert "nothing is planned" in (refused.value.fix or "")
+
+    monkeypatch.delenv("SHOP_PASSWORD")
+    with pytest.raises(UpstreamUnavailableError, match="SHOP_PASSWORD"):
+        Observer().observe(upstream)

@@ -22,6 +22,7 @@ from datetime import datetime
 from deltalake import DeltaTable, Schema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.names import quote_table_name
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
@@ -46,6 +47,7 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
     missing_table_error,
 )
+from watermark_dagster.observe.database_state import database_state
 from watermark_dagster.observe.landing import observe_landing
 from watermark_dagster.observe.landing_log import FileLog
 from watermark_dagster.observe.log import (
@@ -148,10 +150,13 @@ class Observer:
         return TargetState.EMPTY if empty else TargetState.FILLED
 
     def _observe_cursor(self, upstream: CursorUpstream) -> Observation:
-        """A cursor upstream: its state is its Delta version and id, or for a folder of
-        files a fingerprint of their names, sizes and modification times."""
+        """A cursor upstream: its state is its Delta version and id, for a folder of files
+        a fingerprint of their names, sizes and modification times, and for a database
+        table its greatest position (:func:`.database_state.database_state`)."""
         path = upstream.path
-        if upstream.format == "delta":
+        if isinstance(upstream, DatabaseUpstream):
+            state = database_state(upstream)
+        elif upstream.format == "delta":
             version = latest_local_version(path) if is_local(path) else None
             if version is None and is_local(path):
                 raise self._unavailable(upstream, "no Delta log found there")
