@@ -100,6 +100,7 @@ LONGEST_MODULES = (
     "tests/spark/test_flow.py",  # 331 s
     "tests/model/test_declared.py",  # 218 s
     "tests/spark/test_writes.py",  # 216 s
+    "tests/spark/test_database_upstream.py",  # 213 s (two servers, both chains), on 1e2b0a3
     "tests/spark/test_landing.py",  # 153 s (263 s beside two other test runs), on 4feba23
     "tests/live/test_live_health.py",  # 177 s
     "tests/spark/test_rewrite_attacks.py",  # 172-209 s under a load of 6
