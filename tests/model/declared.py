@@ -89,6 +89,8 @@ KEY = {"regions": "region_id", "customers": "customer_id", "orders": "order_id"}
 POOL = {"regions": 6, "customers": 10, "orders": 30, "payments": 30}
 # Drawn per batch for every pipeline (incremental twice as often: it is the derived form).
 STRATEGIES = ("incremental", "incremental", "full", "rewrite", "auto")
+# A maintained aggregate's state is written before its target: a crash between them too.
+DECLARED_CRASH_POINTS = (*CRASH_POINTS, "after_state_commit")
 
 UPSTREAMS = tuple(SCHEMAS)
 
@@ -324,6 +326,7 @@ class Stats:
     refused: int = 0
     null_groups: int = 0  # checks at which by_region_sql held a NULL group
     incremental_runs: int = 0  # pipeline runs by strategy (drawn per batch)
+    maintain_runs: int = 0
     full_runs: int = 0
     rewrite_runs: int = 0
 
@@ -361,6 +364,16 @@ class DeclaredCase:
         self.observer = Observer()
         self.high_water: dict[str, int] = {}
         self.log: list[str] = []  # what happened, for the failure message
+
+    def drawn(self, pipeline: Pipeline) -> tuple[str, ...]:
+        """The strategies a batch draws ``pipeline``'s from: where its declared SQL is
+        maintainable, ``maintain`` as often as all the others together, and only
+        ``maintain`` until a batch of the case has run it."""
+        if not pipeline.maintainable:
+            return self.strategies
+        if not self.stats.maintain_runs:
+            return ("maintain",)
+        return self.strategies + ("maintain",) * len(self.strategies)
 
     def pipeline_names(self) -> list[str]:
         """The pipelines :meth:`_pipelines` declares (each gets a target folder)."""
@@ -624,7 +637,7 @@ class DeclaredCase:
         self.registry = Registry(
             upstreams=list(self.registry.upstreams.values()),
             pipelines=[
-                replace(p, strategy=self.rng.choice(self.strategies), change_feed=self.change_feed)
+                replace(p, strategy=self.rng.choice(self.drawn(p)), change_feed=self.change_feed)
                 for p in self.registry.pipelines.values()
             ],
         )
@@ -639,6 +652,7 @@ class DeclaredCase:
                 self.stats.full_runs += ran == "full"
                 self.stats.rewrite_runs += ran == "rewrite"
                 self.stats.incremental_runs += ran == "incremental"
+                self.stats.maintain_runs += ran == "maintain"
                 self.log.append(f"  {pipeline}: {ran}")
         finalize_batch(
             self.store, self.store.get_batch(batch.batch_id), registry=self.registry, actor="model"
@@ -663,7 +677,7 @@ class DeclaredCase:
             return None
 
     def crash_cycle(self) -> None:
-        point = self.rng.choice(CRASH_POINTS)
+        point = self.rng.choice(DECLARED_CRASH_POINTS)
         self.stats.crashes += 1
         self.log.append(f"crash at {point}")
         try:

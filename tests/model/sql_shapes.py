@@ -4,7 +4,8 @@ From a seed, a small grammar draws SQL queries over the four upstreams of
 ``tests/model/declared.py`` (``regions``, ``customers``, ``orders``, ``payments``):
 inner, left, right and full outer joins, self-joins (customers twice, orders twice), hops
 (payments -> customers -> regions), aggregates (``COUNT``, ``COUNT(DISTINCT)``, ``SUM``,
-``MIN``, ``MAX``, ``COALESCE`` around them) with and without ``HAVING``, ``GROUP BY`` plain
+``MIN``, ``MAX``, ``COALESCE`` around them) with and without ``HAVING``, sums over one
+upstream that the ``maintain`` strategy keeps from change rows, ``GROUP BY`` plain
 columns and expressions of a column, scalar subqueries correlated on a key, ``IN`` /
 ``EXISTS`` / ``NOT EXISTS`` subqueries, ``WITH`` queries, derived tables, filters on
 values, ``ROW_NUMBER()`` latest-row-per-key windows, NULL keys, key expressions, ``UNION
@@ -499,6 +500,44 @@ def _status_per_customer(
     return query, paths, ("customer_id", "status")
 
 
+def _summed_per_customer(
+    rng: random.Random,
+) -> tuple[Query, dict[str, KeyPathSpec], tuple[str, ...]]:
+    """Per-row sums over one child grouped by its customer (NULL customers included):
+    what ``maintain`` keeps from change rows. Alone, or in a derived table the customers
+    are joined to."""
+    child, a = rng.choice([("payments", "p"), ("orders", "o")])
+    pool = [
+        ("COUNT(*)", "n"),
+        (f"COUNT({a}.amount_cents)", "priced"),
+        (f"SUM({a}.amount_cents)", "total"),
+        (f"CAST(COALESCE(SUM({a}.amount_cents), 0) AS BIGINT)", "total0"),
+        (f"SUM(CASE WHEN {a}.amount_cents > 500 THEN 1 ELSE 0 END)", "big"),
+        (f"SUM({a}.amount_cents) + COUNT(*)", "mixed"),
+    ]
+    picked = _pick(rng, rng.randint(1, 3), pool)
+    inner = Query(
+        [(f"{a}.customer_id", "customer_id"), *picked],
+        f"{child} {a}",
+        group_by=[f"{a}.customer_id"],
+    )
+    if rng.random() < 0.3:
+        inner.where.append(f"{a}.amount_cents > {rng.randint(0, 700)}")
+    if rng.random() < 0.3:
+        inner.having = _having(rng, rng.choice(picked)[0])
+    if rng.random() < 0.5:
+        return inner, {child: "customer_id"}, ("customer_id",)
+    items = [("c.customer_id", "customer_id"), ("c.name", "name")]
+    items += [(f"COALESCE(t.{alias}, 0)", alias) for _, alias in picked]
+    join = rng.choice(["LEFT JOIN", "JOIN", "RIGHT-KEEP"])
+    if join == "RIGHT-KEEP":  # customers preserved on the right
+        source = f"({inner.text()}) t RIGHT JOIN customers c ON c.customer_id = t.customer_id"
+    else:
+        source = f"customers c {join} ({inner.text()}) t ON c.customer_id = t.customer_id"
+    paths: dict[str, KeyPathSpec] = {"customers": "customer_id", child: "customer_id"}
+    return Query(items, source), paths, ("customer_id",)
+
+
 FAMILIES: dict[
     str, Callable[[random.Random], tuple[Query, dict[str, KeyPathSpec], tuple[str, ...]]]
 ] = {
@@ -513,6 +552,7 @@ FAMILIES: dict[
     "region_aggregate": _region_aggregate,
     "payments_by_region": _payments_by_region,
     "status_per_customer": _status_per_customer,
+    "summed_per_customer": _summed_per_customer,
 }
 
 
@@ -583,6 +623,7 @@ class SqlStats:
     batches: int = 0  # batches after which the targets were compared
     commits: int = 0
     incremental_runs: int = 0
+    maintain_runs: int = 0
     full_runs: int = 0
     refused: Counter[str] = field(default_factory=Counter)
     families: Counter[str] = field(default_factory=Counter)  # accepted, per family
@@ -807,6 +848,7 @@ class SqlShapesCase(DeclaredCase):
         s.checked = len(self.checked)
         s.commits = self.stats.commits
         s.incremental_runs, s.full_runs = self.stats.incremental_runs, self.stats.full_runs
+        s.maintain_runs = self.stats.maintain_runs
         return s
 
 

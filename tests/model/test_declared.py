@@ -44,6 +44,7 @@ def test_declared_pipelines_equal_their_full_recompute_after_every_batch(
     assert stats.refused == 1, vars(stats)
     assert stats.null_groups >= 2, vars(stats)  # the NULL group checked batch after batch
     assert stats.incremental_runs > 0, vars(stats)  # every strategy ran
+    assert stats.maintain_runs > 0, vars(stats)  # totals_sql is maintainable
     assert stats.full_runs > 0, vars(stats)
     assert stats.rewrite_runs > 0, vars(stats)
     totals.add(stats)

@@ -267,27 +267,49 @@ def test_the_public_api_is_explicit_and_loads_no_engine_until_used() -> None:
 def test_loading_the_code_location_imports_neither_pyspark_nor_sqlglot(tmp_path: Path) -> None:
     """What a code server, the daemon's sensors and every run worker pay before the first
     step: the demo's definitions, resolved into the repository Dagster serves, import no
-    PySpark, sqlglot, pandas or dagster-deltalake (a step imports what it reads and
-    writes with; SQL pipelines import sqlglot to prove their key paths)."""
+    PySpark, pandas or dagster-deltalake (a step imports what it reads and writes with).
+    SQL pipelines import sqlglot to prove their key paths (the demo declares one in SQL);
+    a location of Python pipelines (the demo's other pipeline alone) does not import it."""
     import os
     import subprocess
     import sys
 
-    code = (
-        "import sys, watermark_dagster.definitions as d\n"
-        "repo = d.defs.get_repository_def()\n"
-        "assert repo.get_all_jobs() and repo.asset_graph.get_all_asset_keys()\n"
-        "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'pyspark', 'py4j', 'sqlglot', 'pandas', 'dagster_deltalake'})\n"
-        "print(','.join(heavy))\n"
+    heavy = "{'pyspark', 'py4j', 'sqlglot', 'pandas', 'dagster_deltalake'}"
+    demo = "import watermark_dagster.definitions as d\ndefs = d.defs\n"
+    python_only = (
+        "from pathlib import Path\n"
+        "from watermark_dagster import declared_pipeline\n"
+        "from watermark_dagster.config.registry import Registry\n"
+        "from watermark_dagster.dagster_defs.definitions import build_definitions\n"
+        "from watermark_dagster.demo.pipelines import demo_upstreams, full_orders_enriched\n"
+        "from watermark_dagster.demo.paths import DemoPaths\n"
+        "paths = DemoPaths(Path(sys.argv[1]))\n"
+        "enriched = declared_pipeline(upstreams={'orders': 'order_id', 'customers': "
+        "'customers.customer_id -> orders.customer_id -> orders.order_id'}, "
+        "target=paths.target('e'), keys=['order_id'])(full_orders_enriched)\n"
+        "registry = Registry(upstreams=demo_upstreams(paths), pipelines=[enriched])\n"
+        "defs = build_definitions(registry, control_root=paths.control_root)\n"
     )
     env = {**os.environ, "WATERMARK_HOME": str(tmp_path)}
     env.pop("WATERMARK_REGISTRY", None)
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "", f"loading the definitions imported {out.stdout.strip()}"
+    imported = {}
+    for name, location in (("demo", demo), ("python", python_only)):
+        code = (
+            "import sys\n" + location + "repo = defs.get_repository_def()\n"
+            "assert repo.get_all_jobs() and repo.asset_graph.get_all_asset_keys()\n"
+            f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {heavy})\n"
+            "print(','.join(heavy))\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        imported[name] = out.stdout.strip()
+    assert imported == {"demo": "sqlglot", "python": ""}, imported
 
 
 def _imported_test_modules(path: Path) -> Iterator[str]:

@@ -52,7 +52,7 @@ class WriteMode(StrEnum):
     OVERWRITE = "overwrite"
 
 
-StrategyValue = Literal["auto", "incremental", "full", "rewrite"]
+StrategyValue = Literal["auto", "incremental", "maintain", "full", "rewrite"]
 ChangeFeedValue = Literal["minimal", "any"]
 
 
@@ -60,9 +60,9 @@ ChangeFeedValue = Literal["minimal", "any"]
 class Pipeline:
     """A transform from one or more upstreams into one target table, run once per batch.
 
-    The transform returns the changes to apply to the target: target columns plus an
-    optional ``_change_type`` (``"delete"`` deletes the key; anything else upserts) and an
-    optional ``_commit_version`` that orders several changes of one key (the latest wins).
+    The transform returns the changes to apply to the target: target columns, an optional
+    ``_change_type`` (``"delete"`` deletes the key; anything else upserts) and ``_commit_version``
+    ordering several changes of one key (the latest wins).
 
     Args:
         name: registry name; also the Dagster asset key.
@@ -90,7 +90,7 @@ class Pipeline:
         partition_by: partition columns the target is created with.
         cluster_by: liquid clustering columns the target is created with.
         strategy: for a declared pipeline or one with a ``full_transform``, ``auto``
-            (default), ``incremental``, ``full`` or ``rewrite`` (:class:`Strategy`).
+            (default), ``incremental``, ``maintain``, ``full`` or ``rewrite`` (:class:`Strategy`).
         change_feed: what the target's change feed promises, ``minimal`` or ``any``
             (:class:`ChangeFeed`); by default ``minimal`` when a pipeline of the registry
             reads the target, else ``any`` (:meth:`Registry.change_feed`).
@@ -232,12 +232,26 @@ class Pipeline:
             )
         if self.full_transform is not None:
             self._check_full_transform(self.full_transform)
+        if strategy is Strategy.MAINTAIN:
+            from watermark_dagster.config.maintained import form_of, refuse_unmaintainable
+
+            sql = self.declared.sql if self.declared else None
+            refuse_unmaintainable(self.name, form_of(sql, self.upstreams))
 
     @property
     def chooses_strategy(self) -> bool:
         """Whether the pipeline has a full transform to choose per batch: declared, or
         hand-written with ``full_transform``."""
         return self.declared is not None or self.full_transform is not None
+
+    @property
+    def maintainable(self) -> bool:
+        """Whether ``auto`` may run ``maintain`` for it (declared SQL only)."""
+        if self.declared is None or self.declared.sql is None:
+            return False
+        from watermark_dagster.config.maintained import MaintainedForm, form_of
+
+        return isinstance(form_of(self.declared.sql, self.upstreams), MaintainedForm)
 
     def _check_full_transform(self, full_transform: object) -> None:
         if self.declared is not None:

@@ -13,12 +13,14 @@ import signal
 
 ENV = "WATERMARK_FAULTS"
 
-# Every named point, in flow order. tests/test_crashes.py kills a process at each one and
+# Every named point, in flow order. tests/crash/test_crashes.py kills a process at each one
+# (or names the module that does: TESTED_ELSEWHERE) and
 # fails when a point is called in the code but missing here, or listed here but untested.
 FAULT_POINTS = (
     "after_plan_commit",  # store.create_batch: plan committed; no partition, no history row
     "after_run_start",  # pipeline asset: run started, worker tagged; no checkpoint, no Spark
     "after_target_create",  # first load: empty target created (a preparatory commit); no rows
+    "after_state_commit",  # maintain: aggregate state brought to the range end; target not written
     "after_target_commit",  # execute: target written; no checkpoint, no materialization
     "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
     "after_watermark_commit",  # store.advance_many: watermarks moved; no history, rows unmarked

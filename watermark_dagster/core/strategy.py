@@ -26,6 +26,11 @@ class Strategy(StrEnum):
 
     * ``incremental``: recompute only the keys the batch touched (derived from the full
       transform and the key paths), or run the hand-written transform.
+    * ``maintain``: for declared SQL whose aggregates are sums over one upstream's rows
+      (:mod:`~watermark_dagster.config.maintained`), fold the batch's change rows into a
+      stored per-group state and recompute the touched keys from it, never reading the
+      aggregated upstream's rows again; it stands in for ``incremental`` wherever ``auto``
+      would run that.
     * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
       that differ from the target (its change feed carries only keys that changed).
     * ``rewrite``: run the full transform over the pinned snapshots and overwrite the
@@ -44,6 +49,7 @@ class Strategy(StrEnum):
 
     AUTO = "auto"
     INCREMENTAL = "incremental"
+    MAINTAIN = "maintain"
     FULL = "full"
     REWRITE = "rewrite"
 
@@ -72,7 +78,7 @@ class StrategyRun:
 
     Attributes:
         batch_id: the batch.
-        strategy: ``incremental``, ``full`` or ``rewrite``.
+        strategy: ``incremental``, ``maintain``, ``full`` or ``rewrite``.
         seconds: the transform and the write.
         changed_bytes: bytes the batch's ranges changed (None when the log could not say).
         snapshot_bytes: bytes of the pinned snapshots (None when unknown).
@@ -136,6 +142,15 @@ class StrategyChoice:
     fixed: bool = False
     whole: Strategy = Strategy.FULL
     switched: bool = False
+
+    def fell_back(self, why: str) -> "StrategyChoice":
+        """This ``auto`` choice of ``maintain`` as a batch runs it when the batch shows it
+        cannot maintain (``why``): ``incremental``, the reason saying why."""
+        return replace(
+            self,
+            strategy=Strategy.INCREMENTAL,
+            reason=f"{self.reason}; not maintained: {why}",
+        )
 
     def switched_to_whole(self, keys_limit: int) -> "StrategyChoice":
         """This choice as an ``auto`` batch that touched more than ``keys_limit`` keys
@@ -221,7 +236,12 @@ class StrategyOwner(Protocol):
 
     @property
     def strategy(self) -> str:
-        """``auto``, ``incremental``, ``full`` or ``rewrite``."""
+        """``auto``, ``incremental``, ``maintain``, ``full`` or ``rewrite``."""
+        ...
+
+    @property
+    def maintainable(self) -> bool:
+        """Declared SQL whose aggregates a batch can maintain from change rows."""
         ...
 
 
@@ -252,6 +272,7 @@ def choose_strategy(
         replay=replay,
         history=history,
         rewrite=change_feed is ChangeFeed.ANY,
+        maintain=pipeline.maintainable,
     )
 
 
@@ -278,7 +299,8 @@ def estimate_seconds(
     A batch that began incremental and switched to the whole form past
     ``INLINE_KEYS_LIMIT`` touched keys is a run of ``incremental``: what trying it cost
     (the touched keys, then the whole form), not a measure of the whole form alone."""
-    if strategy is Strategy.INCREMENTAL:
+    stepwise = strategy in _STEPWISE
+    if stepwise:
         mine = [r for r in history if r.strategy is strategy or r.switched]
     else:
         mine = [r for r in history if r.strategy is strategy and not r.switched]
@@ -287,12 +309,16 @@ def estimate_seconds(
         return None
     scaled: list[float] = []
     for run in runs:
-        if strategy is Strategy.INCREMENTAL:
+        if stepwise:
             now, then = changed, run.changed_bytes
         else:
             now, then = total, run.snapshot_bytes
         scaled.append(run.seconds * (max(1.0, now / then) if then else 1.0))
     return statistics.median(scaled), len(runs)
+
+
+# The forms whose cost follows the bytes a batch changed, not the snapshots' bytes.
+_STEPWISE = (Strategy.INCREMENTAL, Strategy.MAINTAIN)
 
 
 def decide_strategy(
@@ -303,12 +329,14 @@ def decide_strategy(
     replay: bool,
     history: Sequence[StrategyRun] = (),
     rewrite: bool = False,
+    maintain: bool = False,
 ) -> StrategyChoice:
     """:func:`choose_strategy`'s rule, from the bytes the ranges changed, the snapshots'
     bytes (None when unknown), the pipeline's measured runs (oldest first) and whether its
     target may be rewritten.
 
-    ``auto`` compares the incremental form with the whole one (``rewrite`` when allowed,
+    ``auto`` compares the incremental form (``maintain`` when the pipeline is
+    ``maintain``-able, else ``incremental``) with the whole one (``rewrite`` when allowed,
     else ``full``):
 
     * once both have measured runs, the cheapest of the estimates
@@ -337,7 +365,8 @@ def decide_strategy(
             total,
             whole=whole,
         )
-    allowed = [Strategy.INCREMENTAL, Strategy.FULL, *([Strategy.REWRITE] if rewrite else [])]
+    step = Strategy.MAINTAIN if maintain else Strategy.INCREMENTAL
+    allowed = [step, Strategy.FULL, *([Strategy.REWRITE] if rewrite else [])]
     measured = {s: cost for s in allowed if (cost := estimate_seconds(history, s, changed, total))}
     share = changed / total if total else 1.0
     if total < AUTO_FULL_BELOW_BYTES:
@@ -347,7 +376,7 @@ def decide_strategy(
         sized, by_size = f"the ranges changed {share:.1%} of the snapshots' bytes", whole
     else:
         sized = f"the ranges changed {share:.1%} of {total:,} snapshot bytes"
-        by_size = Strategy.INCREMENTAL
+        by_size = step
 
     def choice(strategy: Strategy, reason: str) -> StrategyChoice:
         estimates = {str(s): round(cost[0], 3) for s, cost in measured.items()}
@@ -355,18 +384,14 @@ def decide_strategy(
             strategy, f"auto: {reason}", changed, total, estimates=estimates, whole=whole
         )
 
-    if Strategy.INCREMENTAL in measured and whole in measured:
+    if step in measured and whole in measured:
         ranked = sorted(measured, key=lambda s: measured[s][0])
         weighed = " against ".join(f"{s} ~{measured[s][0]:.2f} s" for s in ranked)
         runs = " and ".join(str(measured[s][1]) for s in ranked)
         reason = f"measured {weighed} for this batch's sizes (medians of the newest {runs} runs)"
         return choice(ranked[0], reason)
-    if whole in measured and by_size is Strategy.INCREMENTAL:
-        return choice(Strategy.INCREMENTAL, f"{sized}; measuring incremental once")
-    if (
-        Strategy.INCREMENTAL in measured
-        and by_size is Strategy.INCREMENTAL
-        and total < AUTO_MEASURE_WHOLE_BELOW_BYTES
-    ):
+    if whole in measured and by_size is step:
+        return choice(step, f"{sized}; measuring {step} once")
+    if step in measured and by_size is step and total < AUTO_MEASURE_WHOLE_BELOW_BYTES:
         return choice(whole, f"{sized}; measuring {whole} once")
     return choice(by_size, sized)

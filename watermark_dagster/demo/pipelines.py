@@ -5,13 +5,17 @@
 
 Both are declared: the full transform is written once, and each upstream says how its
 rows reach the target's key; the library derives the incremental transform (the keys a
-batch touched, recomputed from the pinned snapshots). The same pipelines written by hand
-are in :mod:`watermark_dagster.demo.handwritten`.
+batch touched, recomputed from the pinned snapshots). ``customer_payments`` is declared
+in SQL (:data:`CUSTOMER_PAYMENTS_SQL`), whose payment totals are sums over one upstream:
+``auto`` maintains them from the change rows (the ``maintain`` strategy) instead of
+reading every payment of the touched customers again. :func:`full_customer_payments` is
+the same target in PySpark, the reference the tests and ``demo verify`` compare with. The
+same pipelines written by hand are in :mod:`watermark_dagster.demo.handwritten`.
 """
 
 from typing import TYPE_CHECKING
 
-from watermark_dagster.config.pipeline import Pipeline, declared_pipeline
+from watermark_dagster.config.pipeline import Pipeline, declared_pipeline, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.demo.paths import DemoPaths
@@ -46,6 +50,17 @@ def full_customer_payments(customers: "DataFrame", payments: "DataFrame") -> "Da
     )
 
 
+CUSTOMER_PAYMENTS_SQL = """SELECT c.customer_id, c.name,
+       CAST(COALESCE(t.total_paid_cents, 0) AS BIGINT) AS total_paid_cents,
+       CAST(COALESCE(t.payment_count, 0) AS BIGINT) AS payment_count
+FROM customers c
+LEFT JOIN (
+  SELECT customer_id, SUM(amount_cents) AS total_paid_cents, COUNT(*) AS payment_count
+  FROM payments
+  GROUP BY customer_id
+) t ON t.customer_id = c.customer_id"""
+
+
 def demo_upstreams(paths: DemoPaths) -> list[DeltaUpstream]:
     """The demo's three upstreams, rooted at ``paths``."""
     return [
@@ -72,13 +87,14 @@ def build_demo_registry(paths: DemoPaths) -> Registry:
         name="orders_enriched",
         description="Orders with their customer's name; reads orders and customers.",
     )(full_orders_enriched)
-    customer_payments = declared_pipeline(
+    customer_payments = sql_pipeline(
+        name="customer_payments",
+        sql=CUSTOMER_PAYMENTS_SQL,
         upstreams={"customers": "customer_id", "payments": "customer_id"},
         target=paths.target("customer_payments"),
         keys=["customer_id"],
-        name="customer_payments",
         description="Payment totals per customer; reads customers and payments.",
-    )(full_customer_payments)
+    )
 
     pipelines: list[Pipeline] = [orders_enriched, customer_payments]
     return Registry(upstreams=demo_upstreams(paths), pipelines=pipelines)

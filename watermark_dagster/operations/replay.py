@@ -191,7 +191,7 @@ def _refuse_inside_full(
         if not registry.pipelines[name].chooses_strategy or name in origin.full_load:
             continue  # a load in full stamps every row with the batch's position
         strategy = _strategy_written(store, name, origin.batch_id)
-        if strategy in ("incremental", "rewrite"):
+        if strategy in ("incremental", "maintain", "rewrite"):
             continue  # each stamps every key it wrote with the batch's position
         how = f"the {strategy} strategy" if strategy else "a strategy not recorded"
         raise ReplayRefusedError(

@@ -39,19 +39,19 @@ deleted like any other. Carrying NULL through a hop may select rows the full tra
 own ``=`` join would not reach: that can only add keys to recompute, never lose one.
 """
 
-import operator
 from collections.abc import Mapping, Sequence
-from functools import reduce
+from dataclasses import replace
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from watermark_dagster.config.batch_context import BatchContext, Transform
 from watermark_dagster.config.declared import Declared, paths_for_batch
 from watermark_dagster.config.key_paths import Hop, KeyPath, key_input, restrictable
+from watermark_dagster.config.maintained import Unmaintainable, form_of
 from watermark_dagster.config.pipeline import Pipeline, Strategy
-from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE, DELETE, UPSERT
+from watermark_dagster.core.columns import CDF_COLUMNS
 from watermark_dagster.core.strategy import StrategyChoice
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import matching_keys, quoted, recompute
@@ -61,6 +61,8 @@ from watermark_dagster.read.key_values import (
     flag_untouched,
     where_in,
 )
+from watermark_dagster.read.maintain import maintained_rows, state_views
+from watermark_dagster.read.target_diff import diff_against_target
 from watermark_dagster.read.transform_checks import computes_per_key, reads_only_upstreams
 
 # The strategies that run the full transform over the pinned snapshots.
@@ -159,16 +161,77 @@ def derive(
         if switched.strategy is Strategy.REWRITE:
             return whole, switched
         return diff_against_target(batch.spark, whole, pipeline), switched
+    if choice is not None and choice.strategy is Strategy.MAINTAIN:
+        maintained, choice = _maintained(pipeline, paths, batch, snapshots, values, choice)
+        if maintained is not None:
+            return maintained, choice
     if values is None:  # more touched keys than the driver holds: joins with a plan
         return _derived_by_joins(pipeline, declared, paths, batch, snapshots, keys), choice
-    restricted = {
-        u: _where_keys(snapshots[u], path, values)
+    restricted = _restricted(paths, snapshots, values, keys)
+    current = _checked(pipeline, full(declared, restricted, batch))
+    return changes_for_values(batch.spark, values, current, keys), choice
+
+
+def _maintained(
+    pipeline: Pipeline,
+    paths: Mapping[str, tuple[KeyPath, ...]],
+    batch: BatchContext,
+    snapshots: Mapping[str, DataFrame],
+    values: list[tuple[object, ...]] | None,
+    choice: StrategyChoice,
+) -> tuple[DataFrame | None, StrategyChoice]:
+    """The changes of a ``maintain`` batch (:mod:`~watermark_dagster.read.maintain`) and
+    its strategy, its reason saying what became of each state; or None and the fallback
+    to ``incremental`` when the batch cannot be maintained (an ``auto`` batch: a
+    configured ``maintain`` is refused, with nothing written)."""
+    keys = list(pipeline.keys)
+    form = form_of(pipeline.declared.sql if pipeline.declared else None, pipeline.upstreams)
+    why = form if isinstance(form, Unmaintainable) else None
+    if not isinstance(form, Unmaintainable):
+        touched = values if values is not None else _touched_keys(paths, batch, snapshots, keys)
+        restricted = _restricted(paths, snapshots, touched, keys)
+        found = maintained_rows(pipeline, form, batch, paths, restricted, touched)
+        if not isinstance(found, Unmaintainable):
+            current = _checked(pipeline, found[0])
+            reason = f"{choice.reason}; {state_views(found[1])}"
+            if values is None:
+                assert isinstance(touched, DataFrame)
+                return recompute(touched, current, keys), replace(choice, reason=reason)
+            changes = changes_for_values(batch.spark, values, current, keys)
+            return changes, replace(choice, reason=reason)
+        why = found
+    if pipeline.strategy is Strategy.MAINTAIN:
+        raise TerminalError(
+            f"Pipeline '{pipeline.name}' sets strategy='maintain', but batch {batch.batch_id} "
+            f"cannot be maintained: {why}. Nothing was written.",
+            pipeline=pipeline.name,
+            batch_id=batch.batch_id,
+            fix="set strategy='auto' (it runs incremental where maintain cannot) or "
+            "'incremental'; the batch then runs again.",
+        )
+    return None, choice.fell_back(str(why))
+
+
+def _restricted(
+    paths: Mapping[str, tuple[KeyPath, ...]],
+    snapshots: Mapping[str, DataFrame],
+    touched: list[tuple[object, ...]] | DataFrame,
+    keys: list[str],
+) -> dict[str, DataFrame]:
+    """Every snapshot, each one with a direct key path cut down to the touched keys."""
+    if isinstance(touched, DataFrame):
+        return {
+            u: _matching_keys(snapshots[u], path, touched, keys)
+            if (path := restrictable(paths[u]))
+            else snapshots[u]
+            for u in paths
+        }
+    return {
+        u: _where_keys(snapshots[u], path, touched)
         if (path := restrictable(paths[u]))
         else snapshots[u]
         for u in paths
     }
-    current = _checked(pipeline, full(declared, restricted, batch))
-    return changes_for_values(batch.spark, values, current, keys), choice
 
 
 # Up to this many touched keys are collected to the driver, once, and written into the
@@ -299,58 +362,9 @@ def _derived_by_joins(
 ) -> DataFrame:
     """The derivation with the touched keys as a plan, semi-joined where they are used."""
     touched = _touched_keys(paths, batch, snapshots, keys)
-    restricted = {
-        u: _matching_keys(snapshots[u], path, touched, keys)
-        if (path := restrictable(paths[u]))
-        else snapshots[u]
-        for u in paths
-    }
+    restricted = _restricted(paths, snapshots, touched, keys)
     current = _checked(pipeline, full(declared, restricted, batch))
     return recompute(touched, current, keys)
-
-
-_OLD = "_wm_old_"
-_FOUND = "_wm_found"
-_ROWS = "_wm_rows"
-
-
-def diff_against_target(spark: SparkSession, whole: DataFrame, pipeline: Pipeline) -> DataFrame:
-    """The changes that turn ``pipeline``'s target into ``whole`` (the full transform's
-    output): an upsert for each row that is new or differs in any of ``whole``'s columns,
-    a delete for each target key ``whole`` no longer has, nothing for the rest. So the
-    MERGE rewrites no unchanged row, and the target's change feed, which other pipelines
-    read, carries only the keys that changed, as after an incremental batch."""
-    keys = list(pipeline.keys)
-    target = spark.read.format("delta").load(pipeline.target)
-    shared = [c for c in whole.columns if c in target.columns]
-    # Rows per key, over the same partitioning as the join (no extra shuffle): a key the
-    # full transform gives several rows is kept whatever the target holds, so the write's
-    # duplicate check refuses it, as it refuses an incremental batch's.
-    computed = whole.columns
-    whole = whole.withColumn(
-        _ROWS, F.count(F.lit(1)).over(Window.partitionBy(*[quoted(k) for k in keys]))
-    )
-    old = target.select(
-        *[quoted(c).alias(_OLD + c) for c in shared], F.lit(True).alias(_OLD + _FOUND)
-    )
-    on = reduce(operator.and_, [quoted(k).eqNullSafe(F.col(_OLD + k)) for k in keys])
-    joined = whole.withColumn(_FOUND, F.lit(True)).join(old, on, "full_outer")
-    present = F.col(_FOUND).isNotNull()
-    was = F.col(_OLD + _FOUND).isNotNull()
-    same = reduce(
-        operator.and_,
-        [quoted(c).eqNullSafe(F.col(_OLD + c)) for c in shared],
-        F.lit(len(shared) == len(computed)),
-    )
-    columns = [
-        F.when(present, quoted(c)).otherwise(F.col(_OLD + c)).alias(c) if c in keys else quoted(c)
-        for c in computed
-    ]
-    change = F.when(present, F.lit(UPSERT)).otherwise(F.lit(DELETE))
-    several = F.coalesce(F.col(_ROWS) > 1, F.lit(False))
-    return joined.where(several | (present & ~(was & same)) | (~present & was)).select(
-        *columns, change.alias(CHANGE_TYPE)
-    )
 
 
 def full(declared: Declared, snapshots: Mapping[str, DataFrame], batch: BatchContext) -> DataFrame:

@@ -73,6 +73,7 @@ class UpstreamInput:
             (the version its batch was planned at), so every reader of the batch sees
             the same rows, even rows committed later inside the window (I3).
         files_read: data files an APPEND_ONLY read opened (None for other modes).
+        table_id: the Delta table id the batch planned the range on (None when unknown).
     """
 
     name: str
@@ -85,6 +86,7 @@ class UpstreamInput:
     files_read: int | None = None
     rows_without_cursor: int = 0
     source_version: int | None = None
+    table_id: str | None = None
     _scan: AppendScan | None = field(default=None, repr=False)
     _files: PinnedFiles | None = field(default=None, repr=False)
     # Each read once, on first use: the transform and the rows-read count share them.
@@ -156,9 +158,20 @@ class UpstreamInput:
             files_read=files_read,
             rows_without_cursor=rows_without_cursor,
             source_version=source_version if planned.is_cursor else None,
+            table_id=table_id,
             _scan=scan,
             _files=files,
         )
+
+    @property
+    def changes_are_differences(self) -> bool:
+        """Whether ``changes`` holds exactly the rows the range removed (deletes and
+        pre-images) and added (inserts and post-images): a Delta table's change feed or
+        appended files, so that signed they sum to the difference between the snapshots
+        before and after the range. A cursor window holds the latest rows, not what they
+        replaced; a snapshot read holds everything."""
+        plain = self.window is None and self._files is None and self.range is not None
+        return plain and self.mode in (ReadMode.CDF, ReadMode.APPEND_ONLY)
 
     @property
     def location(self) -> str:
