@@ -32,6 +32,13 @@ and declared/recompute (per pipeline and per cycle), the load average; writes JS
     .venv/bin/python -m benchmarks.incremental --declared          # 300k orders, 1%, 5 repeats
     .venv/bin/python -m benchmarks.declared --orders 500k --repeats 7
     .venv/bin/python -m benchmarks.declared --quick                # 20k orders, 2 repeats
+    .venv/bin/python -m benchmarks.declared --scale 2m,4m,8m,16m   # growth at 2,000 changed
+
+``--scale`` runs one measurement per size with a fixed number of changed orders per commit
+(``--changed``, 2,000; the other tables change in proportion, as always), the declared
+pipelines against the recompute by default, and prints how each grows from the smallest
+size to the largest: a batch that costs what changed stays flat while a recompute grows
+with the data.
 """
 
 import argparse
@@ -60,6 +67,7 @@ OURS = (
     "declared",
     "declared_minimal",
     "declared_incremental",
+    "declared_maintain",
     "declared_full",
     "declared_rewrite",
     "declared_no_aqe",
@@ -75,6 +83,9 @@ CONTENDERS = {
     "cycle",
     "declared_incremental": "the declared pipelines with strategy=incremental (the derived "
     "transform every batch), the same cycle",
+    "declared_maintain": "the declared pipelines with strategy=maintain where the declaration "
+    "allows it (customer_payments' payment sums kept from the change rows), incremental "
+    "otherwise, the same cycle",
     "declared_full": "the declared pipelines with strategy=full (the full transform diffed "
     "against the target, only the differences merged), the same cycle",
     "declared_rewrite": "the declared pipelines with strategy=rewrite (the full transform "
@@ -97,6 +108,8 @@ RATIOS = (
     ("declared_minimal/recompute", "declared_minimal", "recompute"),
     ("declared_rewrite/recompute", "declared_rewrite", "recompute"),
     ("declared_incremental/recompute", "declared_incremental", "recompute"),
+    ("declared_maintain/recompute", "declared_maintain", "recompute"),
+    ("declared_maintain/declared_incremental", "declared_maintain", "declared_incremental"),
     ("declared_full/recompute", "declared_full", "recompute"),
     ("declared_no_aqe/declared", "declared_no_aqe", "declared"),
     ("declared_full/declared_full_dv", "declared_full", "declared_full_dv"),
@@ -473,7 +486,14 @@ class Lab:
                 return Registry(
                     upstreams=list(registry.upstreams.values()),
                     pipelines=[
-                        replace(p, strategy=strategy, change_feed=change_feed)
+                        replace(
+                            p,
+                            # maintain where the declaration allows it, else incremental
+                            strategy=strategy
+                            if strategy != "maintain" or p.maintainable
+                            else "incremental",
+                            change_feed=change_feed,
+                        )
                         for p in registry.pipelines.values()
                     ],
                 )
@@ -484,6 +504,7 @@ class Lab:
             "declared": build_demo_registry,
             "declared_minimal": with_strategy("auto", "minimal"),
             "declared_incremental": with_strategy("incremental"),
+            "declared_maintain": with_strategy("maintain"),
             "declared_full": with_strategy("full"),
             "declared_rewrite": with_strategy("rewrite"),
             "declared_no_aqe": build_demo_registry,
@@ -802,6 +823,49 @@ def run(
     return result
 
 
+def run_scale(
+    spark: SparkSession, root: Path, args: argparse.Namespace, out: Callable[[str], None]
+) -> dict[str, Any]:
+    """:func:`run` once per size of ``args.scale`` at ``args.changed`` changed orders per
+    commit, each in a folder of its own, then the growth table: each contender's median
+    cycle seconds per size, and how much it grew from the smallest size to the largest.
+
+    Raises:
+        TargetMismatch: a target differed from the full transforms after a repeat.
+    """
+    runs: dict[str, Any] = {}
+    for size in args.scale:
+        sized = argparse.Namespace(**{**vars(args), "orders": size, "change": args.changed / size})
+        out(f"\n== {size:,} orders, {args.changed:,} changed per commit ({sized.change:.3%})")
+        runs[str(size)] = run(spark, root / f"orders-{size}", sized, out)
+        _print_summary(out, runs[str(size)]["summary"])
+        shutil.rmtree(root / f"orders-{size}", ignore_errors=True)
+    names = list(args.contenders)
+    first, last = str(args.scale[0]), str(args.scale[-1])
+    growth = {
+        n: round(
+            runs[last]["summary"]["seconds"][n]["median"]
+            / runs[first]["summary"]["seconds"][n]["median"],
+            2,
+        )
+        for n in names
+    }
+    out(f"\ngrowth at {args.changed:,} changed orders per commit (median cycle seconds, "
+        f"min-max over {args.repeats} repeats):")  # fmt: skip
+    out(f"  {'orders':>12} " + " ".join(f"{n:>24}" for n in names) + "  declared/recompute")
+    for size in args.scale:
+        summary = runs[str(size)]["summary"]
+        cells = " ".join(
+            f"{s['median']:>9.2f} ({s['min']:.2f}-{s['max']:.2f})".rjust(24)
+            for s in (summary["seconds"][n] for n in names)
+        )
+        ratio = summary["ratios"].get("declared/recompute", {}).get("median")
+        out(f"  {size:>12,} {cells}  {'' if ratio is None else f'{ratio:.2f}x'}")
+    out("  growth " + ", ".join(f"{n} x{g:.2f}" for n, g in growth.items())
+        + f" from {args.scale[0]:,} to {args.scale[-1]:,} orders")  # fmt: skip
+    return {"scale": runs, "growth": growth}
+
+
 # ---------------------------------------------------------------------------------------
 # Command line.
 
@@ -821,6 +885,13 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 0.5:
         raise argparse.ArgumentTypeError(f"a change must be above 0 and at most 50%, got {text!r}")
     return value
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = sorted({_rows(t) for t in text.split(",") if t.strip()})
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"no sizes in {text!r}")
+    return sizes
 
 
 def _contenders(text: str) -> list[str]:
@@ -852,7 +923,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, default=None, help="working folder (default: temp)")
     parser.add_argument("--keep", action="store_true", help="keep the tables afterwards")
     parser.add_argument("--quick", action="store_true", help="smoke run: 20k orders, 2 repeats")
+    parser.add_argument("--scale", type=_sizes, default=None, help="comma-separated orders "
+                        "sizes (2m,4m,8m,16m): one run each at --changed orders per commit, "
+                        "and the growth table")  # fmt: skip
+    parser.add_argument("--changed", type=_rows, default=2_000, help="with --scale: changed "
+                        "orders per commit (2,000)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.scale and "--contenders" not in " ".join(argv or sys.argv[1:]):
+        args.contenders = ["declared", "recompute"]
     if args.quick:
         args.orders, args.repeats = 20_000, 2
     if args.repeats < 1:
@@ -900,10 +978,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load average {_load()}")  # fmt: skip
     code = 0
     try:
-        result.update(run(spark, root, args, out))
-        out(f"summary: {args.orders:,} orders, {args.change:.2%} change per commit, "
-            f"{args.repeats} repeats")  # fmt: skip
-        _print_summary(out, result["summary"])
+        if args.scale:
+            result.update(run_scale(spark, root, args, out))
+        else:
+            result.update(run(spark, root, args, out))
+            out(f"summary: {args.orders:,} orders, {args.change:.2%} change per commit, "
+                f"{args.repeats} repeats")  # fmt: skip
+            _print_summary(out, result["summary"])
     except TargetMismatch as e:
         result["correct"], result["stopped"], code = False, f"TargetMismatch: {e}", 1
     except CycleError as e:
