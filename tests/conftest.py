@@ -100,6 +100,9 @@ LONGEST_MODULES = (
     "tests/spark/test_flow.py",  # 331 s
     "tests/model/test_declared.py",  # 218 s
     "tests/spark/test_writes.py",  # 216 s
+    "tests/spark/test_declared_proofs.py",  # 217 s in the fresh clone of 67bd17a
+    "tests/model/test_sql_shapes.py",  # 206 s there
+    "tests/spark/test_maintain.py",  # 352 s, 232 s, 16 s under a load of 5 (and 2 children)
     "tests/spark/test_database_upstream.py",  # 213 s (two servers, both chains), on 1e2b0a3
     "tests/spark/test_landing.py",  # 153 s (263 s beside two other test runs), on 4feba23
     "tests/live/test_live_health.py",  # 177 s
@@ -107,6 +110,7 @@ LONGEST_MODULES = (
     "tests/spark/test_quiet_output.py",  # 127 s (one demo and a verify)
     "tests/spark/test_tutorial.py",  # 134 s under a load of 6
     "tests/spark/test_cli_run.py",  # 112 s
+    "tests/spark/test_computed_key_attacks.py",  # 125 s in the fresh clone of 67bd17a
     "tests/deploy/test_postgres.py",  # 103 s
     "tests/spark/test_cli_verify.py",  # 90 s
     "tests/model/test_model.py",  # 90 s
