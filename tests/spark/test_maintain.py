@@ -27,17 +27,15 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from tests.conftest import REPO
+from tests.support.cycles import cycle_outcomes
 from watermark_dagster.config.pipeline import Pipeline, StrategyValue, sql_pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core import strategy as strategy_rule
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
-from watermark_dagster.core.outcomes import succeeded_pipelines
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.core.strategy import Strategy
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.observe.observer import Observer
-from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
 from watermark_dagster.operations.decide import PipelineOutcome
 from watermark_dagster.operations.replay import plan_replay, run_replay
 from watermark_dagster.operations.run_pipeline import execute_pipeline
@@ -122,26 +120,7 @@ def registry_at(
 
 def cycle(spark: SparkSession, registry: Registry, store: WatermarkStore) -> list[PipelineOutcome]:
     """Plan (or resume) a batch, run its pipelines that have not succeeded, finalize it."""
-    batch = store.open_batch()
-    if batch is None:
-        look = look_before_planning(registry, Observer(), store, actor="test")
-        batch, _ = plan_next(store, look, actor="test")
-        assert batch is not None
-    done = succeeded_pipelines(batch.batch_id, store.checkpoints(batch_id=batch.batch_id))
-    outcomes = [
-        execute_pipeline(
-            spark=spark,
-            store=store,
-            registry=registry,
-            pipeline_name=name,
-            batch_id=batch.batch_id,
-            run_id="test",
-        )
-        for name in batch.pipelines
-        if name not in done
-    ]
-    finalize_batch(store, store.get_batch(batch.batch_id), registry=registry, actor="test")
-    return outcomes
+    return cycle_outcomes(spark, registry, store)[1]
 
 
 def _rows(spark: SparkSession, frame: Any) -> list[tuple]:
