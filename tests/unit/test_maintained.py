@@ -6,6 +6,9 @@ the full query after every kind of change, crashes, replays) is
 ``tests/spark/test_maintain.py``; generated shapes against DataFusion are
 ``tests/model/test_sql_shapes.py``."""
 
+import json
+from dataclasses import replace
+
 import pytest
 import sqlglot
 
@@ -18,12 +21,14 @@ from watermark_dagster.config.maintained import (
 from watermark_dagster.config.pipeline import sql_pipeline
 from watermark_dagster.core.strategy import (
     AUTO_FULL_BELOW_BYTES,
+    MeasuredStrategy,
     Strategy,
     StrategyRun,
     decide_strategy,
     estimate_seconds,
 )
 from watermark_dagster.errors import ConfigurationError
+from watermark_dagster.store import codec
 
 UPSTREAMS = ("customers", "payments", "orders")
 BIG = 100 * AUTO_FULL_BELOW_BYTES
@@ -205,13 +210,62 @@ def test_auto_runs_maintain_where_it_would_run_incremental() -> None:
         StrategyRun("b2", Strategy.MAINTAIN, 1.0, changed_bytes=10, snapshot_bytes=BIG),
     ]
     measured = decide_strategy(Strategy.AUTO, 20, BIG, replay=False, history=history, maintain=True)
-    assert measured.strategy is Strategy.MAINTAIN
+    assert measured.strategy is Strategy.INCREMENTAL  # measured once against maintain
     assert "maintain ~2.00 s against full ~4.00 s" in measured.reason
     assert estimate_seconds(history, Strategy.MAINTAIN, 40, BIG) == (4.0, 1)
     # With the whole form measured only, maintain is measured once.
     once = decide_strategy(Strategy.AUTO, 1, BIG, replay=False, history=history[:1], maintain=True)
     assert once.strategy is Strategy.MAINTAIN
     assert "measuring maintain once" in once.reason
+
+
+def test_auto_weighs_maintain_against_incremental_and_keeps_the_cheaper() -> None:
+    full = StrategyRun("b1", Strategy.FULL, 4.0, changed_bytes=10, snapshot_bytes=BIG)
+    rebuilt = StrategyRun(
+        "b2", Strategy.MAINTAIN, 3.0, changed_bytes=10, snapshot_bytes=BIG, rebuilt=True
+    )
+    maintained = StrategyRun("b3", Strategy.MAINTAIN, 2.0, changed_bytes=10, snapshot_bytes=BIG)
+    # A batch that rebuilt the state read the whole upstream: no measure of maintaining,
+    # so maintain runs once more.
+    assert estimate_seconds([full, rebuilt], Strategy.MAINTAIN, 10, BIG) is None
+    again = decide_strategy(
+        Strategy.AUTO, 10, BIG, replay=False, history=[full, rebuilt], maintain=True
+    )
+    assert again.strategy is Strategy.MAINTAIN, again.reason
+    # Maintain measured and winning: incremental, never run, is measured once.
+    history = [full, rebuilt, maintained]
+    tried = decide_strategy(Strategy.AUTO, 10, BIG, replay=False, history=history, maintain=True)
+    assert tried.strategy is Strategy.INCREMENTAL, tried.reason
+    assert tried.reason.endswith("measuring incremental once"), tried.reason
+    # Then the cheaper of the two is kept: incremental here...
+    cheaper = StrategyRun("b4", Strategy.INCREMENTAL, 1.5, changed_bytes=10, snapshot_bytes=BIG)
+    kept = decide_strategy(
+        Strategy.AUTO, 10, BIG, replay=False, history=[*history, cheaper], maintain=True
+    )
+    assert kept.strategy is Strategy.INCREMENTAL, kept.reason
+    assert "incremental ~1.50 s against maintain ~2.00 s against full ~4.00 s" in kept.reason
+    assert kept.estimates == {"full": 4.0, "incremental": 1.5, "maintain": 2.0}
+    # ... and maintain when it is the cheaper.
+    dearer = replace(cheaper, seconds=2.5)
+    kept = decide_strategy(
+        Strategy.AUTO, 10, BIG, replay=False, history=[*history, dearer], maintain=True
+    )
+    assert kept.strategy is Strategy.MAINTAIN, kept.reason
+    # The whole form winning: neither step form is tried again.
+    cheap_full = replace(full, seconds=1.0)
+    whole = decide_strategy(
+        Strategy.AUTO, 10, BIG, replay=False, history=[cheap_full, maintained], maintain=True
+    )
+    assert whole.strategy is Strategy.FULL, whole.reason
+    # What a batch measured carries the rebuild, and the store reads it back.
+    choice = decide_strategy(Strategy.AUTO, 10, BIG, replay=False, maintain=True)
+    ran = choice.maintained("payments state rebuilt (none -> v3)", rebuilt=True)
+    assert ran.reason.endswith("; payments state rebuilt (none -> v3)")
+    measured = MeasuredStrategy(ran, 3.0).measured()
+    assert measured["rebuilt"] is True
+    assert "rebuilt" not in MeasuredStrategy(choice, 3.0).measured()
+    row = {"batch_id": "b2", "detail": json.dumps({"strategy": measured})}
+    assert codec.strategy_run(row) == replace(rebuilt, changed_bytes=10, snapshot_bytes=BIG)
 
 
 def test_a_fallback_is_incremental_and_says_why() -> None:

@@ -29,8 +29,8 @@ class Strategy(StrEnum):
     * ``maintain``: for declared SQL whose aggregates are sums over one upstream's rows
       (:mod:`~watermark_dagster.config.maintained`), fold the batch's change rows into a
       stored per-group state and recompute the touched keys from it, never reading the
-      aggregated upstream's rows again; it stands in for ``incremental`` wherever ``auto``
-      would run that.
+      aggregated upstream's rows again. Where ``auto`` would run ``incremental`` it runs
+      ``maintain`` first, then measures ``incremental`` once and keeps the cheaper.
     * ``full``: run the full transform over the pinned snapshots and MERGE only the rows
       that differ from the target (its change feed carries only keys that changed).
     * ``rewrite``: run the full transform over the pinned snapshots and overwrite the
@@ -84,6 +84,9 @@ class StrategyRun:
         snapshot_bytes: bytes of the pinned snapshots (None when unknown).
         switched: the batch began incremental and switched to ``strategy`` past
             ``INLINE_KEYS_LIMIT`` touched keys: an incremental attempt, as ``auto`` weighs it.
+        rebuilt: a ``maintain`` batch that rebuilt its state from the snapshot (its first,
+            or the first after batches of another strategy): a first load of the state,
+            not a measure of what maintaining costs.
     """
 
     batch_id: str
@@ -92,6 +95,7 @@ class StrategyRun:
     changed_bytes: int | None = None
     snapshot_bytes: int | None = None
     switched: bool = False
+    rebuilt: bool = False
 
 
 # `auto`'s size rule: the whole form (``rewrite``, or ``full`` for a ``minimal`` change
@@ -132,6 +136,8 @@ class StrategyChoice:
             collects.
         switched: the batch began incremental and switched to the whole form past the
             touched keys the driver collects (:meth:`switched_to_whole`).
+        rebuilt: a ``maintain`` batch rebuilt a state from the snapshot
+            (:meth:`maintained`); ``auto`` does not take its seconds as maintaining's cost.
     """
 
     strategy: Strategy
@@ -142,6 +148,12 @@ class StrategyChoice:
     fixed: bool = False
     whole: Strategy = Strategy.FULL
     switched: bool = False
+    rebuilt: bool = False
+
+    def maintained(self, states: str, *, rebuilt: bool) -> "StrategyChoice":
+        """This ``maintain`` choice as its batch ran it: the reason saying what became of
+        each state (``states``), marked ``rebuilt`` when a state was rebuilt."""
+        return replace(self, reason=f"{self.reason}; {states}", rebuilt=rebuilt)
 
     def fell_back(self, why: str) -> "StrategyChoice":
         """This ``auto`` choice of ``maintain`` as a batch runs it when the batch shows it
@@ -213,6 +225,7 @@ class MeasuredStrategy:
             "changed_bytes": choice.changed_bytes,
             "snapshot_bytes": choice.snapshot_bytes,
             **({"switched": True} if choice.switched else {}),
+            **({"rebuilt": True} if choice.rebuilt else {}),
         }
 
 
@@ -298,9 +311,13 @@ def estimate_seconds(
 
     A batch that began incremental and switched to the whole form past
     ``INLINE_KEYS_LIMIT`` touched keys is a run of ``incremental``: what trying it cost
-    (the touched keys, then the whole form), not a measure of the whole form alone."""
+    (the touched keys, then the whole form), not a measure of the whole form alone. A
+    ``maintain`` batch that rebuilt its state is no measure of ``maintain``: it read the
+    whole upstream once, as a first load does."""
     stepwise = strategy in _STEPWISE
-    if stepwise:
+    if strategy is Strategy.MAINTAIN:
+        mine = [r for r in history if r.strategy is strategy and not r.rebuilt]
+    elif stepwise:
         mine = [r for r in history if r.strategy is strategy or r.switched]
     else:
         mine = [r for r in history if r.strategy is strategy and not r.switched]
@@ -335,12 +352,14 @@ def decide_strategy(
     bytes (None when unknown), the pipeline's measured runs (oldest first) and whether its
     target may be rewritten.
 
-    ``auto`` compares the incremental form (``maintain`` when the pipeline is
-    ``maintain``-able, else ``incremental``) with the whole one (``rewrite`` when allowed,
-    else ``full``):
+    ``auto`` compares the step forms (``incremental``, and first ``maintain`` when the
+    pipeline is ``maintain``-able) with the whole one (``rewrite`` when allowed, else
+    ``full``):
 
-    * once both have measured runs, the cheapest of the estimates
-      (:func:`estimate_seconds`) of every allowed strategy with runs;
+    * once a step form and the whole one have measured runs, the cheapest of the
+      estimates (:func:`estimate_seconds`) of every allowed strategy with runs; but while
+      a step form wins and the other has no measured run, that one, once (a ``maintain``
+      batch that rebuilt its state is not yet a measure, so it runs once more);
     * with neither measured, the size rule: the whole form when the ranges changed at least
       ``AUTO_FULL_FRACTION`` of the snapshots' bytes or the snapshots hold less than
       ``AUTO_FULL_BELOW_BYTES``, else ``incremental``;
@@ -365,8 +384,8 @@ def decide_strategy(
             total,
             whole=whole,
         )
-    step = Strategy.MAINTAIN if maintain else Strategy.INCREMENTAL
-    allowed = [step, Strategy.FULL, *([Strategy.REWRITE] if rewrite else [])]
+    steps = [Strategy.MAINTAIN, Strategy.INCREMENTAL] if maintain else [Strategy.INCREMENTAL]
+    allowed = [*steps, Strategy.FULL, *([Strategy.REWRITE] if rewrite else [])]
     measured = {s: cost for s in allowed if (cost := estimate_seconds(history, s, changed, total))}
     share = changed / total if total else 1.0
     if total < AUTO_FULL_BELOW_BYTES:
@@ -376,7 +395,8 @@ def decide_strategy(
         sized, by_size = f"the ranges changed {share:.1%} of the snapshots' bytes", whole
     else:
         sized = f"the ranges changed {share:.1%} of {total:,} snapshot bytes"
-        by_size = step
+        by_size = steps[0]
+    step = next((s for s in steps if s in measured), steps[0])
 
     def choice(strategy: Strategy, reason: str) -> StrategyChoice:
         estimates = {str(s): round(cost[0], 3) for s, cost in measured.items()}
@@ -389,9 +409,12 @@ def decide_strategy(
         weighed = " against ".join(f"{s} ~{measured[s][0]:.2f} s" for s in ranked)
         runs = " and ".join(str(measured[s][1]) for s in ranked)
         reason = f"measured {weighed} for this batch's sizes (medians of the newest {runs} runs)"
+        untried = [s for s in steps if s not in measured]
+        if ranked[0] in steps and untried:
+            return choice(untried[0], f"{reason}; measuring {untried[0]} once")
         return choice(ranked[0], reason)
-    if whole in measured and by_size is step:
+    if whole in measured and by_size in steps:
         return choice(step, f"{sized}; measuring {step} once")
-    if step in measured and by_size is step and total < AUTO_MEASURE_WHOLE_BELOW_BYTES:
+    if step in measured and by_size in steps and total < AUTO_MEASURE_WHOLE_BELOW_BYTES:
         return choice(whole, f"{sized}; measuring {whole} once")
     return choice(by_size, sized)

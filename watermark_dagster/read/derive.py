@@ -40,7 +40,6 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -193,12 +192,12 @@ def _maintained(
         found = maintained_rows(pipeline, form, batch, paths, restricted, touched)
         if not isinstance(found, Unmaintainable):
             current = _checked(pipeline, found[0])
-            reason = f"{choice.reason}; {state_views(found[1])}"
+            rebuilt = any(step.action == "rebuilt" for step in found[1])
+            choice = choice.maintained(state_views(found[1]), rebuilt=rebuilt)
             if values is None:
                 assert isinstance(touched, DataFrame)
-                return recompute(touched, current, keys), replace(choice, reason=reason)
-            changes = changes_for_values(batch.spark, values, current, keys)
-            return changes, replace(choice, reason=reason)
+                return recompute(touched, current, keys), choice
+            return changes_for_values(batch.spark, values, current, keys), choice
         why = found
     if pipeline.strategy is Strategy.MAINTAIN:
         raise TerminalError(

@@ -286,6 +286,7 @@ def strategy_run(row: Row) -> StrategyRun | None:
         changed_bytes=size("changed_bytes"),
         snapshot_bytes=size("snapshot_bytes"),
         switched=measured.get("switched") is True,
+        rebuilt=measured.get("rebuilt") is True,
     )
 
 
