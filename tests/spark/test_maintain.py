@@ -35,10 +35,13 @@ from watermark_dagster.core import strategy as strategy_rule
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.core.strategy import Strategy
-from watermark_dagster.errors import TerminalError
+from watermark_dagster.errors import RetryableError, TerminalError
+from watermark_dagster.observe.observer import Observer
+from watermark_dagster.operations.coordinate import look_before_planning, plan_next
 from watermark_dagster.operations.decide import PipelineOutcome
 from watermark_dagster.operations.replay import plan_replay, run_replay
 from watermark_dagster.operations.run_pipeline import execute_pipeline
+from watermark_dagster.read import maintain
 from watermark_dagster.read.maintain import STATE_LABEL, state_location
 from watermark_dagster.store import WatermarkStore
 
@@ -287,8 +290,8 @@ def test_a_run_killed_around_its_state_commit_loses_and_doubles_nothing(
     )
     assert child.returncode == -9, child.stdout[-2000:] + child.stderr[-3000:]
     before = _state_history(root, "totals")
-    assert str(before[-1]["userMetadata"]).endswith(
-        f"v={DeltaTable(str(root / 'payments')).version()}"
+    assert f" v={DeltaTable(str(root / 'payments')).version()} from=" in str(
+        before[-1]["userMetadata"]
     )
     outcomes = cycle(spark, registry, store)  # the open batch, resumed
     check_targets(spark, root, f"killed {point}, resumed", names=["totals"])
@@ -302,6 +305,74 @@ def test_a_run_killed_around_its_state_commit_loses_and_doubles_nothing(
     ]
     batches = [str(c["userMetadata"]).split(" seq=")[0] for c in merges]
     assert len(batches) == len(set(batches)), batches  # one data commit per batch
+
+
+def test_two_runs_of_one_batch_never_add_its_deltas_twice(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run B reads the state's label (it reflects the version before the range), run A of
+    the same batch adds the deltas and writes the target, and only then B's MERGE runs: it
+    reads A's version, so Delta sees no conflict. B must fail retryable without writing,
+    and no later batch may add to the doubled state: the next one rebuilds it."""
+    root = tmp_path / "lake"
+    _seed(root)
+    registry = registry_at(root, names=["totals"])
+    store = WatermarkStore(root / "_control")
+    cycle(spark, registry, store)  # a first load
+    write_deltalake(str(root / "payments"), _payments([(40, 1, 5)]), mode="append")
+    cycle(spark, registry, store)  # the state is rebuilt
+    write_deltalake(str(root / "payments"), _payments([(41, 2, 7), (42, None, 1)]), mode="append")
+    look = look_before_planning(registry, Observer(), store, actor="test")
+    batch, _ = plan_next(store, look, actor="test")
+    assert batch is not None
+
+    def run(name: str) -> PipelineOutcome:
+        return execute_pipeline(
+            spark=spark,
+            store=store,
+            registry=registry,
+            pipeline_name="totals",
+            batch_id=batch.batch_id,
+            run_id=name,
+        )
+
+    real = maintain._add_deltas
+    after_a: list[int] = []
+
+    def add_after_another_run(*args: Any, **kwargs: Any) -> None:
+        if not after_a:  # B has read the label; A runs the whole batch first
+            after_a.append(-1)
+            outcome = run("A")
+            assert outcome.write is not None, outcome
+            assert outcome.write.committed, outcome
+            after_a[0] = DeltaTable(str(root / "totals")).version()
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(maintain, "_add_deltas", add_after_another_run)
+    with pytest.raises(RetryableError, match="another run changed the aggregate state"):
+        run("B")
+    monkeypatch.undo()
+    assert DeltaTable(str(root / "totals")).version() == after_a[0]  # B wrote nothing
+    cycle(spark, registry, store)  # the open batch: A succeeded, so it is finalized
+    assert store.open_batch() is None
+    check_targets(spark, root, "two runs of one batch", names=["totals"])
+    # B's commit doubled the deltas and is not believed: the next batch rebuilds.
+    write_deltalake(str(root / "payments"), _payments([(43, 2, 1)]), mode="append")
+    outcomes = cycle(spark, registry, store)
+    assert "payments state rebuilt" in _strategies(outcomes)["totals"], outcomes
+    check_targets(spark, root, "the batch after the race", names=["totals"])
+    # A range whose changes cancel out (a payment added and deleted) changes no group: the
+    # state gets a commit that changes no row, so its label still moves and the next batch
+    # adds to it rather than rebuilding.
+    write_deltalake(str(root / "payments"), _payments([(44, 3, 5)]), mode="append")
+    DeltaTable(str(root / "payments")).delete(predicate="payment_id = 44")
+    outcomes = cycle(spark, registry, store)
+    assert "payments state added" in _strategies(outcomes)["totals"], outcomes
+    assert _state_history(root, "totals")[-1]["operation"] == "SET TBLPROPERTIES"
+    write_deltalake(str(root / "payments"), _payments([(45, 3, 5)]), mode="append")
+    outcomes = cycle(spark, registry, store)
+    assert "payments state added" in _strategies(outcomes)["totals"], outcomes
+    check_targets(spark, root, "after a range that cancelled out", names=["totals"])
 
 
 def test_sums_of_floating_point_values_are_not_maintained(

@@ -126,6 +126,25 @@ def test_sums_over_one_upstream_are_maintained(sql: str) -> None:
             "SELECT customer_id, amount FROM payments",
             "no GROUP BY",
         ),
+        # Shapes a maintained state would get wrong: a grand total beside the groups, a
+        # LIMIT or QUALIFY choosing among groups, a HAVING naming an output (Spark resolves
+        # it; over the state it would name nothing), a value picked from a group.
+        *[
+            (f"SELECT customer_id, SUM(amount) AS total FROM payments GROUP BY {g}", why)
+            for g, why in [
+                ("ROLLUP(customer_id)", "groups by an expression"),
+                ("CUBE(customer_id)", "groups by an expression"),
+                ("GROUPING SETS ((customer_id), ())", "groups by an expression"),
+                ("1", "groups by an expression"),
+                ("customer_id LIMIT 3", "LIMIT"),
+                ("customer_id QUALIFY RANK() OVER (ORDER BY SUM(amount)) = 1", "QUALIFY"),
+                ("customer_id HAVING total > 10", "uses total outside an aggregate"),
+            ]
+        ],
+        (
+            "SELECT customer_id, ANY_VALUE(amount) AS a FROM payments GROUP BY customer_id",
+            "not a sum of per-row values",
+        ),
         (
             "SELECT customer_id, COUNT(*) AS n FROM payments GROUP BY customer_id "
             "UNION ALL SELECT customer_id, COUNT(*) AS n FROM orders GROUP BY customer_id",

@@ -13,8 +13,10 @@ state's rows of the touched keys and the rest of the query.
 **Where the state lives and what it holds.** A Delta table in the target's folder,
 ``<target>/_watermark_state/<upstream>`` (Delta's ``VACUUM`` of the target leaves folders
 whose names start with ``_`` alone). Its every commit is labelled with what it reflects:
-``watermark-state <definition> <upstream table id> v=<version>``, so the state is always
-exactly the aggregate of the upstream's snapshot at one version. A batch whose range is
+``watermark-state <definition> <upstream table id> v=<version>``, then ``from=<version>``
+for deltas added to the state of that version, or ``rebuilt``, then ``run=<id>`` (unique
+to the run that made it, so a run finds its own commit); so the state is exactly the
+aggregate of the upstream's snapshot at one version. A batch whose range is
 ``(start, end]`` therefore:
 
 * adds its deltas when the state reflects ``start - 1`` (the version before the range);
@@ -28,13 +30,20 @@ exactly the aggregate of the upstream's snapshot at one version. A batch whose r
 No delta is ever added twice or to the wrong base: the label is checked against the
 range, and a retry finds its own label. A run killed between the state's commit and the
 target's finds the state at ``end`` and writes the target from it; one killed before the
-state's commit adds the deltas then. Two runs of one batch racing on the state conflict in
-Delta (each MERGE reads the whole state), and the loser's retry finds the label. A replay
-never maintains (it runs ``incremental``), so the state is never moved back.
+state's commit adds the deltas then. A label is believed only when its commit shows it
+was made on the state it names: an added commit must have read the version just before
+it (Delta's ``readVersion``), and that version must be labelled ``from``'s. So two runs of
+one batch racing on the state cannot double a delta unseen: when one read the label, the
+other committed, and only then the first's MERGE ran (no Delta conflict: it read the new
+version), the first's commit read a version labelled ``end``, not ``start - 1``; that run
+fails retryable without using it, and every later batch finds no believable label and
+rebuilds. Each run reads the state at the version it found or committed, never a newer
+one. A replay never maintains (it runs ``incremental``), so the state is never moved back.
 """
 
 import logging
 import operator
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -58,11 +67,13 @@ from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.columns import CHANGE_TYPE, DELETE, PREIMAGE
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.ranges import ReadMode
+from watermark_dagster.errors import RetryableError
 from watermark_dagster.read.changes import matching_keys, quoted
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.read.key_values import where_in
 from watermark_dagster.write.commits import USER_METADATA_CONF, existing_target, session_setting
 from watermark_dagster.write.layout import delta_location
+from watermark_dagster.write.targets import is_write_conflict
 
 log = logging.getLogger("watermark_dagster")
 
@@ -86,12 +97,14 @@ class StateStep:
             ``found`` (it reflected the range's end already).
         before: the version the state reflected before (None: none usable).
         version: the version it reflects now (the range's end).
+        state_version: the state table's version that reflects it (what the batch reads).
     """
 
     upstream: str
     action: str
     before: int | None
     version: int
+    state_version: int
 
     def describe(self) -> str:
         """The step in words: ``payments state added (v4 -> v6)``."""
@@ -134,11 +147,15 @@ def maintained_rows(
         if isinstance(ready, Unmaintainable):
             return ready
         prepared.append(ready)
-    steps = [_bring_state(spark, pipeline, p) for p in prepared]
+    steps = [_bring_state(spark, pipeline, p, batch.batch_id) for p in prepared]
     for step in steps:
         log.info("pipeline=%s maintain: %s", pipeline.name, step.describe())
-    for p in prepared:
-        state = spark.read.format("delta").load(state_location(pipeline.target, p.upstream))
+    for p, step in zip(prepared, steps, strict=True):
+        state = (
+            spark.read.format("delta")
+            .option("versionAsOf", step.state_version)
+            .load(state_location(pipeline.target, p.upstream))
+        )
         kept = F.col(ROWS) > 0
         if p.aggregate.having is not None:
             kept = kept & F.expr(p.aggregate.having)
@@ -225,44 +242,109 @@ def _label(p: _Prepared) -> str:
     return f"{STATE_LABEL}{p.aggregate.fingerprint} {p.source.table_id} v="
 
 
-def _reflected(table: RsDeltaTable | None, prefix: str) -> int | None:
-    """The upstream version the state reflects, when it was kept under ``prefix`` (the
-    same definition of the same upstream table); else None."""
-    if table is None:
+def _parsed(label: str, prefix: str) -> tuple[int, int | None] | None:
+    """``(version reflected, version added to or None for a rebuild)`` of a state commit's
+    ``label`` kept under ``prefix``; None for another definition, table or form."""
+    if not label.startswith(prefix):
         return None
-    for commit in table.history(_RECENT):
-        label = str(commit.get("userMetadata") or "")
-        if label.startswith(STATE_LABEL):
-            if not label.startswith(prefix):
-                return None
-            try:
-                return int(label[len(prefix) :])
-            except ValueError:
-                return None
+    words = label[len(prefix) :].split()
+    if len(words) != 3 or not words[2].startswith("run="):
+        return None
+    try:
+        if words[1] == "rebuilt":
+            return int(words[0]), None
+        if words[1].startswith("from="):
+            return int(words[0]), int(words[1].removeprefix("from="))
+    except ValueError:
+        return None
     return None
 
 
-def _bring_state(spark: SparkSession, pipeline: Pipeline, p: _Prepared) -> StateStep:
+def _reflected(table: RsDeltaTable | None, prefix: str) -> tuple[int, int] | None:
+    """``(upstream version the state reflects, the state table's version that holds it)``
+    when its newest labelled commit is believable under ``prefix`` (the same definition of
+    the same upstream table): a rebuild, or deltas added by a commit that read the version
+    just before it, labelled with the version the deltas were added to. Else None."""
+    if table is None:
+        return None
+    commits = table.history(_RECENT)
+    labels = {c.get("version"): str(c.get("userMetadata") or "") for c in commits}
+    for commit in commits:
+        label = labels[commit.get("version")]
+        if not label.startswith(STATE_LABEL):
+            continue
+        found = _parsed(label, prefix)
+        if found is None:
+            return None
+        end, base = found
+        version, read = commit.get("version"), commit.get("readVersion")
+        if not isinstance(version, int):
+            return None
+        if base is not None:
+            under = _parsed(labels.get(read, ""), prefix) if read == version - 1 else None
+            if under is None or under[0] != base:
+                return None
+        return end, version
+    return None
+
+
+def _committed(table: RsDeltaTable, label: str) -> tuple[int, int | None] | None:
+    """``(version, the version it read)`` of this run's commit labelled ``label`` (the
+    label names the run), or None."""
+    for commit in table.history(_RECENT):
+        version, read = commit.get("version"), commit.get("readVersion")
+        if commit.get("userMetadata") == label and isinstance(version, int):
+            return version, read if isinstance(read, int) else None
+    return None
+
+
+def _raced(pipeline: Pipeline, batch_id: str, location: str, cause: object) -> RetryableError:
+    return RetryableError(
+        f"Pipeline '{pipeline.name}': another run changed the aggregate state at {location} "
+        f"while batch {batch_id} added its changes to it ({cause}). Nothing of this run was "
+        "written to the target, and the state is rebuilt from the snapshot by the next run.",
+        pipeline=pipeline.name,
+        batch_id=batch_id,
+        fix="none needed: the batch is retried by the coordinator (two runs of one batch "
+        "ran at once, e.g. a re-executed run beside the first).",
+    )
+
+
+def _bring_state(spark: SparkSession, pipeline: Pipeline, p: _Prepared, batch_id: str) -> StateStep:
     """Bring ``p``'s state to the range's end: add the deltas, rebuild, or find it there."""
     location = state_location(pipeline.target, p.upstream)
     options = dict(resolved_options(pipeline.storage_options) or {})
     prefix = _label(p)
     table = existing_target(location, options)
-    before = _reflected(table, prefix)
+    found = _reflected(table, prefix)
+    before, read = found if found is not None else (None, None)
+    run = uuid.uuid4().hex[:12]  # names this run's commit: hexadecimal digits only
     end = p.end
     if before == end:
-        return StateStep(p.upstream, "found", before, end)
-    label = f"{prefix}{end}"
+        assert read is not None
+        return StateStep(p.upstream, "found", before, end, read)
     if before is not None and before == p.base:
         assert table is not None
-        _add_deltas(spark, p, location, label)
+        assert read is not None
+        label = f"{prefix}{end} from={before} run={run}"
+        try:
+            _add_deltas(spark, p, location, label)
+        except Exception as e:  # Delta's conflict: another run committed to the state
+            if is_write_conflict(e):
+                raise _raced(pipeline, batch_id, location, "a Delta commit conflict") from e
+            raise
         table.update_incremental()
-        if _reflected(table, prefix) != end:  # nothing changed: Delta made no commit
-            _empty_commit(spark, location, label)
+        if table.version() == read:  # nothing changed: Delta made no commit
+            _empty_commit(spark, location, label, run)
+            table.update_incremental()
+        mine = _committed(table, label)
+        if mine is None or mine != (read + 1, read):
+            raise _raced(pipeline, batch_id, location, f"its commit was not made on version {read}")
         fault_point("after_state_commit", where=pipeline.name)
-        return StateStep(p.upstream, "added", before, end)
+        return StateStep(p.upstream, "added", before, end, mine[0])
     state = spark.sql(p.aggregate.state_sql)  # over the snapshot view (_prepare)
     keys = [c for c in state.columns if c.startswith("_wm_g")]
+    label = f"{prefix}{end} rebuilt run={run}"
     (
         state.where(F.col(ROWS) != 0)
         .orderBy(*keys)  # key ranges per file: a batch reads the files of its keys
@@ -272,8 +354,12 @@ def _bring_state(spark: SparkSession, pipeline: Pipeline, p: _Prepared) -> State
         .option("userMetadata", label)
         .save(location)
     )
+    written = existing_target(location, options)
+    mine = None if written is None else _committed(written, label)
+    if mine is None:
+        raise _raced(pipeline, batch_id, location, "its rebuild was not found in the log")
     fault_point("after_state_commit", where=pipeline.name)
-    return StateStep(p.upstream, "rebuilt", before, end)
+    return StateStep(p.upstream, "rebuilt", before, end, mine[0])
 
 
 def _signed(changes: DataFrame) -> DataFrame:
@@ -311,17 +397,17 @@ def _add_deltas(spark: SparkSession, p: _Prepared, location: str, label: str) ->
     p.source.snapshot.withColumn(SIGN, F.lit(1)).createOrReplaceTempView(p.upstream)
 
 
-def _empty_commit(spark: SparkSession, location: str, label: str) -> None:
-    """A commit that changes no row, labelled: the state reflects ``label``'s version."""
-    (
-        spark.read.format("delta")
-        .load(location)
-        .limit(0)
-        .write.format("delta")
-        .mode("append")
-        .option("userMetadata", label)
-        .save(location)
-    )
+def _empty_commit(spark: SparkSession, location: str, label: str, run: str) -> None:
+    """A commit that changes no row, labelled: the state reflects ``label``'s version.
+
+    Delta commits nothing for an append of no rows, so this sets a table property naming
+    the ``run`` (hexadecimal digits, made here; the location is a quoted identifier)."""
+    assert run.isalnum(), run
+    with session_setting(spark, USER_METADATA_CONF, label):
+        spark.sql(
+            f"ALTER TABLE {delta_location(location)} "
+            f"SET TBLPROPERTIES ('watermark.stateRun' = '{run}')"
+        )
 
 
 def state_views(steps: Sequence[StateStep]) -> str:
