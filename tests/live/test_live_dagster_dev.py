@@ -1,4 +1,5 @@
-"""End to end: ``dagster dev`` on a loopback port drives the demo batches by itself.
+"""End to end: ``watermark dev`` (``dagster dev`` on a loopback port, beside the home's
+Spark Connect engine) drives the demo batches by itself.
 
 Nothing is triggered by hand: the coordinator and finalizer sensors (RUNNING by default)
 plan a batch, launch its run and finalize it. The test watches from outside, through the
@@ -25,7 +26,6 @@ from tests.support.dagster_dev import (
     DagsterDev,
     dev_env,
 )
-from tests.support.engine import running_engine
 from tests.support.ports import free_port
 from watermark_dagster.core.records import Batch, BatchKind, BatchStatus
 from watermark_dagster.demo import (
@@ -704,27 +704,17 @@ def instance_reader(dagster_home: Path) -> Iterator[Callable[[], Any]]:
         instance.dispose()
 
 
-def test_dagster_dev_runs_batches_by_itself(
+def test_watermark_dev_runs_batches_by_itself_on_its_engine(
     spark: Any,
     tmp_path: Path,
     dagster_home: Path,
     watermark_home: Path,
     instance_reader: Callable[[], Any],
 ) -> None:
-    with contextlib.ExitStack() as stack:
-        _dagster_dev_runs_batches_by_itself(
-            stack, spark, tmp_path, dagster_home, watermark_home, instance_reader
-        )
-
-
-def _dagster_dev_runs_batches_by_itself(
-    stack: contextlib.ExitStack,
-    spark: Any,
-    tmp_path: Path,
-    dagster_home: Path,
-    watermark_home: Path,
-    instance_reader: Callable[[], Any],
-) -> None:
+    """``watermark dev`` (no flag): batches planned, run and finalized by the sensors alone;
+    every run, the UI backfill's too, a client of the engine that ``watermark dev`` started
+    (tagged with its URL), the engine's server the only Spark driver, and stopping
+    ``watermark dev`` stops the engine and its server."""
     began = time.monotonic()
     paths = DemoPaths(watermark_home)
     assert seed(spark, paths)
@@ -732,16 +722,27 @@ def _dagster_dev_runs_batches_by_itself(
     assert seeded == {u: 0 for u in UPSTREAMS}, seeded
     assert (dagster_home / "dagster.yaml").is_file()
 
-    env = dev_env(dagster_home, watermark_home)
-    # The home's engine, as `watermark dev` starts it: every run is its Spark Connect client.
-    engine_ready = stack.enter_context(
-        running_engine(watermark_home, env, tmp_path / "engine.out")
-    ).ready
-    env["WATERMARK_ENGINE"] = "connect"
-
-    dev = DagsterDev(cwd=REPO, env=env, port=free_port(), log_path=tmp_path / "dagster_dev.log")
+    # `watermark dev` (no flag), as a user starts it: the home's Spark Connect engine
+    # beside `dagster dev`, every run its client.
+    port = free_port()
+    dev = DagsterDev(
+        cwd=REPO,
+        env=dev_env(dagster_home, watermark_home),
+        port=port,
+        log_path=tmp_path / "watermark_dev.log",
+        command=[str(WATERMARK), "dev", "--host", "127.0.0.1", "--port", str(port)],
+    )
     timings: dict[str, float] = {}
     try:
+        ready = dev.wait_for(
+            "the engine's ready line",
+            lambda: re.search(r"engine ready at (sc://\S+) \(pid (\d+);", dev.log_text()),
+            STARTUP_TIMEOUT,
+        )
+        url, engine_pid = ready.group(1), int(ready.group(2))
+        assert "WATERMARK_ENGINE=connect" in dev.log_text(), dev.explain("no engine setting")
+        record = json.loads((watermark_home / "engine" / "connect.json").read_text())
+        assert (record["url"], record["pid"]) == (url, engine_pid), record
         # ---- the webserver answers and the code location loaded, sensors on by default
         sensors = dev.wait_for(
             "the code location to load", lambda: _sensors(dev, loading=True), STARTUP_TIMEOUT
@@ -950,77 +951,19 @@ def _dagster_dev_runs_batches_by_itself(
         )
 
     assert dev.proc.returncode is not None
-    assert not dev.leftovers, "processes left alive after stopping dagster dev:\n" + "\n".join(
-        dev.leftovers
-    )
-    # No JVM under dagster dev: every run (and the UI backfill's) was a client of the
-    # engine, and nothing else (webserver, daemon, code server, sensors) started Spark.
-    jvms, chains = dev.jvms_by_run(set(run_pids.values()))
-    print(f"Spark driver JVMs by run process: {jvms}; runs: {run_pids}\n{chains}")
-    assert jvms == {}, f"JVMs by run process {jvms}, runs {run_pids}:\n{chains}"
-    tags = {r.run_id: r.tags.get("watermark/engine") for r in instance_reader().get_runs()}
-    batch_runs = {run: tags[run] for run in run_pids}
-    assert batch_runs == {run: f"connect:{engine_ready['url']}" for run in run_pids}, batch_runs
-
-
-def test_watermark_dev_runs_every_run_on_its_connect_engine_and_starts_no_jvm_in_runs(
-    spark: Any,
-    tmp_path: Path,
-    dagster_home: Path,
-    watermark_home: Path,
-    instance_reader: Callable[[], Any],
-) -> None:
-    """``watermark dev`` (no flag): the home's Spark Connect engine starts beside ``dagster
-    dev``, every run of the batch is its client (tagged with its URL) and starts no JVM,
-    the only Spark driver is the engine's server, and stopping ``watermark dev`` stops the
-    engine and its server too."""
-    paths = DemoPaths(watermark_home)
-    assert seed(spark, paths)
-    seeded = _latest_versions(paths)
-    port = free_port()
-    command = [str(WATERMARK), "dev", "--host", "127.0.0.1", "--port", str(port)]
-    dev = DagsterDev(
-        cwd=REPO,
-        env=dev_env(dagster_home, watermark_home),
-        port=port,
-        log_path=tmp_path / "watermark_dev.log",
-        command=command,
-    )
-    try:
-        ready = dev.wait_for(
-            "the engine's ready line",
-            lambda: re.search(r"engine ready at (sc://\S+) \(pid (\d+);", dev.log_text()),
-            STARTUP_TIMEOUT,
-        )
-        url, engine_pid = ready.group(1), int(ready.group(2))
-        assert "WATERMARK_ENGINE=connect" in dev.log_text(), dev.explain("no engine setting")
-        dev.wait_for(
-            "the code location to load", lambda: _sensors(dev, loading=True), STARTUP_TIMEOUT
-        )
-        [first] = dev.wait_for(
-            "the first batch to complete on the engine",
-            lambda: _all_caught_up(paths, seeded, 1),
-            FIRST_BATCH_TIMEOUT,
-        )
-        run_pids = _check_batch_in_dagster(dev, instance_reader(), first)
-        runs = _runs_of_partition(dev, first.batch_id)
-        engines = {r["runId"]: {t["key"]: t["value"] for t in r["tags"]} for r in runs}
-        assert {run: tags.get("watermark/engine") for run, tags in engines.items()} == {
-            run: f"connect:{url}" for run in engines
-        }, dev.explain("runs did not use the engine")
-        _assert_targets_match_full_recompute(spark, paths, seeded)
-        record = json.loads((watermark_home / "engine" / "connect.json").read_text())
-        assert (record["url"], record["pid"]) == (url, engine_pid), record
-        assert (watermark_home / "logs" / "spark-connect.log").is_file()
-    finally:
-        dev.stop()
-    assert dev.proc.returncode is not None
     assert not dev.leftovers, "processes left alive after stopping watermark dev:\n" + "\n".join(
         dev.leftovers
     )
+    # Stopping `watermark dev` stopped its engine too.
     assert not (watermark_home / "engine" / "connect.json").exists()
-    # The engine's server is the only Spark driver: no run process started one.
+    assert (watermark_home / "logs" / "spark-connect.log").is_file()
+    # The engine's server is the only Spark driver: every run (and the UI backfill's) was
+    # its client, and nothing else (webserver, daemon, code server, sensors) started Spark.
     jvms, chains = dev.jvms_by_run(set(run_pids.values()))
-    assert set(jvms) == {None}, f"{jvms}:\n{chains}"
+    print(f"Spark driver JVMs by run process: {jvms}; runs: {run_pids}\n{chains}")
+    assert set(jvms) == {None}, f"JVMs by run process {jvms}, runs {run_pids}:\n{chains}"
     assert len(jvms[None]) == 1, f"{jvms}:\n{chains}"
     assert f"<- {engine_pid} " in chains, chains
+    tags = {r.run_id: r.tags.get("watermark/engine") for r in instance_reader().get_runs()}
+    batch_runs = {run: tags[run] for run in run_pids}
+    assert batch_runs == {run: f"connect:{url}" for run in run_pids}, batch_runs

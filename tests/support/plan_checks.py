@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from watermark_dagster.config.pipeline import Pipeline, declared_pipeline
 from watermark_dagster.config.registry import Registry
-from watermark_dagster.demo.data import DemoPaths, apply_round, seed
+from watermark_dagster.demo.data import DemoPaths, seed
 from watermark_dagster.demo.pipelines import demo_upstreams, full_orders_enriched
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.observe.observer import Observer
@@ -23,9 +23,10 @@ JOIN = "customers.customer_id -> orders.customer_id -> orders.order_id"
 
 
 def refused(spark: SparkSession, tmp_path: Path, pipeline: Pipeline, fragment: str) -> str:
-    """Run ``pipeline``'s second batch over the demo's upstreams: it must stop with a
+    """Run ``pipeline``'s first batch over the demo's upstreams: it must stop with a
     TerminalError saying ``fragment`` (its text is returned), write nothing and move no
-    watermark."""
+    watermark. An incremental batch runs the same checks (tests/spark/test_declared.py
+    refuses on one too)."""
     paths = DemoPaths(tmp_path / "wm")
     seed(spark, paths)
     registry = Registry(upstreams=demo_upstreams(paths), pipelines=[pipeline])
@@ -33,7 +34,6 @@ def refused(spark: SparkSession, tmp_path: Path, pipeline: Pipeline, fragment: s
     look = look_before_planning(registry, Observer(), store, actor="test")
     batch, _ = plan_next(store, look, actor="test")
     assert batch is not None
-    apply_round(spark, paths, 1)  # so a second batch would read changes, not a first load
     with pytest.raises(TerminalError) as caught:
         execute_pipeline(
             spark=spark,
