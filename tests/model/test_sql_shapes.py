@@ -45,7 +45,8 @@ def test_generated_sql_pipelines_equal_datafusion_after_every_batch(
     assert stats.accepted == SHAPES, stats.summary()
     assert stats.checked == SHAPES, stats.summary()
     assert stats.batches >= STEPS + 2, stats.summary()
-    assert sum(stats.refused.values()) > 0, stats.summary()
+    if seed == 1:  # the default case draws shapes the loader refuses; another seed may not
+        assert sum(stats.refused.values()) > 0, stats.summary()
     assert stats.incremental_runs > 0, stats.summary()
     assert stats.maintain_runs > 0, stats.summary()  # maintainable shapes drew it
     assert stats.full_runs > 0, stats.summary()
