@@ -42,7 +42,8 @@ from watermark_dagster.operations.decide import PipelineOutcome
 from watermark_dagster.operations.replay import plan_replay, run_replay
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.read import maintain
-from watermark_dagster.read.maintain import STATE_LABEL, state_location
+from watermark_dagster.read.maintain import state_location
+from watermark_dagster.read.state_log import STATE_LABEL
 from watermark_dagster.store import WatermarkStore
 
 pytestmark = pytest.mark.spark
@@ -147,6 +148,23 @@ def _state_history(root: Path, pipeline: str) -> list[dict[str, Any]]:
     """The state table's commits, oldest first."""
     location = state_location(str(root / pipeline), "payments")
     return list(reversed(DeltaTable(location).history()))
+
+
+def _compacted_and_vacuumed(spark: SparkSession, location: str) -> list[dict[str, Any]]:
+    """A user's ``OPTIMIZE`` then ``VACUUM`` of no retention on a state table; its history
+    after them, oldest first."""
+    spark.sql(f"OPTIMIZE delta.`{location}` ZORDER BY (_wm_g0)")  # rewrites even one file
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    was = spark.conf.get(check, "true")
+    spark.conf.set(check, "false")
+    try:
+        spark.sql(f"VACUUM delta.`{location}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.set(check, was or "true")
+    history = list(reversed(DeltaTable(location).history()))
+    assert [c["operation"] for c in history[-3:]] == ["OPTIMIZE", "VACUUM START", "VACUUM END"]
+    assert int(history[-1]["operationMetrics"]["numDeletedFiles"]) > 0, history[-1]
+    return history
 
 
 def _strategies(outcomes: list[PipelineOutcome]) -> dict[str, str]:
@@ -293,6 +311,10 @@ def test_a_run_killed_around_its_state_commit_loses_and_doubles_nothing(
     assert f" v={DeltaTable(str(root / 'payments')).version()} from=" in str(
         before[-1]["userMetadata"]
     )
+    if point == "after_state_commit":
+        # The state compacted and its old files deleted before the batch resumes: the
+        # labelled version cannot be read any more, the compacted one holds its rows.
+        before = _compacted_and_vacuumed(spark, state_location(str(root / "totals"), "payments"))
     outcomes = cycle(spark, registry, store)  # the open batch, resumed
     check_targets(spark, root, f"killed {point}, resumed", names=["totals"])
     assert store.open_batch() is None
@@ -311,9 +333,11 @@ def test_two_runs_of_one_batch_never_add_its_deltas_twice(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Run B reads the state's label (it reflects the version before the range), run A of
-    the same batch adds the deltas and writes the target, and only then B's MERGE runs: it
-    reads A's version, so Delta sees no conflict. B must fail retryable without writing,
-    and no later batch may add to the doubled state: the next one rebuilds it."""
+    the same batch adds the deltas and writes the target, the batch is finalized, and run C
+    of the next batch reads A's label; only then B's MERGE runs, then C's. Each MERGE read a
+    newer version than its run believed, which Delta does not see as a conflict: B and C
+    must fail retryable without writing, and no later run may believe the doubled state or
+    what C added on top of it (C's retry rebuilds)."""
     root = tmp_path / "lake"
     _seed(root)
     registry = registry_at(root, names=["totals"])
@@ -326,41 +350,58 @@ def test_two_runs_of_one_batch_never_add_its_deltas_twice(
     batch, _ = plan_next(store, look, actor="test")
     assert batch is not None
 
-    def run(name: str) -> PipelineOutcome:
+    def run(name: str, batch_id: str = batch.batch_id) -> PipelineOutcome:
         return execute_pipeline(
             spark=spark,
             store=store,
             registry=registry,
             pipeline_name="totals",
-            batch_id=batch.batch_id,
+            batch_id=batch_id,
             run_id=name,
         )
 
     real = maintain._add_deltas
-    after_a: list[int] = []
+    calls: list[str] = []
+    b_merge: list[tuple[Any, ...]] = []
+    after_c: list[int] = []
 
-    def add_after_another_run(*args: Any, **kwargs: Any) -> None:
-        if not after_a:  # B has read the label; A runs the whole batch first
-            after_a.append(-1)
-            outcome = run("A")
+    def interleaved(*args: Any) -> None:
+        calls.append("call")
+        if len(calls) == 1:  # B has read the label: A runs the whole batch, then C
+            b_merge.append(args)
+            outcome = run("A")  # the second call: A adds the deltas
             assert outcome.write is not None, outcome
             assert outcome.write.committed, outcome
-            after_a[0] = DeltaTable(str(root / "totals")).version()
-        real(*args, **kwargs)
+            cycle(spark, registry, store)  # A succeeded: the batch is finalized
+            write_deltalake(str(root / "payments"), _payments([(43, 1, 2)]), mode="append")
+            look = look_before_planning(registry, Observer(), store, actor="test")
+            following, _ = plan_next(store, look, actor="test")
+            assert following is not None
+            with pytest.raises(RetryableError, match="another run changed the aggregate state"):
+                run("C", following.batch_id)  # the third call
+            after_c.append(DeltaTable(str(root / "totals")).version())
+            return  # B's MERGE ran during C's call
+        if len(calls) == 3:  # C has read A's label: B's MERGE runs first
+            real(*b_merge[0])
+        real(*args)
 
-    monkeypatch.setattr(maintain, "_add_deltas", add_after_another_run)
+    monkeypatch.setattr(maintain, "_add_deltas", interleaved)
     with pytest.raises(RetryableError, match="another run changed the aggregate state"):
         run("B")
     monkeypatch.undo()
-    assert DeltaTable(str(root / "totals")).version() == after_a[0]  # B wrote nothing
-    cycle(spark, registry, store)  # the open batch: A succeeded, so it is finalized
-    assert store.open_batch() is None
-    check_targets(spark, root, "two runs of one batch", names=["totals"])
-    # B's commit doubled the deltas and is not believed: the next batch rebuilds.
-    write_deltalake(str(root / "payments"), _payments([(43, 2, 1)]), mode="append")
+    assert len(calls) == 3, calls
+    # A's commit, B's (the same range again) and C's on top of it
+    a, b, c = (
+        str(c["userMetadata"]).split(" run=")[0].split(" at=")[0]
+        for c in _state_history(root, "totals")[-3:]
+    )
+    assert a == b != c, (a, b, c)
+    assert DeltaTable(str(root / "totals")).version() == after_c[0]  # B and C wrote nothing
+    # C's batch, resumed: neither B's commit nor C's on top of it is believed.
     outcomes = cycle(spark, registry, store)
     assert "payments state rebuilt" in _strategies(outcomes)["totals"], outcomes
-    check_targets(spark, root, "the batch after the race", names=["totals"])
+    assert store.open_batch() is None
+    check_targets(spark, root, "three runs racing on the state", names=["totals"])
     # A range whose changes cancel out (a payment added and deleted) changes no group: the
     # state gets a commit that changes no row, so its label still moves and the next batch
     # adds to it rather than rebuilding.
@@ -369,6 +410,8 @@ def test_two_runs_of_one_batch_never_add_its_deltas_twice(
     outcomes = cycle(spark, registry, store)
     assert "payments state added" in _strategies(outcomes)["totals"], outcomes
     assert _state_history(root, "totals")[-1]["operation"] == "SET TBLPROPERTIES"
+    # The state compacted and vacuumed between batches: the rows are those it labelled.
+    _compacted_and_vacuumed(spark, state_location(str(root / "totals"), "payments"))
     write_deltalake(str(root / "payments"), _payments([(45, 3, 5)]), mode="append")
     outcomes = cycle(spark, registry, store)
     assert "payments state added" in _strategies(outcomes)["totals"], outcomes

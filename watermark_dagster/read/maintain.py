@@ -12,11 +12,9 @@ state's rows of the touched keys and the rest of the query.
 
 **Where the state lives and what it holds.** A Delta table in the target's folder,
 ``<target>/_watermark_state/<upstream>`` (Delta's ``VACUUM`` of the target leaves folders
-whose names start with ``_`` alone). Its every commit is labelled with what it reflects:
-``watermark-state <definition> <upstream table id> v=<version>``, then ``from=<version>``
-for deltas added to the state of that version, or ``rebuilt``, then ``run=<id>`` (unique
-to the run that made it, so a run finds its own commit); so the state is exactly the
-aggregate of the upstream's snapshot at one version. A batch whose range is
+whose names start with ``_`` alone). Its every commit is labelled with the upstream
+version its rows are the aggregate of, and believed only when its commit was made on what
+it names (:mod:`~watermark_dagster.read.state_log`). A batch whose range is
 ``(start, end]`` therefore:
 
 * adds its deltas when the state reflects ``start - 1`` (the version before the range);
@@ -24,20 +22,17 @@ aggregate of the upstream's snapshot at one version. A batch whose range is
   another run of the same batch);
 * otherwise rebuilds it from the snapshot at ``end`` (the first batch, a state kept by an
   edited query or a recreated upstream, batches that ran another strategy in between, a
-  range a forced change moved). A rebuild reads the whole upstream once, as a recompute
-  does.
+  range a forced change moved, a state whose label is not believed). A rebuild reads the
+  whole upstream once, as a recompute does.
 
-No delta is ever added twice or to the wrong base: the label is checked against the
-range, and a retry finds its own label. A run killed between the state's commit and the
-target's finds the state at ``end`` and writes the target from it; one killed before the
-state's commit adds the deltas then. A label is believed only when its commit shows it
-was made on the state it names: an added commit must have read the version just before
-it (Delta's ``readVersion``), and that version must be labelled ``from``'s. So two runs of
-one batch racing on the state cannot double a delta unseen: when one read the label, the
-other committed, and only then the first's MERGE ran (no Delta conflict: it read the new
-version), the first's commit read a version labelled ``end``, not ``start - 1``; that run
-fails retryable without using it, and every later batch finds no believable label and
-rebuilds. Each run reads the state at the version it found or committed, never a newer
+No delta is ever added twice or to the wrong base. A run killed between the state's commit
+and the target's finds the state at ``end`` and writes the target from it; one killed
+before the state's commit adds the deltas then. Two runs of one batch racing on the state
+(one read the label, the other committed, and only then the first's MERGE ran, which Delta
+does not see as a conflict) cannot double a delta unseen: the first's commit was not made
+on the version whose label it believed, so that run fails retryable before writing the
+target, and neither it nor anything added on top of it is believed later (the next batch
+rebuilds). Each run reads the state at the version it found or committed, never a newer
 one. A replay never maintains (it runs ``incremental``), so the state is never moved back.
 """
 
@@ -48,7 +43,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
-from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -71,6 +65,13 @@ from watermark_dagster.errors import RetryableError
 from watermark_dagster.read.changes import matching_keys, quoted
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.read.key_values import where_in
+from watermark_dagster.read.state_log import (
+    added_label,
+    believed,
+    label_prefix,
+    own_commit,
+    rebuilt_label,
+)
 from watermark_dagster.write.commits import USER_METADATA_CONF, existing_target, session_setting
 from watermark_dagster.write.layout import delta_location
 from watermark_dagster.write.targets import is_write_conflict
@@ -78,9 +79,6 @@ from watermark_dagster.write.targets import is_write_conflict
 log = logging.getLogger("watermark_dagster")
 
 STATE_FOLDER = "_watermark_state"
-STATE_LABEL = "watermark-state "
-# A state table's newest commits searched for its label (only this module commits to it).
-_RECENT = 10
 _SOURCE = "__wm_delta__"
 _EXACT = (T.LongType, T.IntegerType, T.ShortType, T.ByteType)
 
@@ -239,63 +237,7 @@ def _cut(state: DataFrame, columns: list[str], touched: Touched, keys: list[str]
 
 
 def _label(p: _Prepared) -> str:
-    return f"{STATE_LABEL}{p.aggregate.fingerprint} {p.source.table_id} v="
-
-
-def _parsed(label: str, prefix: str) -> tuple[int, int | None] | None:
-    """``(version reflected, version added to or None for a rebuild)`` of a state commit's
-    ``label`` kept under ``prefix``; None for another definition, table or form."""
-    if not label.startswith(prefix):
-        return None
-    words = label[len(prefix) :].split()
-    if len(words) != 3 or not words[2].startswith("run="):
-        return None
-    try:
-        if words[1] == "rebuilt":
-            return int(words[0]), None
-        if words[1].startswith("from="):
-            return int(words[0]), int(words[1].removeprefix("from="))
-    except ValueError:
-        return None
-    return None
-
-
-def _reflected(table: RsDeltaTable | None, prefix: str) -> tuple[int, int] | None:
-    """``(upstream version the state reflects, the state table's version that holds it)``
-    when its newest labelled commit is believable under ``prefix`` (the same definition of
-    the same upstream table): a rebuild, or deltas added by a commit that read the version
-    just before it, labelled with the version the deltas were added to. Else None."""
-    if table is None:
-        return None
-    commits = table.history(_RECENT)
-    labels = {c.get("version"): str(c.get("userMetadata") or "") for c in commits}
-    for commit in commits:
-        label = labels[commit.get("version")]
-        if not label.startswith(STATE_LABEL):
-            continue
-        found = _parsed(label, prefix)
-        if found is None:
-            return None
-        end, base = found
-        version, read = commit.get("version"), commit.get("readVersion")
-        if not isinstance(version, int):
-            return None
-        if base is not None:
-            under = _parsed(labels.get(read, ""), prefix) if read == version - 1 else None
-            if under is None or under[0] != base:
-                return None
-        return end, version
-    return None
-
-
-def _committed(table: RsDeltaTable, label: str) -> tuple[int, int | None] | None:
-    """``(version, the version it read)`` of this run's commit labelled ``label`` (the
-    label names the run), or None."""
-    for commit in table.history(_RECENT):
-        version, read = commit.get("version"), commit.get("readVersion")
-        if commit.get("userMetadata") == label and isinstance(version, int):
-            return version, read if isinstance(read, int) else None
-    return None
+    return label_prefix(p.aggregate.fingerprint, p.source.table_id)
 
 
 def _raced(pipeline: Pipeline, batch_id: str, location: str, cause: object) -> RetryableError:
@@ -305,8 +247,8 @@ def _raced(pipeline: Pipeline, batch_id: str, location: str, cause: object) -> R
         "written to the target, and the state is rebuilt from the snapshot by the next run.",
         pipeline=pipeline.name,
         batch_id=batch_id,
-        fix="none needed: the batch is retried by the coordinator (two runs of one batch "
-        "ran at once, e.g. a re-executed run beside the first).",
+        fix="none needed: the batch is retried by the coordinator (another run wrote the "
+        "state at the same time, e.g. a re-executed run beside the first).",
     )
 
 
@@ -316,35 +258,50 @@ def _bring_state(spark: SparkSession, pipeline: Pipeline, p: _Prepared, batch_id
     options = dict(resolved_options(pipeline.storage_options) or {})
     prefix = _label(p)
     table = existing_target(location, options)
-    found = _reflected(table, prefix)
-    before, read = found if found is not None else (None, None)
+    found = believed(table, prefix)
+    before, top = found if found is not None else (None, None)
     run = uuid.uuid4().hex[:12]  # names this run's commit: hexadecimal digits only
     end = p.end
     if before == end:
-        assert read is not None
-        return StateStep(p.upstream, "found", before, end, read)
+        assert top is not None
+        return StateStep(p.upstream, "found", before, end, top)
     if before is not None and before == p.base:
         assert table is not None
-        assert read is not None
-        label = f"{prefix}{end} from={before} run={run}"
+        assert top is not None
+        label = added_label(prefix, end, before, top, run)
         try:
             _add_deltas(spark, p, location, label)
+            table.update_incremental()
+            if table.version() == top:  # nothing changed: Delta made no commit
+                _empty_commit(spark, location, label, run)
         except Exception as e:  # Delta's conflict: another run committed to the state
             if is_write_conflict(e):
                 raise _raced(pipeline, batch_id, location, "a Delta commit conflict") from e
             raise
-        table.update_incremental()
-        if table.version() == read:  # nothing changed: Delta made no commit
-            _empty_commit(spark, location, label, run)
-            table.update_incremental()
-        mine = _committed(table, label)
-        if mine is None or mine != (read + 1, read):
-            raise _raced(pipeline, batch_id, location, f"its commit was not made on version {read}")
-        fault_point("after_state_commit", where=pipeline.name)
-        return StateStep(p.upstream, "added", before, end, mine[0])
-    state = spark.sql(p.aggregate.state_sql)  # over the snapshot view (_prepare)
+        action = "added"
+    else:
+        label = rebuilt_label(prefix, end, run)
+        try:
+            _rebuild(spark, p, location, label)
+        except Exception as e:
+            if is_write_conflict(e):
+                raise _raced(pipeline, batch_id, location, "a Delta commit conflict") from e
+            raise
+        action = "rebuilt"
+    written = existing_target(location, options)
+    mine = None if written is None else own_commit(written, label, prefix)
+    if mine is None:
+        made = f"on state version {top}" if action == "added" else "on the version it read"
+        raise _raced(pipeline, batch_id, location, f"its commit was not made {made}")
+    fault_point("after_state_commit", where=pipeline.name)
+    return StateStep(p.upstream, action, before, end, mine)
+
+
+def _rebuild(spark: SparkSession, p: _Prepared, location: str, label: str) -> None:
+    """The state written from the snapshot at the range's end (the view ``_prepare``
+    made)."""
+    state = spark.sql(p.aggregate.state_sql)
     keys = [c for c in state.columns if c.startswith("_wm_g")]
-    label = f"{prefix}{end} rebuilt run={run}"
     (
         state.where(F.col(ROWS) != 0)
         .orderBy(*keys)  # key ranges per file: a batch reads the files of its keys
@@ -354,12 +311,6 @@ def _bring_state(spark: SparkSession, pipeline: Pipeline, p: _Prepared, batch_id
         .option("userMetadata", label)
         .save(location)
     )
-    written = existing_target(location, options)
-    mine = None if written is None else _committed(written, label)
-    if mine is None:
-        raise _raced(pipeline, batch_id, location, "its rebuild was not found in the log")
-    fault_point("after_state_commit", where=pipeline.name)
-    return StateStep(p.upstream, "rebuilt", before, end, mine[0])
 
 
 def _signed(changes: DataFrame) -> DataFrame:
