@@ -24,13 +24,27 @@ SPARK_TEST_CONF = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
-# The test session's own JVM lives for the whole run: there the full JIT pays back.
-# Measured side by side on test_read_modes.py: 744 s against 885 s with C1 only.
+# The test session's own JVM lives for a whole module: there C2 pays back, but only for
+# the hottest code. Spark generates and loads new classes query after query, and with
+# C2's default thresholds compiling them took 71 of the JVM's 140 CPU-seconds in
+# tests/spark/test_maintain.py's main test; under -n 2 both cores are busy, so that
+# competes with the other worker. That test, two copies at once as under -n 2: 298 s
+# with the default JIT, 263 s with C1 only, 249 s with C2's thresholds raised 8x and two
+# compiler threads (alone on the machine the three are within noise, 157-172 s).
 # It also loads the JDBC drivers of database upstreams (tests/spark/test_database_upstream.py):
 # 2.0 MB of jars, resolved once with Delta's.
 LONG_LIVED_SPARK_CONF = {
     **SPARK_TEST_CONF,
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+    "spark.driver.extraJavaOptions": " ".join(
+        (
+            "-XX:+UseSerialGC",
+            "-XX:CICompilerCount=2",
+            "-XX:Tier4InvocationThreshold=40000",
+            "-XX:Tier4MinInvocationThreshold=20000",
+            "-XX:Tier4CompileThreshold=45000",
+            "-XX:Tier4BackEdgeThreshold=400000",
+        )
+    ),
     JDBC_DRIVERS_KEY: "true",
 }
 
