@@ -1,28 +1,21 @@
 """The Postgres example of docs/instance.md, as written, against a real PostgreSQL server.
 
-The test starts Debian's PostgreSQL server on a free loopback port (its own cluster in a
-temporary folder, run by an unprivileged account when the tests run as root), writes the
-shipped dagster.yaml plus that page's `storage:` block into a fresh DAGSTER_HOME, runs the
-demo's first batch through `watermark demo` (one Spark session), and then finds the runs and
-the pipelines' materializations in the database, through a DagsterInstance and with plain
-SQL. The server is stopped at the end and no process of it is left.
+The test starts Debian's PostgreSQL server on a free loopback port (tests/support/databases.py:
+its own cluster in a temporary folder, run by an unprivileged account when the tests run as
+root), writes the shipped dagster.yaml plus that page's `storage:` block into a fresh
+DAGSTER_HOME, runs the demo's first batch through `watermark demo` (one Spark session), and
+then finds the runs and the pipelines' materializations in the database, through a
+DagsterInstance and with plain SQL. The server is stopped at the end and no process of it is left.
 
 Without the server binaries the test is skipped on a developer's machine and fails under CI
 (`.ci/run` installs Debian's `postgresql` package).
 """
 
-import glob
 import json
 import os
-import pwd
 import re
-import secrets
-import shutil
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,27 +23,15 @@ import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from tests.conftest import REPO, SPARK_TEST_CONF
+from tests.support import databases
 from tests.support.cli import SCRIPT
-from tests.support.ports import free_port
+from tests.support.databases import Database
 from watermark_dagster.definitions import build_demo_location
 
 DOCS_MARKER = (
     "<!-- tests/deploy/test_postgres.py runs this block against a real PostgreSQL server -->"
 )
-DB_USER = "watermark"
 DB_NAME = "dagster"
-
-
-def _pg_bin() -> Path | None:
-    """The newest PostgreSQL server binaries Debian installed (or pg_ctl on PATH)."""
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
-        key=lambda p: int(re.sub(r"\D", "", Path(p).parts[-3]) or 0),
-    )
-    if found:
-        return Path(found[-1]).parent
-    on_path = shutil.which("pg_ctl")
-    return Path(on_path).parent if on_path else None
 
 
 def _docs_block() -> str:
@@ -70,123 +51,11 @@ def _shipped_comment_block() -> str:
     return "\n".join(line.removeprefix("#").removeprefix(" ") for line in lines[start:]) + "\n"
 
 
-def _children(pid: int) -> set[int]:
-    """Every live process whose parent is ``pid``."""
-    found = set()
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.add(int(Path(stat).parent.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-@dataclass
-class Server:
-    host: str
-    port: int
-    password: str
-
-
 @pytest.fixture
-def postgres() -> Iterator[Server]:
+def postgres() -> Iterator[Database]:
     """A PostgreSQL server on 127.0.0.1 with a database for Dagster; stopped afterwards."""
-    bin_dir = _pg_bin()
-    if bin_dir is None:
-        message = (
-            "PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin): install "
-            "Debian's package with `apt-get install -y --no-install-recommends postgresql`"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-    # The server refuses to run as root: run it as an unprivileged account.
-    prefix: list[str] = []
-    owner: pwd.struct_passwd | None = None
-    if os.geteuid() == 0:
-        for name in ("postgres", "nobody"):
-            try:
-                owner = pwd.getpwnam(name)
-                break
-            except KeyError:
-                continue
-        assert owner is not None, "no unprivileged account (postgres, nobody) to run the server"
-        prefix = ["runuser", "-u", owner.pw_name, "--"]
-
-    root = Path(tempfile.mkdtemp(prefix="watermark-pg-"))
-    password = secrets.token_urlsafe(16)
-    pwfile = root / "password"
-    pwfile.write_text(password + "\n")
-    if owner is not None:
-        for path in (root, pwfile):
-            os.chown(path, owner.pw_uid, owner.pw_gid)
-    data, log = root / "data", root / "server.log"
-    port = free_port()
-
-    def pg(*args: str) -> None:
-        done = subprocess.run(
-            [*prefix, *args], capture_output=True, text=True, timeout=120, cwd=root
-        )
-        assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout}{done.stderr}"
-
-    postmaster: int | None = None
-    try:
-        pg(
-            str(bin_dir / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            DB_USER,
-            f"--pwfile={pwfile}",
-            "--auth=scram-sha-256",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        )
-        pg(
-            str(bin_dir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-l",
-            str(log),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} "
-            "-c fsync=off",
-            "start",
-        )
-        postmaster = int((data / "postmaster.pid").read_text().split()[0])
-        subprocess.run(
-            [str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER, DB_NAME],
-            env={**os.environ, "PGPASSWORD": password},
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        yield Server("127.0.0.1", port, password)
-    finally:
-        if postmaster is not None:
-            server_pids = {postmaster, *_children(postmaster)}
-            pg(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
-            deadline = time.monotonic() + 30
-            while any(_alive(p) for p in server_pids) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            left = sorted(p for p in server_pids if _alive(p))
-            assert not left, f"PostgreSQL processes left running: {left}"
-        shutil.rmtree(root, ignore_errors=True)
+    with databases.postgres(DB_NAME) as server:
+        yield server
 
 
 def test_readme_example_matches_the_shipped_comment() -> None:
@@ -200,7 +69,7 @@ def test_readme_example_matches_the_shipped_comment() -> None:
 @pytest.mark.postgres
 @pytest.mark.spark  # the demo batch runs on Spark
 def test_readme_postgres_example_stores_a_demo_batch(
-    postgres: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    postgres: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import psycopg2
 
@@ -217,7 +86,7 @@ def test_readme_postgres_example_stores_a_demo_batch(
         WATERMARK_HOME=str(watermark_home),
         DAGSTER_PG_HOST=postgres.host,
         DAGSTER_PG_PORT=str(postgres.port),
-        DAGSTER_PG_USER=DB_USER,
+        DAGSTER_PG_USER=postgres.user,
         DAGSTER_PG_PASSWORD=postgres.password,
         DAGSTER_PG_DB=DB_NAME,
         # The tests' small-data and quick-JVM Spark settings (tests/conftest.py).
@@ -259,7 +128,7 @@ def test_readme_postgres_example_stores_a_demo_batch(
         psycopg2.connect(
             host=postgres.host,
             port=postgres.port,
-            user=DB_USER,
+            user=postgres.user,
             password=postgres.password,
             dbname=DB_NAME,
         ) as conn,

@@ -1,4 +1,5 @@
-"""Real database servers for the database-upstream tests: Debian's PostgreSQL and MariaDB,
+"""Real database servers for the tests (database upstreams, and PostgreSQL as Dagster's
+storage in tests/deploy/test_postgres.py): Debian's PostgreSQL and MariaDB,
 each started in a temporary folder on a free loopback port (run by an unprivileged account
 when the tests run as root, where the server asks for one), with a database ``shop`` and a
 user whose password is random; stopped, and every process of it gone, on leaving.
@@ -41,16 +42,19 @@ class Database:
     port: int
     password: str
     client: list[str]
+    database: str = DATABASE
+    host: str = "127.0.0.1"
+    user: str = USER
 
     @property
     def url(self) -> str:
-        """The JDBC URL of the ``shop`` database (no credentials in it)."""
-        return f"jdbc:{self.kind}://127.0.0.1:{self.port}/{DATABASE}"
+        """The JDBC URL of the database (no credentials in it)."""
+        return f"jdbc:{self.kind}://{self.host}:{self.port}/{self.database}"
 
     @property
     def schema(self) -> str:
         """The schema tables are created in: ``public``, or the database on MariaDB."""
-        return "public" if self.kind == "postgresql" else DATABASE
+        return "public" if self.kind == "postgresql" else self.database
 
     @property
     def timestamp_type(self) -> str:
@@ -100,16 +104,30 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _wait_gone(pid: int, what: str) -> None:
+def _children(pid: int) -> set[int]:
+    """Every live process whose parent is ``pid``."""
+    found = set()
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(Path(stat).parent.name))
+    return found
+
+
+def _wait_gone(pids: set[int], what: str) -> None:
     deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(pid), f"{what} process {pid} left running"
+    left = sorted(p for p in pids if _alive(p))
+    assert not left, f"{what} processes left running: {left}"
 
 
 @contextlib.contextmanager
-def postgres() -> Iterator[Database]:
-    """A PostgreSQL server with database ``shop`` owned by user ``watermark``."""
+def postgres(database: str = DATABASE) -> Iterator[Database]:
+    """A PostgreSQL server with ``database`` (``shop``) owned by user ``watermark``."""
     found = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
         key=lambda p: int(re.sub(r"\D", "", Path(p).parts[-3]) or 0),
@@ -160,12 +178,16 @@ def postgres() -> Iterator[Database]:
         )
         postmaster = int((data / "postmaster.pid").read_text().split()[0])
         client = ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", USER, "-v", "ON_ERROR_STOP=1"]
+        assert database.isidentifier(), database
         Database("postgresql", port, password, [*client, "-d", "postgres", "-c"]).sql(
-            f"CREATE DATABASE {DATABASE}"
+            f"CREATE DATABASE {database}"
         )
-        yield Database("postgresql", port, password, [*client, "-d", DATABASE, "-AtF\t", "-c"])
+        yield Database(
+            "postgresql", port, password, [*client, "-d", database, "-AtF\t", "-c"], database
+        )
     finally:
         if postmaster is not None:
+            server = {postmaster, *_children(postmaster)}  # the postmaster and its workers
             _run(
                 prefix,
                 str(bin_dir / "pg_ctl"),
@@ -177,7 +199,7 @@ def postgres() -> Iterator[Database]:
                 "stop",
                 cwd=root,
             )
-            _wait_gone(postmaster, "PostgreSQL")
+            _wait_gone(server, "PostgreSQL")
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -258,7 +280,7 @@ def mariadb() -> Iterator[Database]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=30)
-            _wait_gone(process.pid, "MariaDB")
+            _wait_gone({process.pid}, "MariaDB")
         shutil.rmtree(root, ignore_errors=True)
 
 
