@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Schema, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -25,6 +25,7 @@ from watermark_dagster.observe.log import (
     REPLAY_COUNTS,
     Protocol,
     commit_file,
+    commit_history,
     latest_local_version,
     list_local_log,
     replay_local_log,
@@ -374,3 +375,36 @@ def test_observers_shared_by_threads_agree_with_a_full_load(tmp_path: Path) -> N
     for u in ups:
         assert latest_local_version(u.path) is not None
         assert seen(observer.observe(u)) == full_load(Path(u.path))
+
+
+def _labelled(path: Path, label: str, *, first: bool = False) -> None:
+    write_deltalake(
+        str(path),
+        pa.table({"a": pa.array([1], pa.int64())}),
+        mode="overwrite" if first else "append",
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": label}),
+    )
+
+
+def test_a_history_read_on_a_table_loaded_before_new_commits_numbers_them_truly(
+    tmp_path: Path,
+) -> None:
+    """delta-rs numbers a history down from the version its table object was loaded at,
+    yet lists the commits made since: each number would be short by the commits missed
+    (a label found at the wrong version). commit_history brings the table up to date."""
+    path = tmp_path / "t"
+    for version in range(3):
+        _labelled(path, f"c{version}", first=version == 0)
+    stale = DeltaTable(str(path))
+    for version in (3, 4):
+        _labelled(path, f"c{version}")
+    raw = {c["userMetadata"]: c["version"] for c in stale.history(10)}
+    assert raw["c4"] == 2, raw  # what delta-rs itself says: two short
+    stale = DeltaTable(str(path), version=2)
+    got = {c["userMetadata"]: c["version"] for c in commit_history(stale, 10)}
+    assert got == {f"c{v}": v for v in range(5)}
+    assert stale.version() == 4
+    assert [c["userMetadata"] for c in commit_history(DeltaTable(str(path)), 2)] == ["c4", "c3"]
+    after = commit_history(DeltaTable(str(path), version=1), after=2)
+    assert [(c["version"], c["userMetadata"]) for c in after] == [(4, "c4"), (3, "c3")]
+    assert commit_history(DeltaTable(str(path)), after=4) == []

@@ -124,3 +124,16 @@ def test_another_definitions_label_and_a_chain_beyond_the_history_are_not_believ
     commits = log(*(kept("OPTIMIZE", i) for i in range(RECENT)), first=1)
     assert believed_in(commits, RECENT, PREFIX) is None
     assert believed_in({**commits, 0: rebuilt(10, None)}, RECENT, PREFIX) == (10, RECENT)
+
+
+def test_a_compaction_carrying_a_runs_label_is_looked_through() -> None:
+    """Delta's auto-compaction runs inside the MERGE that triggered it and commits under
+    the same label; the property set of a range whose changes cancel out is a state commit."""
+    merge = added(11, 10, at=0, read=0)
+    compaction = {**kept("OPTIMIZE", 1), "userMetadata": merge["userMetadata"]}
+    assert believed_in(log(rebuilt(10, None), merge, compaction), 2, PREFIX) == (11, 2)
+    empty = {**kept("SET TBLPROPERTIES", 2), "userMetadata": added_label(PREFIX, 12, 11, 2, "e")}
+    commits = log(rebuilt(10, None), merge, compaction, empty)
+    assert believed_in(commits, 3, PREFIX) == (12, 3)
+    # Unlabelled, a property set is a user's: it keeps the rows below it.
+    assert believed_in({**commits, 3: kept("SET TBLPROPERTIES", 2)}, 3, PREFIX) == (11, 3)

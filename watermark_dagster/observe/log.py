@@ -194,9 +194,49 @@ class DeltaLog:
         table = DeltaTable(self.path, storage_options=resolved_options(self.storage_options))
         return [
             (int(h["version"]), int(h["timestamp"]))
-            for h in table.history()
+            for h in commit_history(table)
             if "version" in h and "timestamp" in h
         ]
+
+
+# Reads of a history that another writer's commits keep overtaking, before giving up.
+_HISTORY_READS = 10
+
+
+class HistoryOvertakenError(RuntimeError):
+    """Commits kept landing while a table's history was read (its numbers were unsure)."""
+
+
+def commit_history(
+    table: DeltaTable, newest: int | None = None, *, after: int | None = None
+) -> list[dict[str, Any]]:
+    """``table``'s commits as delta-rs's history gives them (newest first), each numbered
+    by its true ``version``: the newest ``newest`` (all when None), or every one after the
+    version ``after``. The table is left at the newest version they include.
+
+    delta-rs numbers a history down from the version the table object was loaded at, but
+    lists the commit files from there up to the newest: a commit made since the load would
+    shift every number down by one (a label found at the wrong version). So the table is
+    brought up to date before the history is read and checked after it: when a commit
+    landed in between, it is read again.
+
+    Raises:
+        HistoryOvertakenError: commits landed during each of ten reads.
+    """
+    for _ in range(_HISTORY_READS):
+        table.update_incremental()
+        version = table.version()
+        limit = newest if after is None else max(0, version - after)
+        if limit == 0:
+            return []
+        commits = [dict(c) for c in table.history(limit)]
+        table.update_incremental()
+        if table.version() == version:
+            return commits
+    raise HistoryOvertakenError(
+        f"the Delta table at {table.table_uri} got new commits during each of "
+        f"{_HISTORY_READS} reads of its history"
+    )
 
 
 # ------------------------------------------------------------------ protocol and metadata

@@ -243,8 +243,9 @@ def _label(p: _Prepared) -> str:
 def _raced(pipeline: Pipeline, batch_id: str, location: str, cause: object) -> RetryableError:
     return RetryableError(
         f"Pipeline '{pipeline.name}': another run changed the aggregate state at {location} "
-        f"while batch {batch_id} added its changes to it ({cause}). Nothing of this run was "
-        "written to the target, and the state is rebuilt from the snapshot by the next run.",
+        f"while batch {batch_id} brought it forward ({cause}). Nothing of this run was "
+        "written to the target. The next run adds the batch's changes to the state where "
+        "it can show what the state holds, and rebuilds it from the snapshot where not.",
         pipeline=pipeline.name,
         batch_id=batch_id,
         fix="none needed: the batch is retried by the coordinator (another run wrote the "
@@ -258,7 +259,9 @@ def _bring_state(spark: SparkSession, pipeline: Pipeline, p: _Prepared, batch_id
     options = dict(resolved_options(pipeline.storage_options) or {})
     prefix = _label(p)
     table = existing_target(location, options)
-    found = believed(table, prefix)
+    # A state kept for an upstream whose table id is unknown could be a recreated table's:
+    # it is rebuilt every batch.
+    found = believed(table, prefix) if p.source.table_id is not None else None
     before, top = found if found is not None else (None, None)
     run = uuid.uuid4().hex[:12]  # names this run's commit: hexadecimal digits only
     end = p.end

@@ -27,8 +27,13 @@ after that commit) is not believed, nor is anything added on top of it.
 
 Commits that keep a table's rows (``OPTIMIZE``, auto-compaction, ``VACUUM``, a table
 property) may sit anywhere in the chain: the rows at such a version are those of the
-version before it. A run reads the state at the newest version (whose files ``VACUUM``
-kept), never at the labelled one below it.
+version before it. A compaction is never taken for a state commit, even under a state
+label (auto-compaction runs inside the MERGE that triggered it and inherits its label). A
+run reads the state at the newest version (whose files ``VACUUM`` kept), never at the
+labelled one below it.
+
+Versions come from :func:`~watermark_dagster.observe.log.commit_history`: delta-rs alone
+would number the history of a table loaded before another run's commit one short.
 """
 
 from collections.abc import Mapping
@@ -37,14 +42,18 @@ from typing import Any
 
 from deltalake import DeltaTable as RsDeltaTable
 
+from watermark_dagster.observe.log import commit_history
+
 STATE_LABEL = "watermark-state "
 # The state's newest commits read for its labels: the chain's links and the commits that
 # keep rows around them. Beyond it, the state is not believed (rebuilt).
 RECENT = 20
-# Operations of commits that leave a table's rows as they were.
-KEEPS_ROWS = frozenset(
-    {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES"}
-)
+# Operations that leave a table's rows as they were. A compaction is never a state commit,
+# whatever its label: Delta's auto-compaction runs inside the MERGE that triggered it and
+# inherits the session's label. A table property set is one when labelled (the commit a
+# range whose changes cancel out makes), else a user's.
+COMPACTIONS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END"})
+KEEPS_ROWS = COMPACTIONS | {"SET TBLPROPERTIES", "UNSET TBLPROPERTIES"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ def _rows_at(
     while version in commits:
         commit = commits[version]
         label = _label_of(commit)
-        if label.startswith(STATE_LABEL):
+        if label.startswith(STATE_LABEL) and commit.get("operation") not in COMPACTIONS:
             found = parsed(label, prefix)
             return None if found is None else (version, found)
         if commit.get("operation") not in KEEPS_ROWS:
@@ -125,8 +134,9 @@ def made_on(
 
 
 def history(table: RsDeltaTable) -> dict[int, Mapping[str, Any]]:
-    """The state's newest commits by version."""
-    return {c["version"]: c for c in table.history(RECENT) if isinstance(c.get("version"), int)}
+    """The state's newest commits by version (the table brought up to date)."""
+    commits = commit_history(table, RECENT)
+    return {c["version"]: c for c in commits if isinstance(c.get("version"), int)}
 
 
 def believed(table: RsDeltaTable | None, prefix: str) -> tuple[int, int] | None:
@@ -135,7 +145,8 @@ def believed(table: RsDeltaTable | None, prefix: str) -> tuple[int, int] | None:
     None (no state, another definition's, or one that must be rebuilt)."""
     if table is None:
         return None
-    return believed_in(history(table), table.version(), prefix)
+    commits = history(table)
+    return believed_in(commits, table.version(), prefix)
 
 
 def believed_in(
@@ -152,7 +163,11 @@ def own_commit(table: RsDeltaTable, label: str, prefix: str) -> int | None:
     """The version of this run's commit labelled ``label`` (it names the run) when it is
     believed; None when it is missing or was not made on what it names."""
     commits = history(table)
-    mine = [v for v, c in commits.items() if _label_of(c) == label]
+    mine = [
+        v
+        for v, c in commits.items()
+        if _label_of(c) == label and c.get("operation") not in COMPACTIONS
+    ]
     found = parsed(label, prefix)
     if len(mine) != 1 or found is None or not made_on(commits, mine[0], found, prefix):
         return None

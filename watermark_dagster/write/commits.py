@@ -24,6 +24,8 @@ from typing import Any
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import SparkSession
 
+from watermark_dagster.observe.log import commit_history
+
 log = logging.getLogger("watermark_dagster")
 
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -152,7 +154,7 @@ def labelled_commit(table: RsDeltaTable, prefix: str, *, newest: int | None = No
     """The version of the newest of the target's last ``newest`` commits (default
     :data:`RECENT_COMMITS`) whose label starts with ``prefix`` (see :func:`new_label`), or
     None."""
-    for commit in table.history(newest or RECENT_COMMITS):
+    for commit in commit_history(table, newest or RECENT_COMMITS):
         if str(commit.get("userMetadata") or "").startswith(prefix):
             return int(commit.get("version", -1))
     return None
@@ -161,7 +163,7 @@ def labelled_commit(table: RsDeltaTable, prefix: str, *, newest: int | None = No
 def newest_written_seq(table: RsDeltaTable, *, newest: int = 20) -> int | None:
     """The position (``seq``) recorded by the newest of the target's last ``newest`` commits
     that one of our writes labelled (see :func:`new_label`), or None."""
-    for commit in table.history(newest):
+    for commit in commit_history(table, newest):
         found = _LABEL_SEQ.match(str(commit.get("userMetadata") or ""))
         if found:
             return int(found.group(1))
@@ -260,21 +262,17 @@ def commits_since(
     (oldest first). ``table``, the target's log opened before the write, is brought up
     to date from where it was instead of being read again."""
     if table is not None:
-        table.update_incremental()
         dt = table
     else:
         options = dict(storage_options) if storage_options else None
         dt = RsDeltaTable(target, storage_options=options)
+    # Every commit after ``before`` (the table's whole history when it did not exist).
+    made = commit_history(dt, after=-1 if before is None else before)
     version = dt.version()
-    made = version - (-1 if before is None else before)
-    if made <= 0:
-        return version, []
     # The write's commits: those that prepared it (creating the target, say) and the one
     # carrying its rows.
-    ours = [
-        dict(c) for c in dt.history(made) if c.get("userMetadata") in (label, PREPARING + label)
-    ]
-    if len(ours) < made:
-        others = made - len(ours)
+    ours = [c for c in made if c.get("userMetadata") in (label, PREPARING + label)]
+    if len(ours) < len(made):
+        others = len(made) - len(ours)
         log.info("target=%s: %d commit(s) by other writers during this write", target, others)
     return version, sorted(ours, key=lambda c: int(c.get("version", 0)))
