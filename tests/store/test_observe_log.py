@@ -405,6 +405,10 @@ def test_a_history_read_on_a_table_loaded_before_new_commits_numbers_them_truly(
     assert got == {f"c{v}": v for v in range(5)}
     assert stale.version() == 4
     assert [c["userMetadata"] for c in commit_history(DeltaTable(str(path)), 2)] == ["c4", "c3"]
+    # The newest two at the loaded version and every commit since: a label committed just
+    # after the load (a fence) is not pushed out of the window by the commits after it.
+    since = commit_history(DeltaTable(str(path), version=2), 2)
+    assert [c["userMetadata"] for c in since] == ["c4", "c3", "c2", "c1"]
     after = commit_history(DeltaTable(str(path), version=1), after=2)
     assert [(c["version"], c["userMetadata"]) for c in after] == [(4, "c4"), (3, "c3")]
     assert commit_history(DeltaTable(str(path)), after=4) == []

@@ -25,6 +25,7 @@ from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
 
 from watermark_dagster.config.secrets import StorageOptions, resolved_options
+from watermark_dagster.errors import RetryableError
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 _LOG = "_delta_log"
@@ -203,7 +204,7 @@ class DeltaLog:
 _HISTORY_READS = 10
 
 
-class HistoryOvertakenError(RuntimeError):
+class HistoryOvertakenError(RetryableError):
     """Commits kept landing while a table's history was read (its numbers were unsure)."""
 
 
@@ -211,31 +212,34 @@ def commit_history(
     table: DeltaTable, newest: int | None = None, *, after: int | None = None
 ) -> list[dict[str, Any]]:
     """``table``'s commits as delta-rs's history gives them (newest first), each numbered
-    by its true ``version``: the newest ``newest`` (all when None), or every one after the
-    version ``after``. The table is left at the newest version they include.
+    by its true ``version``: the newest ``newest`` at the table's loaded version and every
+    commit since (all when None), or every one after the version ``after``. The table is
+    left at the newest version they include.
 
     delta-rs numbers a history down from the version the table object was loaded at, but
     lists the commit files from there up to the newest: a commit made since the load would
     shift every number down by one (a label found at the wrong version). So the table is
-    brought up to date before the history is read and checked after it: when a commit
-    landed in between, it is read again.
+    brought up to date after the history is read: when that finds a newer commit, the
+    history is read again from there.
 
     Raises:
         HistoryOvertakenError: commits landed during each of ten reads.
     """
+    version = table.version()
+    if after is None and newest is not None:
+        after = version - newest  # the window's floor stays put when the history is read again
     for _ in range(_HISTORY_READS):
-        table.update_incremental()
-        version = table.version()
-        limit = newest if after is None else max(0, version - after)
-        if limit == 0:
-            return []
-        commits = [dict(c) for c in table.history(limit)]
+        limit = None if after is None else max(0, version - after)
+        commits = [dict(c) for c in table.history(limit)] if limit != 0 else []
         table.update_incremental()
         if table.version() == version:
             return commits
+        version = table.version()
     raise HistoryOvertakenError(
-        f"the Delta table at {table.table_uri} got new commits during each of "
-        f"{_HISTORY_READS} reads of its history"
+        f"The Delta table at {table.table_uri} got new commits during each of "
+        f"{_HISTORY_READS} reads of its history, so the versions of its commits are unsure.",
+        fix="none needed: the work is retried; if the table is written this often all the "
+        "time, report it.",
     )
 
 
