@@ -4,6 +4,11 @@ Spark records for it.
 
     .venv/bin/python -m benchmarks.jobs                  # 20k orders, 1%, declared incremental
     .venv/bin/python -m benchmarks.jobs --registry declared_full --orders 50k
+    .venv/bin/python -m benchmarks.jobs --orders 2k --warm 2 --describe   # each job, named
+
+``--warm N`` runs N cycles first, so the measured one is what a long-lived process pays;
+``--describe`` lists every job with its seconds and the description Spark gives it (Delta
+names its steps there: computing a snapshot, filtering files, a MERGE's phases).
 
 The upstreams, the first load and the commits are those of :mod:`benchmarks.declared`. The
 phases are the steps of ``run_pipeline`` (bind the inputs, count the rows read, build the
@@ -18,6 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +65,39 @@ class PhaseJobs:
             if previous is not None:
                 self.context.setJobGroup(previous, previous)
 
+    def jobs(self, group: str) -> list[int]:
+        """The ids of ``group``'s jobs, in order."""
+        return sorted(self.tracker.getJobIdsForGroup(group))
+
     def sites(self, group: str) -> list[str]:
         """The call site of each job of ``group`` (its last stage's name)."""
         found = []
-        for job in sorted(self.tracker.getJobIdsForGroup(group)):
+        for job in self.jobs(group):
             info = self.tracker.getJobInfo(job)
             stages = sorted(info.stageIds) if info is not None else []
             stage = self.tracker.getStageInfo(stages[-1]) if stages else None
             found.append(stage.name if stage is not None else "?")
         return found
+
+
+def _descriptions(spark: Any) -> dict[int, tuple[float, str]]:
+    """Each job's seconds and description, from the REST API of the session's UI."""
+    import json
+    import urllib.request
+
+    base = f"{spark.sparkContext.uiWebUrl}/api/v1/applications"
+    app = spark.sparkContext.applicationId
+    with urllib.request.urlopen(f"{base}/{app}/jobs") as response:
+        jobs = json.load(response)
+
+    def seconds(job: dict[str, Any]) -> float:
+        stamps = [job.get(k) for k in ("submissionTime", "completionTime")]
+        if not all(stamps):
+            return 0.0
+        begun, ended = (datetime.strptime(t, "%Y-%m-%dT%H:%M:%S.%f%Z") for t in stamps)
+        return (ended - begun).total_seconds()
+
+    return {j["jobId"]: (seconds(j), j.get("description") or "") for j in jobs}
 
 
 def _wrap(owner: Any, name: str, phases: PhaseJobs, phase: str) -> None:
@@ -112,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--registry",
         choices=(
             "declared_incremental",
+            "declared_maintain",
             "declared_full",
             "declared_rewrite",
             "declared_minimal",
@@ -122,11 +153,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the demo pipelines declared with strategy incremental (default), full or auto "
         "(declared), or written by hand",
     )
+    parser.add_argument(
+        "--describe",
+        action="store_true",
+        help="list every job with the description Spark gives it (Delta names its steps "
+        "there); starts Spark's UI to read them",
+    )
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="cycles run (each after its own commits) before the one measured, so the JVM "
+        "has run every step once: the cost a long-lived process pays",
+    )
     args = parser.parse_args(argv)
 
     import watermark_dagster  # noqa: F401 - build_session then uses the project's session
 
-    spark = build_session("local[2]", {"spark.driver.memory": "2g", **QUICK_CONF}, "bench-jobs")
+    ui = {"spark.ui.enabled": "true", "spark.ui.port": "0"} if args.describe else {}
+    conf = {"spark.driver.memory": "2g", **QUICK_CONF, **ui}
+    spark = build_session("local[2]", conf, "bench-jobs")
     spark.sparkContext.setLogLevel("ERROR")
     root = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
     from deltalake import DeltaTable as RsTable
@@ -135,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_upstreams(spark, upstreams, args.orders)
     lab = Lab(spark, root, [args.registry])
     lab.setup(args.registry, {t: RsTable(str(upstreams / t)).version() for t in KEYS})
+    for salt in range(args.warm):
+        commit_changes(spark, upstreams, fraction=args.change, salt=100 + salt)
+        assert lab.ours[args.registry].cycle(lab.counter, args.registry) is not None
     commits = commit_changes(spark, upstreams, fraction=args.change, salt=1)
     phases = PhaseJobs(spark)
     instrument(phases)
@@ -143,11 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert outcome is not None
     versions = {t: c.version for t, c in commits.items()}
     total = sum(len(phases.sites(g)) for g in phases.groups)
+    descriptions = _descriptions(spark) if args.describe else {}
     print(f"{args.registry}: {args.orders:,} orders, {args.change:.2%} change; upstream "
           f"versions {versions}; {total} Spark jobs in the pipelines' runs")  # fmt: skip
     for group in phases.groups:
         sites = phases.sites(group)
         print(f"  {group:<42} {len(sites):3d} jobs {phases.seconds.get(group, 0.0):7.2f} s")
+        if args.describe:
+            for job, site in zip(phases.jobs(group), sites, strict=True):
+                seconds, text = descriptions.get(job, (0.0, ""))
+                print(f"      {job:4d} {seconds:5.2f} s {site[:50]:<50} | {text[:70]}")
+            continue
         for site, n in Counter(sites).most_common():
             print(f"      {n:3d} x {site}")
     spark.stop()
