@@ -133,9 +133,12 @@ def main(argv: list[str] | None = None) -> int:
                 sql_totals.add(stats)
             findings = len(stats.mismatches) + len(stats.run_failures)
             findings += len(stats.datafusion_errors)
+            refusals = len(stats.duplicate_refusals)
             print(
                 f"case seed={seed} ok in {seconds:.1f}s: {stats.checked} shapes checked "
-                f"after {stats.batches} batches, {findings} findings; so far "
+                f"after {stats.batches} batches, {findings} findings"
+                + (f", {refusals} refused at run time (several rows a key)" if refusals else "")
+                + "; so far "
                 f"{sql_totals.cases} cases, {sql_totals.checked} shapes checked, "
                 f"{time.monotonic() - started:.0f}s",
                 flush=True,
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             ("MISMATCH", sql_totals.mismatches),
             ("RUN-TIME FAILURE", sql_totals.run_failures),
             ("DATAFUSION ERROR", sql_totals.datafusion_errors),
+            ("REFUSED AT RUN TIME (not a finding)", sql_totals.duplicate_refusals),
         ):
             for finding in findings:
                 print(f"\n{title} {finding}", flush=True)

@@ -629,6 +629,10 @@ class SqlStats:
     families: Counter[str] = field(default_factory=Counter)  # accepted, per family
     mismatches: list[str] = field(default_factory=list)
     run_failures: list[str] = field(default_factory=list)
+    # Batches the write refused because the SQL gives one key several rows, with DataFusion
+    # giving that key several rows too at the batch's versions: the one-row-per-key check
+    # doing its job (the declaration cannot prove keys unique), not a finding.
+    duplicate_refusals: list[str] = field(default_factory=list)
     datafusion_errors: list[str] = field(default_factory=list)
 
     def add(self, other: "SqlStats") -> None:
@@ -650,6 +654,8 @@ class SqlStats:
         return (
             f"{counts}\nfindings: mismatches {len(self.mismatches)}, run-time failures "
             f"{len(self.run_failures)}, DataFusion errors {len(self.datafusion_errors)}\n"
+            f"refused at run time, several rows for a key confirmed by DataFusion: "
+            f"{len(self.duplicate_refusals)}\n"
             f"accepted by family: {dict(sorted(self.families.items()))}\n"
             f"refused by reason: {dict(self.refused.most_common())}"
         )
@@ -737,6 +743,9 @@ def difference(got: Counter[Row], want: Counter[Row], width: int) -> str:
 
 # ------------------------------------------------------------------- the case
 
+# What a write's one-row-per-key check says (write/merge.py, duplicate_key_error).
+DUPLICATE_KEY = "the transform returned several rows for key"
+
 
 class SqlShapesCase(DeclaredCase):
     """Generated declared SQL pipelines over one random history of the four upstreams."""
@@ -773,11 +782,14 @@ class SqlShapesCase(DeclaredCase):
         except Exception as e:  # a batch an accepted shape cannot run
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             shape = self.generated[pipeline][0]
-            self.sql_stats.run_failures.append(
+            found = (
                 f"seed {self.seed}, {pipeline}, batch {batch_id}, strategy "
                 f"{self.strategy_of[pipeline]}: {type(e).__name__}: {first}\n{shape.describe()}"
             )
-            self.broken = True
+            confirmed = DUPLICATE_KEY in first and self._duplicated(shape, batch_id)
+            stats = self.sql_stats
+            (stats.duplicate_refusals if confirmed else stats.run_failures).append(found)
+            self.broken = True  # the batch stays open: the case ends here
             return None
         write = outcome.write if outcome is not None else None
         if write is not None and write.drift:
@@ -790,6 +802,23 @@ class SqlShapesCase(DeclaredCase):
                 f"{self.generated[pipeline][0].describe()}"
             )
         return outcome
+
+    def _duplicated(self, shape: Shape, batch_id: str) -> bool:
+        """True when DataFusion's answer to ``shape``'s SQL over the snapshots ``batch_id``
+        pins gives some key several rows."""
+        batch = next(b for b in self.store.batches() if b.batch_id == batch_id)
+        versions: dict[str, int] = {}
+        for upstream in shape.upstreams:
+            version = batch.inputs[upstream].snapshot_version
+            if version is None:
+                return False
+            versions[upstream] = version
+        try:
+            rows = datafusion_rows(shape.sql, self.paths, versions)
+        except Exception:  # the SQL is not in the common subset: not confirmed
+            return False
+        keys = rows_of(rows, shape.keys)
+        return any(count > 1 for count in keys.values())
 
     def check_targets(self) -> None:
         """With no scheduled batch open, every target equals DataFusion's answer to its SQL
