@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from watermark_dagster.config.batch_context import BatchContext, PinnedInput
+    from watermark_dagster.config.database import DatabaseUpstream
+    from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.config.pipeline import (
         Pipeline,
         WriteMode,
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from watermark_dagster.dagster_defs.settings import WatermarkSettings
     from watermark_dagster.dagster_defs.translator import WatermarkTranslator
     from watermark_dagster.read.changes import matching_keys, recompute
+    from watermark_dagster.read.extraction import extraction_stage
     from watermark_dagster.store import WatermarkStore
 
 # Public name -> the module that defines it.
@@ -49,6 +52,9 @@ _API = {
     "Registry": "watermark_dagster.config.registry",
     "EnvRef": "watermark_dagster.config.secrets",
     "CursorUpstream": "watermark_dagster.config.upstream",
+    "DatabaseUpstream": "watermark_dagster.config.database",
+    "LandingUpstream": "watermark_dagster.config.landing",
+    "extraction_stage": "watermark_dagster.read.extraction",
     "DeltaUpstream": "watermark_dagster.config.upstream",
     "Upstream": "watermark_dagster.config.upstream",
     "WatermarkTranslator": "watermark_dagster.dagster_defs.translator",
@@ -67,8 +73,10 @@ _API = {
 __all__ = [
     "BatchContext",
     "CursorUpstream",
+    "DatabaseUpstream",
     "DeltaUpstream",
     "EnvRef",
+    "LandingUpstream",
     "PinnedInput",
     "Pipeline",
     "Registry",
@@ -84,6 +92,7 @@ __all__ = [
     "build_definitions",
     "build_location",
     "declared_pipeline",
+    "extraction_stage",
     "matching_keys",
     "pipeline",
     "recompute",
