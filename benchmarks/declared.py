@@ -42,6 +42,7 @@ with the data.
 """
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -824,11 +825,17 @@ def run(
 
 
 def run_scale(
-    spark: SparkSession, root: Path, args: argparse.Namespace, out: Callable[[str], None]
+    spark: SparkSession,
+    root: Path,
+    args: argparse.Namespace,
+    out: Callable[[str], None],
+    partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """:func:`run` once per size of ``args.scale`` at ``args.changed`` changed orders per
     commit, each in a folder of its own, then the growth table: each contender's median
-    cycle seconds per size, and how much it grew from the smallest size to the largest.
+    cycle seconds per size, each of ours against the recompute (paired), and how much each
+    grew from the smallest size to the largest. ``partial`` gets the sizes measured so far
+    after each one (the JSON is written as the run goes: a large size takes long).
 
     Raises:
         TargetMismatch: a target differed from the full transforms after a repeat.
@@ -840,6 +847,8 @@ def run_scale(
         runs[str(size)] = run(spark, root / f"orders-{size}", sized, out)
         _print_summary(out, runs[str(size)]["summary"])
         shutil.rmtree(root / f"orders-{size}", ignore_errors=True)
+        if partial is not None:
+            partial({"scale": runs})
     names = list(args.contenders)
     first, last = str(args.scale[0]), str(args.scale[-1])
     growth = {
@@ -852,18 +861,27 @@ def run_scale(
     }
     out(f"\ngrowth at {args.changed:,} changed orders per commit (median cycle seconds, "
         f"min-max over {args.repeats} repeats):")  # fmt: skip
-    out(f"  {'orders':>12} " + " ".join(f"{n:>24}" for n in names) + "  declared/recompute")
+    # Each of ours against the recompute, paired within its size's repeats.
+    against = [f"{n}/recompute" for n in names if n != "recompute" and "recompute" in names]
+    out(f"  {'orders':>12} " + " ".join(f"{n:>24}" for n in names)
+        + "".join(f"  {a:>30}" for a in against))  # fmt: skip
     for size in args.scale:
         summary = runs[str(size)]["summary"]
         cells = " ".join(
             f"{s['median']:>9.2f} ({s['min']:.2f}-{s['max']:.2f})".rjust(24)
             for s in (summary["seconds"][n] for n in names)
         )
-        ratio = summary["ratios"].get("declared/recompute", {}).get("median")
-        out(f"  {size:>12,} {cells}  {'' if ratio is None else f'{ratio:.2f}x'}")
+        ratios = "".join(f"  {_ratio_cell(summary['ratios'].get(a)):>30}" for a in against)
+        out(f"  {size:>12,} {cells}{ratios}")
     out("  growth " + ", ".join(f"{n} x{g:.2f}" for n, g in growth.items())
         + f" from {args.scale[0]:,} to {args.scale[-1]:,} orders")  # fmt: skip
     return {"scale": runs, "growth": growth}
+
+
+def _ratio_cell(spread: dict[str, float] | None) -> str:
+    if spread is None:
+        return ""
+    return f"{spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f})"
 
 
 # ---------------------------------------------------------------------------------------
@@ -979,7 +997,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         if args.scale:
-            result.update(run_scale(spark, root, args, out))
+
+            def partial(found: dict[str, Any]) -> None:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps({**result, **found}, indent=2) + "\n")
+
+            result.update(run_scale(spark, root, args, out, partial))
         else:
             result.update(run(spark, root, args, out))
             out(f"summary: {args.orders:,} orders, {args.change:.2%} change per commit, "
@@ -995,8 +1018,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
         result["seconds"] = round(time.monotonic() - started, 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        import json
-
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     if result["stopped"]:
         out(f"\nSTOPPED: {result['stopped']}")
