@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 # 312 s. The JVMs the tests start (runs, commands, engines, servers) keep code generation,
 # as do the timing benchmarks (benchmarks/): tests/spark/test_cli_run.py, all child JVMs,
 # took 82 s interpreted against 83 s, no gain. WATERMARK_TEST_CODEGEN=1 keeps it
-# everywhere; CI runs the scale tier so.
+# everywhere.
 INTERPRETED_CONF = (
     {}
     if os.environ.get("WATERMARK_TEST_CODEGEN") == "1"
@@ -133,6 +133,9 @@ LONGEST_MODULES = (
     "tests/spark/test_engine.py",  # 439 s
     "tests/spark/test_declared.py",  # 360 s
     "tests/spark/test_flow.py",  # 331 s
+    # The scale tier's servers (seconds under -n 2 in its own run, 1aebe8d and 74e89df).
+    "tests/scale/test_catalog.py",  # 200-285 s
+    "tests/scale/test_s3_end_to_end.py",  # 176-257 s
     "tests/model/test_declared.py",  # 218 s
     "tests/spark/test_writes.py",  # 216 s
     "tests/spark/test_declared_proofs.py",  # 217 s in the fresh clone of 67bd17a
@@ -149,13 +152,8 @@ LONGEST_MODULES = (
     "tests/deploy/test_postgres.py",  # 103 s
     "tests/spark/test_cli_verify.py",  # 90 s
     "tests/model/test_model.py",  # 90 s
-    # The scale tier (-m scale, -n 2; seconds under -n 2, two modules at a time, on this
-    # stop's code): xdist hands each worker two modules to start with, the first and third to
-    # one and the second and fourth to the other, so the order pairs them for an even split.
-    "tests/scale/test_catalog.py",  # 285 s
-    "tests/scale/test_s3_end_to_end.py",  # 257 s
-    "tests/scale/test_connect_remote.py",  # 135 s
-    "tests/scale/test_cluster.py",  # 160 s
+    "tests/scale/test_connect_remote.py",  # 132-135 s
+    "tests/scale/test_cluster.py",  # 122-160 s
 )
 
 
