@@ -16,6 +16,7 @@ def test_run_once_runs_one_batch_and_run_runs_until_idle(
     from dagster._core.instance.ref import InstanceRef
 
     from tests.support.lakes import defs_from
+    from watermark_dagster.dagster_defs.assets import ENGINE_TAG
     from watermark_dagster.dagster_defs.headless import HeadlessRunner
 
     lake = up_copy_lake(tmp_path, dagster_home, spark_master="local[1]")
@@ -37,3 +38,10 @@ def test_run_once_runs_one_batch_and_run_runs_until_idle(
     assert rest.returncode == 0, rest.stdout + rest.stderr
     assert len(json.loads(rest.stdout)["completed"]) == 2
     assert lake.store.committed_versions()["up"] == 5
+    # No engine for this home: every run used its own process's session, as its tag says.
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home)))
+    try:
+        tags = [r.tags.get(ENGINE_TAG) for r in instance.get_runs()]
+    finally:
+        instance.dispose()
+    assert tags == ["process"] * 4, tags

@@ -19,6 +19,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,7 @@ def _wait(what: str, condition, timeout: float = START_TIMEOUT):
     return found
 
 
-def test_runs_use_the_home_engine_start_no_jvm_survive_its_restart_and_run_alone_after(
+def test_runs_use_the_home_engine_start_no_jvm_and_survive_its_restart(
     spark, tmp_path: Path
 ) -> None:
     paths = DemoPaths(tmp_path / "wm")
@@ -189,14 +190,8 @@ def test_runs_use_the_home_engine_start_no_jvm_survive_its_restart_and_run_alone
         assert engine.stop() == 0, engine.output.read_text()[-3000:]
         assert not _alive(restarted.server_pid)
         assert read_record(engine.folder) is None
-
-    # Without an engine the next batch runs in the run process's own Spark session.
-    apply_round(spark, paths, 2)
-    fourth = _run(run_env)
-    assert len(fourth["completed"]) == 1
-    assert "SparkSubmit" in launches.read_text()
-    assert _engine_tags(paths.home / "dagster")[-1] == "process"
-    _assert_exact(spark, paths)
+    # Without a record, runs start their own session, as every run of the other test
+    # modules does (tests/spark/test_cli_run.py checks their tag, "process").
 
 
 ISOLATION = textwrap.dedent(
@@ -251,25 +246,49 @@ ISOLATION = textwrap.dedent(
 )
 
 
-def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
-    spark, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="class")
+def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """One engine (its URL and environment) for the tests of a class that only need a
+    server to be clients of: each client's sessions are its own (the isolation test
+    checks what they share), so one start serves them all."""
+    folder = tmp_path_factory.mktemp("engine")
+    env = _env(folder / "wm")
+    with running_engine(folder / "wm", env, folder / "engine.out") as engine:
+        yield engine.record().url, env
+
+
+class TestClientsOfOneEngine:
+    """Clients of one engine, started once for the class."""
+
+    def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
+        self, spark, tmp_path: Path, engine_url: tuple[str, dict[str, str]]
+    ) -> None:
+        _isolated_sessions(spark, tmp_path, *engine_url)
+
+    def test_what_a_python_full_transform_hides_is_refused_on_connect_too(
+        self, tmp_path: Path, engine_url: tuple[str, dict[str, str]]
+    ) -> None:
+        """The cases tests/spark/test_declared.py refuses on a local session (a table read
+        in a subquery, collected rows, a checkpoint, reflect, a total over all rows), run by
+        a client of the engine: the plan is the server's, read from its text. Each batch
+        stops before writing (tests/support/plan_checks.py asserts it)."""
+        _hiding_refused(tmp_path, *engine_url)
+
+
+def _isolated_sessions(spark, tmp_path: Path, url: str, env: dict[str, str]) -> None:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    home = tmp_path / "wm"
-    env = _env(home)
     table = tmp_path / "shared"
     spark.createDataFrame([], "who string, i int").write.format("delta").save(str(table))
-    with running_engine(home, env, tmp_path / "engine.out") as engine:
-        proc = subprocess.run(
-            [sys.executable, "-c", ISOLATION, engine.record().url, str(table)],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    proc = subprocess.run(
+        [sys.executable, "-c", ISOLATION, url, str(table)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == {
         "sessions": 2,
@@ -323,22 +342,15 @@ HIDING_ON_CONNECT = textwrap.dedent(
 )
 
 
-def test_what_a_python_full_transform_hides_is_refused_on_connect_too(tmp_path: Path) -> None:
-    """The cases tests/spark/test_declared.py refuses on a local session (a table read in
-    a subquery, collected rows, a checkpoint, reflect, a total over all rows), run by a
-    client of the engine: the plan is the server's, read from its text. Each batch stops
-    before writing (tests/support/plan_checks.py asserts it)."""
-    home = tmp_path / "wm"
-    env = _env(home)
-    with running_engine(home, env, tmp_path / "engine.out") as engine:
-        proc = subprocess.run(
-            [sys.executable, "-c", HIDING_ON_CONNECT, engine.record().url, str(tmp_path)],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+def _hiding_refused(tmp_path: Path, url: str, env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", HIDING_ON_CONNECT, url, str(tmp_path)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = json.loads(proc.stdout.splitlines()[-1])
     assert sorted(said) == sorted(name for name, _, _ in HIDING)
