@@ -61,6 +61,7 @@ from watermark_dagster.read.key_values import (
     where_in,
 )
 from watermark_dagster.read.maintain import maintained_rows, state_views
+from watermark_dagster.read.reach import reaching_rows
 from watermark_dagster.read.target_diff import diff_against_target
 from watermark_dagster.read.transform_checks import computes_per_key, reads_only_upstreams
 
@@ -217,7 +218,9 @@ def _restricted(
     touched: list[tuple[object, ...]] | DataFrame,
     keys: list[str],
 ) -> dict[str, DataFrame]:
-    """Every snapshot, each one with a direct key path cut down to the touched keys."""
+    """Every snapshot cut down to the rows that can reach a touched key: an upstream
+    holding the keys to their rows, one reached through a join path (held as values) to
+    its rows that walk to one (:mod:`~watermark_dagster.read.reach`)."""
     if isinstance(touched, DataFrame):
         return {
             u: _matching_keys(snapshots[u], path, touched, keys)
@@ -225,12 +228,13 @@ def _restricted(
             else snapshots[u]
             for u in paths
         }
-    return {
-        u: _where_keys(snapshots[u], path, touched)
-        if (path := restrictable(paths[u]))
-        else snapshots[u]
-        for u in paths
+    restricted = {
+        u: _where_keys(snapshots[u], p, touched) for u in paths if (p := restrictable(paths[u]))
     }
+    for u in (u for u in paths if u not in restricted):  # read only for the keys it reaches
+        reached = reaching_rows(u, paths[u], snapshots, touched, INLINE_KEYS_LIMIT)
+        restricted[u] = snapshots[u] if reached is None else reached
+    return restricted
 
 
 # Up to this many touched keys are collected to the driver, once, and written into the

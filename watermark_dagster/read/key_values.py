@@ -51,7 +51,7 @@ def flag_untouched(
         return changes
     hit = "_wm_hit"
     if len(keys) == 1:
-        touched = _one_of(quoted(keys[0]), values, changes.schema[keys[0]].dataType)
+        touched = one_of(quoted(keys[0]), values, changes.schema[keys[0]].dataType)
         return changes.withColumn(UNTOUCHED, ~F.coalesce(touched, F.lit(False)))
     names = [f"_wm_touched{i}" for i in range(len(keys))]
     schema = changes.select(*[quoted(k).alias(n) for k, n in zip(keys, names, strict=True)])
@@ -63,7 +63,7 @@ def flag_untouched(
     return joined.withColumn(UNTOUCHED, F.col(hit).isNull()).drop(hit, *names)
 
 
-def _one_of(column: Column, values: list[tuple[object, ...]], dtype: T.DataType) -> Column:
+def one_of(column: Column, values: list[tuple[object, ...]], dtype: T.DataType) -> Column:
     """``column`` (of type ``dtype``) equals the first item of one of ``values``, NULL
     equal to NULL: an ``IN`` (which Delta also skips files with), or'd with ``IS NULL``
     for a NULL value.
@@ -93,7 +93,7 @@ def where_in(frame: DataFrame, columns: list[str], values: list[tuple[object, ..
         return frame.where(F.lit(False))
     if len(columns) == 1:
         dtype = frame.select(quoted(columns[0])).schema.fields[0].dataType
-        return frame.where(_one_of(quoted(columns[0]), values, dtype))
+        return frame.where(one_of(quoted(columns[0]), values, dtype))
     schema = frame.select(*[quoted(c) for c in columns]).schema
     local = frame.sparkSession.createDataFrame(values, schema)
     return matching_keys(frame, local, columns)

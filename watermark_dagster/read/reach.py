@@ -1,0 +1,117 @@
+"""The other side of a join read only for what a batch touched: the rows of an upstream
+reached through a join path (:class:`~watermark_dagster.config.key_paths.KeyPath` with
+hops) that can reach a touched target key, found by walking each path backwards from the
+keys.
+
+This is the read side of the delta rule (ΔA⋈B ∪ A⋈ΔB): the touched keys are ΔA's keys and
+the keys B's changes reach (:mod:`~watermark_dagster.read.derive`); recomputing them needs
+A's rows for those keys (an upstream holding the keys is cut down to them) and only the
+rows of B that join them, not the whole of B. Each step is an ``IN`` filter on a pinned
+snapshot (which Delta also skips files with, by the log's per-file statistics) and a
+collect of at most ``limit`` values; past it the upstream is read whole, as before.
+
+Why the rows kept are enough. Take a touched key ``k`` and the rows of an upstream ``U``
+whose walk along none of its paths reaches ``k`` in the pinned snapshots. Removing them is
+a change like any other, so by the derivation's own rule (the module docstring of
+:mod:`~watermark_dagster.read.derive`), ``k``'s row can differ only if one of the removed
+rows reaches ``k`` through rows the change left alone, which are rows of the snapshots:
+none does, so ``k``'s row is the same. Cutting several upstreams down one after another
+keeps this true, since each walk runs through the whole snapshots, a superset of what is
+left. NULL is matched to NULL at every step (:func:`~watermark_dagster.read.key_values.
+where_in`), which can keep more rows than the query's own ``=`` joins, never fewer.
+"""
+
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from watermark_dagster.config.key_paths import KeyPath, key_input
+from watermark_dagster.read.changes import quoted
+from watermark_dagster.read.key_values import collected, one_of, where_in
+
+
+def reaching_rows(
+    upstream: str,
+    paths: Sequence[KeyPath],
+    snapshots: Mapping[str, DataFrame],
+    touched: list[tuple[object, ...]],
+    limit: int,
+) -> DataFrame | None:
+    """The rows of ``upstream``'s snapshot that reach one of the ``touched`` keys along
+    one of its ``paths``; None when that cannot be said by values the driver holds (a
+    path starting from several columns beside another path, a key computed from a
+    column on a direct path beside another path, or more than ``limit`` values at a
+    step): the caller then reads the whole snapshot."""
+    frame = snapshots[upstream]
+    if not paths:
+        return None
+    if len(paths) == 1:
+        [path] = paths
+        starts = _start_values(path, snapshots, touched, limit)
+        if starts is None:
+            return None
+        return where_in(frame, list(path.start), starts)
+    # Several paths (a query joining the upstream to itself): a row is kept when one of
+    # them reaches a touched key, as one filter (a union would repeat a row that two
+    # paths reach, and the query would count it twice).
+    conditions: list[Column] = []
+    for path in paths:
+        if len(path.start) != 1 or (path.direct and path.computed):
+            return None
+        starts = _start_values(path, snapshots, touched, limit)
+        if starts is None:
+            return None
+        column = path.start[0]
+        conditions.append(one_of(quoted(column), starts, frame.schema[column].dataType))
+    condition = conditions[0]
+    for other in conditions[1:]:
+        condition = condition | other
+    return frame.where(condition)
+
+
+def _start_values(
+    path: KeyPath,
+    snapshots: Mapping[str, DataFrame],
+    touched: list[tuple[object, ...]],
+    limit: int,
+) -> list[tuple[object, ...]] | None:
+    """The values of ``path.start`` whose walk reaches one of ``touched``: the touched
+    keys themselves for a direct path, else each hop walked backwards from its ``carry``
+    columns (the keys, for the last) to its ``match`` columns; None past ``limit``."""
+    if path.direct:
+        if not path.computed:
+            return touched
+        # Values of the start columns that compute a touched key: from the snapshot.
+        return _ends_reaching(snapshots[path.upstream], path, touched, limit, path.start)
+    last = path.hops[-1]
+    values = _ends_reaching(snapshots[last.upstream], path, touched, limit, last.match)
+    for hop in reversed(path.hops[:-1]):
+        if not values:  # None (too many) or none at all
+            return values
+        reached = where_in(snapshots[hop.upstream], list(hop.carry), values)
+        values = collected(reached.select(*[quoted(c) for c in hop.match]).distinct(), limit)
+    return values
+
+
+def _ends_reaching(
+    frame: DataFrame,
+    path: KeyPath,
+    touched: list[tuple[object, ...]],
+    limit: int,
+    columns: Sequence[str],
+) -> list[tuple[object, ...]] | None:
+    """The distinct ``columns`` of ``frame``'s rows whose walk ends (``path.end``, or the
+    keys computed from it) at one of ``touched``; None past ``limit``."""
+    if path.computed:
+        inputs = {key_input(i): quoted(c) for i, c in enumerate(path.end)}
+        names = [f"_wm_reach{i}" for i in range(len(path.end))]
+        keys = {
+            n: F.col(i) if e is None else F.expr(e)
+            for i, e, n in zip(inputs, path.computed, names, strict=True)
+        }
+        keyed = frame.withColumns(inputs).withColumns(keys)
+        reached = where_in(keyed, names, touched)
+    else:
+        reached = where_in(frame, list(path.end), touched)
+    return collected(reached.select(*[quoted(c) for c in columns]).distinct(), limit)
