@@ -9,7 +9,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from watermark_dagster.config.key_paths import Hop, KeyPath, key_input
-from watermark_dagster.read.reach import reaching_rows
+from watermark_dagster.errors import TerminalError
+from watermark_dagster.read.reach import BY_KEYS_CONF, reaching_rows
 
 pytestmark = pytest.mark.spark
 
@@ -120,3 +121,19 @@ def test_past_the_limit_the_whole_snapshot_is_read(spark: SparkSession) -> None:
     pair = KeyPath("orders", ("order_id", "customer_id"))
     other = KeyPath("orders", ("order_id",), (Hop("orders", ("customer_id",), ("order_id",)),))
     assert reaching_rows("orders", [pair, other], frames, [(10,)], LIMIT) is None
+
+
+def test_the_setting_reads_joined_upstreams_whole_and_a_bad_value_is_refused(
+    spark: SparkSession,
+) -> None:
+    frames = _frames(spark)
+    path = KeyPath("customers", ("customer_id",), (Hop("orders", ("customer_id",), ("order_id",)),))
+    try:
+        spark.conf.set(BY_KEYS_CONF, "false")
+        assert reaching_rows("customers", [path], frames, [(11,)], LIMIT) is None
+        spark.conf.set(BY_KEYS_CONF, "sometimes")
+        with pytest.raises(TerminalError, match=r"readJoinedByKeys='sometimes'.*true or false"):
+            reaching_rows("customers", [path], frames, [(11,)], LIMIT)
+    finally:
+        spark.conf.unset(BY_KEYS_CONF)
+    assert reaching_rows("customers", [path], frames, [(11,)], LIMIT) is not None

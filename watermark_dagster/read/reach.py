@@ -23,12 +23,34 @@ where_in`), which can keep more rows than the query's own ``=`` joins, never few
 
 from collections.abc import Mapping, Sequence
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from watermark_dagster.config.key_paths import KeyPath, key_input
+from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import quoted
 from watermark_dagster.read.key_values import collected, one_of, where_in
+
+# Our own Spark setting: "false" reads every joined upstream whole, as before this module
+# (benchmarks/declared.py measures both: the contender declared_whole_joins).
+BY_KEYS_CONF = "spark.watermark.declared.readJoinedByKeys"
+
+
+def by_keys(spark: SparkSession) -> bool:
+    """Whether joined upstreams are read only for the touched keys (:data:`BY_KEYS_CONF`,
+    default true).
+
+    Raises:
+        TerminalError: the setting is neither true nor false.
+    """
+    text = (spark.conf.get(BY_KEYS_CONF, None) or "true").strip().lower()
+    if text not in ("true", "false"):
+        raise TerminalError(
+            f"Spark setting {BY_KEYS_CONF}={text!r} is neither true nor false.",
+            fix="set it to true (the default: a joined upstream is read only for the rows "
+            "that reach the touched keys) or false (read whole); nothing was written.",
+        )
+    return text == "true"
 
 
 def reaching_rows(
@@ -41,10 +63,14 @@ def reaching_rows(
     """The rows of ``upstream``'s snapshot that reach one of the ``touched`` keys along
     one of its ``paths``; None when that cannot be said by values the driver holds (a
     path starting from several columns beside another path, a key computed from a
-    column on a direct path beside another path, or more than ``limit`` values at a
-    step): the caller then reads the whole snapshot."""
+    column on a direct path beside another path, more than ``limit`` values at a step,
+    or :data:`BY_KEYS_CONF` set to false): the caller then reads the whole snapshot.
+
+    Raises:
+        TerminalError: :data:`BY_KEYS_CONF` is neither true nor false.
+    """
     frame = snapshots[upstream]
-    if not paths:
+    if not paths or not by_keys(frame.sparkSession):
         return None
     if len(paths) == 1:
         [path] = paths
