@@ -3,7 +3,8 @@
 Spark frames, NULL matched to NULL, a self-join's two paths kept as one filter (no row
 twice), a key computed from the walk's end, and the whole snapshot read past the limit.
 The batches that use it are checked against a recompute in tests/spark/test_declared.py,
-test_declared_proofs.py and the model tests."""
+test_declared_proofs.py and the model tests: off by default, it is on in the test
+process's session (tests/conftest.py)."""
 
 import pytest
 from pyspark.sql import SparkSession
@@ -123,17 +124,25 @@ def test_past_the_limit_the_whole_snapshot_is_read(spark: SparkSession) -> None:
     assert reaching_rows("orders", [pair, other], frames, [(10,)], LIMIT) is None
 
 
-def test_the_setting_reads_joined_upstreams_whole_and_a_bad_value_is_refused(
-    spark: SparkSession,
-) -> None:
+def test_the_setting_is_off_by_default_and_a_bad_value_is_refused(spark: SparkSession) -> None:
     frames = _frames(spark)
     path = KeyPath("customers", ("customer_id",), (Hop("orders", ("customer_id",), ("order_id",)),))
+    # This process's session turns it on (tests/conftest.py); restored as found.
+    saved = spark.conf.get(BY_KEYS_CONF, None)
     try:
+        spark.conf.unset(BY_KEYS_CONF)
+        assert reaching_rows("customers", [path], frames, [(11,)], LIMIT) is None
         spark.conf.set(BY_KEYS_CONF, "false")
         assert reaching_rows("customers", [path], frames, [(11,)], LIMIT) is None
         spark.conf.set(BY_KEYS_CONF, "sometimes")
-        with pytest.raises(TerminalError, match=r"readJoinedByKeys='sometimes'.*true or false"):
+        with pytest.raises(
+            TerminalError, match=r"readJoinedByKeys='sometimes' is neither true nor false"
+        ):
             reaching_rows("customers", [path], frames, [(11,)], LIMIT)
+        spark.conf.set(BY_KEYS_CONF, "true")
+        assert reaching_rows("customers", [path], frames, [(11,)], LIMIT) is not None
     finally:
-        spark.conf.unset(BY_KEYS_CONF)
-    assert reaching_rows("customers", [path], frames, [(11,)], LIMIT) is not None
+        if saved is None:
+            spark.conf.unset(BY_KEYS_CONF)
+        else:
+            spark.conf.set(BY_KEYS_CONF, saved)

@@ -8,7 +8,8 @@ the keys B's changes reach (:mod:`~watermark_dagster.read.derive`); recomputing 
 A's rows for those keys (an upstream holding the keys is cut down to them) and only the
 rows of B that join them, not the whole of B. Each step is an ``IN`` filter on a pinned
 snapshot (which Delta also skips files with, by the log's per-file statistics) and a
-collect of at most ``limit`` values; past it the upstream is read whole, as before.
+collect of at most ``limit`` values; past it the upstream is read whole. Off unless the
+Spark setting :data:`BY_KEYS_CONF` is true (see there for what it costs).
 
 Why the rows kept are enough. Take a touched key ``k`` and the rows of an upstream ``U``
 whose walk along none of its paths reaches ``k`` in the pinned snapshots. Removing them is
@@ -31,24 +32,29 @@ from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import quoted
 from watermark_dagster.read.key_values import collected, one_of, where_in
 
-# Our own Spark setting: "false" reads every joined upstream whole, as before this module
-# (benchmarks/declared.py measures both: the contender declared_whole_joins).
+# Our own Spark setting, off by default: "true" reads a joined upstream only for the rows
+# that reach the touched keys. The walk scans the upstreams its paths hop through once more
+# to skip rows of the joined one, which pays only where the joined upstream is the larger
+# and Delta can skip its files by the join key (clustered by it). On the demo it does not:
+# orders_enriched took 14.4 s against 12.2 s read whole at 2M orders, since the walk scans
+# the 2M orders again to spare a read of the 200k customers (benchmarks/declared.py, the
+# contender declared_by_keys; docs/benchmarks.md).
 BY_KEYS_CONF = "spark.watermark.declared.readJoinedByKeys"
 
 
 def by_keys(spark: SparkSession) -> bool:
     """Whether joined upstreams are read only for the touched keys (:data:`BY_KEYS_CONF`,
-    default true).
+    default false).
 
     Raises:
         TerminalError: the setting is neither true nor false.
     """
-    text = (spark.conf.get(BY_KEYS_CONF, None) or "true").strip().lower()
+    text = (spark.conf.get(BY_KEYS_CONF, None) or "false").strip().lower()
     if text not in ("true", "false"):
         raise TerminalError(
             f"Spark setting {BY_KEYS_CONF}={text!r} is neither true nor false.",
-            fix="set it to true (the default: a joined upstream is read only for the rows "
-            "that reach the touched keys) or false (read whole); nothing was written.",
+            fix="set it to true (a joined upstream is read only for the rows that reach the "
+            "touched keys) or false (the default: read whole); nothing was written.",
         )
     return text == "true"
 
@@ -64,7 +70,7 @@ def reaching_rows(
     one of its ``paths``; None when that cannot be said by values the driver holds (a
     path starting from several columns beside another path, a key computed from a
     column on a direct path beside another path, more than ``limit`` values at a step,
-    or :data:`BY_KEYS_CONF` set to false): the caller then reads the whole snapshot.
+    or :data:`BY_KEYS_CONF` not set to true): the caller then reads the whole snapshot.
 
     Raises:
         TerminalError: :data:`BY_KEYS_CONF` is neither true nor false.
