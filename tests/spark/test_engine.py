@@ -281,16 +281,7 @@ def _isolated_sessions(spark, tmp_path: Path, url: str, env: dict[str, str]) -> 
 
     table = tmp_path / "shared"
     spark.createDataFrame([], "who string, i int").write.format("delta").save(str(table))
-    proc = subprocess.run(
-        [sys.executable, "-c", ISOLATION, url, str(table)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == {
+    assert _client(ISOLATION, [url, str(table)], env) == {
         "sessions": 2,
         "a_sees_its_view": True,
         "b_sees_a_view": False,
@@ -343,8 +334,15 @@ HIDING_ON_CONNECT = textwrap.dedent(
 
 
 def _hiding_refused(tmp_path: Path, url: str, env: dict[str, str]) -> None:
+    said = _client(HIDING_ON_CONNECT, [url, str(tmp_path)], env)
+    assert sorted(said) == sorted(name for name, _, _ in HIDING)
+
+
+def _client(script: str, args: list[str], env: dict[str, str]) -> dict:
+    """What ``script``, run as a Connect client in a process of its own, printed last (a
+    process that used Spark Connect stays in Connect mode: not this one)."""
     proc = subprocess.run(
-        [sys.executable, "-c", HIDING_ON_CONNECT, url, str(tmp_path)],
+        [sys.executable, "-c", script, *args],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -352,8 +350,7 @@ def _hiding_refused(tmp_path: Path, url: str, env: dict[str, str]) -> None:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    said = json.loads(proc.stdout.splitlines()[-1])
-    assert sorted(said) == sorted(name for name, _, _ in HIDING)
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 KILLER = '''
