@@ -219,8 +219,9 @@ def _restricted(
     keys: list[str],
 ) -> dict[str, DataFrame]:
     """Every snapshot cut down to the rows that can reach a touched key: an upstream
-    holding the keys to their rows, one reached through a join path (held as values) to
-    its rows that walk to one (:mod:`~watermark_dagster.read.reach`)."""
+    holding the keys to their rows; one reached through a join path, with the keys held
+    as values and the walk turned on, to its rows that walk to one
+    (:mod:`~watermark_dagster.read.reach`), else whole."""
     if isinstance(touched, DataFrame):
         return {
             u: _matching_keys(snapshots[u], path, touched, keys)
