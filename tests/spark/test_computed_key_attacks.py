@@ -429,7 +429,7 @@ def test_a_key_class_whose_columns_differ_in_type(
     spark: SparkSession, tmp_path: Path, tables: Tables, shape: Shape, changes: list[Change]
 ) -> None:
     """infer() gives every reference in the key's class the same template
-    (KeyPath.computed), and derive._with_keys evaluates it on that reference's own column.
+    (KeyPath.computed), and reach.with_keys evaluates it on that reference's own column.
     Equal under `=` (with Spark's coercions, -0.0 = 0.0) is not equal under the
     expression: the change touched a key the query never produces, and the batch wrote a
     stale target. Such a class is now refused by the batch, before anything is written."""

@@ -42,12 +42,11 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from watermark_dagster.config.batch_context import BatchContext, Transform
 from watermark_dagster.config.declared import Declared, paths_for_batch
-from watermark_dagster.config.key_paths import Hop, KeyPath, key_input, restrictable
+from watermark_dagster.config.key_paths import Hop, KeyPath, restrictable
 from watermark_dagster.config.maintained import Unmaintainable, form_of
 from watermark_dagster.config.pipeline import Pipeline, Strategy
 from watermark_dagster.core.columns import CDF_COLUMNS
@@ -61,7 +60,7 @@ from watermark_dagster.read.key_values import (
     where_in,
 )
 from watermark_dagster.read.maintain import maintained_rows, state_views
-from watermark_dagster.read.reach import reaching_rows
+from watermark_dagster.read.reach import reaching_rows, with_keys
 from watermark_dagster.read.target_diff import diff_against_target
 from watermark_dagster.read.transform_checks import computes_per_key, reads_only_upstreams
 
@@ -318,22 +317,7 @@ def _computed_keys(
     names = list(names or path.end)
     if not path.computed:
         return _as(frame, list(path.end), names)
-    return _with_keys(frame, path, names).select(*[quoted(n) for n in names])
-
-
-def _with_keys(frame: DataFrame, path: KeyPath, names: Sequence[str]) -> DataFrame:
-    """``frame`` with the target keys added as ``names``: each its ``path.end`` column, or
-    the expression the query computes it by from that column
-    (:attr:`~watermark_dagster.config.key_paths.KeyPath.computed`)."""
-    inputs = {key_input(i): quoted(c) for i, c in enumerate(path.end)}
-    computed = path.computed or (None,) * len(names)
-    # The expression is the declared query's own, parsed and written back by sqlglot with
-    # its one column replaced by the input's name: no text of the user's is joined.
-    keys = {
-        n: F.col(i) if e is None else F.expr(e)
-        for i, e, n in zip(inputs, computed, names, strict=True)
-    }
-    return frame.withColumns(inputs).withColumns(keys).drop(*inputs)
+    return with_keys(frame, path, names).select(*[quoted(n) for n in names])
 
 
 def _matching_keys(
@@ -343,7 +327,7 @@ def _matching_keys(
     if not path.computed:
         return matching_keys(frame, touched, list(path.start), keys)
     names = [f"_wm_computed{i}" for i in range(len(path.start))]
-    return matching_keys(_with_keys(frame, path, names), touched, names, keys).drop(*names)
+    return matching_keys(with_keys(frame, path, names), touched, names, keys).drop(*names)
 
 
 def _where_keys(frame: DataFrame, path: KeyPath, values: list[tuple[object, ...]]) -> DataFrame:
@@ -353,7 +337,7 @@ def _where_keys(frame: DataFrame, path: KeyPath, values: list[tuple[object, ...]
     if not path.computed:
         return where_in(frame, list(path.start), values)
     names = [f"_wm_computed{i}" for i in range(len(path.start))]
-    return where_in(_with_keys(frame, path, names), names, values).drop(*names)
+    return where_in(with_keys(frame, path, names), names, values).drop(*names)
 
 
 def _derived_by_joins(

@@ -136,14 +136,24 @@ def _ends_reaching(
     """The distinct ``columns`` of ``frame``'s rows whose walk ends (``path.end``, or the
     keys computed from it) at one of ``touched``; None past ``limit``."""
     if path.computed:
-        inputs = {key_input(i): quoted(c) for i, c in enumerate(path.end)}
         names = [f"_wm_reach{i}" for i in range(len(path.end))]
-        keys = {
-            n: F.col(i) if e is None else F.expr(e)
-            for i, e, n in zip(inputs, path.computed, names, strict=True)
-        }
-        keyed = frame.withColumns(inputs).withColumns(keys)
+        keyed = with_keys(frame, path, names)
         reached = where_in(keyed, names, touched)
     else:
         reached = where_in(frame, list(path.end), touched)
     return collected(reached.select(*[quoted(c) for c in columns]).distinct(), limit)
+
+
+def with_keys(frame: DataFrame, path: KeyPath, names: Sequence[str]) -> DataFrame:
+    """``frame`` with the target keys added as ``names``: each its ``path.end`` column, or
+    the expression the query computes it by from that column
+    (:attr:`~watermark_dagster.config.key_paths.KeyPath.computed`)."""
+    inputs = {key_input(i): quoted(c) for i, c in enumerate(path.end)}
+    computed = path.computed or (None,) * len(names)
+    # The expression is the declared query's own, parsed and written back by sqlglot with
+    # its one column replaced by the input's name: no text of the user's is joined.
+    keys = {
+        n: F.col(i) if e is None else F.expr(e)
+        for i, e, n in zip(inputs, computed, names, strict=True)
+    }
+    return frame.withColumns(inputs).withColumns(keys).drop(*inputs)
