@@ -99,3 +99,26 @@ def test_only_delta_concurrent_modification_conflicts_are_written_again(
     from watermark_dagster.write.targets import is_write_conflict
 
     assert is_write_conflict(RuntimeError(text)) is conflict
+
+
+def test_a_python_location_without_spark_reads_the_spark_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build_location(registry, control_root=...)`` with no ``spark=`` honours
+    WATERMARK_SPARK_MASTER, WATERMARK_SPARK_REMOTE and WATERMARK_SPARK_CONF as a registry
+    file's location does; a resource given explicitly is kept as it is."""
+    from watermark_dagster.dagster_defs.definitions import build_location
+    from watermark_dagster.dagster_defs.resources import SparkSessionResource
+    from watermark_dagster.demo import DemoPaths, build_demo_registry
+
+    registry = build_demo_registry(DemoPaths(tmp_path))
+    monkeypatch.setenv("WATERMARK_SPARK_MASTER", "local[3]")
+    monkeypatch.setenv("WATERMARK_SPARK_CONF", json.dumps({"spark.driver.memory": "6g"}))
+    location = build_location(registry, control_root=str(tmp_path / "control"))
+    settings = location.spark_resource.settings()
+    assert settings.master == "local[3]"
+    assert settings.conf["spark.driver.memory"] == "6g"
+    given = SparkSessionResource(master="local[1]")
+    kept = build_location(registry, control_root=str(tmp_path / "control"), spark=given)
+    assert kept.spark_resource.settings().master == "local[1]"
+    assert "spark.driver.memory" not in kept.spark_resource.settings().conf

@@ -53,6 +53,7 @@ from watermark_dagster.dagster_defs.resources import (
     SparkSessionResource,
     WatermarkStoreResource,
     dagster_values,
+    spark_from_variables,
 )
 from watermark_dagster.dagster_defs.runs import check_consumers
 from watermark_dagster.dagster_defs.sensors import (
@@ -144,7 +145,9 @@ def build_location(
             settings (:mod:`watermark_dagster.runtime.catalog`); a registry of paths starts
             none.
         control_root: where the control tables live.
-        spark: the Spark resource (default: local[*] with Delta).
+        spark: the Spark resource (default: the one the ``WATERMARK_SPARK_MASTER``,
+            ``WATERMARK_SPARK_REMOTE``, ``WATERMARK_SPARK_CONF`` and ``WATERMARK_ENGINE``
+            variables describe, local[*] with Delta when they are unset).
         settings: sensor and batching settings.
         translator: asset keys and groups.
         storage_options: delta-rs storage options for the control root.
@@ -165,7 +168,7 @@ def build_location(
             "The registry has no pipeline; there is nothing to run.",
             fix="declare at least one pipeline with @pipeline(...).",
         )
-    spark = spark or SparkSessionResource()
+    spark = spark or spark_from_variables()
     # Dagster records the resources' configuration: credentials only as references.
     spark_settings = spark.settings()
     check_spark_conf(spark_settings.conf, where="the Spark resource's settings")

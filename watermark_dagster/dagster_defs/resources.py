@@ -1,6 +1,7 @@
 """Dagster resources: the Spark session and the watermark store."""
 
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -305,6 +306,24 @@ class SparkSessionResource(ConfigurableResource):
                     self._session.stop()
             self._session = None
             self._engine = None
+
+
+def spark_from_variables() -> SparkSessionResource:
+    """The Spark resource of a location given none: ``WATERMARK_SPARK_MASTER`` (default
+    ``local[*]``), ``WATERMARK_SPARK_REMOTE``, ``WATERMARK_SPARK_CONF`` and
+    ``WATERMARK_ENGINE``, as a registry file's location reads them.
+
+    Raises:
+        ConfigurationError: a variable holds no valid value.
+    """
+    from watermark_dagster.config import env
+
+    return SparkSessionResource(
+        master=os.environ.get("WATERMARK_SPARK_MASTER", "").strip() or DEFAULT_MASTER,
+        remote=os.environ.get("WATERMARK_SPARK_REMOTE", "").strip() or None,
+        conf=dagster_values(env.spark_conf()) or {},
+        engine=env.engine(),  # type: ignore[arg-type]
+    )
 
 
 def dagster_values(options: Mapping[str, object] | None) -> dict[str, str] | None:
