@@ -15,38 +15,85 @@ def _shown(size: int, mtime_ns: int) -> str:
     return f"size {size}, mtime {LoggedFile(0, '', size, mtime_ns).mtime.isoformat()}"
 
 
+def _new_content_fix(loaded: bool | None) -> str:
+    """How to load a changed file's new content without loading a row twice."""
+    if loaded is False:
+        return (
+            "To load the new content instead, move the file aside and write it under a new "
+            "file name (nothing of it was loaded, so nothing is loaded twice), then give the "
+            "old number up as for a vanished file."
+        )
+    return (
+        "To load new content, write only the rows not loaded yet under a new file name: a "
+        "new name is a new file, loaded once and whole, so an append target would hold "
+        "every row it repeats twice (a merge target keeps one row per key)."
+    )
+
+
 def changed_file_error(
-    upstream: LandingUpstream, logged: LoggedFile, now: FileStat | None, *, loaded: bool | None
+    upstream: LandingUpstream,
+    logged: LoggedFile,
+    now: FileStat | None,
+    *,
+    loaded: bool | None,
+    replay: bool = False,
 ) -> LandingFileChangedError:
     """The error for a logged file that is gone (``now`` None) or changed. ``loaded``:
-    whether a batch already loaded it (None: unknown, found by a look)."""
+    whether a batch already loaded it (None: unknown, found by a look or a batch's read);
+    ``replay``: found by a replay, which re-reads files already loaded.
+
+    Every message says what happened to the file's rows, and no fix skips a row that was
+    not loaded or loads one twice."""
     recorded = _shown(logged.size, logged.mtime_ns)
     current = "gone" if now is None else _shown(now.size, now.mtime_ns)
-    when = {True: "after it was loaded", False: "before its batch loaded it", None: ""}[loaded]
+    when = {True: " after it was loaded", False: " before its batch loaded it", None: ""}[loaded]
     what = "disappeared" if now is None else "changed"
-    fix = (
-        "put it back exactly as recorded (same size and modification time), or move it aside "
-        "and write its content under a new file name: a new name is a new file, loaded once."
-        if now is not None
-        else "put it back exactly as recorded (same size and modification time); its rows "
-        f"are not loaded until it is there. To give its rows up, abandon the batch and move "
-        f"the watermark past file {logged.ordinal} (`watermark set -t {upstream.name} "
-        f"--version {logged.ordinal} --force`)."
-    )
+    name, number = upstream.name, logged.ordinal
+    back = "put it back exactly as recorded (same size and modification time)"
+    if replay:
+        rows = "The replay reads exactly the files it pinned, so nothing was written."
+        fix = f"{back} and replay again, or replay a range without file {number}."
+    elif loaded is True:
+        rows = "Its rows were loaded as recorded and stay; its new content is not loaded."
+        fix = f"{back}. {_new_content_fix(True)}"
+    elif loaded is False:
+        rows = "Nothing is loaded from it."
+        fix = f"{back}. {_new_content_fix(False)}"
+    else:
+        rows = (
+            f"If it was loaded already (file {number} at or below the committed watermark "
+            f"of '{name}', see `watermark get -t {name} --show-files`), its rows stay as "
+            "loaded and its new content is not loaded; if not, nothing is loaded from it, "
+            "or from any later file, until it is back."
+        )
+        fix = f"{back}. {_new_content_fix(None)}"
+    if now is None and not replay:
+        fix = (
+            f"{back}, then retry (`watermark run --retry`). To give its rows up instead: "
+            f"when it is the open batch's first file (file {number} = the committed "
+            f"watermark + 1), `watermark set -t {name} --version {number} --force` abandons "
+            "the batch and skips only it (the batch's later files are planned again); when "
+            "files before it wait in the same batch, moving the watermark past it would skip "
+            "them too, so put it back."
+        )
     return LandingFileChangedError(
-        f"{upstream.owner}: landing file {logged.path!r} (file {logged.ordinal}) {what} "
-        f"{when}{' ' if when else ''}(recorded: {recorded}; now: {current}). Nothing is "
-        "loaded from it.".replace("  ", " "),
-        upstream=upstream.name,
-        versions=f"file {logged.ordinal}",
+        f"{upstream.owner}: landing file {logged.path!r} (file {number}) {what}{when} "
+        f"(recorded: {recorded}; now: {current}). {rows}",
+        upstream=name,
+        versions=f"file {number}",
         fix=fix,
     )
 
 
 def check_unchanged(
-    upstream: LandingUpstream, files: Iterable[LoggedFile], *, loaded: bool | None
+    upstream: LandingUpstream,
+    files: Iterable[LoggedFile],
+    *,
+    loaded: bool | None,
+    replay: bool = False,
 ) -> None:
-    """Fail on the first of ``files`` that is gone or no longer the file recorded.
+    """Fail on the first of ``files`` that is gone or no longer the file recorded
+    (``loaded`` and ``replay``: see :func:`changed_file_error`).
 
     Raises:
         LandingFileChangedError: naming the file, what was recorded and what is there now.
@@ -56,7 +103,7 @@ def check_unchanged(
     for logged in files:
         found = now[logged.path]
         if found is None or (found.size, found.mtime_ns) != (logged.size, logged.mtime_ns):
-            raise changed_file_error(upstream, logged, found, loaded=loaded)
+            raise changed_file_error(upstream, logged, found, loaded=loaded, replay=replay)
 
 
 def settled(files: Iterable[FileStat], settle_seconds: float, now_ns: int) -> list[FileStat]:

@@ -29,6 +29,7 @@ from watermark_dagster.core.records import (
 from watermark_dagster.errors import UsageError
 
 if TYPE_CHECKING:
+    from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.config.registry import Registry
     from watermark_dagster.store import WatermarkStore
 
@@ -109,12 +110,16 @@ def _refuse_reloading(
     Raises:
         ReplayRefusedError: naming the commits or the target, with the fix.
     """
+    from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.config.secrets import resolved_options
     from watermark_dagster.errors import replay_refused
     from watermark_dagster.read.append_log import scan_appends
     from watermark_dagster.write.commits import existing_target
 
-    if mode is ReadMode.APPEND_ONLY:
+    table = registry.upstreams[upstream]
+    if isinstance(table, LandingUpstream):
+        _refuse_landing_unreadable(table, rng, batch_id)
+    elif mode is ReadMode.APPEND_ONLY:
         changed = scan_appends(registry.upstreams[upstream], rng).data_changes
         if changed:
             listed = ", ".join(f"v{v} {op}" for v, op in changed[:5])
@@ -135,6 +140,35 @@ def _refuse_reloading(
                 f"its target {pipeline.target} does not exist",
                 upstream=upstream,
             )
+
+
+def _refuse_landing_unreadable(
+    upstream: "LandingUpstream", rng: VersionRange, batch_id: str | None
+) -> None:
+    """Refuse a replay of landing files ``rng`` that cannot be read as they were loaded: a
+    landing folder's versions are its file log's numbers (appends by nature, never a Delta
+    log of its own), so what a replay needs is each pinned file, logged and unchanged.
+
+    Raises:
+        UpstreamUnreadableError: the file log does not hold every number of ``rng``.
+        LandingFileChangedError: a pinned file is gone or changed, named.
+    """
+    from watermark_dagster.errors import UpstreamUnreadableError, reset_command
+    from watermark_dagster.observe.landing import check_unchanged
+    from watermark_dagster.observe.landing_log import FileLog
+
+    files = FileLog(upstream).files_in(rng)
+    if [f.ordinal for f in files] != list(range(max(rng.start, 1), rng.end + 1)):
+        raise UpstreamUnreadableError(
+            f"{upstream.owner}: its file log {upstream.log_location} holds {len(files)} of "
+            f"the files {rng} the replay{f' of batch {batch_id}' if batch_id else ''} needs. "
+            "Nothing was written.",
+            upstream=upstream.name,
+            versions=f"files {rng}",
+            fix=f"restore the file log, or run `{reset_command(upstream.name)}` to load the "
+            "folder again from the start.",
+        )
+    check_unchanged(upstream, files, loaded=True, replay=True)
 
 
 def _strategy_written(store: "WatermarkStore", pipeline: str, batch_id: str) -> str | None:
