@@ -13,7 +13,17 @@ commits, in an order rotated from repeat to repeat:
 * ``handwritten``: the same pipelines written by hand
   (:func:`watermark_dagster.demo.handwritten.build_handwritten_registry`);
 * ``recompute``: the full transforms (``full_orders_enriched``, ``full_customer_payments``)
-  over the pinned snapshots, overwriting their targets.
+  over the pinned snapshots, overwriting their targets;
+* ``floor``: each pipeline's floor (:mod:`benchmarks.floor`), the least Spark work that
+  applies the batch, written by hand: the changed rows and the rows reached from changed
+  parents at the pinned versions, one plain MERGE per target of our layout. Every one of
+  ours is printed against it (``X/floor``, the cycle and each pipeline).
+
+``--profile`` shapes the changes: ``uniform`` (the split above, over all keys: every MERGE
+touches every file) or ``recent`` (what a CDC feed looks like: 70% inserts of new keys,
+updates and deletes of the newest 5% of keys, moved and new rows going to the newest
+customers, so a MERGE into a target clustered by key skips most files). ``--scale`` runs
+both by default.
 
 Both of ours run through the production functions on the warm session of this process,
 one cycle as the sensors make it: ``look_before_planning`` and ``plan_next`` (plan),
@@ -33,6 +43,8 @@ and declared/recompute (per pipeline and per cycle), the load average; writes JS
     .venv/bin/python -m benchmarks.declared --orders 500k --repeats 7
     .venv/bin/python -m benchmarks.declared --quick                # 20k orders, 2 repeats
     .venv/bin/python -m benchmarks.declared --scale 2m,4m,8m,16m   # growth at 2,000 changed
+    .venv/bin/python -m benchmarks.declared --quick --profile recent \
+        --contenders declared_incremental,floor,recompute
 
 ``--scale`` runs one measurement per size with a fixed number of changed orders per commit
 (``--changed``, 2,000; the other tables change in proportion, as always), the declared
@@ -61,6 +73,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from benchmarks.baselines import build_session
+from benchmarks.floor import Floor
 from benchmarks.incremental import QUICK_CONF, fingerprint, machine, spark_description
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,6 +117,9 @@ CONTENDERS = {
     "handwritten": "the same pipelines written by hand (demo/handwritten.py), the same cycle",
     "recompute": "full_orders_enriched and full_customer_payments over the pinned snapshots, "
     "overwrite",
+    "floor": "the least Spark work that applies the batch, by hand (benchmarks/floor.py): the "
+    "changed rows and the rows reached from changed parents at the pinned versions, then one "
+    "plain MERGE per target of our layout; no bookkeeping",
 }
 PIPELINES = ("orders_enriched", "customer_payments")
 # (label, numerator, denominator): above 1 means the denominator is faster.
@@ -133,6 +149,15 @@ PAYMENTS_PER_ORDER = 0.5
 STATUSES = ("new", "paid", "shipped", "returned")
 NAMES = ("Ada", "Grace", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Radia", "Leslie")
 CITIES = ("Lisbon", "Oslo", "Quito", "Hanoi", "Perth", "Tunis")
+# How a repeat's changes are spread over the keys (commit_changes).
+PROFILES = {
+    "uniform": "40% updates, 30% deletes, 30% inserts, over all keys: every MERGE touches "
+    "every file of a target clustered by key (the worst case)",
+    "recent": "70% inserts of new keys, 20% updates and 10% deletes of the newest 5% of keys, "
+    "moved and new orders and payments going to the newest customers: what a CDC feed looks "
+    "like, a MERGE into a target clustered by key skips most files",
+}
+RECENT_SHARE = 0.05
 
 
 class TargetMismatch(Exception):
@@ -209,15 +234,27 @@ class Commit:
     inserted: int
 
 
+def _recent(ids: Sequence[int], at_least: int) -> list[int]:
+    """The newest :data:`RECENT_SHARE` of ``ids`` (the highest keys), at least ``at_least``."""
+    newest = sorted(ids, reverse=True)
+    return newest[: min(len(newest), max(round(len(newest) * RECENT_SHARE), at_least))]
+
+
 def commit_changes(
-    spark: SparkSession, root: Path, *, fraction: float, salt: int
+    spark: SparkSession, root: Path, *, fraction: float, salt: int, profile: str = "uniform"
 ) -> dict[str, Commit]:
     """One MERGE commit per upstream (customers first: new orders and payments may name a
-    new customer), each changing ``fraction`` of its rows: 40% updates, 30% deletes, 30%
-    inserts, chosen by a generator seeded with ``salt``."""
+    new customer), each changing ``fraction`` of its rows, chosen by a generator seeded
+    with ``salt``, in the shape of :data:`PROFILES` ``profile``: ``uniform``, 40% updates,
+    30% deletes, 30% inserts over all keys; ``recent``, 70% inserts, 20% updates and 10%
+    deletes of the newest :data:`RECENT_SHARE` of keys, rows that move (and new rows) going
+    to the newest customers."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown change profile {profile!r}; known: {list(PROFILES)}")
     rnd = random.Random(salt)
     commits = {}
     customer_ids: list[int] = []
+    shares = (0.2, 0.1) if profile == "recent" else (0.4, 0.3)
     for table in ("customers", "orders", "payments"):
         path = str(root / table)
         key = KEYS[table]
@@ -226,18 +263,21 @@ def commit_changes(
         if table == "customers":
             customer_ids = list(ids)
         changed = max(3, round(len(ids) * fraction))
-        n_update, n_delete = round(changed * 0.4), round(changed * 0.3)
+        n_update, n_delete = round(changed * shares[0]), round(changed * shares[1])
         n_insert = changed - n_update - n_delete
-        picked = rnd.sample(ids, n_update + n_delete)
+        pool = _recent(ids, 2 * (n_update + n_delete)) if profile == "recent" else ids
+        picked = rnd.sample(pool, n_update + n_delete)
         updated_ids, deleted_ids = picked[:n_update], picked[n_update:]
         rows = {
             tuple(r)[0]: tuple(r) for r in current.where(F.col(key).isin(updated_ids)).collect()
         }
         next_id = max(ids) + 1
-        updates = [_updated(table, rows[i], rnd, customer_ids, salt) for i in updated_ids]
-        inserts = [_inserted(table, next_id + i, rnd, customer_ids, salt) for i in range(n_insert)]
         if table == "customers":
-            customer_ids += [row[0] for row in inserts]
+            customer_ids += range(next_id, next_id + n_insert)
+        # Where moved and new rows go: any customer, or the newest ones (a CDC feed's).
+        owners = _recent(customer_ids, 1) if profile == "recent" else customer_ids
+        updates = [_updated(table, rows[i], rnd, owners, salt) for i in updated_ids]
+        inserts = [_inserted(table, next_id + i, rnd, owners, salt) for i in range(n_insert)]
         commits[table] = _merge(spark, path, table, updates, deleted_ids, inserts)
         # The first scan of a new version rebuilds Delta's snapshot state (Spark jobs in
         # the session's shared log cache): done here, so no contender pays for it because
@@ -529,6 +569,7 @@ class Lab:
             for n in self.names
             if n in OURS
         }
+        self.floor = Floor(spark, self.upstreams, self.targets("floor"))
 
     def targets(self, name: str) -> dict[str, str]:
         """Paths of contender ``name``'s two targets."""
@@ -546,6 +587,11 @@ class Lab:
             recompute(self.spark, self.upstreams, self.targets(name), versions)
             seconds = time.perf_counter() - started
             return Outcome(seconds, self.counter.jobs(group), {}, {}, {})
+        if name == "floor":
+            started = time.perf_counter()
+            pipelines, jobs = self.floor.process(versions, self.counter)
+            seconds = time.perf_counter() - started
+            return Outcome(seconds, sum(jobs.values()), pipelines, jobs, {})
         ours = self.ours[name]
         outcome = ours.cycle(self.counter, name)
         if outcome is None:
@@ -560,6 +606,8 @@ class Lab:
         started = time.perf_counter()
         if name == "recompute":
             recompute(self.spark, self.upstreams, self.targets(name), versions)
+        elif name == "floor":
+            self.floor.setup(versions)
         else:
             while self.ours[name].cycle(self.counter, f"{name}-setup") is not None:
                 pass
@@ -729,12 +777,19 @@ def summarize(repeats: list[dict[str, Any]], names: Sequence[str]) -> dict[str, 
     per_pipeline = {
         n: {p: _spread([r["pipelines"][n][p] for r in repeats]) for p in PIPELINES}
         for n in names
-        if n in OURS
+        if n in (*OURS, "floor")
     }
     ratios: dict[str, Any] = {}
     for label, num, den in RATIOS:
         if num in names and den in names:
             ratios[label] = _spread([r["seconds"][num] / r["seconds"][den] for r in repeats])
+    # Every one of ours against the floor, the cycle and each pipeline (paired).
+    for n in (n for n in names if n in OURS and "floor" in names):
+        ratios[f"{n}/floor"] = _spread([r["seconds"][n] / r["seconds"]["floor"] for r in repeats])
+        for p in PIPELINES:
+            ratios[f"{n}/floor {p}"] = _spread(
+                [r["pipelines"][n][p] / r["pipelines"]["floor"][p] for r in repeats]
+            )
     if "declared" in names and "handwritten" in names:
         for p in PIPELINES:
             ratios[f"declared/handwritten {p}"] = _spread(
@@ -744,7 +799,7 @@ def summarize(repeats: list[dict[str, Any]], names: Sequence[str]) -> dict[str, 
     pipeline_jobs = {
         n: {p: statistics.median([r["pipeline_jobs"][n][p] for r in repeats]) for p in PIPELINES}
         for n in names
-        if n in OURS
+        if n in (*OURS, "floor")
     }
     return {
         "seconds": seconds,
@@ -794,7 +849,9 @@ def run(
     result["first_check"] = check_targets(spark, upstreams, versions, lab)
     for repeat in range(args.repeats):
         group = lab.counter.group("commit")
-        commits = commit_changes(spark, upstreams, fraction=args.change, salt=repeat + 1)
+        commits = commit_changes(
+            spark, upstreams, fraction=args.change, salt=repeat + 1, profile=args.profile[0]
+        )
         versions = {t: c.version for t, c in commits.items()}
         order = lab.names[repeat % len(lab.names) :] + lab.names[: repeat % len(lab.names)]
         changes = {
@@ -819,9 +876,10 @@ def run(
             outcome = lab.process(name, versions)
             record["seconds"][name] = round(outcome.seconds, 3)
             record["jobs"][name] = outcome.jobs
-            if name in OURS:
+            if name in (*OURS, "floor"):
                 record["pipelines"][name] = {p: round(s, 3) for p, s in outcome.pipelines.items()}
                 record["pipeline_jobs"][name] = outcome.pipeline_jobs
+            if name in OURS:
                 record["rows_written"][name] = outcome.rows_written
             shown = ", ".join(f"{p} {s:.2f}s" for p, s in outcome.pipelines.items())
             out(f"  {name:<12} {outcome.seconds:7.2f}s {outcome.jobs:4d} jobs  {shown}")
@@ -848,15 +906,33 @@ def run_scale(
     Raises:
         TargetMismatch: a target differed from the full transforms after a repeat.
     """
+    profiles: dict[str, Any] = {}
+    for profile in args.profile:
+        profiled = argparse.Namespace(**{**vars(args), "profile": [profile]})
+        profiles[profile] = _run_sizes(spark, root / profile, profiled, out, partial, profiles)
+    return {"profiles": profiles}
+
+
+def _run_sizes(
+    spark: SparkSession,
+    root: Path,
+    args: argparse.Namespace,
+    out: Callable[[str], None],
+    partial: Callable[[dict[str, Any]], None] | None,
+    done: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`run_scale` for the one profile of ``args``."""
     runs: dict[str, Any] = {}
+    profile = args.profile[0]
     for size in args.scale:
         sized = argparse.Namespace(**{**vars(args), "orders": size, "change": args.changed / size})
-        out(f"\n== {size:,} orders, {args.changed:,} changed per commit ({sized.change:.3%})")
+        out(f"\n== {profile}: {size:,} orders, {args.changed:,} changed per commit "
+            f"({sized.change:.3%})")  # fmt: skip
         runs[str(size)] = run(spark, root / f"orders-{size}", sized, out)
         _print_summary(out, runs[str(size)]["summary"])
         shutil.rmtree(root / f"orders-{size}", ignore_errors=True)
         if partial is not None:
-            partial({"scale": runs})
+            partial({"profiles": {**done, profile: {"scale": runs}}})
     names = list(args.contenders)
     first, last = str(args.scale[0]), str(args.scale[-1])
     growth = {
@@ -867,10 +943,15 @@ def run_scale(
         )
         for n in names
     }
-    out(f"\ngrowth at {args.changed:,} changed orders per commit (median cycle seconds, "
-        f"min-max over {args.repeats} repeats):")  # fmt: skip
-    # Each of ours against the recompute, paired within its size's repeats.
-    against = [f"{n}/recompute" for n in names if n != "recompute" and "recompute" in names]
+    out(f"\ngrowth ({profile}) at {args.changed:,} changed orders per commit (median cycle "
+        f"seconds, min-max over {args.repeats} repeats):")  # fmt: skip
+    # Each of ours against the recompute and the floor, paired within its size's repeats.
+    against = [
+        f"{n}/{base}"
+        for base in ("recompute", "floor")
+        for n in names
+        if n in OURS and base in names
+    ]
     out(f"  {'orders':>12} " + " ".join(f"{n:>24}" for n in names)
         + "".join(f"  {a:>30}" for a in against))  # fmt: skip
     for size in args.scale:
@@ -920,6 +1001,14 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _profiles(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown profile(s) {unknown}; known: {list(PROFILES)}")
+    return [n for n in PROFILES if n in names]
+
+
 def _contenders(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONTENDERS]
@@ -954,9 +1043,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "and the growth table")  # fmt: skip
     parser.add_argument("--changed", type=_rows, default=2_000, help="with --scale: changed "
                         "orders per commit (2,000)")  # fmt: skip
+    parser.add_argument("--profile", type=_profiles, default=None, help="how changes spread "
+                        f"over the keys, comma-separated: {', '.join(PROFILES)} (uniform; "
+                        "with --scale both)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.scale and "--contenders" not in " ".join(argv or sys.argv[1:]):
         args.contenders = ["declared", "recompute"]
+    if args.profile is None:
+        args.profile = list(PROFILES) if args.scale else ["uniform"]
+    if not args.scale and len(args.profile) > 1:
+        parser.error("one --profile at a time without --scale")
     if args.quick:
         args.orders, args.repeats = 20_000, 2
     if args.repeats < 1:
@@ -993,8 +1089,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "orders": args.orders,
         "change": args.change,
         "upstreams": "customers, orders, payments (demo schema, change data feed on); per "
-        "repeat one MERGE commit each of the change fraction: 40% updates (orders: half move "
-        "customer; customers: renames; payments: half move customer), 30% deletes, 30% inserts",
+        "repeat one MERGE commit each of the change fraction, shaped by the profile (updates: "
+        "orders half move customer, customers renamed, payments half move customer)",
+        "profiles": {p: PROFILES[p] for p in args.profile},
         "repeats_requested": args.repeats,
         "correct": True,
         "stopped": None,
@@ -1013,8 +1110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result.update(run_scale(spark, root, args, out, partial))
         else:
             result.update(run(spark, root, args, out))
-            out(f"summary: {args.orders:,} orders, {args.change:.2%} change per commit, "
-                f"{args.repeats} repeats")  # fmt: skip
+            out(f"summary: {args.orders:,} orders, {args.change:.2%} change per commit "
+                f"({args.profile[0]}), {args.repeats} repeats")  # fmt: skip
             _print_summary(out, result["summary"])
     except TargetMismatch as e:
         result["correct"], result["stopped"], code = False, f"TargetMismatch: {e}", 1

@@ -78,3 +78,40 @@ def test_declared_batch_does_no_more_work_than_the_handwritten_one(
         smallest_direct = min(sizes[u] for u in DIRECT[pipeline])
         assert 0 < declared.largest_intermediate < smallest_direct, context
     assert set(versions) == set(KEYS)
+
+
+def test_recent_changes_touch_only_the_newest_keys_and_the_floor_matches_the_recompute(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from deltalake import DeltaTable as RsTable
+
+    from benchmarks.declared import RECENT_SHARE
+
+    upstreams = tmp_path / "upstreams"
+    sizes = build_upstreams(spark, upstreams, ORDERS)
+    lab = Lab(spark, tmp_path, ["floor", "recompute"])
+    versions = {t: RsTable(str(upstreams / t)).version() for t in KEYS}
+    for name in lab.names:
+        lab.setup(name, versions)
+    commits = commit_changes(spark, upstreams, fraction=0.05, salt=3, profile="recent")
+    for table, commit in commits.items():
+        # Mostly inserts of new keys; the rest of the changes among the newest keys.
+        assert commit.inserted > 2 * (commit.updated + commit.deleted), (table, commit)
+        changed = (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", commit.version)
+            .option("endingVersion", commit.version)
+            .load(str(upstreams / table))
+            .where("_change_type IN ('update_preimage', 'delete')")
+            .select(KEYS[table])
+        )
+        oldest = min(r[0] for r in changed.collect())
+        assert oldest > sizes[table] * (1 - 2 * RECENT_SHARE), (table, oldest)
+    versions = {t: c.version for t, c in commits.items()}
+    outcome = lab.process("floor", versions)
+    # Each pipeline's floor ran in its own job group, and both targets equal the recompute.
+    assert set(outcome.pipeline_jobs) == set(PIPELINES)
+    assert all(jobs > 0 for jobs in outcome.pipeline_jobs.values())
+    lab.process("recompute", versions)
+    assert check_targets(spark, upstreams, versions, lab)["equal"] == ["floor", "recompute"]
