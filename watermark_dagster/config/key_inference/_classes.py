@@ -70,6 +70,8 @@ class Classes:
         self.windows: list[Window] = []
         self.via: dict[int, int] = {}  # a reference with a hop path -> the one it hops into
         self.unknown: set[Node] = set()
+        # The column names generators give (LATERAL VIEW explode(...) t AS tag).
+        self.generated: set[str] = set()
         self.links: list[tuple[Node, Node]] = []
         self._link_classes: dict[Node, set[Node]] | None = None
         self.unresolved: list[exp.Expr] = []

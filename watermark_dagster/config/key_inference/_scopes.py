@@ -14,6 +14,7 @@ from watermark_dagster.config.key_inference._rules import Always, Rule, join_rul
 from watermark_dagster.config.key_inference._sources import (
     Branches,
     Derived,
+    Generated,
     Located,
     Node,
     Opaque,
@@ -140,7 +141,9 @@ class Scopes(Classes):
                 else:
                     sources[name] = Opaque(self)
             elif source.is_udtf:  # LATERAL VIEW explode(...): row-local values
-                sources[name] = Opaque(self)
+                names = _generated_names(source.expression)
+                self.generated.update(n.lower() for n in names)
+                sources[name] = Generated(self, names)
             else:  # a derived table or a WITH query: sees no sibling (not LATERAL)
                 where = "in a WITH query" if source.is_cte else "in a derived table"
                 derived = self.source_of_scope(source, env, extended, branches, where)
@@ -371,6 +374,14 @@ def conjuncts(condition: exp.Expr) -> Iterator[exp.Expr]:
         yield from conjuncts(condition.expression)
     else:
         yield condition
+
+
+def _generated_names(lateral: exp.Expr) -> list[str]:
+    """The column names a generator's alias gives (``t AS tag`` / ``t(pos, tag)``)."""
+    alias = lateral.args.get("alias")
+    if not isinstance(alias, exp.TableAlias):
+        return []
+    return [c.name for c in cast("list[exp.Expr]", alias.columns)]
 
 
 def own(select: exp.Select, kind: type[exp.Expr]) -> Iterator[exp.Expr]:

@@ -110,6 +110,22 @@ class Opaque(Source):
         return None
 
 
+class Generated(Opaque):
+    """A generator's rows (``LATERAL VIEW explode(o.tags) t AS tag``): its columns lead
+    nowhere, and the names its alias gives are its own. Spark refuses an unqualified name
+    that it and a table both hold, so such a name is the generator's, known from the text
+    alone (a key named so is refused when the definitions load, not by the batch)."""
+
+    def __init__(self, graph: Unknowables, names: Sequence[str]) -> None:
+        super().__init__(graph)
+        self.names = {n.lower() for n in names}
+
+    def has(self, column: str) -> bool | None:
+        if column in self.names:
+            return True
+        return False if self.names else None  # no names given: Spark's own (col, pos ...)
+
+
 class Derived(Source):
     def __init__(
         self,
@@ -170,6 +186,7 @@ class Derived(Source):
 __all__ = [
     "Branches",
     "Derived",
+    "Generated",
     "Located",
     "Node",
     "Opaque",

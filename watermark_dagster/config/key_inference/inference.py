@@ -124,6 +124,16 @@ def infer(
             )
         if node in graph.unknown:
             return Inference({}, open=True, graph=graph)
+        if node is None and name in graph.generated:
+            raise Refusal(
+                projection_named(query, name),
+                f"takes the key column '{key}' from a generator's rows (LATERAL VIEW "
+                "explode(...) and the like: one upstream row gives several keys, which "
+                "its key path cannot follow)",
+                f"key the target by the upstream's own columns (e.g. GROUP BY the row's key "
+                f"and aggregate '{key}'), or write the pipeline's incremental transform by "
+                "hand with @pipeline.",
+            )
         if node is None:
             raise Refusal(
                 projection_named(query, name),
