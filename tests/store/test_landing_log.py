@@ -44,6 +44,7 @@ def test_files_are_numbered_once_and_new_means_not_logged(tmp_path: Path) -> Non
     _write(folder, "_SUCCESS")
     _write(folder, ".hidden.csv")
     _write(folder, "notes.txt")
+    _write(folder, "deeper/d.csv", mtime=1_500)  # `*` stops at `/`
     upstream = _landing(folder, pattern="*.csv")
     observer = Observer()
     assert observer.observe(upstream).latest_version == 2
@@ -56,12 +57,15 @@ def test_files_are_numbered_once_and_new_means_not_logged(tmp_path: Path) -> Non
     read = log.rows_read
     assert observer.observe(upstream).latest_version == 2
     assert log.rows_read == read
-    # A file copied in with an older mtime than everything logged is new all the same.
+    # A file copied in with an older mtime than everything logged is new all the same
+    # (under a pattern whose `**` takes folders).
+    deep = _landing(folder, pattern="**/*.csv")
     _write(folder, "late/c.csv", mtime=1_000)
-    assert observer.observe(upstream).latest_version == 3
-    assert [f.path for f in FileLog(upstream).files_in(VersionRange(2, 3))] == [
+    assert observer.observe(deep).latest_version == 4
+    assert [f.path for f in FileLog(deep).files_in(VersionRange(2, 4))] == [
         "a.csv",
         "late/c.csv",
+        "deeper/d.csv",
     ]
 
 
@@ -169,3 +173,37 @@ def test_ten_thousand_files_are_pinned_by_one_plan_as_a_range(tmp_path: Path) ->
     pinned = FileLog(upstream).files_in(VersionRange(0, 10_000))
     assert len(pinned) == 10_000
     assert [f.ordinal for f in pinned] == list(range(1, 10_001))
+
+
+def test_a_logged_file_under_a_new_path_is_a_move_and_is_refused(tmp_path: Path) -> None:
+    """Known by path + size + modification time: a new path with a vanished logged file's
+    size and mtime is that file moved; nothing is logged. A copy (the logged file still
+    there) is a new file; a file moved where the listing never looks is a removal."""
+    folder = tmp_path / "in"
+    a = _write(folder, "a.csv", "1,2\n", mtime=5_000)
+    upstream = _landing(folder)
+    assert Observer().observe(upstream).latest_version == 1
+    (folder / "archive").mkdir()
+    a.rename(folder / "archive" / "a.csv")
+    _write(folder, "b.csv", "3,4\n")
+    with pytest.raises(LandingFileChangedError) as raised:
+        Observer().observe(upstream)
+    text = str(raised.value)
+    assert "landing file 'archive/a.csv' has the size (4) and modification time" in text
+    assert "of 'a.csv' (file 1), which is gone from its logged path: it was moved" in text
+    assert raised.value.fix is not None
+    assert "move it back to 'a.csv'" in raised.value.fix
+    assert "starting with '_'" in raised.value.fix
+    state = FileLog(upstream).state()
+    assert state is not None
+    assert set(state.by_path) == {"a.csv"}  # b.csv waits with it: nothing logged
+
+    # Archived under a `_` prefix: never listed, so the logged file is simply gone.
+    (folder / "_archive").mkdir()
+    (folder / "archive" / "a.csv").rename(folder / "_archive" / "a.csv")
+    assert Observer().observe(upstream).latest_version == 2
+    # A copy that keeps the mtime while the logged file is still there is a new file.
+    copy = _write(folder, "copy.csv", "3,4\n")
+    b_mtime = (folder / "b.csv").stat().st_mtime_ns
+    os.utime(copy, ns=(b_mtime, b_mtime))
+    assert Observer().observe(upstream).latest_version == 3

@@ -11,7 +11,7 @@ from watermark_dagster.config.upstream_kinds import declare_upstream
 from watermark_dagster.config.yaml_file import load_registry
 from watermark_dagster.errors import ConfigurationError
 from watermark_dagster.observe.landing import settled
-from watermark_dagster.observe.landing_files import FileStat
+from watermark_dagster.observe.landing_files import FileStat, matches, spark_path
 
 
 def test_the_kind_key_picks_the_upstream_type() -> None:
@@ -80,6 +80,10 @@ def test_the_kind_key_picks_the_upstream_type() -> None:
             "1 or more",
         ),
         ({"kind": "landing", "pattern": ""}, "pattern '' is not a glob", "pattern="),
+        ({"kind": "landing", "pattern": "/in/*.csv"}, "matches no file", "'**/*.csv'"),
+        ({"kind": "landing", "pattern": "a//*.csv"}, "matches no file", "'**'"),
+        ({"kind": "landing", "pattern": "../*.csv"}, "'..' segments", "'*.csv'"),
+        ({"kind": "landing", "pattern": "**.csv"}, "'**' inside a segment", "'**/*.csv'"),
         ({"kind": "landing", "start_from": "2026-01-01T00:00:00Z"}, "is a timestamp", "'latest'"),
         ({"kind": "landing", "table": "raw.drops"}, "cannot be named by catalog table", "path="),
     ],
@@ -128,3 +132,40 @@ def test_only_settled_files_are_taken() -> None:
     files = [FileStat("old", 1, now - 31 * 10**9), FileStat("fresh", 1, now - 29 * 10**9)]
     assert [f.path for f in settled(files, 30, now)] == ["old"]
     assert [f.path for f in settled(files, 0, now)] == ["old", "fresh"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "taken", "left"),
+    [
+        ("*", ["a.csv", "x.tmp"], ["late/c.csv", "a/b/c"]),
+        ("*.csv", ["a.csv", "a[1].csv"], ["late/c.csv", "a.json"]),
+        ("**", ["a.csv", "late/c.csv", "a/b/c"], []),
+        ("**/*.csv", ["a.csv", "late/c.csv", "a/b/c.csv"], ["a/b/c.json"]),
+        ("2026/*/*.json", ["2026/01/a.json"], ["2026/a.json", "2026/01/02/a.json"]),
+        ("2026/**/*.json", ["2026/a.json", "2026/01/02/a.json"], ["2027/a.json"]),
+        ("in/**", ["in/a", "in/b/c"], ["in", "out/a"]),
+        ("[ab].csv", ["a.csv"], ["ab.csv", "a/b.csv"]),
+    ],
+)
+def test_a_pattern_is_matched_segment_by_segment(
+    pattern: str, taken: list[str], left: list[str]
+) -> None:
+    """``*`` stops at ``/``; only a ``**`` segment matches folders (zero or more)."""
+    LandingUpstream(name="drops", path="/in/drops", pattern=pattern)  # a valid pattern
+    assert [p for p in taken + left if matches(pattern, p)] == taken
+
+
+def test_the_default_pattern_takes_every_file_at_any_depth() -> None:
+    default = LandingUpstream(name="drops", path="/in/drops")
+    assert default.pattern == "**"
+    assert matches(default.pattern, "2026/01/a.csv")
+
+
+def test_a_path_handed_to_spark_has_its_glob_characters_escaped() -> None:
+    upstream = LandingUpstream(name="drops", path="s3://in/drops[x]")
+    assert spark_path(upstream, "a[1]/{b,c}?*\\.csv") == (
+        "s3://in/drops\\[x\\]/a\\[1\\]/\\{b,c\\}\\?\\*\\\\.csv"
+    )
+    assert spark_path(upstream, "plain.csv") == "s3://in/drops[x]/plain.csv".replace(
+        "[x]", "\\[x\\]"
+    )

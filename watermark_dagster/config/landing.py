@@ -50,8 +50,10 @@ class LandingUpstream(Upstream):
         read_options: Spark reader options of the format (``header: "true"`` for CSV
             files with a header line, ``multiLine: "true"`` for JSON documents, ...).
         pattern: which files are taken: a glob matched against each file's path relative
-            to ``path`` (``*.csv``, ``2026/*/*.json``; default ``*``: every file). Files
-            and folders whose names start with ``.`` or ``_`` are never taken.
+            to ``path``, segment by segment: ``*`` stops at ``/``, a ``**`` segment matches
+            zero or more folders (``*.csv``: the top folder's CSV files; ``**/*.csv``: at
+            any depth; ``2026/*/*.json``; default ``**``: every file). Files and folders
+            whose names start with ``.`` or ``_`` are never taken.
         settle_seconds: a file is taken only once it was last modified at least this many
             seconds ago, so a file still being written is not loaded half-written
             (default 30).
@@ -72,7 +74,7 @@ class LandingUpstream(Upstream):
         default=None, metadata=written_as(Kind.TEXT, shape="text (a Spark DDL schema)")
     )
     read_options: dict[str, str] | None = field(default=None, metadata=written_as(Kind.OPTIONS))
-    pattern: str = field(default="*", metadata=written_as(Kind.TEXT, shape="text (a glob)"))
+    pattern: str = field(default="**", metadata=written_as(Kind.TEXT, shape="text (a glob)"))
     settle_seconds: float = field(default=30.0, metadata=written_as(Kind.SECONDS))
     max_files_per_batch: int | None = field(
         default=None, metadata=written_as(Kind.WHOLE, shape="a whole number of files")
@@ -115,6 +117,17 @@ class LandingUpstream(Upstream):
                 f"{owner}: pattern {self.pattern!r} is not a glob.",
                 upstream=self.name,
                 fix="e.g. pattern='*.csv', or leave it out to take every file.",
+            )
+        segments = self.pattern.split("/")
+        if any(not p or p in (".", "..") or ("**" in p and p != "**") for p in segments):
+            raise ConfigurationError(
+                f"{owner}: pattern {self.pattern!r} matches no file: it is matched against "
+                "each file's path relative to the folder, segment by segment, so it may not "
+                "start or end with '/', hold '//', '.' or '..' segments, or '**' inside a "
+                "segment ('**' is a whole segment: zero or more folders).",
+                upstream=self.name,
+                fix="e.g. pattern='*.csv' (top folder), '**/*.csv' (any depth) or '**' "
+                "(every file).",
             )
         settle = self.settle_seconds
         if not is_seconds(settle):

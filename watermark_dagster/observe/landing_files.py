@@ -3,10 +3,15 @@
 Local folders are walked with :mod:`os`; object stores are listed through
 :mod:`pyarrow.fs` with the upstream's storage options. Names starting with ``.`` or ``_``
 (hidden files, Spark's ``_SUCCESS`` markers, the file log's own folder) are never taken.
+
+A file is its exact path: ``pattern`` is matched segment by segment (``*`` never crosses a
+``/``; only a ``**`` segment matches folders, zero or more), and the path handed to Spark
+has its glob characters escaped, so Spark reads that one file and no other.
 """
 
 import fnmatch
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -32,8 +37,37 @@ def _hidden(name: str) -> bool:
 
 
 def full_path(upstream: LandingUpstream, relative: str) -> str:
-    """Where the file ``relative`` (to the landing folder) is, for Spark and lookups."""
+    """Where the file ``relative`` (to the landing folder) is, for lookups."""
     return f"{upstream.path.rstrip('/')}/{relative}"
+
+
+_GLOB = re.compile(r"([\\\[\]{}*?])")
+
+
+def spark_path(upstream: LandingUpstream, relative: str) -> str:
+    """:func:`full_path` for Spark's file reader, which takes every path as a glob: each
+    glob character (brackets, braces, ``*``, ``?``, the backslash) escaped, so it names
+    exactly that one file."""
+    return _GLOB.sub(r"\\\1", full_path(upstream, relative))
+
+
+def matches(pattern: str, relative: str) -> bool:
+    """Whether ``pattern`` takes the file at ``relative`` (``/``-separated): matched segment
+    by segment (case-sensitive :mod:`fnmatch` rules inside a segment, so ``*`` stops at
+    ``/``), a ``**`` segment matching zero or more folders (``**/*.csv``: every CSV file at
+    any depth; a last ``**``: every file below)."""
+    return _matches(tuple(pattern.split("/")), tuple(relative.split("/")))
+
+
+def _matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":  # folders, zero or more; a last ``**`` is at least the file's name
+        if not rest:
+            return bool(parts)
+        return any(_matches(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _matches(rest, parts[1:])
 
 
 # delta-rs style storage options -> pyarrow's S3FileSystem arguments.
@@ -88,7 +122,7 @@ def list_files(upstream: LandingUpstream) -> list[FileStat]:
                     continue
                 full = os.path.join(folder, name)
                 relative = os.path.relpath(full, root).replace(os.sep, "/")
-                if fnmatch.fnmatchcase(relative, upstream.pattern):
+                if matches(upstream.pattern, relative):
                     st = os.stat(full)
                     found.append(FileStat(relative, st.st_size, st.st_mtime_ns))
     else:
@@ -100,7 +134,7 @@ def list_files(upstream: LandingUpstream) -> list[FileStat]:
             relative = info.path[len(base) :].lstrip("/")
             if any(_hidden(part) for part in relative.split("/")):
                 continue
-            if fnmatch.fnmatchcase(relative, upstream.pattern):
+            if matches(upstream.pattern, relative):
                 found.append(FileStat(relative, int(info.size or 0), int(info.mtime_ns or 0)))
     return sorted(found, key=lambda f: f.path)
 

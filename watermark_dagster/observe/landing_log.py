@@ -9,6 +9,11 @@ leave half-pinned (a file logged by a look that died before planning is simply t
 plan's). Appends are compare-and-swap commits (delta-rs' own retries off): two looks at
 once cannot give two files one number, or one file two numbers.
 
+A file is known by its path, size and modification time. A new path with the size and
+modification time of a logged file that is gone from its logged path is that file moved
+(to an archive prefix the pattern takes, or a writer's ``x.tmp`` renamed ``x.csv``): the
+log refuses it, so its rows are never loaded a second time under a new number.
+
 Reads cost what changed: a look at a local log whose version did not move lists its
 ``_delta_log`` folder and reads no row (:attr:`FileLog.rows_read` counts the rows read).
 """
@@ -26,8 +31,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.ranges import VersionRange
-from watermark_dagster.errors import CommitConflictError
-from watermark_dagster.observe.landing_files import FileStat
+from watermark_dagster.errors import CommitConflictError, LandingFileChangedError
+from watermark_dagster.observe.landing_files import FileStat, stat_files
 from watermark_dagster.observe.log import is_local, latest_local_version
 
 LOG_SCHEMA = pa.schema(
@@ -145,6 +150,8 @@ class FileLog:
 
         Raises:
             CommitConflictError: other writers kept winning the commit.
+            LandingFileChangedError: a candidate is a logged file moved to a new path
+                (nothing is logged).
         """
         for attempt in range(_ATTEMPTS):
             dt = self._open(create=True)
@@ -156,6 +163,7 @@ class FileLog:
             )
             if not new:
                 return state
+            refuse_moves(self.upstream, state, new)
             first = state.latest + 1
             now = datetime.now(UTC)
             rows = pa.Table.from_pylist(
@@ -203,3 +211,38 @@ class FileLog:
         )
         self.rows_read += chosen.num_rows
         return sorted(_files(chosen), key=lambda f: f.ordinal)
+
+
+def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileStat]) -> None:
+    """Fail when one of ``new`` (paths the log does not hold) has the size and modification
+    time of a logged file that is gone from its logged path: a move, not a new file.
+
+    Raises:
+        LandingFileChangedError: naming both paths, the logged file's number and the fix.
+    """
+    identities = {(f.size, f.mtime_ns) for f in new}
+    same = [f for f in state.by_path.values() if (f.size, f.mtime_ns) in identities]
+    if not same:
+        return
+    now = stat_files(upstream, [f.path for f in same])
+    gone: dict[tuple[int, int], LoggedFile] = {}
+    for f in sorted(same, key=lambda f: f.ordinal):
+        if now[f.path] is None:
+            gone.setdefault((f.size, f.mtime_ns), f)
+    for found in new:
+        logged = gone.get((found.size, found.mtime_ns))
+        if logged is None:
+            continue
+        raise LandingFileChangedError(
+            f"{upstream.owner}: landing file {found.path!r} has the size ({found.size}) and "
+            f"modification time ({logged.mtime.isoformat()}) of {logged.path!r} (file "
+            f"{logged.ordinal}), which is gone from its logged path: it was moved, and its "
+            "rows were loaded (or are pinned) already under that number. Nothing is logged "
+            "or loaded until it is resolved.",
+            upstream=upstream.name,
+            versions=f"file {logged.ordinal}",
+            fix=f"move it back to {logged.path!r}, or archive it where the folder's listing "
+            "never looks (outside the folder, or under a folder or name starting with '_' "
+            f"or '.'); write temporary files there too. If {found.path!r} is new content, "
+            "give it a new modification time (`touch` it) and it is loaded as a new file.",
+        )

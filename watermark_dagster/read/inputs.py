@@ -39,9 +39,9 @@ from watermark_dagster.read.cursor import (
 )
 from watermark_dagster.read.frames import as_changes
 from watermark_dagster.read.landing import (
-    SOURCE_FILE,
     PinnedFiles,
     as_landing,
+    file_changes,
     pin_files,
     read_files,
 )
@@ -213,14 +213,19 @@ class UpstreamInput:
     def _read_changes(self) -> DataFrame:
         if self.mode is ReadMode.NOOP:
             return as_changes(self.snapshot, None).limit(0)
-        if self.mode is ReadMode.SNAPSHOT:
+        landing = as_landing(self._upstream) if self._files is not None else None
+        if landing is not None and self._files is not None:  # each row at its file's number
+            if self.mode is ReadMode.SNAPSHOT:
+                frame = file_changes(self._spark, landing, self.snapshot, self._files.snapshot)
+            else:
+                rows = read_files(self._spark, landing, self._files.changes)
+                frame = file_changes(self._spark, landing, rows, self._files.changes)
+        elif self.mode is ReadMode.SNAPSHOT:
             frame = as_changes(self.snapshot, self.snapshot_version)
         elif self.mode is ReadMode.TIMESTAMP:
             assert self.window is not None
             upstream = _cursor_upstream(self._upstream)
             frame = window_changes(self._spark, upstream, self.window, self.source_version)
-        elif self._files is not None and (landing := as_landing(self._upstream)) is not None:
-            frame = as_changes(read_files(self._spark, landing, self._files.changes), None)
         elif self.mode is ReadMode.APPEND_ONLY:
             assert self.range is not None
             assert self._scan is not None
@@ -318,8 +323,8 @@ class UpstreamInput:
         describing the state after it wins over a delete of the same key (a RESTORE or a
         rewrite without change files removes and re-adds a key in one commit); for a cursor
         upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`);
-        for a landing upstream, the row of the file whose path sorts last, so a retry or a
-        replay keeps the same row (I3).
+        for a landing upstream, the row of the highest numbered file (its ``_commit_version``),
+        in every batch, retry, replay and reload (I3).
         """
         then: list[Column] = []
         if self.window is not None:
@@ -327,8 +332,6 @@ class UpstreamInput:
                 c.desc_nulls_last()
                 for c in position_columns(self.changes, _cursor_upstream(self._upstream))
             ]
-        elif self._files is not None:
-            then = [F.col(SOURCE_FILE).desc_nulls_last()]
         changes = self.changes.where(F.col(CHANGE_TYPE) != PREIMAGE)
         return latest_per_key(changes, keys, *then)
 

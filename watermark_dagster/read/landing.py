@@ -3,20 +3,25 @@
 A batch pins a range of file numbers (:mod:`~watermark_dagster.observe.landing_log`). Its
 files are looked up in the file log, each checked against the size and modification time
 recorded when it was logged (a file gone or changed fails the batch before anything is
-read or written, I6), and read together; each row carries the file it came from.
+read or written, I6), and read together by their exact paths (never as globs); each row
+carries the file it came from and, as a change row, its file's number as its
+``_commit_version``: the one order that decides which row wins for a key, inside a batch,
+across batches and in a reload from the start.
 """
 
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.upstream import Upstream
+from watermark_dagster.core.columns import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, INSERT
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError, recreated_error, reset_command
 from watermark_dagster.observe.landing import check_unchanged
-from watermark_dagster.observe.landing_files import full_path
+from watermark_dagster.observe.landing_files import spark_path
 from watermark_dagster.observe.landing_log import FileLog, LoggedFile
 from watermark_dagster.read.frames import spark_reader
 
@@ -121,5 +126,69 @@ def read_files(
         return spark.createDataFrame([], upstream.file_schema).withColumn(
             SOURCE_FILE, F.lit(None).cast("string")
         )
-    frame = reader.load([full_path(upstream, f.path) for f in files])
+    frame = reader.load([spark_path(upstream, f.path) for f in files])
     return frame.withColumn(SOURCE_FILE, F.col("_metadata.file_path"))
+
+
+_URI = "_wm_file_uri"
+_NUMBER = "_wm_file_number"
+
+
+def file_numbers(
+    upstream: LandingUpstream, files: tuple[LoggedFile, ...], uris: list[str]
+) -> dict[str, int]:
+    """The number in the file log of each file Spark read (``uris``: its input files), by
+    the URI's raw path (``file:/x`` and ``file:///x`` name one file).
+
+    Spark qualifies the paths it was given (``file:/...``, ``s3a://...``) and URL-encodes
+    them; decoded, each is the folder's qualified path, ``/`` and a logged file's relative
+    path. The folder's part is found from one file, and every file must then be one logged
+    file, each once: Spark read exactly the pinned files.
+
+    Raises:
+        UpstreamUnreadableError: the files Spark read are not exactly ``files``.
+    """
+    wanted = {f.path: f.ordinal for f in files}
+    decoded = {unquote(u): u for u in uris}
+    first = files[0].path
+    for candidate in decoded:
+        if not candidate.endswith(f"/{first}"):
+            continue
+        folder = candidate[: -len(first)]
+        found = {d[len(folder) :]: u for d, u in decoded.items() if d.startswith(folder)}
+        if len(uris) == len(found) and set(found) == set(wanted):
+            return {urlsplit(u).path: wanted[p] for p, u in found.items()}
+    raise UpstreamUnreadableError(
+        f"{upstream.owner}: Spark read {len(uris)} file(s) ({sorted(uris)[:3]}...), not "
+        f"exactly the {len(files)} pinned file(s) ({sorted(wanted)[:3]}...). Nothing was "
+        "read or written.",
+        upstream=upstream.name,
+        versions=f"files {sorted(wanted.values())[:3]}...",
+        fix="report it: the landing folder's paths are not read back as they were logged.",
+    )
+
+
+def file_changes(
+    spark: SparkSession, upstream: LandingUpstream, rows: DataFrame, files: tuple[LoggedFile, ...]
+) -> DataFrame:
+    """``rows`` (:func:`read_files` of ``files``) as change rows: inserts, each at its file's
+    number (``_commit_version``), so the latest change of a key is the row of the highest
+    numbered file, whatever the paths and however the files were batched.
+
+    Raises:
+        UpstreamUnreadableError: the files Spark read are not exactly ``files``.
+    """
+    numbered = rows.withColumn(CHANGE_TYPE, F.lit(INSERT))
+    if files:
+        mapping = file_numbers(upstream, files, rows.inputFiles())
+        numbers = spark.createDataFrame(list(mapping.items()), f"{_URI} string, {_NUMBER} long")
+        missing = F.raise_error(F.concat(F.lit("no file number for "), F.col(SOURCE_FILE)))
+        path = F.parse_url(F.col(SOURCE_FILE), F.lit("PATH"))
+        numbered = (
+            numbered.join(F.broadcast(numbers), path == F.col(_URI), "left")
+            .withColumn(COMMIT_VERSION, F.coalesce(F.col(_NUMBER), missing.cast("long")))
+            .drop(_URI, _NUMBER)
+        )
+    else:
+        numbered = numbered.withColumn(COMMIT_VERSION, F.lit(None).cast("long"))
+    return numbered.withColumn(COMMIT_TIMESTAMP, F.lit(None).cast("timestamp"))
