@@ -13,10 +13,21 @@ Unless ``WATERMARK_VERBOSE`` is set (``watermark -v``), a session whose driver J
 process launches logs errors only (``log4j2-quiet.properties``, shipped with the package):
 Spark's start-up notices and per-query warnings are not printed. A log4j configuration
 given in ``spark.driver.extraJavaOptions`` is kept.
+
+Time is in one zone, UTC, everywhere a session reads or writes it (:func:`in_utc`): the
+driver's and the executors' JVMs are started with ``-Duser.timezone=UTC`` and the session's
+SQL zone is UTC, for a local session, a cluster's executors and the home's Spark Connect
+server alike. A JDBC read of a ``timestamp without time zone`` column, and the filter pushed
+to the database, are rendered in the JVM's default zone: a window pinned by one process
+and read by another selects the same rows only if both JVMs agree. A session whose JVM this
+process did not start (a Spark Connect server, a session that existed already) is checked
+(:func:`require_utc`): one whose JVM's default zone is not UTC is refused before any batch
+work.
 """
 
 import importlib.metadata
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -59,6 +70,104 @@ sessions_started = 0
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 _LOG4J_OPTION = "log4j2.configurationFile"
 _DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+_EXECUTOR_OPTIONS = "spark.executor.extraJavaOptions"
+SESSION_ZONE = "spark.sql.session.timeZone"
+UTC_OPTION = "-Duser.timezone=UTC"
+# Names Java and Spark give the zone of UTC (a session zone may also be an offset).
+UTC_NAMES = frozenset(
+    {"UTC", "Etc/UTC", "GMT", "Etc/GMT", "UCT", "Etc/UCT", "Z", "Zulu", "Etc/Zulu"}
+    | {"Universal", "Etc/Universal", "GMT0", "Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "+00:00"}
+)
+_ZONE_OPTION = re.compile(r"-Duser\.timezone=(\S*)")
+
+
+def in_utc(settings: Mapping[str, str], *, jvm: bool = True) -> dict[str, str]:
+    """``settings`` with the session's SQL zone UTC and, with ``jvm`` (this process or
+    ``watermark engine`` starts the JVMs), ``-Duser.timezone=UTC`` added to the driver's and
+    the executors' ``extraJavaOptions`` (whatever options they hold are kept).
+
+    Raises:
+        ConfigurationError: the settings name another zone, for the session or a JVM.
+    """
+    result = dict(settings)
+    zone = result.setdefault(SESSION_ZONE, "UTC")
+    if zone not in UTC_NAMES:
+        raise ConfigurationError(
+            f"The Spark settings set {SESSION_ZONE} to {zone!r}: windows of database "
+            "upstreams are pinned and read in UTC, and a session in another zone would read "
+            "other rows than the batch pinned.",
+            fix=f"remove {SESSION_ZONE} from the Spark settings (WATERMARK_SPARK_CONF, the "
+            "registry's spark_config or the Spark resource), or set it to UTC.",
+        )
+    if not jvm:
+        return result
+    for key in (_DRIVER_OPTIONS, _EXECUTOR_OPTIONS):
+        options = result.get(key, "")
+        other = [z for z in _ZONE_OPTION.findall(options) if z not in UTC_NAMES]
+        if other:
+            raise ConfigurationError(
+                f"The Spark settings start the JVM with -Duser.timezone={other[0]} ({key}): "
+                "a database upstream's timestamp without time zone is read, and its window "
+                "filtered, in the JVM's default zone, so every JVM must run in UTC.",
+                fix=f"remove -Duser.timezone from {key}; the runtime sets {UTC_OPTION}.",
+            )
+        if not _ZONE_OPTION.search(options):
+            result[key] = f"{options} {UTC_OPTION}".strip()
+    return result
+
+
+_ZONE_ID = re.compile(r'id="([^"]*)",offset=(-?\d+),.*transitions=(\d+),lastRule=(\w+)')
+
+
+def _utc_rules(description: str) -> bool:
+    """Whether a ``java.util.TimeZone``'s text (``sun.util.calendar.ZoneInfo[id="UTC",
+    offset=0,...]``) is UTC: named so, or offset 0 with no transition and no rule."""
+    found = _ZONE_ID.search(description)
+    if found is None:
+        return False
+    name, offset, transitions, rule = found.groups()
+    return name in UTC_NAMES or (offset == "0" and transitions == "0" and rule == "null")
+
+
+def jvm_zones(session: "SparkSession") -> set[str]:
+    """The default zones of the session's JVMs, as ``java.util.TimeZone`` describes them:
+    the driver's and, over a few tasks, the executors' (on a Spark Connect server as on a
+    session of this process)."""
+    from pyspark.sql import functions as F
+
+    found: set[str] = set()
+    jvm = getattr(session, "_jvm", None)
+    if jvm is not None:  # a classic session: the driver's own zone
+        found.add(str(jvm.java.util.TimeZone.getDefault().toString()))
+        if (session.sparkContext.master or "").startswith("local"):
+            return found  # its executors are the driver's JVM
+    probe = F.expr("reflect('java.util.TimeZone', 'getDefault')")
+    rows = session.range(0, 8, 1, 4).select(probe.alias("zone")).distinct().collect()
+    return found | {str(r["zone"]) for r in rows}
+
+
+def require_utc(session: "SparkSession", where: str) -> None:
+    """Refuse a session whose JVMs' default zone is not UTC (see :func:`in_utc`), before
+    any batch work.
+
+    Raises:
+        ConfigurationError: names the zone found and the fix.
+    """
+    other = sorted(z for z in jvm_zones(session) if not _utc_rules(z))
+    if not other:
+        return
+    found = _ZONE_ID.search(other[0])
+    zone = found.group(1) if found else other[0]
+    raise ConfigurationError(
+        f"The Spark JVM of {where} runs in the time zone {zone!r}, not UTC: a database "
+        "upstream's timestamp without time zone would be read, and its window filtered, "
+        "in that zone, skipping or repeating rows of windows pinned elsewhere. Nothing "
+        "was read or written.",
+        fix=f"start it with {UTC_OPTION} in spark.driver.extraJavaOptions and "
+        f"spark.executor.extraJavaOptions (`watermark engine` and the run processes do).",
+    )
 
 
 def verbose() -> bool:
@@ -151,20 +260,27 @@ def session_settings(
     *, master: str = "local[*]", remote: str | None = None, conf: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """Every setting a session is built with: Delta's, :func:`spark_defaults`, loopback
-    addresses for a local driver, then ``conf`` (which overrides any of them). A Spark
-    Connect client sends only the session-level defaults and ``conf``."""
+    addresses for a local driver, then ``conf`` (which overrides any of them), in UTC
+    (:func:`in_utc`). A Spark Connect client sends only the session-level defaults and
+    ``conf``.
+
+    Raises:
+        ConfigurationError: ``conf`` names a time zone other than UTC.
+    """
     if remote:
         # Delta's extension and catalog are static settings of the server; a client that
-        # sends them only gets warnings.
-        return {**spark_defaults(remote=remote), **dict(conf or {})}
+        # sends them only gets warnings. Its JVM's zone is checked once connected.
+        return in_utc({**spark_defaults(remote=remote), **dict(conf or {})}, jvm=False)
     local = master.startswith("local")
     loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-    return {
-        **DELTA_CONF,
-        **spark_defaults(master=master, remote=remote),
-        **(loopback if local else {}),
-        **dict(conf or {}),
-    }
+    return in_utc(
+        {
+            **DELTA_CONF,
+            **spark_defaults(master=master, remote=remote),
+            **(loopback if local else {}),
+            **dict(conf or {}),
+        }
+    )
 
 
 def build_spark_session(
@@ -190,6 +306,11 @@ def build_spark_session(
         new_session: with ``remote``, always a new Connect session (its own temporary
             views, settings and cache on the server), never this process's current one.
 
+    Raises:
+        ConfigurationError: ``conf`` names a time zone other than UTC, or the session's JVM
+            (a Spark Connect server's, or a session that existed already) does not run in
+            UTC (:func:`require_utc`); a Connect server without Delta.
+
     Example:
         >>> spark = build_spark_session(
         ...     master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}
@@ -207,6 +328,7 @@ def build_spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    existed = not remote and SparkSession.getActiveSession() is not None
     builder = SparkSession.builder.appName(app_name)
     builder = builder.remote(remote) if remote else builder.master(master)
     resolve = not remote and not ({"spark.jars", "spark.jars.packages"} & settings.keys())
@@ -226,6 +348,9 @@ def build_spark_session(
         session = builder.create() if remote and new_session else builder.getOrCreate()
     if remote:
         require_delta_connect(session, remote)
+    if remote or existed:
+        # A JVM this process did not start with the settings above.
+        require_utc(session, f"the Spark Connect server at {remote}" if remote else "the session")
     if resolve and not cached:
         _remember_delta_jars(session.conf.get("spark.jars", None), extra)
     return session
