@@ -327,3 +327,128 @@ def test_an_extraction_killed_between_its_write_and_its_checkpoint_recovers(
     history = lake.spark.sql(f"DESCRIBE HISTORY delta.`{lake.path('orders')}`").collect()
     data_commits = [h for h in history if h["operation"] in ("MERGE", "WRITE")]
     assert len(data_commits) == 2  # the first load and the killed batch's merge, once
+
+
+def _said(out: Any) -> str:
+    """What a command printed, both streams, on one line per line."""
+    return f"{out.stdout}\n{out.stderr}"
+
+
+def test_rows_without_a_cursor_are_counted_and_block_until_told_how_to_treat_them(
+    lake: Lake, shop: Database
+) -> None:
+    """Rows whose cursor is NULL are in no window. By default (``null_cursor: fail``) the
+    upstream is blocked while any exist, naming the table, the count, the column and the
+    fix, and nothing is written; with ``null_cursor: skip`` they are counted and shown
+    (``watermark list``, the materialization) and nothing is loaded for them."""
+    db = shop
+    _one_database_is_enough(db)
+    db.sql(f"ALTER TABLE {TABLE} ALTER COLUMN updated_at DROP NOT NULL")
+    _upsert(db, [(1, 10, 1), (2, 20, 2)])
+    db.sql(f"INSERT INTO {TABLE} (id, value, updated_at) VALUES (3, 30, NULL), (4, 40, NULL)")
+    spec = _spec(lake, db)
+    out = lake.cli(spec, "run")
+    assert out.returncode != 0, _said(out)
+    said = " ".join(_said(out).split())
+    for words in (f"{db.schema}.{TABLE}", "2 row(s)", "updated_at", "null_cursor: skip"):
+        assert words in said, said
+    assert not Path(lake.path("orders")).exists()
+    assert lake.store.committed().get("orders_db") is None
+    listed = " ".join(_said(lake.cli(spec, "list")).split())
+    assert "2 row(s)" in listed, listed
+    assert "updated_at" in listed, listed
+
+    spec = _spec(lake, db, null_cursor="skip")
+    out = lake.cli(spec, "run")
+    assert out.returncode == 0, _said(out)
+    assert lake.rows("orders") == {1: 10, 2: 20}
+    assert lake.rows("copy") == {1: 10, 2: 20}
+    batch_id = lake.store.committed()["orders_db"].batch_id
+    assert batch_id is not None
+    meta = batch_metadata(lake, "orders_db_extract", batch_id)
+    assert meta["orders_db/rows_without_cursor"] == 2, meta
+    listed = json.loads(lake.cli(spec, "list", "--json").stdout)
+    [row] = [r for r in listed if r["upstream"] == "orders_db"]
+    assert row["rows_without_cursor"] == 2, row
+    assert row["state"] == "ok", row
+    shown = " ".join(_said(lake.cli(spec, "get", "-t", "orders_db")).split())
+    assert "2 row(s)" in shown, shown
+    # Given a cursor value, they load.
+    db.sql(f"UPDATE {TABLE} SET updated_at = '{_at(5)}' WHERE updated_at IS NULL")
+    assert lake.cli(spec, "run").returncode == 0
+    _assert_chain(lake, db)
+
+
+def test_a_renamed_dropped_or_retyped_source_column_blocks_the_upstream(
+    lake: Lake, shop: Database
+) -> None:
+    """The table's columns are fingerprinted with each batch: a new column passes; a
+    rename, a drop or a type change fails the batch before anything is written, naming the
+    column and the fix (reset reloads the table as it now is)."""
+    db = shop
+    _one_database_is_enough(db)
+    spec = _spec(lake, db)
+    _upsert(db, [(1, 10, 1), (2, 20, 2)])
+    assert lake.cli(spec, "run").returncode == 0
+    db.sql(f"ALTER TABLE {TABLE} ADD COLUMN note text")
+    _upsert(db, [(3, 30, 3)])
+    out = lake.cli(spec, "run")
+    assert out.returncode == 0, _said(out)
+    _assert_chain(lake, db)
+
+    written = latest_local_version(lake.path("orders"))
+    for minutes, (change, column) in enumerate(
+        (
+            ("RENAME COLUMN value TO amount", "value"),
+            ("ALTER COLUMN value TYPE numeric(12, 2)", "value"),
+            ("DROP COLUMN note", "note"),
+        ),
+        start=9,
+    ):
+        db.sql(f"ALTER TABLE {TABLE} {change}")
+        db.sql(f"UPDATE {TABLE} SET updated_at = '{_at(minutes)}' WHERE id = 1")
+        out = lake.cli(spec, "run")
+        said = " ".join(_said(out).split())
+        assert out.returncode != 0, said
+        assert f"'{column}'" in said, said
+        assert "watermark reset -t orders_db" in said, said
+        assert latest_local_version(lake.path("orders")) == written
+        # Undone, the upstream reads on.
+        undo = {
+            "value": "RENAME COLUMN amount TO value"
+            if "RENAME" in change
+            else "ALTER COLUMN value TYPE bigint",
+            "note": "ADD COLUMN note text",
+        }[column]
+        db.sql(f"ALTER TABLE {TABLE} {undo}")
+        out = lake.cli(spec, "run", "--retry")
+        assert out.returncode == 0, _said(out)
+        _assert_chain(lake, db)
+        written = latest_local_version(lake.path("orders"))
+
+
+def test_a_refused_password_reads_as_a_sentence_never_the_drivers_fields(
+    shop: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look's error is the server's own sentence (PostgreSQL: severity, SQLSTATE and
+    message), never the driver's raw mapping and never the password."""
+    from watermark_dagster.config.upstream_kinds import declare_upstream
+    from watermark_dagster.errors import UpstreamUnavailableError
+    from watermark_dagster.observe.observer import Observer
+
+    db = shop
+    settings = {k: v for k, v in _upstream(db).items() if k != "fetch_size"}
+    upstream = declare_upstream(**settings)
+    monkeypatch.setenv("SHOP_PASSWORD", "wr0ng-Pa55word")
+    with pytest.raises(UpstreamUnavailableError) as refused:
+        Observer().observe(upstream)
+    text = str(refused.value)
+    assert "wr0ng-Pa55word" not in text
+    assert db.password not in text
+    assert "{'S'" not in text, text
+    assert "'C':" not in text, text
+    if db.kind == "postgresql":
+        # The user is masked like the password (both come from credential variables).
+        assert 'FATAL 28P01: password authentication failed for user "***"' in text, text
+    else:
+        assert "1045: Access denied for user '***'" in text, text

@@ -254,3 +254,96 @@ def test_a_look_that_cannot_reach_the_database_blocks_the_upstream_naming_why(
     monkeypatch.delenv("SHOP_PASSWORD")
     with pytest.raises(UpstreamUnavailableError, match="SHOP_PASSWORD"):
         Observer().observe(upstream)
+
+
+def test_null_cursor_is_one_setting_for_the_file_python_and_the_component(
+    tmp_path: Path,
+) -> None:
+    """``null_cursor: fail | skip`` (default fail) is declared once: a registry file, a
+    Python declaration and a component's spec take it, and refuse another value naming the
+    upstream and both choices."""
+    from watermark_dagster.dagster_defs.component import UpstreamSpec
+
+    assert DatabaseUpstream(**{k: v for k, v in GOOD.items() if k != "kind"}).null_cursor == (
+        "fail"
+    )
+    assert declare_upstream(**{**GOOD, "null_cursor": "skip"}).null_cursor == "skip"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match="orders_db.*null_cursor") as refused:
+        declare_upstream(**{**GOOD, "null_cursor": "ignore"})
+    assert "null_cursor: skip" in (refused.value.fix or "")
+
+    path = tmp_path / "registry.yaml"
+    body = (
+        "upstreams:\n  orders_db:\n    kind: database\n    url: jdbc:postgresql://db/shop\n"
+        "    source_table: public.orders\n    cursor: updated_at\n"
+        "    null_cursor: {}\npipelines: {{}}\n"
+    )
+    path.write_text(body.format("skip"))
+    upstream = load_registry(path).upstreams["orders_db"]
+    assert isinstance(upstream, DatabaseUpstream)
+    assert upstream.null_cursor == "skip"
+    path.write_text(body.format("ignore"))
+    with pytest.raises(ConfigurationError, match="null_cursor"):
+        load_registry(path)
+
+    assert "null_cursor" in UpstreamSpec.model_fields
+    named = {k: v for k, v in GOOD.items() if k != "name"}
+    spec = UpstreamSpec.model_validate({**named, "null_cursor": "skip"})
+    assert spec.model_dump()["null_cursor"] == "skip"
+
+
+def test_columns_dropped_renamed_or_retyped_are_problems_added_ones_are_not() -> None:
+    from watermark_dagster.read.database_schema import column_problems
+
+    before = {"id": ("bigint", False), "value": ("bigint", True)}
+    assert column_problems(before, {**before, "note": ("text", True)}) == []
+    assert column_problems(before, {**before, "note": ("text", False)}) == []
+    assert column_problems(before, {"id": ("bigint", False), "value": ("bigint", False)}) == []
+    [renamed] = column_problems(before, {"id": ("bigint", False), "amount": ("bigint", True)})
+    assert "'value'" in renamed
+    assert "'amount'" in renamed
+    [retyped] = column_problems(before, {"id": ("bigint", False), "value": ("numeric", True)})
+    assert "'value'" in retyped
+    assert "bigint" in retyped
+    assert "numeric" in retyped
+    [dropped] = column_problems(before, {"id": ("bigint", False)})
+    assert "'value' was dropped" in dropped
+
+
+def test_lag_seconds_on_a_cursor_that_is_no_timestamp_is_refused_at_the_first_look() -> None:
+    """The location loads without the database, so the first look (which reads the cursor
+    column's type from the catalog) refuses it, before any batch is planned."""
+    from watermark_dagster.errors import UpstreamUnavailableError
+    from watermark_dagster.observe.database_state import DatabaseLook, refuse_look
+
+    lagged = declare_upstream(**{**GOOD, "lag_seconds": 30})
+    assert isinstance(lagged, DatabaseUpstream)
+    for cursor_type in ("bigint", "date", "int(11)"):
+        look = DatabaseLook("db:empty", 0, (("updated_at", cursor_type, False),))
+        with pytest.raises(
+            UpstreamUnavailableError, match=f"updated_at is {re.escape(cursor_type)}"
+        ):
+            refuse_look(lagged, look)
+    for cursor_type in (
+        "timestamp(6) without time zone",
+        "timestamp with time zone",
+        "datetime(6)",
+    ):
+        refuse_look(lagged, DatabaseLook("db:empty", 0, (("updated_at", cursor_type, False),)))
+
+
+def test_a_cursor_position_is_shown_as_its_cursor_type_with_its_tie_break() -> None:
+    from watermark_dagster.cli.render import cursor_type_of, shown_position
+    from watermark_dagster.observe.database_state import columns_fingerprint
+
+    assert (
+        shown_position([1796169233872279, 30002], "timestamp", ["id"])
+        == "2026-12-01T23:53:53.872279Z, id=30002"
+    )
+    assert shown_position([20454, 7], "date", ["id"]) == "2026-01-01, id=7"
+    assert shown_position([42, 7], "bigint", ["id"]) == "42, id=7"
+    assert shown_position([42], None) == "42"
+    upstream = declare_upstream(**GOOD)
+    columns = (("id", "bigint", False), ("updated_at", "timestamp(6) without time zone", False))
+    assert cursor_type_of(upstream, columns_fingerprint(columns)) == "timestamp"
+    assert cursor_type_of(upstream, "") is None

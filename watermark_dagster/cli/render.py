@@ -10,6 +10,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal, TextIO
 
 Style = Literal["ok", "warn", "bad", "dim", "bold"]
@@ -33,6 +34,41 @@ STATUS_STYLES: dict[str, Style] = {
     "DIED": "warn",
     "ABANDONED": "bad",
 }
+
+
+def cursor_type_of(upstream: object, fingerprint: str | None) -> str | None:
+    """A cursor upstream's cursor type as its look found it: ``timestamp``, ``date`` or
+    another type's name (None: not known, e.g. a source whose look reads no schema)."""
+    from watermark_dagster.observe.database_state import fingerprint_columns, is_timestamp_type
+
+    cursor = getattr(upstream, "cursor", None)
+    columns = fingerprint_columns(fingerprint) or {}
+    if cursor is None or cursor not in columns:
+        return None
+    type_name = columns[cursor][0]
+    if is_timestamp_type(type_name):
+        return "timestamp"
+    return "date" if type_name.lower() == "date" else type_name
+
+
+def shown_position(
+    position: Sequence[object], cursor_type: str | None, tie_break: Sequence[str] = ()
+) -> str:
+    """A committed cursor position as its cursor's own type: a timestamp (microseconds
+    since the epoch) in ISO 8601 UTC, a date (days) as a date, then each tie-break key as
+    ``name=value``; raw values where the type is not known."""
+    if not position:
+        return "[]"
+    first, *keys = position
+    if isinstance(first, int) and not isinstance(first, bool) and cursor_type == "timestamp":
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=first)
+        shown = moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    elif isinstance(first, int) and not isinstance(first, bool) and cursor_type == "date":
+        shown = (date(1970, 1, 1) + timedelta(days=first)).isoformat()
+    else:
+        shown = str(first)
+    names = list(tie_break) + [f"key{i + 1}" for i in range(len(tie_break), len(keys))]
+    return ", ".join([shown, *(f"{n}={v}" for n, v in zip(names, keys, strict=False))])
 
 
 def colour_enabled(stream: TextIO) -> bool:

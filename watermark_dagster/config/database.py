@@ -20,6 +20,7 @@ Example:
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 from urllib.parse import parse_qsl, urlsplit
 
 from watermark_dagster.config.options import Kind, written_as
@@ -34,6 +35,8 @@ DRIVERS: Mapping[str, tuple[str, str]] = {
     "mariadb": ("org.mariadb.jdbc.Driver", "`"),
     "mysql": ("org.mariadb.jdbc.Driver", "`"),
 }
+NullCursor = Literal["fail", "skip"]
+NULL_CURSOR_CHOICES: tuple[str, ...] = get_args(NullCursor)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # URL parameters (and user-info) that would carry a credential into Dagster's storage.
 _CREDENTIAL_PARAMETERS = re.compile(r"^(user|password|passwd|pwd|sslpassword|sslkey)$", re.I)
@@ -59,9 +62,13 @@ class DatabaseUpstream(CursorUpstream):
         reconcile_every: every this many batches, the extraction pipeline
             (:func:`~watermark_dagster.read.extraction.extraction_stage`) also deletes
             the keys its target holds that the table no longer has (hard deletes).
+        null_cursor: what rows whose cursor is NULL (in no window) do: ``fail`` (default)
+            blocks the upstream while any exist, ``skip`` counts and shows them and loads
+            nothing for them.
 
     The cursor settings (``cursor``, ``tie_break``, ``lag_seconds``, ``start_from``) are
-    those of :class:`~watermark_dagster.config.upstream.CursorUpstream`; ``path``,
+    those of :class:`~watermark_dagster.config.upstream.CursorUpstream` (``lag_seconds``
+    only for a timestamp cursor: the first look refuses it on another); ``path``,
     ``table``, ``format``, ``read_options``, ``storage_options`` and ``cursor_fallback`` do
     not apply.
     """
@@ -88,6 +95,7 @@ class DatabaseUpstream(CursorUpstream):
     reconcile_every: int | None = field(
         default=None, metadata=written_as(Kind.WHOLE, shape="a whole number of batches")
     )
+    null_cursor: NullCursor = field(default="fail", metadata=written_as(Kind.CHOICE))
 
     def __post_init__(self) -> None:
         owner = f"Upstream '{self.name}'"
@@ -148,6 +156,13 @@ class DatabaseUpstream(CursorUpstream):
                         else "."
                     ),
                 )
+        if self.null_cursor not in NULL_CURSOR_CHOICES:
+            raise ConfigurationError(
+                f"{owner}: null_cursor must be fail or skip, got {self.null_cursor!r}.",
+                upstream=self.name,
+                fix="set null_cursor: fail (block while rows have no cursor value) or "
+                "null_cursor: skip (count them, load nothing for them).",
+            )
         if self.soft_delete is not None and not _IDENTIFIER.match(str(self.soft_delete)):
             raise ConfigurationError(
                 f"{owner}: soft_delete {self.soft_delete!r} is not a column name.",
@@ -238,4 +253,4 @@ def _secret(owner: str, name: str, what: str, value: object) -> EnvRef | None:
     return reference
 
 
-__all__ = ["DRIVERS", "DatabaseUpstream", "check_url"]
+__all__ = ["DRIVERS", "NULL_CURSOR_CHOICES", "DatabaseUpstream", "NullCursor", "check_url"]

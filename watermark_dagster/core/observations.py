@@ -29,7 +29,8 @@ class Observation:
 
     ``oldest_version`` is the oldest commit file still in a local table's log (the listing
     every look makes): the commits before it were removed by log cleanup. None where no
-    listing was made (object stores, cursor sources).
+    listing was made (object stores, cursor sources). ``rows_without_cursor`` is a
+    database upstream's count of rows whose cursor is NULL (None: not counted).
     """
 
     upstream: str
@@ -40,6 +41,7 @@ class Observation:
     schema_fingerprint: str
     state: str | None = None
     oldest_version: int | None = None
+    rows_without_cursor: int | None = None
 
     @property
     def is_cursor(self) -> bool:

@@ -50,6 +50,8 @@ def outcome_metadata(outcome: PipelineOutcome) -> dict[str, Any]:
         meta[f"{prefix}/rows_read"] = r.rows_read
         if r.files_read is not None:
             meta[f"{prefix}/files_read"] = r.files_read
+        if r.rows_without_cursor is not None:
+            meta[f"{prefix}/rows_without_cursor"] = r.rows_without_cursor
         if r.window is not None:
             meta[f"{prefix}/window"] = r.window
         if r.window is not None:

@@ -7,16 +7,24 @@ the upstream's source state: the coordinator plans a batch for it only when that
 since the committed window (or when rows held back by the lag pass it), so an idle table
 costs one indexed query a tick, not a run a tick.
 
+The same look counts the rows whose cursor is NULL (in no window: under ``null_cursor:
+fail`` they block the upstream) and reads the table's columns from the database's catalog
+(name, full type, nullability), which each batch records as the upstream's schema
+fingerprint, compared by the next (:mod:`watermark_dagster.read.database_schema`).
+
 What a cursor cannot see, this cannot either: a row deleted or written below the top
 position leaves the state unchanged (docs/database-upstreams.md, "Deletes").
 
-The query is made of the upstream's validated identifiers, quoted for the database; no
-text a user wrote goes into it. The credentials are read from the environment here, at
+The queries are made of the upstream's validated identifiers, quoted for the database
+(the catalog's takes the table's name as a bound parameter); no text a user wrote goes
+into them. The credentials are read from the environment here, at
 use, and go to the driver only.
 """
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from watermark_dagster.config.database import DRIVERS, DatabaseUpstream
@@ -42,14 +50,64 @@ def top_position_query(upstream: DatabaseUpstream) -> str:
     )
 
 
+@dataclass(frozen=True)
+class DatabaseLook:
+    """What one look at a database table found.
+
+    Attributes:
+        state: ``db:`` and its greatest position, or ``db:empty``.
+        without_cursor: rows whose cursor is NULL, in no window.
+        columns: each column as the database's catalog reports it: (name, type, nullable),
+            in the table's order.
+    """
+
+    state: str
+    without_cursor: int
+    columns: tuple[tuple[str, str, bool], ...]
+
+    @property
+    def fingerprint(self) -> str:
+        """:attr:`columns` as text (what a batch records, and the next one compares)."""
+        return columns_fingerprint(self.columns)
+
+
+def columns_fingerprint(columns: Iterable[tuple[str, str, bool]]) -> str:
+    """Columns as the text a batch records as its upstream's schema fingerprint."""
+    return json.dumps([[n, t, bool(nullable)] for n, t, nullable in columns])
+
+
+def fingerprint_columns(fingerprint: str | None) -> dict[str, tuple[str, bool]] | None:
+    """Name -> (type, nullable) of a recorded fingerprint (None: none, or not a database's)."""
+    if not fingerprint or not fingerprint.startswith("["):
+        return None
+    try:
+        found = json.loads(fingerprint)
+        return {str(n): (str(t), bool(nullable)) for n, t, nullable in found}
+    except (ValueError, TypeError):
+        return None
+
+
 def database_state(upstream: DatabaseUpstream) -> str:
     """The upstream's source state: ``db:`` and its table's greatest position, or
-    ``db:empty``.
+    ``db:empty`` (see :func:`look_at`)."""
+    return look_at(upstream).state
+
+
+def look_at(upstream: DatabaseUpstream, *, refuse: bool = True) -> DatabaseLook:
+    """One look at the table: its greatest position, its rows without a cursor value and
+    its columns.
+
+    Args:
+        upstream: the database upstream.
+        refuse: raise when the look finds rows without a cursor value (under
+            ``null_cursor: fail``) or a lag on a cursor that is not a timestamp.
 
     Raises:
         UpstreamUnavailableError: a credential variable is not set, or the database did not
             answer, refused the credentials, or has no such table or column (the message
-            names the upstream and the reason).
+            names the upstream and the reason); with ``refuse``, rows have no cursor value
+            under ``null_cursor: fail``, or ``lag_seconds`` is set on a cursor that is not a
+            timestamp.
     """
     credentials: dict[str, Any] = {}
     try:
@@ -60,23 +118,136 @@ def database_state(upstream: DatabaseUpstream) -> str:
             )
             or {}
         )
-        row = _fetch_top(upstream, credentials)
+        row, without, columns = _fetch(upstream, credentials)
     except Exception as e:  # a variable not set; the drivers' errors share no base class
         raise UpstreamUnavailableError(
             f"Upstream '{upstream.name}': the database at {upstream.url} did not answer the "
-            f"look at {upstream.source_table} ({type(e).__name__}: "
-            f"{_without_secrets(e, credentials.values())}).",
+            f"look at {upstream.source_table} ({driver_message(e, credentials.values())}).",
             upstream=upstream.name,
             fix="check that the database is up and reachable from the code location, that "
             "the credential variables are set there, and that the table and its cursor "
             "columns exist; nothing is planned for it until then.",
         ) from None
-    if row is None:
-        return "db:empty"
-    return "db:" + "|".join(_text(v) for v in row)
+    state = "db:empty" if row is None else "db:" + "|".join(_text(v) for v in row)
+    look = DatabaseLook(state, without, columns)
+    if refuse:
+        refuse_look(upstream, look)
+    return look
 
 
-def _fetch_top(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Sequence[Any] | None:
+def refuse_look(upstream: DatabaseUpstream, look: DatabaseLook) -> None:
+    """Block the upstream for what its look found that no batch may read past.
+
+    Raises:
+        UpstreamUnavailableError: rows without a cursor value under ``null_cursor: fail``,
+            or ``lag_seconds`` on a cursor column that is not a timestamp.
+    """
+    types = {n: t for n, t, _ in look.columns}
+    cursor_type = types.get(upstream.cursor)
+    if upstream.lag_seconds and cursor_type is not None and not is_timestamp_type(cursor_type):
+        raise UpstreamUnavailableError(
+            f"Upstream '{upstream.name}': lag_seconds={upstream.lag_seconds:g} applies to a "
+            f"timestamp cursor only; {upstream.source_table}.{upstream.cursor} is "
+            f"{cursor_type}, where a lag has no meaning.",
+            upstream=upstream.name,
+            fix="remove lag_seconds (a row written late below the committed position is "
+            "missed: see docs/database-upstreams.md, late rows), or read the table by a "
+            "timestamp cursor.",
+        )
+    if look.without_cursor and upstream.null_cursor == "fail":
+        raise UpstreamUnavailableError(
+            null_cursor_message(upstream, look.without_cursor),
+            upstream=upstream.name,
+            fix=null_cursor_fix(upstream),
+        )
+
+
+def null_cursor_message(upstream: DatabaseUpstream, count: int) -> str:
+    """What an upstream blocked by rows without a cursor value says."""
+    return (
+        f"Upstream '{upstream.name}': {count} row(s) of {upstream.source_table} have "
+        f"{upstream.cursor} NULL; no window can read them (null_cursor: fail), so nothing "
+        "is planned for it."
+    )
+
+
+def null_cursor_fix(upstream: DatabaseUpstream) -> str:
+    """The fix of rows without a cursor value under ``null_cursor: fail``."""
+    return (
+        f"give those rows a {upstream.cursor} value (they then load), or set "
+        "null_cursor: skip on the upstream to load the other rows without them."
+    )
+
+
+def is_timestamp_type(type_name: str) -> bool:
+    """Whether a catalog type name is a timestamp (PostgreSQL's ``timestamp...``,
+    MariaDB's ``datetime``/``timestamp``)."""
+    return type_name.lower().startswith(("timestamp", "datetime"))
+
+
+def _fetch(
+    upstream: DatabaseUpstream, credentials: dict[str, Any]
+) -> tuple[Sequence[Any] | None, int, tuple[tuple[str, str, bool], ...]]:
+    """The top position, the count of rows without a cursor value and the columns, over
+    one connection."""
+    connection = _connect(upstream, credentials)
+    try:
+        cursor = connection.cursor()
+        cursor.execute(top_position_query(upstream))
+        top = cursor.fetchone()
+        cursor.execute(null_cursor_query(upstream))
+        counted = cursor.fetchone()
+        query, params = columns_query(upstream)
+        cursor.execute(query, params)
+        columns = tuple((str(n), str(t), _yes(v)) for n, t, v in cursor.fetchall())
+        return top, int(counted[0] if counted else 0), columns
+    finally:
+        connection.close()
+
+
+def columns_of(upstream: DatabaseUpstream) -> tuple[tuple[str, str, bool], ...]:
+    """The table's columns now (see :class:`DatabaseLook`), without refusing anything.
+
+    Raises:
+        UpstreamUnavailableError: as :func:`look_at`.
+    """
+    return look_at(upstream, refuse=False).columns
+
+
+def _yes(value: object) -> bool:
+    return value is True or str(value).upper() in ("YES", "TRUE", "T", "1")
+
+
+def null_cursor_query(upstream: DatabaseUpstream) -> str:
+    """The count of the rows whose cursor is NULL, from validated quoted identifiers (an
+    index on the cursor serves it)."""
+    quote = DRIVERS[upstream.database][1]
+    return (
+        f"SELECT count(*) FROM {upstream.quoted_table} "
+        f"WHERE {quote}{upstream.cursor}{quote} IS NULL"
+    )
+
+
+def columns_query(upstream: DatabaseUpstream) -> tuple[str, tuple[str, ...]]:
+    """The catalog query of the table's columns (name, full type, nullable) and its bound
+    parameters: no identifier is pasted into it."""
+    parts = upstream.source_table.split(".")
+    if upstream.database == "postgresql":
+        return (
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull "
+            "FROM pg_catalog.pg_attribute a WHERE a.attrelid = to_regclass(%s) "
+            "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (upstream.quoted_table,),
+        )
+    schema = "%s" if len(parts) == 2 else "DATABASE()"
+    return (
+        "SELECT column_name, column_type, is_nullable FROM information_schema.columns "
+        f"WHERE table_schema = {schema} AND table_name = %s ORDER BY ordinal_position",
+        tuple(parts),
+    )
+
+
+def _connect(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Any:
     parts = urlsplit(upstream.url[len("jdbc:") :])
     params = {k.lower(): v.lower() for k, v in parse_qsl(parts.query)}
     tls = bool(_TLS & {params.get("sslmode", ""), params.get("ssl", ""), params.get("usessl", "")})
@@ -88,7 +259,7 @@ def _fetch_top(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Seque
     if upstream.database == "postgresql":
         import pg8000.dbapi
 
-        connection = pg8000.dbapi.connect(
+        return pg8000.dbapi.connect(
             user=user or "postgres",
             password=password,
             host=host,
@@ -97,25 +268,18 @@ def _fetch_top(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Seque
             timeout=CONNECT_SECONDS,
             ssl_context=True if tls else None,
         )
-    else:
-        import pymysql
+    import pymysql
 
-        connection = pymysql.connect(
-            user=user,
-            password=password or "",
-            host=host,
-            port=port,
-            database=database,
-            connect_timeout=CONNECT_SECONDS,
-            read_timeout=CONNECT_SECONDS * 3,
-            ssl={} if tls else None,
-        )
-    try:
-        cursor = connection.cursor()
-        cursor.execute(top_position_query(upstream))
-        return cursor.fetchone()
-    finally:
-        connection.close()
+    return pymysql.connect(
+        user=user,
+        password=password or "",
+        host=host,
+        port=port,
+        database=database,
+        connect_timeout=CONNECT_SECONDS,
+        read_timeout=CONNECT_SECONDS * 3,
+        ssl={} if tls else None,
+    )
 
 
 def _text(value: object) -> str:
@@ -123,9 +287,27 @@ def _text(value: object) -> str:
     return "NULL" if value is None else str(value)
 
 
-def _without_secrets(error: BaseException, secrets: Iterable[object]) -> str:
-    """The driver's message on one line, shortened, with any credential masked."""
-    text = str(error).replace("\n", " ")
+def driver_message(error: BaseException, secrets: Iterable[object] = ()) -> str:
+    """A driver's error as a sentence: PostgreSQL's as ``SEVERITY SQLSTATE: message``
+    (pg8000 carries the server's fields as a mapping), MariaDB's as ``code: message``,
+    others as ``Type: message``; on one line, shortened, with any credential masked."""
+    fields = error.args[0] if error.args else None
+    if isinstance(fields, Mapping) and "M" in fields:
+        found = cast("Mapping[str, object]", fields)
+        head = " ".join(str(found[k]) for k in ("S", "C") if found.get(k))
+        text = f"{head}: {found['M']}" if head else str(found["M"])
+        if found.get("D"):
+            text += f" ({found['D']})"
+    elif len(error.args) == 2 and isinstance(error.args[0], int):
+        text = f"{type(error).__name__} {error.args[0]}: {error.args[1]}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return _without_secrets(text, secrets)
+
+
+def _without_secrets(text: str, secrets: Iterable[object]) -> str:
+    """A message on one line, shortened, with any credential masked."""
+    text = text.replace("\n", " ")
     for secret in secrets:
         if isinstance(secret, str) and secret:
             text = text.replace(secret, "***")

@@ -47,7 +47,7 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
     missing_table_error,
 )
-from watermark_dagster.observe.database_state import database_state
+from watermark_dagster.observe.database_state import look_at
 from watermark_dagster.observe.landing import observe_landing
 from watermark_dagster.observe.landing_log import FileLog
 from watermark_dagster.observe.log import (
@@ -152,10 +152,21 @@ class Observer:
     def _observe_cursor(self, upstream: CursorUpstream) -> Observation:
         """A cursor upstream: its state is its Delta version and id, for a folder of files
         a fingerprint of their names, sizes and modification times, and for a database
-        table its greatest position (:func:`.database_state.database_state`)."""
+        table its greatest position, with its columns as the schema fingerprint and its
+        rows without a cursor value counted (:func:`.database_state.look_at`)."""
         path = upstream.path
         if isinstance(upstream, DatabaseUpstream):
-            state = database_state(upstream)
+            look = look_at(upstream)
+            return Observation(
+                upstream.name,
+                path,
+                -1,
+                False,
+                "",
+                look.fingerprint,
+                look.state,
+                rows_without_cursor=look.without_cursor,
+            )
         elif upstream.format == "delta":
             version = latest_local_version(path) if is_local(path) else None
             if version is None and is_local(path):

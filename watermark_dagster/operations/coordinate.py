@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.pipeline import WriteMode
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import fault_point
@@ -32,8 +33,15 @@ from watermark_dagster.core.resuming import (
     resume_step,
     unfinished_pipelines,
 )
-from watermark_dagster.errors import ReloadHeldError, TerminalError, UpstreamUnreadableError
+from watermark_dagster.errors import (
+    BatchStateError,
+    ReloadHeldError,
+    TerminalError,
+    UpstreamSchemaChangedError,
+    UpstreamUnreadableError,
+)
 from watermark_dagster.observe.observer import Observer, observe_registry, starting_points
+from watermark_dagster.read.database_schema import columns_changed
 from watermark_dagster.read.preflight import next_range_unreadable
 from watermark_dagster.store import WatermarkStore
 
@@ -99,6 +107,7 @@ def look_before_planning(
 
     def ready(found: RegistryObservation, started: StartingPoints) -> Look:
         found = hold_unreloadable(registry, found, owed, abandoned)
+        found = block_changed_columns(registry, store, found, marks)
         found = block_unreadable_ranges(registry, found) if check_ranges else found
         return Look(found, started, owed)
 
@@ -211,6 +220,41 @@ def hold_unreloadable(
     return look.with_blocked(found)
 
 
+def block_changed_columns(
+    registry: Registry,
+    store: WatermarkStore,
+    look: RegistryObservation,
+    marks: Mapping[str, Watermark],
+) -> RegistryObservation:
+    """``look`` with the database upstreams whose columns changed incompatibly since the
+    batch that committed their position blocked (a column dropped, renamed or retyped:
+    :func:`~watermark_dagster.read.database_schema.columns_changed`), so no batch is planned
+    on them; the run checks again before it reads."""
+    found: dict[str, TerminalError] = {}
+    for name, obs in look.observed.items():
+        upstream = registry.upstreams.get(name)
+        if not isinstance(upstream, DatabaseUpstream):
+            continue
+        committed = committed_fingerprint(store, marks.get(name), name)
+        error = columns_changed(upstream, committed, obs.schema_fingerprint)
+        if error is not None:
+            found[name] = error
+    return look.with_blocked(found)
+
+
+def committed_fingerprint(
+    store: WatermarkStore, mark: Watermark | None, upstream: str, running: str | None = None
+) -> str | None:
+    """The schema fingerprint the batch that committed ``upstream``'s position recorded
+    (None: nothing committed by a batch, or that batch is ``running`` or gone)."""
+    if mark is None or not mark.batch_id or mark.batch_id == running:
+        return None
+    try:
+        return store.get_batch(mark.batch_id).schema_fingerprints.get(upstream)
+    except BatchStateError:
+        return None
+
+
 def block_unreadable_ranges(registry: Registry, look: RegistryObservation) -> RegistryObservation:
     """``look`` with the upstreams whose next range can no longer be read blocked (see
     :meth:`RegistryObservation.with_blocked`): commits gone from the log, or change files
@@ -234,15 +278,20 @@ def block_unreadable_ranges(registry: Registry, look: RegistryObservation) -> Re
 
 def unreadable_next_ranges(
     registry: Registry, observer: Observer, store: WatermarkStore
-) -> dict[str, UpstreamUnreadableError]:
+) -> dict[str, UpstreamUnreadableError | UpstreamSchemaChangedError]:
     """Upstream -> why its next range can no longer be read, for the surfaces that show it
     outside a coordinator tick (``watermark list``/``get``, the continuity check run by
-    hand); empty while a batch is open (the next range comes after it). Records nothing."""
+    hand), and the database upstreams whose columns changed incompatibly; empty while a
+    batch is open (the next range comes after it). Records nothing."""
     if store.open_batch() is not None:
         return {}
     look = look_before_planning(registry, observer, store, actor="preview", preview=True)
     blocked = look.observation.blocked.items()
-    return {n: e for n, e in blocked if isinstance(e, UpstreamUnreadableError)}
+    return {
+        n: e
+        for n, e in blocked
+        if isinstance(e, UpstreamUnreadableError | UpstreamSchemaChangedError)
+    }
 
 
 def plan_next(store: WatermarkStore, look: Look, *, actor: str) -> tuple[Batch | None, bool]:

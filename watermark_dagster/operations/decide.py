@@ -45,6 +45,9 @@ class InputReport:
     rows_read: int
     files_read: int | None = None
     window: str | None = None
+    rows_without_cursor: int | None = None
+    """A database upstream's rows whose cursor is NULL, counted when its window was pinned
+    (in no window: loaded by no batch)."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import cast
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.pipeline import Pipeline, Strategy
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import resolved_options
@@ -28,6 +29,7 @@ from watermark_dagster.core.records import (
 )
 from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice, choose_strategy
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
+from watermark_dagster.operations.coordinate import committed_fingerprint
 from watermark_dagster.operations.decide import (
     InputReport,
     PipelineDecision,
@@ -36,6 +38,7 @@ from watermark_dagster.operations.decide import (
 )
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
+from watermark_dagster.read.database_schema import check_batch_columns
 from watermark_dagster.read.derive import transform_of, transformed
 from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
@@ -161,6 +164,11 @@ def run_pipeline(
                 rows_read=i.snapshot_rows() if rewriting else i.count_rows(),
                 files_read=None if rewriting else i.files_read,
                 window=str(i.window) if i.window is not None else None,
+                rows_without_cursor=(
+                    i.rows_without_cursor
+                    if isinstance(registry.upstreams[u], DatabaseUpstream)
+                    else None
+                ),
             )
             for u, i in inputs.items()
         )
@@ -407,6 +415,7 @@ def _bind_inputs(
 
         return pin
 
+    _check_database_columns(store, registry, pipeline, batch, full_load=full_load)
     return {
         u: UpstreamInput.pinned(
             spark,
@@ -422,6 +431,20 @@ def _bind_inputs(
         )
         for u in pipeline.upstreams
     }
+
+
+def _check_database_columns(
+    store: WatermarkStore, registry: Registry, pipeline: Pipeline, batch: Batch, *, full_load: bool
+) -> None:
+    """A scheduled batch refuses a database table whose columns changed incompatibly since
+    the batch that committed its position (a full load reads the table as it now is)."""
+    if full_load or batch.order_seq is not None:
+        return
+    marks = store.committed()
+    check_batch_columns(
+        {u: registry.upstreams[u] for u in pipeline.upstreams},
+        lambda u: committed_fingerprint(store, marks.get(u), u, batch.batch_id),
+    )
 
 
 def recompute_pipeline(

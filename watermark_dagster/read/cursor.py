@@ -18,6 +18,8 @@ from pyspark.sql import types as T
 from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.upstream import CursorUpstream
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow
+from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
+from watermark_dagster.observe.database_state import null_cursor_fix, null_cursor_message
 from watermark_dagster.read.database import (
     literal_of,
     live_rows,
@@ -166,12 +168,14 @@ def snapshot_rows(
 
 def positions_after(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> DataFrame:
     """What pinning a window's end reads: for a database table only the position's columns
-    of the rows after the start (pruned and filtered in the database's own query), else
-    the whole source (its rows without a cursor are counted)."""
+    of the rows after the start and of the rows without a cursor value (pruned and
+    filtered in the database's own query), else the whole source; the rows without a
+    cursor are counted either way."""
     if not isinstance(upstream, DatabaseUpstream):
         return source
     after = in_window(source, upstream, CursorWindow(window.start, None))
-    return source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after)
+    no_cursor = F.col(f"`{upstream.cursor}`").isNull()
+    return source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after | no_cursor)
 
 
 @dataclass(frozen=True)
@@ -197,12 +201,27 @@ def pin_end(
     """The end a new window should have: the greatest position among rows after the
     start whose cursor is at or below the ceiling (``now`` minus the lag, for timestamp
     cursors). A database table is read pruned to the position's columns and filtered by
-    ``position > start`` in its own query (its rows without a cursor are not counted)."""
+    ``position > start`` (or no cursor value, counted) in its own query.
+
+    Raises:
+        ConfigurationError: ``lag_seconds`` is set on a cursor that is not a timestamp
+            (an integer or a date), where it has no meaning.
+    """
     source = positions_after(source, upstream, window)
     after = in_window(source, upstream, CursorWindow(window.start, None))
     cols = position_columns(source, upstream)
     below = F.lit(True)
-    if is_time_cursor(source, upstream):
+    timed = is_time_cursor(source, upstream)
+    if upstream.lag_seconds and not timed:
+        dtype = source.schema[upstream.cursor].dataType.simpleString()
+        raise ConfigurationError(
+            f"Upstream '{upstream.name}': lag_seconds={upstream.lag_seconds:g} applies to a "
+            f"timestamp cursor only; {upstream.cursor} is {dtype}, where a lag has no "
+            "meaning. Nothing was read.",
+            upstream=upstream.name,
+            fix="remove lag_seconds, or read the source by a timestamp cursor.",
+        )
+    if timed:
         ceiling = now - timedelta(seconds=upstream.lag_seconds)
         micros = int(ceiling.timestamp() * 1_000_000)
         below = cols[0] <= F.lit(micros)
@@ -249,6 +268,19 @@ def pin_window(
     if pin is None:
         raise ValueError(f"{upstream.name}: an unpinned window needs a pin callback")
     found = pin_end(read_source(spark, upstream, version), upstream, window, now)
+    if (
+        found.no_cursor
+        and isinstance(upstream, DatabaseUpstream)
+        and upstream.null_cursor == "fail"
+    ):
+        # Counted by this read too: rows may have lost their cursor since the look.
+        raise UpstreamUnavailableError(
+            null_cursor_message(upstream, found.no_cursor).replace(
+                "so nothing is planned for it", "so the batch reads nothing"
+            ),
+            upstream=upstream.name,
+            fix=null_cursor_fix(upstream),
+        )
     if found.held_back or found.no_cursor:
         log.warning(
             "upstream=%s: %d row(s) held back by the lag (read by a later batch), "

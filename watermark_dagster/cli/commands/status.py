@@ -5,7 +5,7 @@ from typing import Any
 
 from watermark_dagster.cli.commands.landing_files import file_rows, print_files
 from watermark_dagster.cli.context import EXIT_OK, Context
-from watermark_dagster.cli.render import Styled
+from watermark_dagster.cli.render import Styled, cursor_type_of, shown_position
 from watermark_dagster.core.records import Checkpoint, CheckpointStatus
 from watermark_dagster.errors import WatermarkError
 
@@ -23,7 +23,8 @@ def _look(
 
     upstream = ctx.registry.upstreams[name]
     found: dict[str, Any] = {"latest": None, "mode": str(upstream.mode), "unavailable": None}
-    found.update(blocked=None, blocked_by=None, fix=None)
+    found.update(blocked=None, blocked_by=None, fix=None, rows_without_cursor=None)
+    found.update(cursor_type=None)
     try:
         obs = observer.observe(upstream)
     except WatermarkError as e:
@@ -31,6 +32,8 @@ def _look(
     found.update(
         latest=None if obs.is_cursor else obs.latest_version,
         mode=read_mode_of(upstream, obs).value,
+        rows_without_cursor=obs.rows_without_cursor,
+        cursor_type=cursor_type_of(upstream, obs.schema_fingerprint),
     )
     recreated = recreation(obs, mark)
     if recreated is not None:
@@ -91,6 +94,14 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                 "table": upstream.table,
                 "location": upstream.path,
                 "committed": version if cursor is None else list(cursor),
+                # A cursor position as its cursor's own type (a timestamp in ISO 8601 UTC),
+                # with its tie-break keys; ``committed`` keeps the raw values.
+                "committed_shown": (
+                    None
+                    if cursor is None
+                    else shown_position(cursor, look["cursor_type"], _tie_break(upstream))
+                ),
+                "rows_without_cursor": look["rows_without_cursor"],
                 "latest": latest,
                 "lag": lag,
                 "mode": look["mode"],
@@ -118,6 +129,28 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _tie_break(upstream: Any) -> tuple[str, ...]:
+    return tuple(getattr(upstream, "tie_break", ()) or ())
+
+
+def _committed_cell(row: dict[str, Any]) -> Any:
+    if row["committed"] is None:
+        return None
+    return row["committed_shown"] or row["committed"]
+
+
+def _without_cursor_text(ctx: Context, row: dict[str, Any]) -> str | None:
+    """How many rows of a database upstream have no cursor value, and what is done."""
+    count = row.get("rows_without_cursor")
+    if not count:
+        return None
+    upstream = ctx.registry.upstreams[row["upstream"]]
+    cursor = getattr(upstream, "cursor", "the cursor")
+    return (
+        f"{count} row(s) have {cursor} NULL: in no window, loaded by no batch (null_cursor: skip)"
+    )
 
 
 def _rows_of(
@@ -180,6 +213,9 @@ def blocked_lines(ctx: Context, rows: list[dict[str, Any]]) -> list[str]:
         elif r["unavailable"]:
             reason = _without_fix(r["unavailable"], r["fix"])
             lines.append(ctx.console.paint(f"UNAVAILABLE {r['upstream']}: {reason}", "warn"))
+        elif (skipped := _without_cursor_text(ctx, r)) is not None:
+            lines.append(ctx.console.paint(f"NO CURSOR {r['upstream']}: {skipped}", "warn"))
+            continue
         else:
             continue
         if r["fix"]:
@@ -214,7 +250,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
             [
                 r["upstream"],
                 *([r["table"], r["location"]] if tables else []),
-                "none" if r["committed"] is None else r["committed"],
+                "none" if r["committed"] is None else _committed_cell(r),
                 r["latest"] if r["unavailable"] is None else Styled("unavailable", "bad"),
                 _lag_cell(r),
                 r["mode"],
@@ -310,7 +346,14 @@ def cmd_get(ctx: Context) -> int:
         ("path", out["path"]),
         (
             "committed",
-            "none (next batch loads a snapshot)" if row["committed"] is None else row["committed"],
+            "none (next batch loads a snapshot)"
+            if row["committed"] is None
+            else _committed_cell(row),
+        ),
+        *(
+            [("without cursor", skipped)]
+            if (skipped := _without_cursor_text(ctx, row)) is not None
+            else []
         ),
         ("set by", f"{out['how']} {out['batch_id'] or ''}".strip() if mark else None),
         ("latest", row["latest"] if row["unavailable"] is None else Styled("unavailable", "bad")),
