@@ -118,7 +118,7 @@ def test_a_window_pinned_in_utc_reads_the_same_rows_on_a_host_in_paris(
     spec = _spec(shop)
     upstream = registry_from(spec).upstreams["orders_db"]
     assert isinstance(upstream, DatabaseUpstream)
-    jvm = spark._jvm  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+    jvm: Any = spark._jvm  # pyright: ignore[reportAttributeAccessIssue]
     assert jvm.java.util.TimeZone.getDefault().getID() == "UTC"  # the runtime's builder
     # Pinned here (UTC): the window ends at row 3, 03:00.
     now = T0 + timedelta(days=1)

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import shutil
+import sys
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,8 +116,9 @@ def dagster_home(home: Path, console: Console | None = None) -> Path:
 
 
 def load_location(spec: str) -> "WatermarkLocation":
-    """The code location at ``module:attribute``: a location built by ``build_location``,
-    or the ``Definitions`` built by ``build_definitions``.
+    """The code location at ``module:attribute`` (the module found on the import path or
+    in the current folder): a location built by ``build_location``, or the ``Definitions``
+    built by ``build_definitions``.
 
     Raises:
         UsageError: the module cannot be imported or has no such attribute.
@@ -125,6 +127,11 @@ def load_location(spec: str) -> "WatermarkLocation":
     from watermark_dagster.dagster_defs.definitions import location_of
 
     module_name, _, attr = spec.partition(":")
+    # The current folder is on the import path, as ``python -m`` and ``dagster -m`` put it:
+    # ``--defs shop_location:defs`` finds ``./shop_location.py``.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
