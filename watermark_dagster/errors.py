@@ -135,6 +135,13 @@ class BatchStateError(TerminalError):
     """A batch is not in the state an operation needs (unknown, already completed, abandoned)."""
 
 
+class TargetBoundElsewhereError(TerminalError):
+    """A pipeline's target records a write this control root did not schedule: another
+    root's (a new or reset root over targets another root wrote), or this root's own at a
+    position ahead of the batch (a root restored from an older copy). Nothing was skipped
+    or written: taking the batch as already applied would drop its changes."""
+
+
 class CommitConflictError(RetryableError):
     """Another writer committed to a control table first and retries ran out."""
 

@@ -668,7 +668,8 @@ def test_a_rewrite_overwrites_once_stamps_every_row_and_spares_a_minimal_change_
             assert last["operation"] == "WRITE", (name, last)
             assert last["operationParameters"]["mode"] == "Overwrite"
             log = RsDeltaTable(paths.target(name))
-            assert log.transaction_version(f"watermark:{name}") == batch.write_seq
+            app_id = f"watermark:{store.root_id()}:{name}"
+            assert log.transaction_version(app_id) == batch.write_seq
             stamps = table.toDF().groupBy("_wm_seq", "_wm_batch_id").count().collect()
             assert [(r[0], r[1]) for r in stamps] == [(batch.write_seq, batch.batch_id)]
         guarded = DeltaTable.forPath(spark, paths.target("guarded")).history(1).collect()[0]

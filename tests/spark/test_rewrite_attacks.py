@@ -62,7 +62,7 @@ from watermark_dagster.operations.run_pipeline import (
 )
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write import commits, duplicate_keys, targets
-from watermark_dagster.write.commits import FENCE, label_prefix
+from watermark_dagster.write.commits import FENCE, label_prefix, parse_label
 
 pytestmark = pytest.mark.spark
 
@@ -311,7 +311,12 @@ def _assert_rewrite_commit(path: str, name: str, batch: Batch) -> dict[str, Any]
     [commit] = _data_commits(path, name, batch.batch_id)
     assert commit["operation"] == "WRITE", commit
     assert commit["operationParameters"]["mode"] == "Overwrite", commit
-    assert RsDeltaTable(path).transaction_version(f"watermark:{name}") >= batch.write_seq
+    # The transaction names the control root the commit's label names.
+    written = parse_label(commit)
+    assert written is not None, commit
+    assert written.root is not None, commit
+    app_id = f"watermark:{written.root}:{name}"
+    assert RsDeltaTable(path).transaction_version(app_id) >= batch.write_seq
     return commit
 
 

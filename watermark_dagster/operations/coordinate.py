@@ -159,7 +159,10 @@ def reloads_after_abandon(
             pipeline = registry.pipelines.get(name)
             if name in holding or pipeline is None:
                 continue
-            if applied_by_target(pipeline, newest.batch_id, newest.write_seq) is not None:
+            evidence = applied_by_target(
+                pipeline, newest.batch_id, newest.write_seq, root=store.root_id()
+            )
+            if evidence is not None:
                 holding.add(name)
     owed = reloads_due(
         newest,

@@ -42,7 +42,8 @@ from watermark_dagster.read.database_schema import check_batch_columns
 from watermark_dagster.read.derive import transform_of, transformed
 from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write.commits import existing_target, label_prefix
+from watermark_dagster.write.commits import existing_target, root_prefix
+from watermark_dagster.write.fences import check_target_bound
 from watermark_dagster.write.targets import write_target
 
 log = logging.getLogger("watermark_dagster")
@@ -123,7 +124,18 @@ def run_pipeline(
     attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id)
     inputs: dict[str, UpstreamInput] = {}
     full_load = pipeline_name in batch.full_load
+    root = store.root_id()
     try:
+        # A target another control root wrote, or this root ahead of the batch (restored
+        # from an older copy): refused before anything is read, skipped or written.
+        check_target_bound(
+            pipeline,
+            batch_id,
+            batch.write_seq,
+            root,
+            first_attempt=attempt == 1,
+            replay=batch.kind is BatchKind.REPLAY,
+        )
         # I6 for catalog names: each must still point where the batch expects it, checked
         # through this run's own session before anything is read or written.
         check_catalog_names(spark, registry, pipeline, batch.locations, batch_id=batch_id)
@@ -217,6 +229,7 @@ def run_pipeline(
                 full_load=full_load or rewrite,
                 replay=replay,
                 retried=attempt > 1,
+                root=root,
             )
         except Exception as e:  # files of a pinned input gone: named, as a read's are (I6)
             named = unreadable_in_write(inputs, e)
@@ -307,7 +320,8 @@ def run_pipeline(
     measuring = measured is not None and not replay and not write.already_applied
     recorded = measured.measured() if measuring and measured is not None else None
     if measured is not None and not replay and write.already_applied:
-        recorded = {"strategy": str(Strategy.REWRITE)} if _rewritten(pipeline, batch_id) else None
+        rewritten = _rewritten(pipeline, batch_id, root)
+        recorded = {"strategy": str(Strategy.REWRITE)} if rewritten else None
     store.record(
         "PIPELINE_SUCCEEDED",
         actor=run_id,
@@ -327,13 +341,13 @@ def run_pipeline(
     return outcome
 
 
-def _rewritten(pipeline: Pipeline, batch_id: str) -> bool:
+def _rewritten(pipeline: Pipeline, batch_id: str, root: str) -> bool:
     """Whether the target's data commit of ``pipeline``'s write of ``batch_id`` (among its
     newest 100 commits) is an overwrite: the ``rewrite`` strategy wrote the batch."""
     table = existing_target(pipeline.target, resolved_options(pipeline.storage_options))
     if table is None:
         return False
-    prefix = label_prefix(pipeline.name, batch_id)  # fences and preparing commits differ
+    prefix = root_prefix(pipeline.name, batch_id, root)  # fences and preparing commits differ
     for commit in table.history(100):
         if str(commit.get("userMetadata") or "").startswith(prefix):
             parameters = cast(Mapping[str, object], commit.get("operationParameters") or {})

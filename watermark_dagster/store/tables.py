@@ -127,6 +127,7 @@ class ControlTables(TableReads):
         self._ensured = False
         self._handles: dict[str, DeltaTable] = {}
         self._touched: dict[str, set[int]] = {}
+        self._root_id: str | None = None
 
     # ---------------------------------------------------------------- creation, migration
 
@@ -218,6 +219,15 @@ class ControlTables(TableReads):
     def _load(self, table: str) -> DeltaTable:
         self.ensure_tables()
         return self._handle(table)
+
+    def root_id(self) -> str:
+        """The identity of this control root: the Delta table id of its ``batches`` table,
+        fixed when the root is created. A copy or a move of the root keeps it; a new root
+        (a reset or deleted root) has another. Targets record it in their Delta transaction
+        and commit labels (:mod:`watermark_dagster.write.fences`)."""
+        if self._root_id is None:
+            self._root_id = str(self._load(BATCHES).metadata().id)
+        return self._root_id
 
     def table_version(self, table: str) -> int:
         """Current Delta version of one control table (used to prove nothing was written)."""

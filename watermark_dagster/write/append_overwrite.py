@@ -1,7 +1,7 @@
 """The writes that go through Spark's DataFrame writer with the batch's Delta transaction
-identifier (application id = pipeline, version = batch position): an append, an overwrite
-(a full load, or an overwrite pipeline), and a merge target's rewrite by its full
-transform (:func:`append_or_overwrite`).
+identifier (application id = control root and pipeline, version = batch position): an
+append, an overwrite (a full load, or an overwrite pipeline), and a merge target's rewrite
+by its full transform (:func:`append_or_overwrite`).
 
 A batch whose transaction the target already records is not written again, nor even
 computed. Each write evaluates the transform once (persisted, then one aggregate for every
@@ -32,6 +32,7 @@ from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import is_delete, quoted
 from watermark_dagster.write.clustering import finish_layout, is_clustered, read_schema, recluster
 from watermark_dagster.write.commits import (
+    UNBOUND_ROOT,
     WriteResult,
     commits_since,
     existing_target,
@@ -40,7 +41,11 @@ from watermark_dagster.write.commits import (
     preparing,
 )
 from watermark_dagster.write.duplicate_keys import duplicate_key_in, refusing_duplicate_keys
-from watermark_dagster.write.fences import refuse_fenced, transaction_app_id
+from watermark_dagster.write.fences import (
+    legacy_app_id,
+    refuse_fenced,
+    transaction_app_id,
+)
 from watermark_dagster.write.layout import (
     create_target,
     laid_out,
@@ -88,6 +93,7 @@ def append_or_overwrite(
     batch_id: str,
     write_seq: int,
     overwrite: bool,
+    root: str = UNBOUND_ROOT,
 ) -> WriteResult:
     """Append ``output`` to the pipeline's target, or overwrite the target with it, in a
     commit carrying the batch's Delta transaction; nothing when the target records it.
@@ -100,14 +106,18 @@ def append_or_overwrite(
         BatchStateError: a forced change fenced the target against the batch.
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
-    app_id = transaction_app_id(pipeline)
+    app_id = transaction_app_id(pipeline, root)
     # The target's log, read once: the version before the write, Delta's transaction for
     # this pipeline, the files an overwrite must empty, and the commits the write made.
     table = existing_target(pipeline.target, options)
     if table is not None:
         applied = table.transaction_version(app_id)
+        if applied is None:
+            # A target an older release wrote records its transaction without the root;
+            # a retry at that position is its write (refused elsewhere on a first attempt).
+            applied = table.transaction_version(legacy_app_id(pipeline))
         if applied is not None and applied >= write_seq:
-            refuse_fenced(table, pipeline, batch_id)
+            refuse_fenced(table, pipeline, batch_id, root)
             # One decision per write: a retry finishes what the committed write left.
             finish_layout(spark, pipeline, table)
             # Delta would skip this transaction anyway: skip computing it too.
@@ -121,7 +131,9 @@ def append_or_overwrite(
             return WriteResult.nothing(table.version(), already_applied=True)
     merge = pipeline.write is WriteMode.MERGE
     if merge and overwrite and table is not None:
-        return _rewrite(spark, output, pipeline, table, batch_id=batch_id, write_seq=write_seq)
+        return _rewrite(
+            spark, output, pipeline, table, batch_id=batch_id, write_seq=write_seq, root=root
+        )
     if merge:
         frame = prepare_changes(
             output,
@@ -152,7 +164,7 @@ def append_or_overwrite(
             count=summary.upserts,
             table=table,
             overwrite=overwrite,
-            label=new_label(pipeline.name, batch_id, write_seq),
+            label=new_label(pipeline.name, batch_id, write_seq, root),
             app_id=app_id,
             write_seq=write_seq,
         )
@@ -168,6 +180,7 @@ def _rewrite(
     *,
     batch_id: str,
     write_seq: int,
+    root: str,
 ) -> WriteResult:
     """Overwrite an existing target with ``output`` (the full transform's rows), every row
     stamped with ``write_seq``, in one commit carrying the batch's Delta transaction.
@@ -201,8 +214,8 @@ def _rewrite(
             counted=False,
             table=table,
             overwrite=True,
-            label=new_label(pipeline.name, batch_id, write_seq),
-            app_id=transaction_app_id(pipeline),
+            label=new_label(pipeline.name, batch_id, write_seq, root),
+            app_id=transaction_app_id(pipeline, root),
             write_seq=write_seq,
         )
     except Exception as e:

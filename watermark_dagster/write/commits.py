@@ -34,6 +34,9 @@ PREPARING = "watermark-preparing "
 # The label of a forced change's fence: an empty commit that records a batch's Delta
 # transaction in a target so that no late write of that batch can land (never evidence).
 FENCE = "watermark-fence "
+UNBOUND_ROOT = "unbound"
+"""The control root id of writes made without a control root (direct calls of the write
+functions: tests, benchmarks)."""
 
 
 @dataclass(frozen=True)
@@ -170,32 +173,98 @@ def newest_written_seq(table: RsDeltaTable, *, newest: int = 20) -> int | None:
     return None
 
 
-def fence_label(pipeline: str, batch_id: str, write_seq: int) -> str:
-    """The label of the fence a forced change commits for ``pipeline``'s write of
-    ``batch_id`` (see :func:`~watermark_dagster.write.fences.fence_target`)."""
-    return f"{FENCE}{label_prefix(pipeline, batch_id)}seq={write_seq}"
+def fence_label(pipeline: str, batch_id: str, write_seq: int, root: str) -> str:
+    """The label of the fence a forced change of control root ``root`` commits for
+    ``pipeline``'s write of ``batch_id`` (see
+    :func:`~watermark_dagster.write.fences.fence_target`)."""
+    return f"{FENCE}{root_prefix(pipeline, batch_id, root)}seq={write_seq}"
 
 
 def fenced(
-    table: RsDeltaTable, pipeline: str, batch_id: str, *, newest: int | None = None
+    table: RsDeltaTable, pipeline: str, batch_id: str, root: str, *, newest: int | None = None
 ) -> int | None:
-    """The version of the fence a forced change committed against ``pipeline``'s write of
-    ``batch_id`` among the target's last ``newest`` commits (default
-    :data:`RECENT_COMMITS`), or None."""
-    return labelled_commit(table, FENCE + label_prefix(pipeline, batch_id), newest=newest)
+    """The version of the fence a forced change of control root ``root`` committed against
+    ``pipeline``'s write of ``batch_id`` among the target's last ``newest`` commits (default
+    :data:`RECENT_COMMITS`), or None. A fence an older release committed (its label names
+    no root) counts too: the batch it fenced is abandoned either way."""
+    mine = FENCE + root_prefix(pipeline, batch_id, root)
+    legacy = FENCE + label_prefix(pipeline, batch_id) + "seq="
+    for commit in commit_history(table, newest or RECENT_COMMITS):
+        label = str(commit.get("userMetadata") or "")
+        if label.startswith(mine) or label.startswith(legacy):
+            return int(commit.get("version", -1))
+    return None
 
 
 def label_prefix(pipeline: str, batch_id: str) -> str:
-    """The start of every label of ``pipeline``'s writes for ``batch_id``."""
+    """The start of every label of ``pipeline``'s writes for ``batch_id``, whichever control
+    root wrote them (see :func:`root_prefix`)."""
     return f"watermark pipeline={pipeline} batch={batch_id} "
 
 
-_LABEL_SEQ = re.compile(r"watermark pipeline=\S+ batch=\S+ seq=(\d+) ")
+def root_prefix(pipeline: str, batch_id: str, root: str) -> str:
+    """The start of every label of ``pipeline``'s writes for ``batch_id`` scheduled by the
+    control root whose id is ``root``: batch ids restart in a new root, so only this says
+    which root's batch a commit carries. Labels written by older releases name no root
+    (``watermark pipeline=P batch=B seq=N ...``)."""
+    return f"{label_prefix(pipeline, batch_id)}root={root} "
 
 
-def new_label(pipeline: str, batch_id: str, write_seq: int) -> str:
-    """A label unique to one write: pipeline, batch, position and a nonce."""
-    return f"{label_prefix(pipeline, batch_id)}seq={write_seq} {uuid.uuid4().hex[:12]}"
+_LABEL = re.compile(
+    r"(?:watermark-\S+ )?watermark pipeline=(\S+) batch=(\S+) (?:root=(\S+) )?seq=(\d+)"
+)
+_LABEL_SEQ = re.compile(r"watermark pipeline=\S+ batch=\S+ (?:root=\S+ )?seq=(\d+) ")
+
+
+@dataclass(frozen=True)
+class LabelledWrite:
+    """What a commit's label says of the write that made it: the target's ``version``, the
+    ``pipeline``, the ``batch_id``, the control ``root`` (None: an older release's label,
+    which names none) and the position ``seq``; ``kind`` is ``write``, ``preparing`` or
+    ``fence``."""
+
+    version: int
+    pipeline: str
+    batch_id: str
+    root: str | None
+    seq: int
+    kind: str
+
+
+def parse_label(commit: Mapping[str, Any]) -> LabelledWrite | None:
+    """The write a commit's label describes (see :func:`new_label`), or None."""
+    label = str(commit.get("userMetadata") or "")
+    found = _LABEL.match(label)
+    if not found:
+        return None
+    kind = "fence" if label.startswith(FENCE) else "write"
+    if label.startswith(PREPARING):
+        kind = "preparing"
+    return LabelledWrite(
+        version=int(commit.get("version", -1)),
+        pipeline=found.group(1),
+        batch_id=found.group(2),
+        root=found.group(3),
+        seq=int(found.group(4)),
+        kind=kind,
+    )
+
+
+def newest_labelled_write(
+    table: RsDeltaTable, pipeline: str, *, newest: int | None = None
+) -> LabelledWrite | None:
+    """The newest of the target's last ``newest`` commits (default :data:`RECENT_COMMITS`)
+    that a write, preparation or fence of ``pipeline`` labelled, whichever root made it."""
+    for commit in commit_history(table, newest or RECENT_COMMITS):
+        write = parse_label(commit)
+        if write is not None and write.pipeline == pipeline:
+            return write
+    return None
+
+
+def new_label(pipeline: str, batch_id: str, write_seq: int, root: str) -> str:
+    """A label unique to one write: pipeline, batch, control root, position and a nonce."""
+    return f"{root_prefix(pipeline, batch_id, root)}seq={write_seq} {uuid.uuid4().hex[:12]}"
 
 
 @contextmanager

@@ -1,7 +1,12 @@
 """What a target says about a batch's write, through the pipeline's Delta transaction
-(application id = pipeline, version = batch position, :func:`transaction_app_id`) and the
-labels of its commits: whether the write already landed (:func:`applied_by_target`), and
-fences.
+(application id = control root and pipeline, version = batch position,
+:func:`transaction_app_id`) and the labels of its commits: whether the write already landed
+(:func:`applied_by_target`), whether the target belongs to another control root's history
+(:func:`refuse_bound_elsewhere`), and fences.
+
+A target belongs to one control root: its transaction and labels name the root (the Delta
+table id of its ``batches`` table). Batch positions restart in a new root and go back in a
+restored one, so a position is only ever taken as applied when this root wrote it.
 
 A forced change that abandons a batch fences its targets (:func:`fence_target`): an empty
 commit records the batch's transaction, so a run of that batch still in flight, whatever
@@ -17,52 +22,209 @@ from pyspark.sql import SparkSession
 
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import resolved_options
-from watermark_dagster.errors import BatchStateError, TerminalError
+from watermark_dagster.errors import (
+    BatchStateError,
+    TargetBoundElsewhereError,
+    TerminalError,
+    reset_command,
+)
 from watermark_dagster.write.commits import (
+    LabelledWrite,
     existing_target,
     fence_label,
     fenced,
     label_prefix,
     labelled_commit,
+    newest_labelled_write,
+    root_prefix,
 )
 
 
-def transaction_app_id(pipeline: Pipeline) -> str:
-    """The Delta transaction application id of a pipeline's append and overwrite writes."""
+def transaction_app_id(pipeline: Pipeline, root: str) -> str:
+    """The Delta transaction application id of ``pipeline``'s writes scheduled by control
+    root ``root`` (:meth:`~watermark_dagster.store.tables.ControlTables.root_id`): a
+    position another root wrote is never this root's, so Delta never skips a write of this
+    root for it."""
+    return f"watermark:{root}:{pipeline.name}"
+
+
+def legacy_app_id(pipeline: Pipeline) -> str:
+    """The application id older releases wrote, naming no control root."""
     return f"watermark:{pipeline.name}"
 
 
-def applied_by_target(pipeline: Pipeline, batch_id: str, write_seq: int) -> str | None:
+def applied_by_target(
+    pipeline: Pipeline, batch_id: str, write_seq: int, *, root: str
+) -> str | None:
     """What shows that ``pipeline``'s target already holds its write for batch
-    ``batch_id`` (at position ``write_seq``), or None when nothing does.
+    ``batch_id`` (at position ``write_seq``) of control root ``root``, or None when nothing
+    does.
 
     A run killed between its target commit and its SUCCESS checkpoint leaves this evidence:
-    a commit labelled with the pipeline and the batch (its data commit, never a preparatory
-    one), or, when that label is older than the commits read, the Delta transaction of the
-    pipeline at the batch's position or later (no later batch is planned while this one is
-    open). A fence (:func:`fence_target`) records the transaction too, without rows: a
-    fenced batch has no evidence. A write that committed nothing leaves none, and
-    re-reading its range writes nothing twice either.
+    a commit labelled with the pipeline, the root and the batch (its data commit, never a
+    preparatory one), or, when that label is older than the commits read, the root's Delta
+    transaction of the pipeline at the batch's position (no later batch is planned while
+    this one is open). A fence (:func:`fence_target`) records the transaction too, without
+    rows: a fenced batch has no evidence. A write that committed nothing leaves none, and
+    re-reading its range writes nothing twice either. What another root wrote is never
+    evidence (:func:`refuse_bound_elsewhere` refuses it before a run skips anything).
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
-    return None if table is None else evidence_in(table, pipeline, batch_id, write_seq)
+    return None if table is None else evidence_in(table, pipeline, batch_id, write_seq, root)
 
 
 def evidence_in(
-    table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int
+    table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int, root: str
 ) -> str | None:
-    """:func:`applied_by_target` on a target's log already opened."""
-    version = labelled_commit(table, label_prefix(pipeline.name, batch_id))
+    """:func:`applied_by_target` on a target's log already opened.
+
+    A target last written by an older release (its transaction and labels name no root) is
+    taken as this root's when its position is the batch's: a write the older release
+    committed just before it was upgraded (the binding check refuses the position on a
+    batch's first attempt, when no write of this root can have landed).
+    """
+    version = labelled_commit(table, root_prefix(pipeline.name, batch_id, root))
     if version is not None:
         return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
-    if fenced(table, pipeline.name, batch_id) is not None:
+    if fenced(table, pipeline.name, batch_id, root) is not None:
         return None
-    app_id = transaction_app_id(pipeline)
+    app_id = transaction_app_id(pipeline, root)
     applied = table.transaction_version(app_id)
-    if applied is not None and applied >= write_seq:
-        return f"the target's Delta transaction {app_id} is at {applied} (batch at {write_seq})"
+    if applied is not None:
+        if applied == write_seq:
+            return f"the target's Delta transaction {app_id} is at {applied} (the batch's position)"
+        return None
+    legacy = labelled_commit(table, label_prefix(pipeline.name, batch_id) + "seq=")
+    if legacy is not None:
+        return (
+            f"the target's version {legacy} was written by {pipeline.name} for {batch_id} "
+            "(by an older release)"
+        )
+    old_id = legacy_app_id(pipeline)
+    old = table.transaction_version(old_id)
+    if old is not None and old == write_seq:
+        return f"the target's Delta transaction {old_id} is at {old} (an older release's write)"
     return None
+
+
+def _bound_elsewhere(
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    root: str,
+    *,
+    what: str,
+    position: int | None,
+    other_root: str | None,
+) -> TargetBoundElsewhereError:
+    theirs = "" if position is None else f" at position {position}"
+    resets = " and ".join(f"`{reset_command(u)} --yes`" for u in pipeline.upstreams)
+    by = (
+        f"control root {other_root}"
+        if other_root is not None and other_root != root
+        else (
+            "an older release (its transaction names no control root)"
+            if other_root is None
+            else f"this control root ({root}) in an earlier life: the root was restored "
+            "from an older copy or its batches were rewound"
+        )
+    )
+    return TargetBoundElsewhereError(
+        f"Pipeline '{pipeline.name}': its target {pipeline.target} records a write{theirs} "
+        f"by {by} ({what}), which control root {root} did not schedule: its batch "
+        f"{batch_id} is at position {write_seq}. Taking the batch as already applied would "
+        "drop its changes, and merging it under newer rows would lose them; nothing was "
+        "skipped or written.",
+        pipeline=pipeline.name,
+        batch_id=batch_id,
+        versions=f"target position={position}, batch position={write_seq}, "
+        f"target root={other_root or 'none'}, this root={root}",
+        fix=f"if this control root now owns the target, move {pipeline.target} aside (or "
+        f"delete it), then run {resets} and `watermark run --retry`: the batch is abandoned "
+        "(or, when it loads the target in full itself, retried) and the target is loaded in "
+        "full from the upstreams. If the target belongs to the other "
+        "control root, run the pipeline from that root, or give this one its own target.",
+    )
+
+
+def refuse_bound_elsewhere(
+    table: RsDeltaTable,
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    root: str,
+    *,
+    first_attempt: bool,
+    replay: bool = False,
+) -> None:
+    """Refuse to run ``pipeline``'s write of batch ``batch_id`` (position ``write_seq``) of
+    control root ``root`` when its target belongs to another root's history: checked before
+    anything is skipped as already applied or written.
+
+    Refused when:
+
+    * the newest write, preparation or fence of the pipeline among the target's recent
+      commits was labelled by another root;
+    * this root's own transaction is ahead of the batch's position, or at it on the batch's
+      first attempt (which cannot have written yet: the attempt is recorded before the
+      write), which means the root was restored from an older copy;
+    * this root never wrote the target and an older release's transaction (naming no
+      root) is ahead of the batch's position, or at it on a first attempt. At or below it,
+      on a retry, it is this root's own history from before the upgrade.
+
+    A replay writes below the target's positions by design: only the first rule applies.
+
+    Raises:
+        TargetBoundElsewhereError: naming the target, both positions and roots, and the fix.
+    """
+
+    def refuse(what: str, position: int | None, other: str | None) -> None:
+        raise _bound_elsewhere(
+            pipeline, batch_id, write_seq, root, what=what, position=position, other_root=other
+        )
+
+    newest: LabelledWrite | None = newest_labelled_write(table, pipeline.name)
+    if newest is not None and newest.root is not None and newest.root != root:
+        other_id = f"watermark:{newest.root}:{pipeline.name}"
+        theirs = table.transaction_version(other_id)
+        refuse(
+            f"its version {newest.version}, labelled for batch {newest.batch_id}; Delta "
+            f"transaction {other_id}",
+            theirs if theirs is not None else newest.seq,
+            newest.root,
+        )
+    if replay:
+        return
+    own_id = transaction_app_id(pipeline, root)
+    own = table.transaction_version(own_id)
+    if own is not None:
+        if own > write_seq or (own == write_seq and first_attempt):
+            refuse(f"Delta transaction {own_id}", own, root)
+        return
+    old_id = legacy_app_id(pipeline)
+    old = table.transaction_version(old_id)
+    if old is not None and (old > write_seq or (old == write_seq and first_attempt)):
+        refuse(f"Delta transaction {old_id}", old, None)
+
+
+def check_target_bound(
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    root: str,
+    *,
+    first_attempt: bool,
+    replay: bool = False,
+) -> None:
+    """:func:`refuse_bound_elsewhere` on the pipeline's target, read through delta-rs (no
+    Spark job); nothing to check while the target does not exist."""
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
+    table = existing_target(pipeline.target, options)
+    if table is not None:
+        refuse_bound_elsewhere(
+            table, pipeline, batch_id, write_seq, root, first_attempt=first_attempt, replay=replay
+        )
 
 
 def _fenced_error(pipeline: str, batch_id: str, version: int) -> BatchStateError:
@@ -76,14 +238,15 @@ def _fenced_error(pipeline: str, batch_id: str, version: int) -> BatchStateError
     )
 
 
-def refuse_fenced(table: RsDeltaTable, pipeline: Pipeline, batch_id: str) -> None:
-    """Raise when a forced change fenced ``pipeline``'s target against ``batch_id``: a
-    write Delta skipped for that reason was not applied, and must not be reported so.
+def refuse_fenced(table: RsDeltaTable, pipeline: Pipeline, batch_id: str, root: str) -> None:
+    """Raise when a forced change fenced ``pipeline``'s target against ``batch_id`` of
+    control root ``root``: a write Delta skipped for that reason was not applied, and must
+    not be reported so.
 
     Raises:
         BatchStateError: the target holds a fence for the batch.
     """
-    version = fenced(table, pipeline.name, batch_id)
+    version = fenced(table, pipeline.name, batch_id, root)
     if version is not None:
         raise _fenced_error(pipeline.name, batch_id, version)
 
@@ -99,7 +262,9 @@ class Fence:
     new: bool = False
 
 
-def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_seq: int) -> Fence:
+def fence_target(
+    spark: SparkSession, pipeline: Pipeline, batch_id: str, write_seq: int, *, root: str
+) -> Fence:
     """Make sure no write of batch ``batch_id`` lands in ``pipeline``'s target from now on.
 
     An empty append records the pipeline's Delta transaction at ``write_seq`` (labelled
@@ -117,21 +282,21 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
     table = existing_target(pipeline.target, options)
     if table is None:
         return Fence()
-    evidence = evidence_in(table, pipeline, batch_id, write_seq)
+    evidence = evidence_in(table, pipeline, batch_id, write_seq, root)
     if evidence is not None:
         return Fence(applied=evidence)
-    existing = fenced(table, pipeline.name, batch_id)
+    existing = fenced(table, pipeline.name, batch_id, root)
     if existing is not None:  # an interrupted forced change fenced it already
         return Fence(fenced=existing)
     before = table.version()
-    label = fence_label(pipeline.name, batch_id, write_seq)
+    label = fence_label(pipeline.name, batch_id, write_seq, root)
     writer = (
         spark.read.format("delta")
         .load(pipeline.target)
         .limit(0)
         .write.format("delta")
         .mode("append")
-        .option("txnAppId", transaction_app_id(pipeline))
+        .option("txnAppId", transaction_app_id(pipeline, root))
         .option("txnVersion", write_seq)
         .option("userMetadata", label)
     )
@@ -139,10 +304,10 @@ def fence_target(spark: SparkSession, pipeline: Pipeline, batch_id: str, write_s
         writer = writer.option(key, value)
     writer.save(pipeline.target)
     table.update_incremental()
-    version = fenced(table, pipeline.name, batch_id, newest=max(1, table.version() - before))
+    version = fenced(table, pipeline.name, batch_id, root, newest=max(1, table.version() - before))
     if version is not None:
         return Fence(fenced=version, new=True)
-    evidence = evidence_in(table, pipeline, batch_id, write_seq)
+    evidence = evidence_in(table, pipeline, batch_id, write_seq, root)
     if evidence is not None:  # the batch's write won the race: Delta skipped the fence
         return Fence(applied=evidence)
     raise TerminalError(

@@ -44,6 +44,7 @@ from watermark_dagster.core.faults import fault_point
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import is_delete, latest_per_key, quoted, quoted_identifier
 from watermark_dagster.write.commits import (
+    UNBOUND_ROOT,
     WriteResult,
     commits_since,
     existing_target,
@@ -271,6 +272,7 @@ def merge_into_target(
     insert_missing: bool = True,
     transaction: tuple[str, int] | None = None,
     change_feed: bool = False,
+    root: str = UNBOUND_ROOT,
 ) -> WriteResult:
     """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
 
@@ -280,6 +282,7 @@ def merge_into_target(
     keys the target does not hold are not inserted: the target cannot tell a key never
     seen from one a newer batch deleted. An empty output commits nothing.
 
+    ``root`` (the control root scheduling the batch) goes into the commit's label.
     ``transaction`` (Delta application id, version), when given, is recorded by the MERGE's
     commit, and Delta skips the MERGE when the target records that transaction at that
     version or later: a retry after the commit, or a batch a forced change fenced
@@ -315,7 +318,7 @@ def merge_into_target(
         if before is not None and summary.rows == 0:
             log.info("pipeline=%s batch=%s: no changes; nothing committed", pipeline, batch_id)
             return replace(WriteResult.nothing(before), **drift)
-        label = new_label(pipeline, batch_id, batch_seq)
+        label = new_label(pipeline, batch_id, batch_seq, root)
         with labelled_commits(spark, label):
             if table is None:
                 schema = prepared.drop(CHANGE_TYPE).schema

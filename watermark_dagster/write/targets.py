@@ -7,9 +7,11 @@ its checkpoint changes nothing the second time (I4):
 * merge keeps per row the batch position that wrote it and only takes newer changes
   (:mod:`~watermark_dagster.write.merge`);
 * every write of a scheduled batch carries a Delta transaction identifier (application
-  id = pipeline, version = batch position): a batch whose transaction the target already
-  records is not written again (an append or overwrite is not even computed:
-  :mod:`~watermark_dagster.write.append_overwrite`).
+  id = control root and pipeline, version = batch position): a batch whose transaction
+  the target already records is not written again (an append or overwrite is not even
+  computed: :mod:`~watermark_dagster.write.append_overwrite`);
+* a target whose records another control root wrote, or this root ahead of the batch, is
+  refused before anything is skipped (:mod:`~watermark_dagster.write.fences`).
 
 A write of a batch a forced change fenced the target against fails
 (:mod:`~watermark_dagster.write.fences`).
@@ -29,12 +31,18 @@ from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.errors import BatchStateError, RetryableError
 from watermark_dagster.write.append_overwrite import append_or_overwrite
 from watermark_dagster.write.commits import (
+    UNBOUND_ROOT,
     WriteResult,
     existing_target,
-    label_prefix,
     labelled_commit,
+    root_prefix,
 )
-from watermark_dagster.write.fences import evidence_in, refuse_fenced, transaction_app_id
+from watermark_dagster.write.fences import (
+    check_target_bound,
+    evidence_in,
+    refuse_fenced,
+    transaction_app_id,
+)
 from watermark_dagster.write.merge import merge_into_target
 
 log = logging.getLogger("watermark_dagster")
@@ -85,7 +93,13 @@ def _conflict_error(
 
 
 def _merge_evidence(
-    table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int, *, replay: bool
+    table: RsDeltaTable,
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    root: str,
+    *,
+    replay: bool,
 ) -> str | None:
     """What shows that a retried MERGE of ``batch_id`` already landed, or None.
 
@@ -95,8 +109,8 @@ def _merge_evidence(
     replay writes below the target's transaction: only its own labelled commit shows it.
     """
     if not replay:
-        return evidence_in(table, pipeline, batch_id, write_seq)
-    version = labelled_commit(table, label_prefix(pipeline.name, batch_id))
+        return evidence_in(table, pipeline, batch_id, write_seq, root)
+    version = labelled_commit(table, root_prefix(pipeline.name, batch_id, root))
     return None if version is None else f"the target's version {version}"
 
 
@@ -110,6 +124,7 @@ def write_target(
     full_load: bool,
     replay: bool = False,
     retried: bool = False,
+    root: str = UNBOUND_ROOT,
 ) -> WriteResult:
     """Write the transform's ``output`` for one batch to the pipeline's target.
 
@@ -125,22 +140,39 @@ def write_target(
             died after its target commit): a MERGE first looks for its data commit in the
             target's log and makes no second one (an append or overwrite has Delta's
             transaction id for that).
+        root: the id of the control root that scheduled the batch
+            (:meth:`~watermark_dagster.store.tables.ControlTables.root_id`); it names the
+            write's Delta transaction and labels.
 
     Returns:
         What this write committed (``committed`` is False when it committed nothing: an
         empty output, changes older than the target's rows, or an already applied batch).
+
+    Raises:
+        TargetBoundElsewhereError: the target records a position this root did not
+            schedule (:func:`~watermark_dagster.write.fences.refuse_bound_elsewhere`),
+            checked before anything is skipped or written.
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
+    # A target another control root wrote, or this root ahead of the batch (restored):
+    # refused before any decision that the batch is already applied.
+    check_target_bound(pipeline, batch_id, write_seq, root, first_attempt=False, replay=replay)
 
     def write(retried: bool) -> WriteResult:
         if full_load or pipeline.write is not WriteMode.MERGE:
             overwrite = full_load or pipeline.write is WriteMode.OVERWRITE
             return append_or_overwrite(
-                spark, output, pipeline, batch_id=batch_id, write_seq=write_seq, overwrite=overwrite
+                spark,
+                output,
+                pipeline,
+                batch_id=batch_id,
+                write_seq=write_seq,
+                overwrite=overwrite,
+                root=root,
             )
         table = existing_target(pipeline.target, options) if retried else None
         if table is not None:
-            evidence = _merge_evidence(table, pipeline, batch_id, write_seq, replay=replay)
+            evidence = _merge_evidence(table, pipeline, batch_id, write_seq, root, replay=replay)
             if evidence is not None:
                 # One decision per write: the MERGE landed before the crash; doing it again
                 # would commit the same changes twice to the target's change feed.
@@ -164,8 +196,9 @@ def write_target(
             cluster_by=pipeline.cluster_by,
             insert_missing=not replay,
             # A replay writes below the target's transaction: its _wm_seq guard orders it.
-            transaction=None if replay else (transaction_app_id(pipeline), write_seq),
+            transaction=None if replay else (transaction_app_id(pipeline, root), write_seq),
             change_feed=pipeline.feed_on_create,
+            root=root,
         )
 
     conflicts = 0
@@ -179,7 +212,7 @@ def write_target(
             # A fence that landed while this write ran fails it (Delta's concurrent
             # transaction): say that, not Delta's conflict.
             if not replay and (table := existing_target(pipeline.target, options)) is not None:
-                refuse_fenced(table, pipeline, batch_id)
+                refuse_fenced(table, pipeline, batch_id, root)
             if not is_write_conflict(e):
                 raise
             conflicts += 1
@@ -207,5 +240,5 @@ def write_target(
         # Delta skips a write whose transaction the target records: a fence is no write.
         table = existing_target(pipeline.target, options)
         if table is not None:
-            refuse_fenced(table, pipeline, batch_id)
+            refuse_fenced(table, pipeline, batch_id, root)
     return result
