@@ -42,7 +42,6 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame
-from pyspark.sql import types as T
 
 from watermark_dagster.config.batch_context import BatchContext, Transform
 from watermark_dagster.config.declared import Declared, paths_for_batch
@@ -60,6 +59,7 @@ from watermark_dagster.read.key_values import (
     where_in,
 )
 from watermark_dagster.read.maintain import maintained_rows, state_views
+from watermark_dagster.read.path_checks import check_columns, check_computed_ends, check_end_types
 from watermark_dagster.read.reach import reaching_rows, with_keys
 from watermark_dagster.read.target_diff import diff_against_target
 from watermark_dagster.read.transform_checks import computes_per_key, reads_only_upstreams
@@ -130,11 +130,12 @@ def derive(
     snapshots = {u: batch[u].snapshot for u in pipeline.upstreams}
     paths = key_paths(pipeline, declared, snapshots)
     for path in (p for ps in paths.values() for p in ps):
-        _check_columns(pipeline, path, snapshots)
-    _check_computed_ends(pipeline, paths, snapshots)
+        check_columns(pipeline, path, snapshots)
+    check_computed_ends(pipeline, paths, snapshots)
     # The full transform over the whole snapshots: Spark analyses it (no job) so that what
     # it reads and how it computes can be checked before anything is written.
     whole = _checked(pipeline, full(declared, snapshots, batch))
+    check_end_types(pipeline, paths, snapshots, whole)
     # Declared SQL proved its windows per key when it loaded (key_inference); a Python
     # full transform's windows are refused here.
     computes_per_key(pipeline, whole, windows_proven=declared.sql is not None)
@@ -295,7 +296,10 @@ def _touched_values(
             values = collected(frame, limit)
             if not values:  # None (too many) or none at all: nothing more to carry
                 break
-            reached = where_in(snapshots[hop.upstream], list(hop.match), values)
+            # Compared with the hop's columns as the query's `=` compares them, in the
+            # type it converts both to where theirs differ (where_in).
+            types = [f.dataType for f in frame.schema.fields]
+            reached = where_in(snapshots[hop.upstream], list(hop.match), values, types)
             frame = reached.select(*[quoted(c) for c in hop.carry]).distinct()
         else:
             keyed = _computed_keys(frame, path)
@@ -394,69 +398,6 @@ def _touched_keys(
 def _as(frame: DataFrame, columns: list[str], names: list[str]) -> DataFrame:
     """``frame``'s ``columns`` renamed to ``names`` (positionally), and nothing else."""
     return frame.select(*[quoted(c).alias(n) for c, n in zip(columns, names, strict=True)])
-
-
-def _check_columns(pipeline: Pipeline, path: KeyPath, snapshots: Mapping[str, DataFrame]) -> None:
-    """Every column a key path names exists (checked from the schemas: no Spark job)."""
-    wanted = [(path.upstream, c) for c in path.start]
-    for hop in path.hops:
-        wanted += [(hop.upstream, c) for c in (*hop.match, *hop.carry)]
-    for upstream, column in wanted:
-        if column not in snapshots[upstream].columns:
-            raise TerminalError(
-                f"Pipeline '{pipeline.name}': the key path of '{path.upstream}' ({path}) names "
-                f"column '{column}', which upstream '{upstream}' does not have (it has "
-                f"{snapshots[upstream].columns}).",
-                pipeline=pipeline.name,
-                upstream=upstream,
-                fix="fix the key path in the pipeline's declaration; nothing was written.",
-            )
-
-
-def _check_computed_ends(
-    pipeline: Pipeline,
-    paths: Mapping[str, tuple[KeyPath, ...]],
-    snapshots: Mapping[str, DataFrame],
-) -> None:
-    """A key computed by an expression is applied to the values each path reaches at its
-    end column; refused (from the schemas: no Spark job) where those columns are only
-    equal under ``=``, not identical: of different types (the query compares them after
-    a conversion: '07' = 7), or of several columns whose equal values can differ as the
-    expression reads them (-0.0 = 0.0 for a floating type, 'A' = 'a' under a collation).
-    A changed row's value would then give another key than the query computes."""
-    for position, key in enumerate(pipeline.keys):
-        ends: dict[tuple[str, str], T.DataType] = {}
-        for path in (p for ps in paths.values() for p in ps):
-            if position >= len(path.computed) or path.computed[position] is None:
-                continue
-            table = path.hops[-1].upstream if path.hops else path.upstream
-            column = path.end[position]
-            ends[(table, column)] = snapshots[table].schema[column].dataType
-        kinds = {d.simpleString() for d in ends.values()}
-        loose = len(ends) > 1 and any(_equal_not_identical(d) for d in ends.values())
-        if len(kinds) > 1 or loose:
-            columns = ", ".join(f"{t}.{c} {d.simpleString()}" for (t, c), d in ends.items())
-            raise TerminalError(
-                f"Pipeline '{pipeline.name}': its key '{key}' is computed from columns the "
-                f"query holds equal ({columns}) whose equal values can differ as the "
-                "expression reads them (compared after a conversion, or -0.0 = 0.0, or "
-                "under a collation): a changed row's value would give another key than the "
-                "query computes.",
-                pipeline=pipeline.name,
-                fix="join those columns as one type (CAST in the query's own terms on both "
-                "sides, or in the upstreams), or key the target by the column itself; nothing "
-                "was written.",
-            )
-
-
-def _equal_not_identical(dtype: T.DataType) -> bool:
-    """Values of ``dtype`` can be equal under ``=`` and still differ (floating point's
-    -0.0 and 0.0, strings under a collation other than the binary one)."""
-    if isinstance(dtype, T.FloatType | T.DoubleType):
-        return True
-    if isinstance(dtype, T.StringType):
-        return getattr(dtype, "collation", "UTF8_BINARY") not in ("UTF8_BINARY", None)
-    return "float" in dtype.simpleString() or "double" in dtype.simpleString()
 
 
 def _checked(pipeline: Pipeline, output: object) -> DataFrame:

@@ -6,6 +6,7 @@ Every match is null-safe: a NULL key equals a NULL key.
 """
 
 import operator
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import reduce
 
@@ -85,18 +86,47 @@ def one_of(column: Column, values: list[tuple[object, ...]], dtype: T.DataType) 
     return condition
 
 
-def where_in(frame: DataFrame, columns: list[str], values: list[tuple[object, ...]]) -> DataFrame:
+def where_in(
+    frame: DataFrame,
+    columns: list[str],
+    values: list[tuple[object, ...]],
+    types: Sequence[T.DataType] | None = None,
+) -> DataFrame:
     """The rows of ``frame`` whose ``columns`` equal one of ``values`` (NULL equal to
     NULL), as a filter: ``IN`` for one column (Delta skips files with it), else a
-    semi-join with the values as a local relation."""
+    semi-join with the values as a local relation.
+
+    ``types`` are the types of the columns the values were taken from (default:
+    ``columns``' own). Where one of them is compared otherwise by ``IN`` than by ``=``
+    (:func:`compared_alike`: a STRING and a BIGINT, which ``IN`` compares as strings with
+    ``spark.sql.ansi.enabled=false`` and ``=`` as numbers, ``'01' = 1``), the values go
+    into a semi-join as their own types, whose ``<=>`` converts them as the query's
+    ``=`` between those columns does."""
     if not values:
         return frame.where(F.lit(False))
-    if len(columns) == 1:
-        dtype = frame.select(quoted(columns[0])).schema.fields[0].dataType
-        return frame.where(one_of(quoted(columns[0]), values, dtype))
     schema = frame.select(*[quoted(c) for c in columns]).schema
+    if types is not None and not all(
+        compared_alike(f.dataType, t) for f, t in zip(schema.fields, types, strict=True)
+    ):
+        names = [f"_wm_value{i}" for i in range(len(columns))]
+        typed = T.StructType([T.StructField(n, t, True) for n, t in zip(names, types, strict=True)])
+        local = frame.sparkSession.createDataFrame(values, typed)
+        return matching_keys(frame, local, columns, names)
+    if len(columns) == 1:
+        return frame.where(one_of(quoted(columns[0]), values, schema.fields[0].dataType))
     local = frame.sparkSession.createDataFrame(values, schema)
     return matching_keys(frame, local, columns)
+
+
+def compared_alike(left: T.DataType, right: T.DataType) -> bool:
+    """Whether values of ``left`` and ``right`` compare the same under ``IN`` as under
+    ``=``, whatever ``spark.sql.ansi.enabled`` says: the same type (nullability aside), or
+    two numeric types (both widen to a common numeric type). Others, a STRING beside a
+    number, a date or a timestamp among them, Spark compares under ``=`` by converting the
+    string, under ``IN`` (ANSI off) as strings."""
+    if isinstance(left, T.NumericType) and isinstance(right, T.NumericType):
+        return True
+    return left.simpleString() == right.simpleString()
 
 
 def changes_for_values(

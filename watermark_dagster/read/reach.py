@@ -26,11 +26,12 @@ from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from watermark_dagster.config.key_paths import KeyPath, key_input
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.read.changes import quoted
-from watermark_dagster.read.key_values import collected, one_of, where_in
+from watermark_dagster.read.key_values import collected, compared_alike, one_of, where_in
 
 # Our own Spark setting, off by default: "true" reads a joined upstream only for the rows
 # that reach the touched keys. The walk scans the upstreams its paths hop through once more
@@ -83,7 +84,7 @@ def reaching_rows(
         starts = _start_values(path, snapshots, touched, limit)
         if starts is None:
             return None
-        return where_in(frame, list(path.start), starts)
+        return where_in(frame, list(path.start), starts, _start_types(path, snapshots))
     # Several paths (a query joining the upstream to itself): a row is kept when one of
     # them reaches a touched key, as one filter (a union would repeat a row that two
     # paths reach, and the query would count it twice).
@@ -95,7 +96,13 @@ def reaching_rows(
         if starts is None:
             return None
         column = path.start[0]
-        conditions.append(one_of(quoted(column), starts, frame.schema[column].dataType))
+        dtype = frame.schema[column].dataType
+        types = _start_types(path, snapshots)
+        if types is not None and not compared_alike(dtype, types[0]):
+            # An IN would compare them otherwise than the query's `=` (where_in): the
+            # filter of one IN per path cannot say it, so the snapshot is read whole.
+            return None
+        conditions.append(one_of(quoted(column), starts, dtype))
     condition = conditions[0]
     for other in conditions[1:]:
         condition = condition | other
@@ -118,12 +125,31 @@ def _start_values(
         return _ends_reaching(snapshots[path.upstream], path, touched, limit, path.start)
     last = path.hops[-1]
     values = _ends_reaching(snapshots[last.upstream], path, touched, limit, last.match)
-    for hop in reversed(path.hops[:-1]):
+    for position in range(len(path.hops) - 2, -1, -1):
         if not values:  # None (too many) or none at all
             return values
-        reached = where_in(snapshots[hop.upstream], list(hop.carry), values)
+        hop, after = path.hops[position], path.hops[position + 1]
+        # The values are the next hop's match columns: compared with this hop's carry
+        # columns as the query's `=` compares the two (where_in).
+        types = _types(snapshots[after.upstream], after.match)
+        reached = where_in(snapshots[hop.upstream], list(hop.carry), values, types)
         values = collected(reached.select(*[quoted(c) for c in hop.match]).distinct(), limit)
     return values
+
+
+def _start_types(path: KeyPath, snapshots: Mapping[str, DataFrame]) -> list[T.DataType] | None:
+    """The types of the values :func:`_start_values` gives for ``path``: its first hop's
+    match columns (None for a direct path: the touched keys, or the start columns'
+    own values)."""
+    if path.direct:
+        return None
+    first = path.hops[0]
+    return _types(snapshots[first.upstream], first.match)
+
+
+def _types(frame: DataFrame, columns: Sequence[str]) -> list[T.DataType]:
+    """The types of ``frame``'s ``columns`` (from its schema: no Spark job)."""
+    return [frame.schema[c].dataType for c in columns]
 
 
 def _ends_reaching(
