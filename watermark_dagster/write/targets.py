@@ -154,9 +154,11 @@ def write_target(
             checked before anything is skipped or written.
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
-    # A target another control root wrote, or this root ahead of the batch (restored):
-    # refused before any decision that the batch is already applied.
-    check_target_bound(pipeline, batch_id, write_seq, root, first_attempt=False, replay=replay)
+    # A target another control root wrote last: refused before any decision that the batch
+    # is already applied. The positions (this root ahead of the batch: restored) are
+    # checked by the run (operations/run_pipeline.py), which knows the batch's attempt;
+    # direct callers may write an older position on purpose (the _wm_seq guard's tests).
+    check_target_bound(pipeline, batch_id, write_seq, root, first_attempt=False, replay=True)
 
     def write(retried: bool) -> WriteResult:
         if full_load or pipeline.write is not WriteMode.MERGE:
