@@ -1217,6 +1217,7 @@ def test_a_write_that_slipped_past_its_check_lands_nothing_after_a_forced_change
                     batch_id=batch.batch_id,
                     write_seq=batch.write_seq,
                     full_load=False,
+                    root=lake.store.root_id(),
                 )
             assert RsDeltaTable(pipeline.target).version() == before, name
         report = _cycle(lake, instance)
