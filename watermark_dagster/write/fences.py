@@ -199,7 +199,11 @@ def refuse_bound_elsewhere(
     own_id = transaction_app_id(pipeline, root)
     own = table.transaction_version(own_id)
     if own is not None:
-        if own > write_seq or (own == write_seq and first_attempt):
+        # At the batch's position on a first attempt is a restored root, unless a forced
+        # change fenced the batch (its fence records that transaction): the write then
+        # fails naming the fence.
+        at_fence = own == write_seq and fenced(table, pipeline.name, batch_id, root) is not None
+        if own > write_seq or (own == write_seq and first_attempt and not at_fence):
             refuse(f"Delta transaction {own_id}", own, root)
         return
     old_id = legacy_app_id(pipeline)
