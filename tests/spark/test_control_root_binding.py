@@ -234,3 +234,30 @@ def test_an_older_release_transaction_is_this_roots_only_below_the_batch(
         check_target_bound(pipeline, "b000005", 5, "another-root", first_attempt=True)
     ids = sorted(r["id"] for r in spark.read.format("delta").load(path).collect())
     assert ids == [1, 2, 3, 4]
+
+
+@pytest.mark.spark
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: another root's binding is found only among the target's last "
+    "100 commits; after 100 unlabelled commits (maintenance, property changes) a new root's "
+    "batch 1 writes under the old root's _wm_seq positions",
+)
+def test_a_new_control_root_is_refused_after_a_hundred_unlabelled_target_commits(
+    spark, tmp_path: Path, dagster_home: Path
+) -> None:
+    from watermark_dagster.write.commits import RECENT_COMMITS
+
+    lake, _ = _three_batches(spark, tmp_path, dagster_home)
+    old_root = lake.store.root_id()
+    target = str(lake.root / "up_copy")
+    for i in range(RECENT_COMMITS + 1):  # commits no pipeline labels (a property, OPTIMIZE)
+        spark.sql(f"ALTER TABLE delta.`{target}` SET TBLPROPERTIES ('owner.note' = '{i}')")
+    shutil.rmtree(tmp_path / "control")  # a fresh control root; the target stays
+    commit_rows(tmp_path / "up", [5])
+    commit_rows(tmp_path / "up", [6])
+    new_root = lake.store.root_id()
+    assert new_root != old_root
+    _refused_run(
+        spark, lake, names=(old_root, new_root), positions=("at position 3", "is at position 1")
+    )

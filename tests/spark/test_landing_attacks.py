@@ -1,0 +1,90 @@
+"""Issue 64's independent attack on landing identity, end to end through ``watermark run``
+with real Spark, Delta and Dagster: ways a file could be loaded twice, or never, or read
+as another file, each a test."""
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from tests.support.landing import landing_spec, write_csv
+from tests.support.spark_lake import Lake, open_lake
+from watermark_dagster.config.landing import LandingUpstream
+from watermark_dagster.observe.landing_log import FileLog
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def lake(spark: SparkSession, tmp_path: Path, dagster_home: Path) -> Iterator[Lake]:
+    with open_lake(spark, tmp_path, dagster_home) as opened:
+        yield opened
+
+
+def _with_log(lake: Lake, folder: Path, **settings: object) -> dict:
+    spec = landing_spec(lake, folder, **settings)
+    spec["pipelines"].append(
+        {
+            "name": "drops_log",
+            "upstreams": ["drops"],
+            "target": lake.path("log"),
+            "transform": "appended",
+            "write": "append",
+            "keys": [],
+        }
+    )
+    return spec
+
+
+def _run(lake: Lake, spec: dict) -> dict:
+    out = lake.cli(spec, "run", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def _logged(folder: Path) -> dict[str, int]:
+    upstream = LandingUpstream(name="drops", path=str(folder), format="csv")
+    state = FileLog(upstream).state(create=False)
+    assert state is not None
+    return {p: f.ordinal for p, f in state.by_path.items()}
+
+
+def _log_rows(lake: Lake) -> list[tuple[int, int]]:
+    return sorted((r["id"], r["value"]) for r in lake.table("log").collect())
+
+
+def test_names_with_spaces_percent_unicode_and_colons_read_their_own_file(lake: Lake) -> None:
+    folder = lake.root / "landing"
+    names = ["a b.csv", "a%20b.csv", "ü ñ.csv", "x%2Fy.csv", "c#d.csv", "e;f=g.csv", "h+i.csv"]
+    for i, name in enumerate(names, start=1):
+        write_csv(folder, name, [(i, i * 10)])
+    spec = _with_log(lake, folder)
+    _run(lake, spec)
+    assert set(_logged(folder)) == set(names)
+    assert _log_rows(lake) == [(i, i * 10) for i in range(1, len(names) + 1)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: a cp -p copy seen while its logged original still exists is "
+    "logged as a new file; removing the original then leaves every row loaded twice",
+)
+def test_a_copy_kept_beside_its_original_then_the_original_removed_is_not_loaded_twice(
+    lake: Lake,
+) -> None:
+    """An archive that copies (``cp -p``, a move across file systems, an object store's
+    copy then delete) has a moment where both paths exist; a look in that moment must not
+    log the copy as a new file."""
+    folder = lake.root / "landing"
+    a = write_csv(folder, "a.csv", [(1, 10), (2, 20)])
+    spec = _with_log(lake, folder, pattern="**")
+    _run(lake, spec)
+    (folder / "archive").mkdir()
+    shutil.copy2(a, folder / "archive" / "a.csv")  # same size and modification time
+    lake.cli(spec, "run", "--json")  # a look while both exist
+    a.unlink()
+    lake.cli(spec, "run", "--json")
+    assert _log_rows(lake) == [(1, 10), (2, 20)]
