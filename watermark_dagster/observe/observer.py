@@ -41,7 +41,7 @@ from watermark_dagster.core.observations import (
     version_committed_by,
 )
 from watermark_dagster.core.planning import UpstreamPosition
-from watermark_dagster.core.records import Watermark
+from watermark_dagster.core.records import Watermark, WatermarkHow
 from watermark_dagster.errors import (
     UpstreamRecreatedError,
     UpstreamUnavailableError,
@@ -412,11 +412,22 @@ def observe_registry(
         # of the checkpoints), so a tick asks it for no pipeline in the usual case.
         return needs_first_load(state, state == TargetState.EMPTY and ever_succeeded(pipeline))
 
+    def set_by_hand(pipeline: str) -> bool:
+        # Files 1..N of a landing upstream set by hand count as applied: a pipeline that
+        # reads only such upstreams starts after them, its first load too, as with
+        # start_from (a snapshot would load them). An owed reload still reads every file.
+        return bool(runnable[pipeline]) and all(
+            isinstance(registry.upstreams[u], LandingUpstream)
+            and (mark := marks.get(u)) is not None
+            and mark.how is WatermarkHow.MANUAL_SET
+            for u in runnable[pipeline]
+        )
+
     bootstrap = tuple(
         p
         for p in runnable
         if all(registry.upstreams[u].start_from == "beginning" for u in runnable[p])
-        and (p in reload or first_load(p))
+        and (p in reload or (not set_by_hand(p) and first_load(p)))
     )
     overwrite = tuple(p for p in runnable if registry.pipelines[p].write is WriteMode.OVERWRITE)
     return RegistryObservation(

@@ -13,8 +13,10 @@ from typing import Any
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.prompt import confirm
 from watermark_dagster.cli.timespec import TimestampError, parse_when
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.errors import BatchStateError, UsageError
 from watermark_dagster.operations import manual
+from watermark_dagster.operations.landing_set import FilesAtTime, files_at_time
 from watermark_dagster.operations.manual import LATEST
 
 
@@ -121,7 +123,10 @@ def _change(
         **({"resolved": extra} if extra else {}),
     }
     lines = [f"{name}: committed watermark {_fmt(preview.old)} -> {_fmt(version)}"]
-    if extra:
+    if isinstance(resolved, FilesAtTime):
+        result["files"] = resolved.sides()
+        lines.extend(resolved.lines())
+    elif extra:
         lines.append(
             f"  --timestamp {extra['timestamp']!r} is {extra['resolved_time']}; the newest "
             f"version committed by then is {version} (at {extra['version_committed_at']})"
@@ -184,6 +189,8 @@ def _change(
         )
         + f" ({how.value} by {actor}{reason})"
     )
+    if isinstance(resolved, FilesAtTime):
+        ctx.console.print(resolved.summary())
     if done.stopped:
         ctx.console.print(
             f"  stopped first: {len(done.stopped)} run(s) of the batch still in flight "
@@ -221,7 +228,9 @@ def _change(
 
 
 def cmd_set(ctx: Context) -> int:
-    """``watermark set``: parse --version or --timestamp, resolve it, change."""
+    """``watermark set``: parse --version or --timestamp, resolve it (on a landing upstream,
+    to the last file modified by then: :mod:`~watermark_dagster.operations.landing_set`),
+    change."""
     args = ctx.args
     if args.version is None and args.timestamp is None:
         raise UsageError(
@@ -239,7 +248,17 @@ def cmd_set(ctx: Context) -> int:
     name = ctx.upstream(args.table).name
     manual.refuse_cursor(ctx.registry, name)
     resolved = None
-    if args.timestamp is not None:
+    if args.timestamp is not None and isinstance(ctx.registry.upstreams[name], LandingUpstream):
+        now = datetime.now(UTC)
+        version, resolved = files_at_time(
+            ctx.registry,
+            name,
+            _when(args.timestamp, now),
+            text=args.timestamp,
+            now=now,
+            dry_run=bool(args.dry_run),
+        )
+    elif args.timestamp is not None:
         now = datetime.now(UTC)
         version, resolved = manual.version_at_time(
             ctx.registry, name, _when(args.timestamp, now), text=args.timestamp, now=now
