@@ -159,6 +159,11 @@ class UpstreamSchemaChangedError(TerminalError):
     """An upstream's schema changed incompatibly inside a batch's range."""
 
 
+class QueryRefusedError(TerminalError):
+    """Spark's analyzer refused a query of a pipeline's run (a column, table or path that
+    is not there): the same query is refused on every retry."""
+
+
 class ReplayRefusedError(TerminalError):
     """A replay or backfill that could not re-apply its range as changes through the
     version-guarded MERGE (it would reload the target, or create it); nothing was written."""

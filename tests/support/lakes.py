@@ -83,8 +83,19 @@ def recomputed(upstream: str):
     return transform
 
 
+def misspelled(upstream: str):
+    """A transform naming a column its upstream does not have (``valeu``): Spark's analyzer
+    refuses it, on every attempt."""
+
+    def transform(batch: BatchContext) -> DataFrame:
+        return batch[upstream].net_changes(["id"]).select("id", F.col("valeu").alias("value"))
+
+    return transform
+
+
 TRANSFORMS = {
     "copy": copy_rows,
+    "misspelled": misspelled,
     "doubled": doubled,
     "appended": appended,
     "raw": raw_changes,

@@ -17,6 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar, Literal
 
+from watermark_dagster.config.locations import absolute_location
 from watermark_dagster.config.names import enum_value
 from watermark_dagster.config.options import Kind, is_seconds, written_as
 from watermark_dagster.config.upstream import Upstream, UpstreamMode
@@ -90,6 +91,8 @@ class LandingUpstream(Upstream):
                 upstream=self.name,
                 fix="give the folder's location as path=...",
             )
+        if isinstance(self.files_log, str) and self.files_log.strip():
+            object.__setattr__(self, "files_log", absolute_location(self.files_log))
         if isinstance(self.start_from, datetime):
             raise ConfigurationError(
                 f"{owner}: start_from={self.start_from.isoformat()} is a timestamp; a landing "

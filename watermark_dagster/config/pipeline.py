@@ -20,6 +20,7 @@ from watermark_dagster.config.declared import (
     check_function,
     declare,
 )
+from watermark_dagster.config.locations import absolute_location
 from watermark_dagster.config.names import (
     check_table_declaration,
     enum_value,
@@ -217,6 +218,8 @@ class Pipeline:
                 fix="give the target Delta table's location as target=..., or its catalog "
                 "name as table=...",
             )
+        else:
+            object.__setattr__(self, "target", absolute_location(self.target))
         if self.declared is not None:
             self._check_declared(self.declared)
         elif self.transform is None:

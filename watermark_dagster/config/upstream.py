@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import ClassVar, Literal
 
+from watermark_dagster.config.locations import absolute_location
 from watermark_dagster.config.names import (
     check_table_declaration,
     enum_value,
@@ -160,6 +161,8 @@ class Upstream:
                 upstream=self.name,
                 fix="give the table's location as path=..., or its catalog name as table=...",
             )
+        else:
+            object.__setattr__(self, "path", absolute_location(self.path))
         object.__setattr__(self, "start_from", _parse_start(self.start_from, self.owner))
         object.__setattr__(
             self, "storage_options", checked_options(self.owner, self.storage_options)

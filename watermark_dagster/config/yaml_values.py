@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
+from watermark_dagster.config.locations import absolute_location
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.options import Kind, Option, is_seconds
 from watermark_dagster.config.pipeline import Pipeline
@@ -139,10 +140,7 @@ class Reader:
 
     def location(self, value: str) -> str:
         """Local relative paths are taken from the file's folder; URIs are kept as they are."""
-        if "://" in value:
-            return value
-        path = Path(value).expanduser()
-        return str(path if path.is_absolute() else (self.base / path).resolve())
+        return absolute_location(value, self.base)
 
     def transform(
         self, spec: str, what: str, line: int, key: str = "transform"

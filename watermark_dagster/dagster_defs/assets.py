@@ -39,9 +39,11 @@ from watermark_dagster.dagster_defs.runs import (
 from watermark_dagster.dagster_defs.targets import TARGET_VERSION_KEY, target_metadata
 from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.errors import (
+    QueryRefusedError,
     TerminalError,
     WatermarkError,
     error_line,
+    one_line,
 )
 from watermark_dagster.operations.decide import (
     PipelineDecision,
@@ -87,10 +89,31 @@ def _run(
             run_id=context.run.run_id,
         )
     except Exception as e:
-        lost = engine_lost(e, spark)
+        lost = engine_lost(e, spark) or refused_query(e, decision)
         if lost is None:
             raise
         raise lost from e
+
+
+def refused_query(error: BaseException, decision: PipelineDecision) -> WatermarkError | None:
+    """``error`` as a :class:`QueryRefusedError` when Spark's analyzer refused a query of
+    the run (a column, table, schema or path that is not there, a type that does not fit):
+    the same query refuses again on every retry, so the batch fails once and says what to
+    fix. Other errors (an executor lost, a commit conflict) are None: retries may help."""
+    from pyspark.errors import AnalysisException
+
+    if not isinstance(error, AnalysisException):
+        return None
+    batch = decision.batch.batch_id
+    return QueryRefusedError(
+        f"Spark refused a query of pipeline '{decision.pipeline.name}' in batch {batch}: "
+        f"{one_line(str(error))[:1500]}",
+        pipeline=decision.pipeline.name,
+        batch_id=batch,
+        fix="the transform, or a table or path the registry names, does not match what is "
+        "there: fix it, then `watermark run --retry` (the target is written in one commit: a "
+        "retry skips what was applied).",
+    )
 
 
 def engine_lost(error: BaseException, spark: SparkSessionResource) -> WatermarkError | None:

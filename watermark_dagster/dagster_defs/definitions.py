@@ -23,6 +23,7 @@ from dagster import (
 )
 
 from watermark_dagster.config.database import DatabaseUpstream
+from watermark_dagster.config.locations import absolute_location
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import (
     StorageOptions,
@@ -173,6 +174,7 @@ def build_location(
     spark_settings = spark.settings()
     check_spark_conf(spark_settings.conf, where="the Spark resource's settings")
     storage_options = checked_options("The control root", storage_options)
+    control_root = absolute_location(control_root)
     # Catalog table names become locations here, once, in a short-lived Spark process:
     # everything below (observation, planning, asset metadata) works by location.
     registry = resolve_catalog_tables(
