@@ -1,16 +1,23 @@
 """Child process trees that stop as a whole: ``watermark dev`` runs ``dagster dev`` (and the
 home's Spark Connect engine) this way.
 
-Each child is started in its own session, so it leads a process group that every process
-it starts joins: ``dagster dev``'s webserver, daemon and code servers, the run processes
-the code servers launch and the Spark JVMs those start (none of them leaves the group on
-POSIX). Stopping sends the group the interrupt a terminal's Ctrl-C would, waits a grace
-period, then SIGTERM and finally SIGKILL for whatever is left, so nothing outlives the
-command however a child handles its signals. ``dagster dev`` alone, signalled directly,
-waits up to 60 s for its webserver and then 60 s for its daemon, and never signals the
-run processes: its code servers shut down only once their in-flight runs finish (the gRPC
-server's "shutdown once executions finish"), so with a run in flight it does not end
-before the run does.
+Each child is started in a process group of its own, which every process it starts joins:
+``dagster dev``'s webserver, daemon and code servers, the run processes the code servers
+launch and the Spark JVMs those start (none of them leaves the group on POSIX). Stopping
+sends the group the interrupt a terminal's Ctrl-C would, waits a grace period, then SIGTERM
+and finally SIGKILL for whatever is left, so nothing outlives the command however a child
+handles its signals. ``dagster dev`` alone, signalled directly, waits up to 60 s for its
+webserver and then 60 s for its daemon, and never signals the run processes: its code
+servers shut down only once their in-flight runs finish (the gRPC server's "shutdown once
+executions finish"), so with a run in flight it does not end before the run does.
+
+A command killed outright (SIGKILL) stops nothing, so each group also holds a watcher: a
+small process started first, leading the new group that the child then joins (both stay in
+this process's session: a process may only join a group of its own session). The watcher
+reads a pipe whose other end only this process holds. When this process dies, however it
+dies, the pipe closes and the watcher SIGKILLs the whole group, itself included. The
+watcher ignores the signals a stop sends, so it stays on guard until the group is stopped;
+then it is released and exits alone.
 """
 
 import contextlib
@@ -18,6 +25,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,8 +38,20 @@ TERM_SECONDS = 2.0
 _POLL_SECONDS = 0.1
 
 
-def _group_members(pgid: int) -> set[int] | None:
-    """The live (not zombie) processes of group ``pgid``, None when /proc cannot tell."""
+# The watcher: on guard against the interrupt and SIGTERM the group is stopped with; the
+# group dies when its pipe ends without a word (the command died), else it exits alone.
+_WATCHER = (
+    "import os, signal\n"
+    "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_IGN)\n"
+    "if not os.read(0, 1):\n"
+    "    os.killpg(0, signal.SIGKILL)\n"
+)
+
+
+def _group_members(pgid: int, exclude: frozenset[int] = frozenset()) -> set[int] | None:
+    """The live (not zombie) processes of group ``pgid`` but ``exclude``, None when /proc
+    cannot tell."""
     proc = Path("/proc")
     if not proc.is_dir():
         return None
@@ -46,6 +66,7 @@ def _group_members(pgid: int) -> set[int] | None:
             continue
         if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             members.add(int(entry.name))
+    members -= exclude
     return members
 
 
@@ -58,8 +79,43 @@ class ProcessGroup:
     """
 
     def __init__(self, argv: Sequence[str], **popen: Any) -> None:
-        self.proc = subprocess.Popen(list(argv), start_new_session=True, **popen)
-        self.pgid = self.proc.pid
+        self.watcher: subprocess.Popen | None = None
+        self._guard = -1
+        if not Path("/proc").is_dir():  # no way to tell the watcher from the group's work
+            self.proc = subprocess.Popen(list(argv), start_new_session=True, **popen)
+            self.pgid = self.proc.pid
+            return
+        guard, self._guard = os.pipe()  # neither end is inherited by other children
+        try:
+            self.watcher = subprocess.Popen(
+                [sys.executable, "-c", _WATCHER], stdin=guard, process_group=0
+            )
+        finally:
+            os.close(guard)
+        self.pgid = self.watcher.pid
+        try:
+            self.proc = subprocess.Popen(list(argv), process_group=self.pgid, **popen)
+        except BaseException:
+            self.release()
+            raise
+
+    def _watchers(self) -> frozenset[int]:
+        return frozenset({self.watcher.pid}) if self.watcher else frozenset()
+
+    def members(self) -> set[int] | None:
+        """The live processes of the group but its watcher, None when /proc cannot tell."""
+        return _group_members(self.pgid, self._watchers())
+
+    def release(self) -> None:
+        """Send the watcher away: the group is stopped (or left to the caller)."""
+        if self._guard < 0 or self.watcher is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._guard, b"x")
+        os.close(self._guard)
+        self._guard = -1
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.watcher.wait(timeout=TERM_SECONDS)
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every process of the group."""
@@ -70,8 +126,9 @@ class ProcessGroup:
         """Whether the leader or any process of its group is still alive."""
         if self.proc.poll() is None:
             return True
-        # The leader is reaped: its pid, the group id, cannot be reused while a member lives.
-        members = _group_members(self.pgid)
+        # The group's first process (the watcher, else the leader) is reaped only once
+        # released (or, the leader, here): its pid, the group id, is not reused meanwhile.
+        members = self.members()
         if members is not None:
             return bool(members)
         try:
@@ -108,7 +165,7 @@ def survivors(groups: Sequence[tuple[ProcessGroup, int]]) -> list[str]:
     """``name (pid)`` of each process still alive in ``groups`` (empty without /proc)."""
     found: list[str] = []
     for group, _ in groups:
-        for pid in sorted(_group_members(group.pgid) or ()):
+        for pid in sorted(group.members() or ()):
             found.append(f"{_label(pid)} ({pid})")
     return found
 
@@ -127,6 +184,16 @@ def stop_groups(
         Each signal that had to follow the first one, with the processes it was sent to
         (empty when all stopped in time).
     """
+    try:
+        return _stop(groups, grace=grace, term=term)
+    finally:
+        for group, _ in groups:
+            group.release()
+
+
+def _stop(
+    groups: Sequence[tuple[ProcessGroup, int]], *, grace: float, term: float
+) -> list[tuple[int, list[str]]]:
     escalated: list[tuple[int, list[str]]] = []
     for group, first in groups:
         group.signal(first)

@@ -20,17 +20,17 @@ is killed (``PR_SET_PDEATHSIG``), so killing the command's process still stops i
 
 import argparse
 import contextlib
-import ctypes
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
 
+from watermark_dagster.runtime.lifetime import die_with_parent
+
 ENV = "WATERMARK_SUPERVISE"
 # Signals the parent passes on to the child (a terminal's Ctrl-C reaches both already).
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-_PR_SET_PDEATHSIG = 1
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -45,9 +45,7 @@ def wanted(args: argparse.Namespace) -> bool:
 def _die_with_parent(parent: int) -> None:
     """Ask the kernel to SIGKILL this process when its parent dies, and die now if the
     parent is gone already."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent()
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)
 

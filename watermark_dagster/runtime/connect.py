@@ -7,6 +7,7 @@ partitions a run's own session would get, on a free loopback port. It records wh
 listens in ``<WATERMARK_HOME>/engine/connect.json`` and logs to
 ``<WATERMARK_HOME>/logs/spark-connect.log``. A server that dies is started again on the
 same port by the ``watermark engine`` process that watches it, which rewrites the record.
+The server dies with that process however it ends, SIGKILL included (``PR_SET_PDEATHSIG``).
 
 A run's Spark resource (:class:`~watermark_dagster.dagster_defs.resources.SparkSessionResource`)
 reads the record: with ``engine="auto"`` (the default) it uses the server when one is up
@@ -31,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from watermark_dagster.errors import WatermarkError
+from watermark_dagster.runtime.lifetime import die_with_parent
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # How long a server gets to start (the first start may resolve Delta's jars), and how long a
@@ -274,7 +276,9 @@ def start_server(
     env: Mapping[str, str] | None = None,
 ) -> Server:
     """Start a Connect server and wait until it accepts clients. ``spark-submit`` execs
-    the JVM, so the process started is the server itself.
+    the JVM, so the process started is the server itself; the kernel kills it when the
+    thread calling this ends (:func:`~watermark_dagster.runtime.lifetime.die_with_parent`),
+    so call it from the main thread or one that lives as long as the server.
 
     Raises:
         EngineUnavailableError: it exited or did not start within ``timeout``; carries the
@@ -294,6 +298,8 @@ def start_server(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **dict(env or {})},
+            # Killed with the engine, even by SIGKILL: no server outlives its command.
+            preexec_fn=die_with_parent,
         )
     server = Server(process, port, log, offset)
     deadline = time.monotonic() + timeout
