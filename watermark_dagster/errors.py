@@ -108,6 +108,11 @@ class UpstreamUnavailableError(TerminalError):
     upstream's name."""
 
 
+class NoFileLandedError(UpstreamUnavailableError):
+    """No file has landed in a landing folder yet: its pipelines wait for the first one
+    (``watermark run`` is idle, not failed)."""
+
+
 class LandingFileChangedError(UpstreamUnavailableError):
     """A landing folder's file changed (size or modification time) or disappeared after its
     file log recorded it: its content was, or is to be, loaded as recorded."""

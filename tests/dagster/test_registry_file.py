@@ -21,6 +21,7 @@ from dagster import AssetKey
 from deltalake import write_deltalake
 
 from tests.support.cli import SCRIPT
+from watermark_dagster.config.landing import DEFAULT_LOG_FOLDER
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.upstream import DeltaUpstream
@@ -896,3 +897,52 @@ def test_missing_and_non_delta_upstreams_are_reported_and_nothing_is_planned_for
     plan = json.loads(out.stdout)
     assert (plan["pipelines"], set(plan["unavailable"])) == (["orders_copy"], {"ghost", "csvs"})
     assert _versions(lake / "control") == before
+
+
+LANDING = f"""
+control_root: control
+upstreams:
+  drops: {{kind: landing, path: landing/drops, format: csv, file_schema: "id BIGINT",
+           settle_seconds: 0}}
+pipelines:
+  drops_copy: {{upstreams: [drops], target: lake/drops_copy, keys: [id], {T}}}
+"""
+
+
+def test_a_landing_folder_waits_for_its_first_file_and_the_showing_commands_log_nothing(
+    lake: Path, cli: Cli
+) -> None:
+    """An empty folder is idle, not a failure: `watermark run` exits 0 (a cron job's
+    success) and `list` says it waits. Then a file lands: `list`, `get` and `plan --dry-run`
+    show it as file 1 of the next batch, and none of them writes the file log (only the
+    coordinator's look, planning, numbers files for good)."""
+    drops = lake / "landing" / "drops"
+    drops.mkdir(parents=True)
+    registry = _write(lake, LANDING)
+    log = drops / DEFAULT_LOG_FOLDER
+    ran = cli(lake, registry, "run", "--json")
+    assert ran.returncode == 0, (ran.stdout, ran.stderr)
+    outcome = json.loads(ran.stdout)
+    assert (outcome["runs"], outcome["blocked"]) == ([], {})
+    listed = cli(lake, registry, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert (row["state"], row["unavailable"]) == ("waiting", None)
+    assert "no file has landed" in row["waiting"]
+    shown = cli(lake, registry, "list")
+    assert "WAITING drops: " in shown.stdout, shown.stdout
+
+    (drops / "a.csv").write_text("1\n2\n")
+    log_before = sorted(p.name for p in log.rglob("*")) if log.exists() else None
+    for args in (
+        ["list", "--json"],
+        ["get", "-t", "drops", "--json"],
+        ["plan", "--dry-run", "--json"],
+    ):
+        out = cli(lake, registry, *args)
+        assert out.returncode == 0, (args, out.stderr)
+        assert (sorted(p.name for p in log.rglob("*")) if log.exists() else None) == log_before
+    (row,) = json.loads(cli(lake, registry, "list", "--json").stdout)
+    assert (row["state"], row["latest"]) == ("ok", 1)
+    plan = json.loads(cli(lake, registry, "plan", "--dry-run", "--json").stdout)
+    assert plan["pipelines"] == ["drops_copy"], plan

@@ -3,12 +3,17 @@ files that changed refused (see :mod:`~watermark_dagster.observe.landing_log`)."
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.core.observations import Observation
-from watermark_dagster.errors import LandingFileChangedError, UpstreamUnavailableError
+from watermark_dagster.errors import (
+    LandingFileChangedError,
+    NoFileLandedError,
+    UpstreamUnavailableError,
+)
 from watermark_dagster.observe.landing_files import FileStat, list_files, stat_files
-from watermark_dagster.observe.landing_log import FileLog, LoggedFile
+from watermark_dagster.observe.landing_log import FileLog, LoggedFile, LogState, refuse_moves
 
 
 def _shown(size: int, mtime_ns: int) -> str:
@@ -112,15 +117,29 @@ def settled(files: Iterable[FileStat], settle_seconds: float, now_ns: int) -> li
     return [f for f in files if f.mtime_ns <= limit]
 
 
-def observe_landing(upstream: LandingUpstream, log: FileLog) -> Observation:
-    """Look at a landing folder: log its new settled files, and report its version (the
-    highest file number) and its file log's table id (a log dropped and recreated is a
-    recreated table).
+@dataclass(frozen=True)
+class FolderLook:
+    """What a look found in a landing folder beside its log's ``state``: the settled files
+    the log does not hold (``new``, oldest first: the order they are numbered in) and the
+    files still settling, with every logged file checked unchanged."""
+
+    state: LogState
+    new: list[FileStat]
+    settling: list[FileStat]
+
+    @property
+    def latest(self) -> int:
+        """The highest file number once ``new`` is logged."""
+        return self.state.latest + len(self.new)
+
+
+def look_at_folder(upstream: LandingUpstream, state: LogState) -> FolderLook:
+    """List the folder against the log's ``state``; writes nothing.
 
     Raises:
-        UpstreamUnavailableError: the folder does not exist or cannot be listed, or no file
-            landed yet.
-        LandingFileChangedError: a logged file changed (size or modification time).
+        UpstreamUnavailableError: the folder does not exist or cannot be listed.
+        LandingFileChangedError: a logged file changed (size or modification time), or a
+            new path is a logged file moved.
     """
     try:
         listed = list_files(upstream)
@@ -137,24 +156,44 @@ def observe_landing(upstream: LandingUpstream, log: FileLog) -> Observation:
             upstream=upstream.name,
             fix="check the path and the upstream's storage_options (credentials, endpoint).",
         ) from e
-    state = log.state()
-    assert state is not None
     known: Mapping[str, LoggedFile] = state.by_path
     for found in listed:
         logged = known.get(found.path)
         if logged is not None and (logged.size, logged.mtime_ns) != (found.size, found.mtime_ns):
             raise changed_file_error(upstream, logged, found, loaded=None)
-    new = settled(
-        (f for f in listed if f.path not in known), upstream.settle_seconds, time.time_ns()
+    unlogged = [f for f in listed if f.path not in known]
+    new = sorted(
+        settled(unlogged, upstream.settle_seconds, time.time_ns()),
+        key=lambda f: (f.mtime_ns, f.path),
     )
-    if new:
-        state = log.register(new)
-    if state.latest == 0:
-        raise UpstreamUnavailableError(
+    refuse_moves(upstream, state, new)
+    chosen = {f.path for f in new}
+    return FolderLook(state, new, [f for f in unlogged if f.path not in chosen])
+
+
+def observe_landing(upstream: LandingUpstream, log: FileLog, *, record: bool = True) -> Observation:
+    """Look at a landing folder: log its new settled files, and report its version (the
+    highest file number) and its file log's table id (a log dropped and recreated is a
+    recreated table). With ``record`` False (a read-only command) nothing is written, not
+    even the log: the new files count as numbered the way a look would number them.
+
+    Raises:
+        UpstreamUnavailableError: the folder does not exist or cannot be listed.
+        NoFileLandedError: no file landed yet (the upstream waits; nothing is wrong).
+        LandingFileChangedError: a logged file changed (size or modification time).
+    """
+    state = log.state(create=record) or LogState("", 0)
+    look = look_at_folder(upstream, state)
+    latest = look.latest
+    if look.new and record:
+        state = log.register(look.new)
+        latest = state.latest
+    if latest == 0:
+        raise NoFileLandedError(
             f"{upstream.owner}: no file has landed in {upstream.path} yet"
-            + (f" ({len(listed)} still settling)" if listed else "")
+            + (f" ({len(look.settling)} still settling)" if look.settling else "")
             + f" matching {upstream.pattern!r}.",
             upstream=upstream.name,
             fix="wait for the first file; its pipelines are planned once one is there.",
         )
-    return Observation(upstream.name, upstream.path, state.latest, False, state.table_id, "")
+    return Observation(upstream.name, upstream.path, latest, False, state.table_id, "")

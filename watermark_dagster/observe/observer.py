@@ -104,9 +104,13 @@ class Observer:
     Args:
         workers: threads :meth:`observe_all` looks at object-store tables and cursor
             sources with.
+        read_only: write nothing, for the commands that only show (``list``, ``get``,
+            ``plan --dry-run``): a landing folder's new files count as numbered the way
+            the coordinator's look would number them, and are not logged.
     """
 
-    def __init__(self, *, workers: int = DEFAULT_WORKERS) -> None:
+    def __init__(self, *, workers: int = DEFAULT_WORKERS, read_only: bool = False) -> None:
+        self.read_only = read_only
         self._known: dict[str, _Known] = {}
         # Protocols some delta-rs load of this process accepted: a replayed snapshot with
         # another protocol is checked by a load, which refuses what delta-rs cannot read.
@@ -208,7 +212,7 @@ class Observer:
         if isinstance(upstream, CursorUpstream):
             return self._observe_cursor(upstream)
         if isinstance(upstream, LandingUpstream):
-            return observe_landing(upstream, self.file_log(upstream))
+            return observe_landing(upstream, self.file_log(upstream), record=not self.read_only)
         path = upstream.path
         if not is_local(path):
             return self._load(upstream, None)

@@ -11,20 +11,18 @@ the numbering is not split by T), and N is set as any ``--version N`` is (the sa
 preview, confirmation, open-batch refusal, ``--force`` and history).
 """
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from watermark_dagster.core.landing_split import at_ns, split_at
-from watermark_dagster.errors import UpstreamUnavailableError, UsageError
+from watermark_dagster.errors import UsageError
 from watermark_dagster.operations.manual import TimestampResolution
 
 if TYPE_CHECKING:
-    from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.config.registry import Registry
-    from watermark_dagster.observe.landing_log import LoggedFile, LogState
+    from watermark_dagster.observe.landing_log import LoggedFile
 
 SHOWN = 5
 """How many files each side lists by name (the ones nearest T); the rest are counted."""
@@ -118,41 +116,6 @@ def _side(label: str, files: Sequence["LoggedFile"], *, newest_first: bool) -> s
     return f"{head}: {rest}{shown}"
 
 
-def _look(upstream: "LandingUpstream", state: "LogState") -> tuple[list[Any], list[Any]]:
-    """The folder's files the log does not hold: those settled (to log now, oldest first)
-    and those still settling. Refuses a logged file that changed, as a look does.
-
-    Raises:
-        UpstreamUnavailableError: the folder does not exist or cannot be listed.
-        LandingFileChangedError: a logged file changed, or a new path is a logged file moved.
-    """
-    from watermark_dagster.observe.landing import changed_file_error, settled
-    from watermark_dagster.observe.landing_files import list_files
-    from watermark_dagster.observe.landing_log import refuse_moves
-
-    try:
-        listed = list_files(upstream)
-    except OSError as e:
-        raise UpstreamUnavailableError(
-            f"{upstream.owner}: the landing folder {upstream.path} could not be listed "
-            f"({type(e).__name__}: {e}).",
-            upstream=upstream.name,
-            fix="create it, or check the path and the upstream's storage_options.",
-        ) from e
-    for found in listed:
-        logged = state.by_path.get(found.path)
-        if logged is not None and (logged.size, logged.mtime_ns) != (found.size, found.mtime_ns):
-            raise changed_file_error(upstream, logged, found, loaded=None)
-    unlogged = [f for f in listed if f.path not in state.by_path]
-    new = sorted(
-        settled(unlogged, upstream.settle_seconds, time.time_ns()),
-        key=lambda f: (f.mtime_ns, f.path),
-    )
-    refuse_moves(upstream, state, new)
-    chosen = {f.path for f in new}
-    return new, [f for f in unlogged if f.path not in chosen]
-
-
 def files_at_time(
     registry: "Registry",
     name: str,
@@ -172,6 +135,7 @@ def files_at_time(
         LandingFileChangedError: a logged file changed or moved (as a look refuses it).
     """
     from watermark_dagster.config.landing import LandingUpstream
+    from watermark_dagster.observe.landing import look_at_folder
     from watermark_dagster.observe.landing_log import FileLog, LoggedFile, LogState
 
     if when > now:
@@ -185,7 +149,8 @@ def files_at_time(
     assert isinstance(upstream, LandingUpstream)
     log = FileLog(upstream)
     state = log.state(create=False) or LogState("", 0)
-    new, settling = _look(upstream, state)
+    look = look_at_folder(upstream, state)
+    new, settling = look.new, look.settling
     limit = at_ns(when)
     early = sorted((f for f in settling if f.mtime_ns <= limit), key=lambda f: f.mtime_ns)
     if early:

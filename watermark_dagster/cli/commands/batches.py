@@ -299,7 +299,7 @@ def cmd_plan(ctx: Context) -> int:
         )
     store = ctx.read_store
     open_batch = store.open_batch()
-    observer = Observer()
+    observer = Observer(read_only=True)
     # The coordinator's own look, previewed: start_from points are applied to a copy.
     # With no batch open, a next range whose commits or change files are gone is BLOCKED,
     # as the coordinator blocks it.

@@ -35,7 +35,8 @@ def cmd_run(ctx: Context) -> int:
     """Run the code location headless until no work is left (one batch with ``--once``).
 
     Prints the upstreams' status afterwards; fails (exit 1) when a batch is stuck, a run
-    failed, or an upstream a pipeline reads is blocked or unavailable.
+    failed, or an upstream a pipeline reads is blocked or unavailable (a landing folder
+    that waits for its first file is neither: the run is idle).
     """
     from dagster import DagsterInstance
 

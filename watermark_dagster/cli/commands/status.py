@@ -7,7 +7,7 @@ from watermark_dagster.cli.commands.landing_files import file_rows, print_files
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import Styled, cursor_type_of, shown_position
 from watermark_dagster.core.records import Checkpoint, CheckpointStatus
-from watermark_dagster.errors import WatermarkError
+from watermark_dagster.errors import NoFileLandedError, WatermarkError
 
 RECENT_HISTORY = 5
 
@@ -24,9 +24,12 @@ def _look(
     upstream = ctx.registry.upstreams[name]
     found: dict[str, Any] = {"latest": None, "mode": str(upstream.mode), "unavailable": None}
     found.update(blocked=None, blocked_by=None, fix=None, rows_without_cursor=None)
-    found.update(cursor_type=None)
+    found.update(cursor_type=None, waiting=None)
     try:
         obs = observer.observe(upstream)
+    except NoFileLandedError as e:
+        # Nothing is wrong: the folder waits for its first file.
+        return {**found, "waiting": e.reason, "fix": e.fix}
     except WatermarkError as e:
         return {**found, "unavailable": str(e), "fix": e.fix}
     found.update(
@@ -46,8 +49,9 @@ def _look(
 def status_rows(ctx: Context) -> list[dict[str, Any]]:
     """Every upstream: committed, latest, lag, the open batch's read of it, last change,
     and what holds it: ``unavailable`` or ``blocked`` (its table), or ``stuck`` (the open
-    batch reading it, which the coordinator gave up resubmitting), with the ``fix``;
-    ``state`` names which (``ok``, ``unavailable``, ``blocked`` or ``stuck``), and ``rows``:
+    batch reading it, which the coordinator gave up resubmitting), with the ``fix``, or
+    ``waiting`` (a landing folder no file reached yet: nothing is wrong); ``state`` names
+    which (``ok``, ``waiting``, ``unavailable``, ``blocked`` or ``stuck``), and ``rows``:
     per pipeline reading it, the rows read and written by the batch that set its committed
     watermark (a stage of a chain shows its own counts). With no batch
     open, an upstream whose next range can no longer be read (commits or change files gone)
@@ -61,7 +65,8 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     committed = store.committed()
     open_batch = store.open_batch()
     stuck = stuck_batches(store, [open_batch]).get(open_batch.batch_id) if open_batch else None
-    observer = Observer()  # one cache: the coordinator's look below sees what _look saw
+    # One cache (the coordinator's look below sees what _look saw), writing nothing.
+    observer = Observer(read_only=True)
     unreadable = {} if open_batch else unreadable_next_ranges(ctx.registry, observer, store)
     rows = []
     seen: dict[str, list[Checkpoint]] = {}  # batch id -> its checkpoints, read once
@@ -83,6 +88,8 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
             state = "blocked"
         elif look["unavailable"]:
             state = "unavailable"
+        elif look["waiting"]:
+            state = "waiting"
         else:
             state = "stuck" if held else "ok"
         rows.append(
@@ -117,6 +124,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                 ),
                 "state": state,
                 "unavailable": look["unavailable"],
+                "waiting": look["waiting"],
                 "blocked": look["blocked"],
                 "blocked_by": look["blocked_by"],
                 "stuck": (
@@ -213,6 +221,9 @@ def blocked_lines(ctx: Context, rows: list[dict[str, Any]]) -> list[str]:
         elif r["unavailable"]:
             reason = _without_fix(r["unavailable"], r["fix"])
             lines.append(ctx.console.paint(f"UNAVAILABLE {r['upstream']}: {reason}", "warn"))
+        elif r["waiting"]:
+            lines.append(f"WAITING {r['upstream']}: {r['waiting']}")
+            continue
         elif (skipped := _without_cursor_text(ctx, r)) is not None:
             lines.append(ctx.console.paint(f"NO CURSOR {r['upstream']}: {skipped}", "warn"))
             continue
@@ -362,7 +373,9 @@ def cmd_get(ctx: Context) -> int:
         ("consumers", consumers),
         ("last change", row["last_change"]),
     ]
-    if row["state"] != "ok":
+    if row["state"] == "waiting":
+        pairs += [("state", "WAITING"), ("why", row["waiting"])]
+    elif row["state"] != "ok":
         if row["blocked"] or row["unavailable"]:
             reason = row["blocked"] or _without_fix(str(row["unavailable"]), row["fix"])
         else:
