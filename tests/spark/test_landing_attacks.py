@@ -88,3 +88,34 @@ def test_a_copy_kept_beside_its_original_then_the_original_removed_is_not_loaded
     a.unlink()
     lake.cli(spec, "run", "--json")
     assert _log_rows(lake) == [(1, 10), (2, 20)]
+
+
+def test_names_with_a_backslash_or_a_newline_read_their_own_file(lake: Lake) -> None:
+    folder = lake.root / "landing"
+    names = ["a\\b.csv", "a\\*.csv", "c\nd.csv", "e'f\".csv"]
+    for i, name in enumerate(names, start=1):
+        write_csv(folder, name, [(i, i * 10)])
+    spec = _with_log(lake, folder)
+    _run(lake, spec)
+    assert set(_logged(folder)) == set(names)
+    assert _log_rows(lake) == [(i, i * 10) for i in range(1, len(names) + 1)]
+
+
+def test_files_under_a_symlinked_folder_are_loaded_once(lake: Lake) -> None:
+    """A landing folder whose subfolder (another disk's mount, say) or file is a symbolic
+    link: Spark reads through links, so the listing must too, or their rows are never
+    loaded, silently; a link back up the tree is not walked again (its files would be the
+    folder's own under new paths)."""
+    folder = lake.root / "landing"
+    elsewhere = lake.root / "elsewhere"
+    write_csv(folder, "a.csv", [(1, 10)])
+    write_csv(elsewhere / "disk", "x.csv", [(2, 20)])
+    write_csv(elsewhere, "z.csv", [(3, 30)])
+    (folder / "linked").symlink_to(elsewhere / "disk", target_is_directory=True)
+    (folder / "z.csv").symlink_to(elsewhere / "z.csv")
+    (elsewhere / "disk" / "loop").symlink_to(folder, target_is_directory=True)
+    spec = _with_log(lake, folder)
+    _run(lake, spec)
+    assert set(_logged(folder)) == {"a.csv", "linked/x.csv", "z.csv"}
+    assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30)]
+    assert lake.rows("copy") == {1: 10, 2: 20, 3: 30}

@@ -1,6 +1,7 @@
 """A landing folder's files as they are now: listed, filtered, and looked up one by one.
 
-Local folders are walked with :mod:`os`; object stores are listed through
+Local folders are walked with :mod:`os`, through symbolic links (as Spark reads them)
+but never back up the tree; object stores are listed through
 :mod:`pyarrow.fs` with the upstream's storage options. Names starting with ``.`` or ``_``
 (hidden files, Spark's ``_SUCCESS`` markers, the file log's own folder) are never taken.
 
@@ -115,8 +116,18 @@ def list_files(upstream: LandingUpstream) -> list[FileStat]:
         root = local_path(upstream.path)
         if not os.path.isdir(root):
             raise FileNotFoundError(root)
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = [d for d in dirs if not _hidden(d)]
+        # Links are followed, as Spark reads through them; a link back up the tree (a
+        # folder already on the way down) is not walked again.
+        chains = {root: frozenset([os.path.realpath(root)])}
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            chain = chains.pop(folder)
+            kept: list[str] = []
+            for name in sorted(d for d in dirs if not _hidden(d)):
+                real = os.path.realpath(os.path.join(folder, name))
+                if real not in chain:
+                    chains[os.path.join(folder, name)] = chain | {real}
+                    kept.append(name)
+            dirs[:] = kept
             for name in files:
                 if _hidden(name):
                     continue
