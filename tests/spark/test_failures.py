@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.support.lakes import defs_from
 from tests.support.spark_lake import Lake, open_lake, source_rows, write_ids
+from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.observe.log import latest_local_version
 
 pytestmark = pytest.mark.spark
@@ -47,6 +49,7 @@ def test_a_query_spark_refuses_fails_its_batch_once(lake: Lake) -> None:
     assert latest_local_version(lake.path("copy")) == before
 
     spec = {**spec, "pipelines": [{**pipe, "transform": "copy"}]}
-    resumed = lake.cli(spec, "run", "--retry", "--json")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = HeadlessRunner(defs_from(spec), lake.instance).run_until_idle(retry=True)
+    assert len(resumed.completed) == 1, resumed
+    assert not resumed.failed_runs, resumed
     assert lake.rows("copy") == source_rows(lake, "events")
