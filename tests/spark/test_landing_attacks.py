@@ -104,8 +104,8 @@ def test_names_with_a_backslash_or_a_newline_read_their_own_file(lake: Lake) -> 
 def test_files_under_a_symlinked_folder_are_loaded_once(lake: Lake) -> None:
     """A landing folder whose subfolder (another disk's mount, say) or file is a symbolic
     link: Spark reads through links, so the listing must too, or their rows are never
-    loaded, silently; a link back up the tree is not walked again (its files would be the
-    folder's own under new paths)."""
+    loaded, silently. A link to what the folder holds (``latest -> 2026-12-02``, a loop)
+    names files listed under their own paths already, and is skipped."""
     folder = lake.root / "landing"
     elsewhere = lake.root / "elsewhere"
     write_csv(folder, "a.csv", [(1, 10)])
@@ -114,8 +114,13 @@ def test_files_under_a_symlinked_folder_are_loaded_once(lake: Lake) -> None:
     (folder / "linked").symlink_to(elsewhere / "disk", target_is_directory=True)
     (folder / "z.csv").symlink_to(elsewhere / "z.csv")
     (elsewhere / "disk" / "loop").symlink_to(folder, target_is_directory=True)
+    # Links to what the folder holds already: the same rows under a second path.
+    write_csv(folder, "2026-12-02/b.csv", [(4, 40)])
+    (folder / "latest").symlink_to(folder / "2026-12-02", target_is_directory=True)
+    (folder / "latest.csv").symlink_to(folder / "a.csv")
+    (folder / "dangling.csv").symlink_to(lake.root / "nothing.csv")
     spec = _with_log(lake, folder)
     _run(lake, spec)
-    assert set(_logged(folder)) == {"a.csv", "linked/x.csv", "z.csv"}
-    assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30)]
-    assert lake.rows("copy") == {1: 10, 2: 20, 3: 30}
+    assert set(_logged(folder)) == {"a.csv", "2026-12-02/b.csv", "linked/x.csv", "z.csv"}
+    assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30), (4, 40)]
+    assert lake.rows("copy") == {1: 10, 2: 20, 3: 30, 4: 40}

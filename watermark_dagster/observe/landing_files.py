@@ -1,7 +1,8 @@
 """A landing folder's files as they are now: listed, filtered, and looked up one by one.
 
-Local folders are walked with :mod:`os`, through symbolic links (as Spark reads them)
-but never back up the tree; object stores are listed through
+Local folders are walked with :mod:`os`, through symbolic links to what lies outside the
+folder (as Spark reads them); a link to something inside it is skipped, since its target
+is listed under its own path. Object stores are listed through
 :mod:`pyarrow.fs` with the upstream's storage options. Names starting with ``.`` or ``_``
 (hidden files, Spark's ``_SUCCESS`` markers, the file log's own folder) are never taken.
 
@@ -35,6 +36,10 @@ class FileStat:
 
 def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
+
+
+def _inside(real: str, top: str) -> bool:
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def full_path(upstream: LandingUpstream, relative: str) -> str:
@@ -116,25 +121,33 @@ def list_files(upstream: LandingUpstream) -> list[FileStat]:
         root = local_path(upstream.path)
         if not os.path.isdir(root):
             raise FileNotFoundError(root)
-        # Links are followed, as Spark reads through them; a link back up the tree (a
-        # folder already on the way down) is not walked again.
-        chains = {root: frozenset([os.path.realpath(root)])}
+        # Links are followed, as Spark reads through them, to what lies outside the
+        # folder; a link to a folder or file inside it (``latest -> 2026-12-02``) names
+        # what is listed under its own path already, and is skipped, as is a loop.
+        top = os.path.realpath(root)
+        walked = {top}
         for folder, dirs, files in os.walk(root, followlinks=True):
-            chain = chains.pop(folder)
             kept: list[str] = []
             for name in sorted(d for d in dirs if not _hidden(d)):
-                real = os.path.realpath(os.path.join(folder, name))
-                if real not in chain:
-                    chains[os.path.join(folder, name)] = chain | {real}
-                    kept.append(name)
+                child = os.path.join(folder, name)
+                real = os.path.realpath(child)
+                if real in walked or (os.path.islink(child) and _inside(real, top)):
+                    continue
+                walked.add(real)
+                kept.append(name)
             dirs[:] = kept
             for name in files:
                 if _hidden(name):
                     continue
                 full = os.path.join(folder, name)
+                if os.path.islink(full) and _inside(os.path.realpath(full), top):
+                    continue
                 relative = os.path.relpath(full, root).replace(os.sep, "/")
                 if matches(upstream.pattern, relative):
-                    st = os.stat(full)
+                    try:
+                        st = os.stat(full)
+                    except FileNotFoundError:  # removed since the walk, or a dangling link
+                        continue
                     found.append(FileStat(relative, st.st_size, st.st_mtime_ns))
     else:
         filesystem, base = _filesystem(upstream)
