@@ -124,3 +124,34 @@ def test_files_under_a_symlinked_folder_are_loaded_once(lake: Lake) -> None:
     assert set(_logged(folder)) == {"a.csv", "2026-12-02/b.csv", "linked/x.csv", "z.csv"}
     assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30), (4, 40)]
     assert lake.rows("copy") == {1: 10, 2: 20, 3: 30, 4: 40}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: a file log restored from an older copy (same table id) "
+    "numbers the files it lost again, in another order, under the committed watermark: "
+    "one file loads twice, another never",
+)
+def test_a_file_log_restored_from_an_older_copy_loses_and_repeats_nothing(lake: Lake) -> None:
+    folder = lake.root / "landing"
+    log = folder / "_watermark_files"
+    write_csv(folder, "a.csv", [(1, 10)], mtime=1_000)
+    spec = _with_log(lake, folder)
+    _run(lake, spec)
+    copy = lake.root / "log_copy"
+    shutil.copytree(log, copy)  # the log as of file 1
+    write_csv(folder, "x.csv", [(2, 20)], mtime=3_000)
+    _run(lake, spec)  # x.csv is file 2
+    write_csv(folder, "y.csv", [(3, 30)], mtime=2_000)
+    _run(lake, spec)  # y.csv (an older modification time, copied in late) is file 3
+    assert _logged(folder) == {"a.csv": 1, "x.csv": 2, "y.csv": 3}
+    shutil.rmtree(log)
+    shutil.copytree(copy, log)  # restored: same table id, files 2 and 3 forgotten
+    write_csv(folder, "z.csv", [(4, 40)], mtime=1_500)
+    runs = [lake.cli(spec, "run", "--json") for _ in range(2)]
+    if any(r.returncode for r in runs):  # refused: loudly, naming the log, nothing loaded
+        said = "".join(r.stdout + r.stderr for r in runs)
+        assert "_watermark_files" in said, said
+        assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30)]
+    else:
+        assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30), (4, 40)]
