@@ -118,3 +118,37 @@ def test_a_text_tie_break_under_a_database_collation_loses_no_row(
         out = lake.cli(spec, "run")
         assert out.returncode == 0, out.stdout + out.stderr
     assert lake.rows("orders") == {1: 10, 2: 20}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: an integer cursor from a sequence: a transaction that took "
+    "id 1 and commits after id 2 was read is in no window, and lag_seconds, the documented "
+    "remedy for late rows, is refused on integer cursors",
+)
+def test_an_id_cursor_loses_no_row_committed_out_of_order(lake: Lake, shop: Database) -> None:
+    import pg8000.dbapi
+
+    db = shop
+    db.sql(
+        f"DROP TABLE {TABLE}; CREATE TABLE {TABLE} (id bigint GENERATED ALWAYS AS IDENTITY "
+        "PRIMARY KEY, value bigint, deleted boolean NOT NULL DEFAULT false)"
+    )
+    spec = _spec(lake, db, tie_break="id")
+    spec["upstreams"][0]["cursor"] = "id"
+    spec["upstreams"][0]["tie_break"] = []
+    slow = pg8000.dbapi.connect(
+        user=db.user, password=db.password, host=db.host, port=db.port, database=db.database
+    )
+    try:
+        cursor = slow.cursor()
+        cursor.execute(f"INSERT INTO {TABLE} (value) VALUES (10)")  # takes id 1, not committed
+        db.sql(f"INSERT INTO {TABLE} (value) VALUES (20)")  # id 2, committed first
+        first = lake.cli(spec, "run")
+        assert first.returncode == 0, first.stdout + first.stderr
+        slow.commit()
+    finally:
+        slow.close()
+    again = lake.cli(spec, "run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert lake.rows("orders") == {1: 10, 2: 20}
