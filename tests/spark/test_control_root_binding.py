@@ -261,3 +261,35 @@ def test_a_new_control_root_is_refused_after_a_hundred_unlabelled_target_commits
     _refused_run(
         spark, lake, names=(old_root, new_root), positions=("at position 3", "is at position 1")
     )
+
+
+@pytest.mark.spark
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: a target written by another root's pipeline of another name is "
+    "not refused (the binding looks at labels of this pipeline's name only); the merge "
+    "guard then compares positions of two roots",
+)
+def test_a_target_another_roots_pipeline_of_another_name_wrote_is_refused(
+    spark, tmp_path: Path
+) -> None:
+    from watermark_dagster.config.pipeline import Pipeline
+    from watermark_dagster.errors import TargetBoundElsewhereError
+    from watermark_dagster.write.fences import check_target_bound
+    from watermark_dagster.write.targets import write_target
+
+    path = str(tmp_path / "shared")
+
+    def pipeline(name: str) -> Pipeline:
+        return Pipeline(
+            name=name, upstreams=("src",), target=path, transform=lambda b: b, keys=("id",)
+        )
+
+    rows = spark.createDataFrame([(1, 10, "insert", 1)], "id long, value long, "
+                                 "_change_type string, _commit_version long")  # fmt: skip
+    write_target(
+        spark, rows, pipeline("theirs"), batch_id="b000007", write_seq=7, full_load=True,
+        root="root-a",
+    )  # fmt: skip
+    with pytest.raises(TargetBoundElsewhereError):
+        check_target_bound(pipeline("ours"), "b000001", 1, "root-b", first_attempt=True)
