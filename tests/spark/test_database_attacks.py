@@ -152,3 +152,38 @@ def test_an_id_cursor_loses_no_row_committed_out_of_order(lake: Lake, shop: Data
     again = lake.cli(spec, "run")
     assert again.returncode == 0, again.stdout + again.stderr
     assert lake.rows("orders") == {1: 10, 2: 20}
+
+
+@pytest.fixture(scope="module")
+def mariadb_server() -> Iterator[Database]:
+    with SERVERS["mariadb"]() as database:
+        yield database
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: MariaDB's default collation is case-insensitive: a varchar "
+    "tie-break is pinned by Spark's binary order and filtered by the database's, and the "
+    "row between the two is in no window",
+)
+def test_a_varchar_tie_break_under_mariadb_s_default_collation_loses_no_row(
+    lake: Lake, mariadb_server: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = mariadb_server
+    db.sql(
+        f"DROP TABLE IF EXISTS {TABLE}; "
+        f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, code varchar(10), value bigint, "
+        f"updated_at {db.timestamp_type} NOT NULL, deleted boolean NOT NULL DEFAULT false)"
+    )
+    monkeypatch.setenv("SHOP_USER", "watermark")
+    monkeypatch.setenv("SHOP_PASSWORD", db.password)
+    for i, code in ((1, "a"), (2, "B")):  # binary: 'B' < 'a'; the collation: 'a' < 'B'
+        db.sql(
+            f"INSERT INTO {TABLE} (id, code, value, updated_at) "
+            f"VALUES ({i}, '{code}', {i * 10}, '{_at(1)}')"
+        )
+    spec = _spec(lake, db, tie_break="code")
+    for _ in range(2):
+        out = lake.cli(spec, "run")
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert lake.rows("orders") == {1: 10, 2: 20}
