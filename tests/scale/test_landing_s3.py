@@ -45,3 +45,31 @@ def test_a_landing_folder_on_s3_is_listed_logged_and_checked(s3: S3Server) -> No
     client.put_object(Bucket=s3.bucket, Key="in/a.csv", Body=b"1,2\n3,4\n")
     with pytest.raises(LandingFileChangedError, match=r"'a.csv' \(file 1\) changed"):
         Observer().observe(upstream)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: on S3 a move is a copy and a delete, and the copy gets a new "
+    "modification time: a loaded file moved to a visible archive prefix is logged as a new "
+    "file and loaded twice, where docs/landing.md says the move is refused",
+)
+def test_a_loaded_file_moved_to_a_visible_prefix_on_s3_is_refused(s3: S3Server) -> None:
+    import time
+
+    client = s3.client()
+    client.put_object(Bucket=s3.bucket, Key="in/a.csv", Body=b"1,2\n")
+    upstream = LandingUpstream(
+        name="drops",
+        path=s3.uri("in"),
+        format="csv",
+        settle_seconds=0,
+        storage_options={key: EnvRef(key) for key in s3.environ()},
+    )
+    assert Observer().observe(upstream).latest_version == 1
+    time.sleep(1.1)  # object stores keep whole seconds
+    # `aws s3 mv in/a.csv in/archive/a.csv`: a copy, then a delete.
+    source = {"Bucket": s3.bucket, "Key": "in/a.csv"}
+    client.copy_object(Bucket=s3.bucket, Key="in/archive/a.csv", CopySource=source)
+    client.delete_object(Bucket=s3.bucket, Key="in/a.csv")
+    with pytest.raises(LandingFileChangedError, match="moved"):
+        Observer().observe(upstream)
