@@ -293,3 +293,34 @@ def test_a_target_another_roots_pipeline_of_another_name_wrote_is_refused(
     )  # fmt: skip
     with pytest.raises(TargetBoundElsewhereError):
         check_target_bound(pipeline("ours"), "b000001", 1, "root-b", first_attempt=True)
+
+
+@pytest.mark.spark
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: a restored root's batch at the position its older life wrote "
+    "is refused on its first attempt only: `watermark run --retry` then takes the older "
+    "life's write of that batch id as this batch's, and the rows only the new batch holds "
+    "are skipped, exit 0",
+)
+def test_a_restored_root_refused_once_is_not_taken_as_applied_by_a_retry(
+    spark, tmp_path: Path, dagster_home: Path
+) -> None:
+    lake = up_copy_lake(tmp_path, dagster_home, spark_master="local[1]")
+    run_until_idle = _runner(lake, dagster_home)
+    assert run_until_idle() == 1  # batch 1: ids 0..2
+    copy = tmp_path / "control_after_batch_1"
+    shutil.copytree(tmp_path / "control", copy)
+    commit_rows(tmp_path / "up", [3])
+    assert run_until_idle() == 1  # batch 2 (position 2): id 3
+    shutil.rmtree(tmp_path / "control")
+    shutil.copytree(copy, tmp_path / "control")  # restored: batch 2 never happened
+    commit_rows(tmp_path / "up", [4])
+    first = lake.cli("run", "--json")  # a new batch 2, of ids 3 and 4: refused
+    assert first.returncode != 0, first.stdout + first.stderr
+    assert REFUSED in first.stdout + first.stderr
+    retried = lake.cli("run", "--retry", "--json")
+    if retried.returncode == 0:
+        assert _ids(spark, lake) == [0, 1, 2, 3, 4]
+    else:
+        assert REFUSED in retried.stdout + retried.stderr
