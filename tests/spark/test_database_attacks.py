@@ -187,3 +187,24 @@ def test_a_varchar_tie_break_under_mariadb_s_default_collation_loses_no_row(
         out = lake.cli(spec, "run")
         assert out.returncode == 0, out.stdout + out.stderr
     assert lake.rows("orders") == {1: 10, 2: 20}
+
+
+def test_the_fix_for_rows_without_a_cursor_never_skips_them(lake: Lake, shop: Database) -> None:
+    """Rows that lost their cursor value after batches ran block the upstream; the fix
+    said "give those rows a value (they then load)", and a row given its old value (its
+    creation time, below the committed position) loaded nothing, exit 0. The fix says the
+    value must be after the committed position."""
+    db = shop
+    db.sql(f"ALTER TABLE {TABLE} ALTER COLUMN updated_at DROP NOT NULL")
+    spec = _spec(lake, db, tie_break="id")
+    _insert(db, [(1, 1, 10, 1), (2, 2, 20, 2)])
+    assert lake.cli(spec, "run").returncode == 0
+    db.sql(f"INSERT INTO {TABLE} (id, value, updated_at) VALUES (3, 30, NULL)")
+    blocked = lake.cli(spec, "run")
+    said = " ".join((blocked.stdout + blocked.stderr).split())
+    assert blocked.returncode != 0, said
+    assert "after the committed position" in said, said
+    assert "watermark get -t orders_db" in said, said
+    db.sql(f"UPDATE {TABLE} SET updated_at = '{_at(3)}' WHERE id = 3")
+    assert lake.cli(spec, "run").returncode == 0
+    assert lake.rows("orders") == {1: 10, 2: 20, 3: 30}

@@ -22,7 +22,7 @@ use, and go to the driver only.
 """
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -44,9 +44,11 @@ def top_position_query(upstream: DatabaseUpstream) -> str:
     quote = DRIVERS[upstream.database][1]
     columns = [f"{quote}{c}{quote}" for c in upstream.columns_read]
     order = ", ".join(f"{c} DESC" for c in columns)
+    # A row with a NULL in its position is in no window (counted apart): never the top.
+    present = " AND ".join(f"{c} IS NOT NULL" for c in columns)
     return (
         f"SELECT {', '.join(columns)} FROM {upstream.quoted_table} "
-        f"WHERE {columns[0]} IS NOT NULL ORDER BY {order} LIMIT 1"
+        f"WHERE {present} ORDER BY {order} LIMIT 1"
     )
 
 
@@ -166,16 +168,23 @@ def null_cursor_message(upstream: DatabaseUpstream, count: int) -> str:
     """What an upstream blocked by rows without a cursor value says."""
     return (
         f"Upstream '{upstream.name}': {count} row(s) of {upstream.source_table} have "
-        f"{upstream.cursor} NULL; no window can read them (null_cursor: fail), so nothing "
-        "is planned for it."
+        f"{_position_names(upstream)} NULL; no window can read them (null_cursor: fail), "
+        "so nothing is planned for it."
     )
+
+
+def _position_names(upstream: DatabaseUpstream) -> str:
+    """The columns of a position, for messages: ``updated_at`` or ``updated_at or id``."""
+    return " or ".join([upstream.cursor, *upstream.tie_break])
 
 
 def null_cursor_fix(upstream: DatabaseUpstream) -> str:
     """The fix of rows without a cursor value under ``null_cursor: fail``."""
     return (
-        f"give those rows a {upstream.cursor} value (they then load), or set "
-        "null_cursor: skip on the upstream to load the other rows without them."
+        f"give those rows a {upstream.cursor} value after the committed position (see "
+        f"`watermark get -t {upstream.name}`; the current time is): they then load, while "
+        "a value at or below it, such as the rows' old one, is in no window and never "
+        "loads. Or set null_cursor: skip on the upstream to load the other rows without them."
     )
 
 
@@ -195,11 +204,13 @@ def _fetch(
         cursor = connection.cursor()
         cursor.execute(top_position_query(upstream))
         top = cursor.fetchone()
-        cursor.execute(null_cursor_query(upstream))
-        counted = cursor.fetchone()
         query, params = columns_query(upstream)
         cursor.execute(query, params)
         columns = tuple((str(n), str(t), _yes(v)) for n, t, v in cursor.fetchall())
+        # A tie-break column the catalog declares NOT NULL (a primary key) is not counted.
+        nullable = {n for n, _, may_be_null in columns if may_be_null}
+        cursor.execute(null_cursor_query(upstream, nullable))
+        counted = cursor.fetchone()
         return top, int(counted[0] if counted else 0), columns
     finally:
         connection.close()
@@ -218,14 +229,18 @@ def _yes(value: object) -> bool:
     return value is True or str(value).upper() in ("YES", "TRUE", "T", "1")
 
 
-def null_cursor_query(upstream: DatabaseUpstream) -> str:
-    """The count of the rows whose cursor is NULL, from validated quoted identifiers (an
-    index on the cursor serves it)."""
+def null_cursor_query(upstream: DatabaseUpstream, nullable: Collection[str] | None = None) -> str:
+    """The count of the rows without a position (the cursor or a tie-break column NULL:
+    such a row compares to nothing, so no window holds it), from validated quoted
+    identifiers. Tie-break columns outside ``nullable`` (declared NOT NULL; None: all may
+    be NULL) are left out, so for the usual primary-key tie-break an index on the cursor
+    serves it."""
     quote = DRIVERS[upstream.database][1]
-    return (
-        f"SELECT count(*) FROM {upstream.quoted_table} "
-        f"WHERE {quote}{upstream.cursor}{quote} IS NULL"
-    )
+    columns = [upstream.cursor] + [
+        c for c in upstream.tie_break if nullable is None or c in nullable
+    ]
+    missing = " OR ".join(f"{quote}{c}{quote} IS NULL" for c in columns)
+    return f"SELECT count(*) FROM {upstream.quoted_table} WHERE {missing}"
 
 
 def columns_query(upstream: DatabaseUpstream) -> tuple[str, tuple[str, ...]]:
