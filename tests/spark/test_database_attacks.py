@@ -74,11 +74,6 @@ def _insert(db: Database, rows: list[tuple[int, int | None, int, float]]) -> Non
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: a row whose tie-break value is NULL at a window boundary's "
-    "cursor value is in no window and counted nowhere (exit 0)",
-)
 def test_a_row_whose_tie_break_key_is_null_at_a_boundary_is_loaded_or_refused(
     lake: Lake, shop: Database
 ) -> None:

@@ -84,6 +84,14 @@ def is_time_cursor(source: DataFrame, upstream: CursorUpstream) -> bool:
     return isinstance(dtype, T.TimestampType | T.TimestampNTZType)
 
 
+def _without_position(cols: list[Column]) -> Column:
+    """A row with a NULL in its position (the cursor or a tie-break column)."""
+    missing = cols[0].isNull()
+    for tie in cols[1:]:
+        missing = missing | tie.isNull()
+    return missing
+
+
 def position_columns(source: DataFrame, upstream: CursorUpstream) -> list[Column]:
     """The columns of a row's position: the effective cursor, then the tie-break keys."""
     return [cursor_value(source, upstream)] + [F.col(f"`{k}`") for k in upstream.tie_break]
@@ -118,7 +126,11 @@ def in_window(source: DataFrame, upstream: CursorUpstream, window: CursorWindow)
         cols = [F.col(f"`{c}`") for c in upstream.columns_read]
     else:
         cols = position_columns(source, upstream)
+    # A NULL anywhere in a position compares to nothing: such rows are in no window, and
+    # counted as rows without a position (pin_end).
     cond = cols[0].isNotNull()
+    for tie in cols[1:]:
+        cond = cond & tie.isNotNull()
     if window.start:
         start = _literals(source, upstream, window.start)
         cond = cond & _compare(cols, start, strict=True, greater=True)
@@ -174,7 +186,7 @@ def positions_after(source: DataFrame, upstream: CursorUpstream, window: CursorW
     if not isinstance(upstream, DatabaseUpstream):
         return source
     after = in_window(source, upstream, CursorWindow(window.start, None))
-    no_cursor = F.col(f"`{upstream.cursor}`").isNull()
+    no_cursor = _without_position([F.col(f"`{c}`") for c in upstream.columns_read])
     return source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after | no_cursor)
 
 
@@ -231,7 +243,7 @@ def pin_end(
         F.max(F.when(after & below, struct)).alias("end"),
         F.sum(F.when(after & ~below, 1).otherwise(0)).alias("held_back"),
         F.min(F.when(after & ~below, cols[0])).alias("first_held"),
-        F.sum(F.when(cols[0].isNull(), 1).otherwise(0)).alias("no_cursor"),
+        F.sum(F.when(_without_position(cols), 1).otherwise(0)).alias("no_cursor"),
     ).first()
     assert row is not None
     first_held = row["first_held"]
