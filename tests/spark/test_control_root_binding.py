@@ -237,12 +237,6 @@ def test_an_older_release_transaction_is_this_roots_only_below_the_batch(
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: another root's binding is found only among the target's last "
-    "100 commits; after 100 unlabelled commits (maintenance, property changes) a new root's "
-    "batch 1 writes under the old root's _wm_seq positions",
-)
 def test_a_new_control_root_is_refused_after_a_hundred_unlabelled_target_commits(
     spark, tmp_path: Path, dagster_home: Path
 ) -> None:
@@ -264,12 +258,6 @@ def test_a_new_control_root_is_refused_after_a_hundred_unlabelled_target_commits
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: a target written by another root's pipeline of another name is "
-    "not refused (the binding looks at labels of this pipeline's name only); the merge "
-    "guard then compares positions of two roots",
-)
 def test_a_target_another_roots_pipeline_of_another_name_wrote_is_refused(
     spark, tmp_path: Path
 ) -> None:
@@ -291,8 +279,13 @@ def test_a_target_another_roots_pipeline_of_another_name_wrote_is_refused(
         spark, rows, pipeline("theirs"), batch_id="b000007", write_seq=7, full_load=True,
         root="root-a",
     )  # fmt: skip
-    with pytest.raises(TargetBoundElsewhereError):
+    # Issue 64's attack: the binding looked at labels of this pipeline's name only, and the
+    # merge guard then compared positions of two roots.
+    with pytest.raises(TargetBoundElsewhereError) as refused:
         check_target_bound(pipeline("ours"), "b000001", 1, "root-b", first_attempt=True)
+    text = str(refused.value)
+    for part in (path, "control root root-a", "theirs's batch b000007", "watermark:root-a:theirs"):
+        assert part in text, (part, text)
 
 
 @pytest.mark.spark

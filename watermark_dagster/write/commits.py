@@ -251,13 +251,14 @@ def parse_label(commit: Mapping[str, Any]) -> LabelledWrite | None:
 
 
 def newest_labelled_write(
-    table: RsDeltaTable, pipeline: str, *, newest: int | None = None
+    table: RsDeltaTable, pipeline: str | None, *, newest: int | None = None
 ) -> LabelledWrite | None:
     """The newest of the target's last ``newest`` commits (default :data:`RECENT_COMMITS`)
-    that a write, preparation or fence of ``pipeline`` labelled, whichever root made it."""
+    that a write, preparation or fence of ``pipeline`` (None: of any pipeline) labelled,
+    whichever root made it."""
     for commit in commit_history(table, newest or RECENT_COMMITS):
         write = parse_label(commit)
-        if write is not None and write.pipeline == pipeline:
+        if write is not None and pipeline in (None, write.pipeline):
             return write
     return None
 

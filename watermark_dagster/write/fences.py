@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import resolved_options
+from watermark_dagster.core.columns import SEQ_COLUMN
 from watermark_dagster.errors import (
     BatchStateError,
     TargetBoundElsewhereError,
@@ -121,7 +122,9 @@ def _bound_elsewhere(
     theirs = "" if position is None else f" at position {position}"
     resets = " and ".join(f"`{reset_command(u)} --yes`" for u in pipeline.upstreams)
     by = (
-        f"control root {other_root}"
+        "a control root whose labelled commits are gone from the target's history"
+        if other_root == ""
+        else f"control root {other_root}"
         if other_root is not None and other_root != root
         else (
             "an older release (its transaction names no control root)"
@@ -164,8 +167,8 @@ def refuse_bound_elsewhere(
 
     Refused when:
 
-    * the newest write, preparation or fence of the pipeline among the target's recent
-      commits was labelled by another root;
+    * the newest write, preparation or fence among the target's recent commits (of this
+      pipeline or another) was labelled by another root;
     * this root's own transaction is ahead of the batch's position, or at it on the batch's
       first attempt (which cannot have written yet: the attempt is recorded before the
       write), which means the root was restored from an older copy;
@@ -184,12 +187,15 @@ def refuse_bound_elsewhere(
             pipeline, batch_id, write_seq, root, what=what, position=position, other_root=other
         )
 
-    newest: LabelledWrite | None = newest_labelled_write(table, pipeline.name)
+    # Any pipeline's: another root's pipeline of another name writing this target is
+    # another history all the same (its positions are not this root's).
+    newest: LabelledWrite | None = newest_labelled_write(table, None)
     if newest is not None and newest.root is not None and newest.root != root:
-        other_id = f"watermark:{newest.root}:{pipeline.name}"
+        other_id = f"watermark:{newest.root}:{newest.pipeline}"
         theirs = table.transaction_version(other_id)
         refuse(
-            f"its version {newest.version}, labelled for batch {newest.batch_id}; Delta "
+            f"its version {newest.version}, labelled for {newest.pipeline}'s batch "
+            f"{newest.batch_id}; Delta "
             f"transaction {other_id}",
             theirs if theirs is not None else newest.seq,
             newest.root,
@@ -210,6 +216,32 @@ def refuse_bound_elsewhere(
     old = table.transaction_version(old_id)
     if old is not None and (old > write_seq or (old == write_seq and first_attempt)):
         refuse(f"Delta transaction {old_id}", old, None)
+    # This root never wrote the target, and no label is among its recent commits (many
+    # unlabelled commits since: maintenance, property changes). Its rows still carry the
+    # positions they were written at: rows ahead of the batch are another root's, and the
+    # version guard would keep them over the batch's changes.
+    highest = highest_row_seq(table)
+    if highest is not None and highest > write_seq and (old is None or highest > old):
+        found = newest_labelled_write(table, pipeline.name, newest=table.version() + 1)
+        refuse(
+            f"rows at position {highest} in its {SEQ_COLUMN} column"
+            + (f", the newest labelled write its version {found.version}" if found else ""),
+            highest,
+            found.root if found is not None and found.root is not None else "",
+        )
+
+
+def highest_row_seq(table: RsDeltaTable) -> int | None:
+    """The greatest ``_wm_seq`` of the target's rows, from its files' statistics in the
+    Delta log (no data file is read); None when the column or its statistics are absent."""
+    import pyarrow.compute as pc
+
+    actions = table.get_add_actions(flatten=True)
+    name = f"max.{SEQ_COLUMN}"
+    if name not in actions.column_names:
+        return None
+    top = pc.max(actions.column(name)).as_py()  # pyright: ignore[reportAttributeAccessIssue]
+    return None if top is None else int(top)
 
 
 def check_target_bound(
