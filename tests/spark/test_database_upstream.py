@@ -287,7 +287,7 @@ def test_windows_are_filtered_and_pinned_in_the_database(lake: Lake, shop: Datab
     assert "GreaterThan(id,2)" in pushed, plan
     assert "LessThan(id,6)" in pushed or "LessThanOrEqual(id,6)" in pushed, plan
     # Every comparison reached the database (marked * : no Filter above the scan).
-    assert pushed.startswith("*IsNotNull(updated_at), *Or("), plan
+    assert pushed.startswith("*IsNotNull(updated_at), *IsNotNull(id), *Or("), plan
 
     plan = _plan(
         lake.spark,

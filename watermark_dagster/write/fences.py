@@ -234,9 +234,10 @@ def refuse_bound_elsewhere(
 def highest_row_seq(table: RsDeltaTable) -> int | None:
     """The greatest ``_wm_seq`` of the target's rows, from its files' statistics in the
     Delta log (no data file is read); None when the column or its statistics are absent."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    actions = table.get_add_actions(flatten=True)
+    actions = pa.table(table.get_add_actions(flatten=True))
     name = f"max.{SEQ_COLUMN}"
     if name not in actions.column_names:
         return None
