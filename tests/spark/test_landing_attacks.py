@@ -155,3 +155,47 @@ def test_a_file_log_restored_from_an_older_copy_loses_and_repeats_nothing(lake: 
         assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30)]
     else:
         assert _log_rows(lake) == [(1, 10), (2, 20), (3, 30), (4, 40)]
+
+
+def test_two_upstreams_over_one_folder_do_not_share_a_file_log(lake: Lake) -> None:
+    """CSV and JSON files in one folder, read by two upstreams (``*.csv``, ``*.json``):
+    both logs default to ``<folder>/_watermark_files``, so each upstream numbered its files
+    in the other's log, and each batch read the other's files in its own format (exit
+    0). Refused, naming the log and the fix; nothing is written."""
+    folder = lake.root / "landing"
+    write_csv(folder, "a.csv", [(1, 10)])
+    (folder / "b.json").write_text('{"id": 2, "value": 20}\n')
+    common = {"kind": "landing", "path": str(folder), "settle_seconds": 0}
+    schema = "id BIGINT, value BIGINT"
+    upstreams = [
+        {"name": "csv_drops", "format": "csv", "pattern": "*.csv", "file_schema": schema},
+        {"name": "json_drops", "format": "json", "pattern": "*.json", "file_schema": schema},
+    ]
+    pipes = [
+        {
+            "name": f"{u['name']}_log",
+            "upstreams": [u["name"]],
+            "target": lake.path(u["name"]),
+            "transform": "appended",
+            "write": "append",
+            "keys": [],
+        }
+        for u in upstreams
+    ]
+    spec = lake.spec([{**common, **u} for u in upstreams], pipes)
+    out = lake.cli(spec, "run", "--json")
+    said = out.stdout + out.stderr
+    written = {
+        u["name"]: sorted(
+            ((r["id"], r["value"]) for r in lake.table(u["name"]).collect()), key=repr
+        )
+        for u in upstreams
+        if Path(lake.path(u["name"])).exists()
+    }
+    if out.returncode == 0:
+        assert written == {"csv_drops": [(1, 10)], "json_drops": [(2, 20)]}, said
+    else:
+        assert "_watermark_files" in said, said
+        assert "files_log" in said, said
+        for rows in written.values():
+            assert rows in ([(1, 10)], [(2, 20)]), written

@@ -31,7 +31,11 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.ranges import VersionRange
-from watermark_dagster.errors import CommitConflictError, LandingFileChangedError
+from watermark_dagster.errors import (
+    CommitConflictError,
+    LandingFileChangedError,
+    UpstreamUnavailableError,
+)
 from watermark_dagster.observe.landing_files import FileStat, stat_files
 from watermark_dagster.observe.log import is_local, latest_local_version
 
@@ -97,9 +101,14 @@ class FileLog:
         self._state: LogState | None = None
         self._lock = threading.Lock()
 
+    @property
+    def table_name(self) -> str:
+        """The name the log's Delta table is created with: it says whose log it is."""
+        return f"watermark_files_{self.upstream.name}"
+
     def _open(self, *, create: bool) -> DeltaTable | None:
         try:
-            return DeltaTable(self.uri, storage_options=self.options)
+            return self._owned(DeltaTable(self.uri, storage_options=self.options))
         except TableNotFoundError:
             if not create:
                 return None
@@ -108,13 +117,36 @@ class FileLog:
                 self.uri,
                 LOG_SCHEMA,
                 mode="ignore",
-                name=f"watermark_files_{self.upstream.name}",
+                name=self.table_name,
                 storage_options=self.options,
             )
         except DeltaError:
             if not DeltaTable.is_deltatable(self.uri, storage_options=self.options):
                 raise
-        return DeltaTable(self.uri, storage_options=self.options)
+        return self._owned(DeltaTable(self.uri, storage_options=self.options))
+
+    def _owned(self, dt: DeltaTable) -> DeltaTable:
+        """``dt`` when it is this upstream's log.
+
+        Raises:
+            UpstreamUnavailableError: it is another upstream's log (two upstreams over one
+                folder both default to ``<folder>/_watermark_files``): numbered in one log,
+                each upstream's batches would read the other's files in its own format.
+        """
+        name = dt.metadata().name
+        if name is None or name == self.table_name:
+            return dt
+        owner = name.removeprefix("watermark_files_")
+        raise UpstreamUnavailableError(
+            f"{self.upstream.owner}: its file log {self.uri} is the file log of upstream "
+            f"'{owner}' (its table is named {name!r}): two upstreams numbering files in one "
+            "log would each read the other's files. Nothing is logged or read.",
+            upstream=self.upstream.name,
+            fix=f"give '{self.upstream.name}' its own files_log (a folder of its own, e.g. "
+            f"{self.upstream.path.rstrip('/')}/_watermark_files_{self.upstream.name}), or, "
+            f"if '{owner}' was renamed '{self.upstream.name}', move its log aside and run "
+            f"`watermark reset -t {self.upstream.name}` (every file there loads again).",
+        )
 
     def state(self, *, create: bool = True) -> LogState | None:
         """Every file logged, reread only when the log's version moved (None: there is no
