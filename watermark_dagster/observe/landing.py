@@ -182,7 +182,9 @@ def observe_landing(upstream: LandingUpstream, log: FileLog, *, record: bool = T
         NoFileLandedError: no file landed yet (the upstream waits; nothing is wrong).
         LandingFileChangedError: a logged file changed (size or modification time).
     """
-    state = log.state(create=record) or LogState("", 0)
+    # The log is created by its first files only: the folder is listed first (by default
+    # the log lives inside it, and creating it would create a missing folder).
+    state = log.state(create=False) or LogState("", 0)
     look = look_at_folder(upstream, state)
     latest = look.latest
     if look.new and record:
