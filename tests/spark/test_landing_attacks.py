@@ -67,11 +67,6 @@ def test_names_with_spaces_percent_unicode_and_colons_read_their_own_file(lake: 
     assert _log_rows(lake) == [(i, i * 10) for i in range(1, len(names) + 1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: a cp -p copy seen while its logged original still exists is "
-    "logged as a new file; removing the original then leaves every row loaded twice",
-)
 def test_a_copy_kept_beside_its_original_then_the_original_removed_is_not_loaded_twice(
     lake: Lake,
 ) -> None:

@@ -178,7 +178,7 @@ def test_ten_thousand_files_are_pinned_by_one_plan_as_a_range(tmp_path: Path) ->
 def test_a_logged_file_under_a_new_path_is_a_move_and_is_refused(tmp_path: Path) -> None:
     """Known by path + size + modification time: a new path with a vanished logged file's
     size and mtime is that file moved; nothing is logged. A copy (the logged file still
-    there) is a new file; a file moved where the listing never looks is a removal."""
+    there) is refused the same way; a file moved where the listing never looks is a removal."""
     folder = tmp_path / "in"
     a = _write(folder, "a.csv", "1,2\n", mtime=5_000)
     upstream = _landing(folder)
@@ -202,8 +202,16 @@ def test_a_logged_file_under_a_new_path_is_a_move_and_is_refused(tmp_path: Path)
     (folder / "_archive").mkdir()
     (folder / "archive" / "a.csv").rename(folder / "_archive" / "a.csv")
     assert Observer().observe(upstream).latest_version == 2
-    # A copy that keeps the mtime while the logged file is still there is a new file.
+    # A copy that keeps the mtime while the logged file is still there (`cp -p`, or a move
+    # done as copy then delete, seen halfway) holds rows loaded already: refused too.
     copy = _write(folder, "copy.csv", "3,4\n")
     b_mtime = (folder / "b.csv").stat().st_mtime_ns
     os.utime(copy, ns=(b_mtime, b_mtime))
+    with pytest.raises(LandingFileChangedError) as raised:
+        Observer().observe(upstream)
+    assert "of 'b.csv' (file 2), which is still there: it was copied" in str(raised.value)
+    assert raised.value.fix is not None
+    assert raised.value.fix.startswith("remove the copy")
+    # Given its own modification time, it is new content: logged as a new file.
+    os.utime(copy, ns=(b_mtime + 1_000, b_mtime + 1_000))
     assert Observer().observe(upstream).latest_version == 3

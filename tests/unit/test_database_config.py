@@ -223,8 +223,8 @@ def test_the_look_at_a_table_asks_for_its_top_position_from_quoted_identifiers(
     q = quote
     assert top_position_query(upstream) == (
         f"SELECT {q}updated_at{q}, {q}id{q} FROM {q}public{q}.{q}orders{q} "
-        f"WHERE {q}updated_at{q} IS NOT NULL AND {q}id{q} IS NOT NULL ORDER BY {q}updated_at{q} DESC, {q}id{q} DESC "
-        "LIMIT 1"
+        f"WHERE {q}updated_at{q} IS NOT NULL AND {q}id{q} IS NOT NULL "
+        f"ORDER BY {q}updated_at{q} DESC, {q}id{q} DESC LIMIT 1"
     )
 
 

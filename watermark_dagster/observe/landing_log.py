@@ -247,7 +247,9 @@ class FileLog:
 
 def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileStat]) -> None:
     """Fail when one of ``new`` (paths the log does not hold) has the size and modification
-    time of a logged file that is gone from its logged path: a move, not a new file.
+    time of a logged file: gone from its logged path, it was moved; still there, it was
+    copied (``cp -p``, or a move done as copy then delete, seen halfway). Either way its
+    rows are the logged file's, loaded (or pinned) already: not a new file.
 
     Raises:
         LandingFileChangedError: naming both paths, the logged file's number and the fix.
@@ -257,24 +259,34 @@ def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileS
     if not same:
         return
     now = stat_files(upstream, [f.path for f in same])
-    gone: dict[tuple[int, int], LoggedFile] = {}
-    for f in sorted(same, key=lambda f: f.ordinal):
-        if now[f.path] is None:
-            gone.setdefault((f.size, f.mtime_ns), f)
+    known: dict[tuple[int, int], LoggedFile] = {}
+    # A logged file gone from its path is the likelier origin (a move) than one still there.
+    for f in sorted(same, key=lambda f: (now[f.path] is not None, f.ordinal)):
+        known.setdefault((f.size, f.mtime_ns), f)
     for found in new:
-        logged = gone.get((found.size, found.mtime_ns))
+        logged = known.get((found.size, found.mtime_ns))
         if logged is None:
             continue
+        how = (
+            "which is gone from its logged path: it was moved"
+            if now[logged.path] is None
+            else "which is still there: it was copied (a move done as copy then delete looks "
+            "like this until the delete)"
+        )
         raise LandingFileChangedError(
             f"{upstream.owner}: landing file {found.path!r} has the size ({found.size}) and "
             f"modification time ({logged.mtime.isoformat()}) of {logged.path!r} (file "
-            f"{logged.ordinal}), which is gone from its logged path: it was moved, and its "
-            "rows were loaded (or are pinned) already under that number. Nothing is logged "
-            "or loaded until it is resolved.",
+            f"{logged.ordinal}), {how}, and its rows were loaded (or are pinned) already "
+            "under that number. Nothing is logged or loaded until it is resolved.",
             upstream=upstream.name,
             versions=f"file {logged.ordinal}",
-            fix=f"move it back to {logged.path!r}, or archive it where the folder's listing "
-            "never looks (outside the folder, or under a folder or name starting with '_' "
-            f"or '.'); write temporary files there too. If {found.path!r} is new content, "
-            "give it a new modification time (`touch` it) and it is loaded as a new file.",
+            fix=(
+                f"move it back to {logged.path!r}, or archive it"
+                if now[logged.path] is None
+                else "remove the copy, or keep copies"
+            )
+            + " where the folder's listing never looks (outside the folder, or under a folder "
+            "or name starting with '_' or '.'); write temporary files there too. If "
+            f"{found.path!r} is new content, give it a new modification time (`touch` it) "
+            "and it is loaded as a new file.",
         )
