@@ -289,13 +289,6 @@ def test_a_target_another_roots_pipeline_of_another_name_wrote_is_refused(
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: a restored root's batch at the position its older life wrote "
-    "is refused on its first attempt only: `watermark run --retry` then takes the older "
-    "life's write of that batch id as this batch's, and the rows only the new batch holds "
-    "are skipped, exit 0",
-)
 def test_a_restored_root_refused_once_is_not_taken_as_applied_by_a_retry(
     spark, tmp_path: Path, dagster_home: Path
 ) -> None:

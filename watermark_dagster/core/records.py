@@ -3,7 +3,7 @@ their statuses, as the store reads and writes them. Plain data, no I/O."""
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -186,14 +186,71 @@ class Checkpoint:
     started_at: datetime
     finished_at: datetime | None
     error: str | None
+    target_version: int | None = None
+    target_position: int | None = None
+
+    @property
+    def mark(self) -> "TargetMark | None":
+        """What the target held when this attempt began (None: an older release's row)."""
+        if self.target_version is None:
+            return None
+        return TargetMark(self.target_version, self.target_position)
+
+
+@dataclass(frozen=True)
+class TargetMark:
+    """What a pipeline's target held when an attempt of a batch began, before it could
+    write: the target's Delta version (-1: no target yet) and the position of this control
+    root's Delta transaction of the pipeline (None: none).
+
+    Recorded with each attempt. A write of the batch is a commit after its first attempt's
+    mark; a position the transaction already held at that mark was written by an earlier
+    life of the root (restored from an older copy), never by this batch.
+    """
+
+    version: int
+    position: int | None
+
+    def holds(self, write_seq: int) -> bool:
+        """Whether the transaction was at or past ``write_seq`` already at the mark."""
+        return self.position is not None and self.position >= write_seq
+
+    def before(self, version: int) -> bool:
+        """Whether a commit at ``version`` of the target came before the mark."""
+        return version <= self.version
+
+
+def first_mark(attempts: Iterable[Checkpoint]) -> TargetMark | None:
+    """The mark of the earliest attempt among ``attempts`` (one pipeline on one batch),
+    or None when it has none (no attempt, or recorded by an older release)."""
+    ordered = sorted(attempts, key=lambda c: c.attempt)
+    return ordered[0].mark if ordered else None
 
 
 def running_checkpoint(
-    pipeline: str, batch_id: str, attempt: int, *, run_id: str | None, at: datetime
+    pipeline: str,
+    batch_id: str,
+    attempt: int,
+    *,
+    run_id: str | None,
+    at: datetime,
+    mark: TargetMark | None = None,
 ) -> Checkpoint:
-    """A new RUNNING attempt of ``pipeline`` on ``batch_id``, started ``at``."""
+    """A new RUNNING attempt of ``pipeline`` on ``batch_id``, started ``at`` with the
+    target as ``mark`` found it."""
     return Checkpoint(
-        pipeline, batch_id, attempt, CheckpointStatus.RUNNING, None, None, run_id, at, None, None
+        pipeline,
+        batch_id,
+        attempt,
+        CheckpointStatus.RUNNING,
+        None,
+        None,
+        run_id,
+        at,
+        None,
+        None,
+        None if mark is None else mark.version,
+        None if mark is None else mark.position,
     )
 
 

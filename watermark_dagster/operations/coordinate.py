@@ -160,7 +160,11 @@ def reloads_after_abandon(
             if name in holding or pipeline is None:
                 continue
             evidence = applied_by_target(
-                pipeline, newest.batch_id, newest.write_seq, root=store.root_id()
+                pipeline,
+                newest.batch_id,
+                newest.write_seq,
+                root=store.root_id(),
+                attempts=store.checkpoints(batch_id=newest.batch_id, pipeline=name),
             )
             if evidence is not None:
                 holding.add(name)

@@ -367,7 +367,13 @@ def recover_applied(
         pipeline = registry.pipelines.get(name)
         if name in done or pipeline is None:
             continue
-        evidence = applied_by_target(pipeline, batch_id, batch.write_seq, root=store.root_id())
+        evidence = applied_by_target(
+            pipeline,
+            batch_id,
+            batch.write_seq,
+            root=store.root_id(),
+            attempts=store.checkpoints(batch_id=batch_id, pipeline=name),
+        )
         if evidence is None:
             continue
         _record_recovered(store, name, batch_id, evidence, actor=actor)
@@ -434,7 +440,14 @@ def fence_batch(
         options = resolved_options(pipeline.storage_options) or {}
         if existing_target(pipeline.target, options) is None:
             continue  # no log to fence: the next plan finds a late write (reloads_after_abandon)
-        fence = fence_target(spark(), pipeline, batch_id, batch.write_seq, root=store.root_id())
+        fence = fence_target(
+            spark(),
+            pipeline,
+            batch_id,
+            batch.write_seq,
+            root=store.root_id(),
+            attempts=store.checkpoints(batch_id=batch_id, pipeline=name),
+        )
         if fence.applied is not None:
             _record_recovered(store, name, batch_id, fence.applied, actor=actor)
             recovered.append(name)

@@ -26,11 +26,13 @@ from watermark_dagster.core.records import (
     CheckpointStatus,
     default_actor,
 )
-from watermark_dagster.errors import UsageError
+from watermark_dagster.errors import UsageError, replay_refused
 
 if TYPE_CHECKING:
     from watermark_dagster.config.landing import LandingUpstream
+    from watermark_dagster.config.pipeline import Pipeline
     from watermark_dagster.config.registry import Registry
+    from watermark_dagster.read.inputs import UpstreamInput
     from watermark_dagster.store import WatermarkStore
 
 
@@ -441,3 +443,35 @@ def start_backfill_replay(
         actor=actor or default_actor(),
         reason=reason,
     )
+
+
+def refuse_reloading_replay(
+    pipeline: "Pipeline", batch: Batch, inputs: "Mapping[str, UpstreamInput]", *, full_load: bool
+) -> None:
+    """A replay re-applies its range's changes through the version-guarded MERGE, or
+    nothing: one whose range would be read as a snapshot (an append-only range that changed
+    rows, ``on_data_change="snapshot"``), that the batch loads fully, or whose target does
+    not exist, is refused before anything is written (I1, I5: a reload at the replay's old
+    position would overwrite the newer rows, and a target created by a replay would hold
+    its range alone, never reloaded).
+
+    Raises:
+        ReplayRefusedError: naming why, with the fix.
+    """
+    from watermark_dagster.config.secrets import resolved_options
+    from watermark_dagster.write.commits import existing_target
+
+    snapshots = sorted(u for u, i in inputs.items() if i.reads_snapshot)
+    why = None
+    if snapshots:
+        why = (
+            f"upstream(s) {snapshots} would be read as a snapshot (commits in the range "
+            "update or delete rows, and there is no change data feed to read them as changes)"
+        )
+    elif full_load:
+        why = "the batch loads the pipeline fully from snapshots"
+    elif existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is None:
+        why = f"its target {pipeline.target} does not exist"
+    if why is not None:
+        upstream = snapshots[0] if snapshots else next(iter(pipeline.upstreams), None)
+        raise replay_refused(pipeline.name, batch.batch_id, why, upstream=upstream)

@@ -28,7 +28,7 @@ from watermark_dagster.core.records import (
     CheckpointStatus,
 )
 from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice, choose_strategy
-from watermark_dagster.errors import BatchStateError, TerminalError, error_line, replay_refused
+from watermark_dagster.errors import BatchStateError, TerminalError, error_line
 from watermark_dagster.operations.coordinate import committed_fingerprint
 from watermark_dagster.operations.decide import (
     InputReport,
@@ -36,6 +36,7 @@ from watermark_dagster.operations.decide import (
     PipelineOutcome,
     decide_pipeline,
 )
+from watermark_dagster.operations.replay import refuse_reloading_replay
 from watermark_dagster.read.catalog import check_catalog_names, register_table
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.database_schema import check_batch_columns
@@ -43,7 +44,7 @@ from watermark_dagster.read.derive import transform_of, transformed
 from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import existing_target, root_prefix
-from watermark_dagster.write.fences import check_target_bound
+from watermark_dagster.write.fences import check_target_bound, target_mark
 from watermark_dagster.write.targets import write_target
 
 log = logging.getLogger("watermark_dagster")
@@ -121,10 +122,12 @@ def run_pipeline(
         return decision.skipped_outcome()
     pipeline, batch = decision.pipeline, decision.batch
     pipeline_name, batch_id = pipeline.name, batch.batch_id
-    attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id)
+    root = store.root_id()
+    mark = target_mark(pipeline, root)  # before this attempt can write (see TargetMark)
+    attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id, mark=mark)
+    first = mark if attempt == 1 else store.first_mark(pipeline_name, batch_id)
     inputs: dict[str, UpstreamInput] = {}
     full_load = pipeline_name in batch.full_load
-    root = store.root_id()
     try:
         # A target another control root wrote, or this root ahead of the batch (restored
         # from an older copy): refused before anything is read, skipped or written.
@@ -134,6 +137,7 @@ def run_pipeline(
             batch.write_seq,
             root,
             first_attempt=attempt == 1,
+            first=first,
             replay=batch.kind is BatchKind.REPLAY,
         )
         # I6 for catalog names: each must still point where the batch expects it, checked
@@ -230,6 +234,7 @@ def run_pipeline(
                 replay=replay,
                 retried=attempt > 1,
                 root=root,
+                first=first,
             )
         except Exception as e:  # files of a pinned input gone: named, as a read's are (I6)
             named = unreadable_in_write(inputs, e)
@@ -370,35 +375,6 @@ def _refuse_abandoned(store: WatermarkStore, pipeline_name: str, batch_id: str) 
             batch_id=batch_id,
             fix="nothing to do: the next batch reads the abandoned batch's ranges again.",
         )
-
-
-def refuse_reloading_replay(
-    pipeline: Pipeline, batch: Batch, inputs: Mapping[str, UpstreamInput], *, full_load: bool
-) -> None:
-    """A replay re-applies its range's changes through the version-guarded MERGE, or
-    nothing: one whose range would be read as a snapshot (an append-only range that changed
-    rows, ``on_data_change="snapshot"``), that the batch loads fully, or whose target does
-    not exist, is refused before anything is written (I1, I5: a reload at the replay's old
-    position would overwrite the newer rows, and a target created by a replay would hold
-    its range alone, never reloaded).
-
-    Raises:
-        ReplayRefusedError: naming why, with the fix.
-    """
-    snapshots = sorted(u for u, i in inputs.items() if i.reads_snapshot)
-    why = None
-    if snapshots:
-        why = (
-            f"upstream(s) {snapshots} would be read as a snapshot (commits in the range "
-            "update or delete rows, and there is no change data feed to read them as changes)"
-        )
-    elif full_load:
-        why = "the batch loads the pipeline fully from snapshots"
-    elif existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is None:
-        why = f"its target {pipeline.target} does not exist"
-    if why is not None:
-        upstream = snapshots[0] if snapshots else next(iter(pipeline.upstreams), None)
-        raise replay_refused(pipeline.name, batch.batch_id, why, upstream=upstream)
 
 
 def _at_planned_locations(registry: Registry, pipeline: Pipeline, batch: Batch) -> Registry:

@@ -11,6 +11,8 @@ from watermark_dagster.core.records import (
     BatchKind,
     Checkpoint,
     CheckpointStatus,
+    TargetMark,
+    first_mark,
     running_checkpoint,
     seq_of,
 )
@@ -24,19 +26,35 @@ class Checkpoints(ControlTables):
     """Writes and reads of ``pipeline_checkpoints``, one part of
     :class:`~watermark_dagster.store.store.WatermarkStore`."""
 
-    def begin_checkpoint(self, pipeline: str, batch_id: str, *, run_id: str | None) -> int:
-        """Record a RUNNING attempt of ``pipeline`` on ``batch_id``; returns the attempt number."""
+    def begin_checkpoint(
+        self,
+        pipeline: str,
+        batch_id: str,
+        *,
+        run_id: str | None,
+        mark: TargetMark | None = None,
+    ) -> int:
+        """Record a RUNNING attempt of ``pipeline`` on ``batch_id``, with what its target
+        held before it (``mark``: see :class:`~watermark_dagster.core.records.TargetMark`);
+        returns the attempt number."""
 
         def decide(dt: DeltaTable) -> int:
             rows = self._rows(
                 dt, where(pipeline=pipeline, batch_id=batch_id), buckets=[bucket_of(batch_id)]
             )
             attempt = 1 + max((r["attempt"] for r in rows), default=0)
-            running = running_checkpoint(pipeline, batch_id, attempt, run_id=run_id, at=codec.now())
+            running = running_checkpoint(
+                pipeline, batch_id, attempt, run_id=run_id, at=codec.now(), mark=mark
+            )
             self._insert(dt, CHECKPOINTS, [codec.checkpoint_row(running)])
             return attempt
 
         return self._cas(CHECKPOINTS, decide)
+
+    def first_mark(self, pipeline: str, batch_id: str) -> TargetMark | None:
+        """What ``pipeline``'s target held when its first attempt on ``batch_id`` began
+        (None: never attempted, or recorded by an older release)."""
+        return first_mark(self.checkpoints(batch_id=batch_id, pipeline=pipeline))
 
     def finish_checkpoint(
         self,

@@ -80,6 +80,10 @@ PIPELINE_CHECKPOINTS = pa.schema(
         pa.field("finished_at", TS),
         pa.field("error", pa.string()),
         pa.field("bucket", pa.int64(), nullable=False),
+        # What the target held when the attempt began (TargetMark): its Delta version (-1:
+        # none yet) and this root's transaction position of the pipeline.
+        pa.field("target_version", pa.int64()),
+        pa.field("target_position", pa.int64()),
     ]
 )
 

@@ -14,7 +14,7 @@ it checked before, cannot commit afterwards; Delta skips its write, or fails it 
 read the target before the fence landed (:func:`refuse_fenced` says so).
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deltalake import DeltaTable as RsDeltaTable
@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.columns import SEQ_COLUMN
+from watermark_dagster.core.records import Checkpoint, TargetMark, first_mark
 from watermark_dagster.errors import (
     BatchStateError,
     TargetBoundElsewhereError,
@@ -55,7 +56,12 @@ def legacy_app_id(pipeline: Pipeline) -> str:
 
 
 def applied_by_target(
-    pipeline: Pipeline, batch_id: str, write_seq: int, *, root: str
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    *,
+    root: str,
+    attempts: Sequence[Checkpoint] | None = None,
 ) -> str | None:
     """What shows that ``pipeline``'s target already holds its write for batch
     ``batch_id`` (at position ``write_seq``) of control root ``root``, or None when nothing
@@ -69,14 +75,42 @@ def applied_by_target(
     rows: a fenced batch has no evidence. A write that committed nothing leaves none, and
     re-reading its range writes nothing twice either. What another root wrote is never
     evidence (:func:`refuse_bound_elsewhere` refuses it before a run skips anything).
+
+    ``attempts`` are the pipeline's checkpoints on the batch, when the caller has them: a
+    batch never attempted wrote nothing, and only what landed after its first attempt's
+    mark is its write (:class:`~watermark_dagster.core.records.TargetMark`).
     """
+    if attempts is not None and not attempts:
+        return None
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
-    return None if table is None else evidence_in(table, pipeline, batch_id, write_seq, root)
+    if table is None:
+        return None
+    since = None if attempts is None else first_mark(attempts)
+    return evidence_in(table, pipeline, batch_id, write_seq, root, since=since)
+
+
+def target_mark(pipeline: Pipeline, root: str) -> TargetMark:
+    """What ``pipeline``'s target holds now, before an attempt of a batch of control root
+    ``root`` writes: its version and this root's transaction position (through delta-rs,
+    no Spark job)."""
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
+    table = existing_target(pipeline.target, options)
+    if table is None:
+        return TargetMark(-1, None)
+    return TargetMark(
+        table.version(), table.transaction_version(transaction_app_id(pipeline, root))
+    )
 
 
 def evidence_in(
-    table: RsDeltaTable, pipeline: Pipeline, batch_id: str, write_seq: int, root: str
+    table: RsDeltaTable,
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    root: str,
+    *,
+    since: TargetMark | None = None,
 ) -> str | None:
     """:func:`applied_by_target` on a target's log already opened.
 
@@ -84,27 +118,37 @@ def evidence_in(
     taken as this root's when its position is the batch's: a write the older release
     committed just before it was upgraded (the binding check refuses the position on a
     batch's first attempt, when no write of this root can have landed).
+
+    With ``since`` (the batch's first attempt's mark), a labelled commit at or before the
+    mark, or a transaction already at the batch's position then, is an earlier life's write
+    of the same batch id (a root restored from an older copy), never this batch's.
     """
+
+    def after_mark(version: int | None) -> bool:
+        return version is not None and (since is None or not since.before(version))
+
     version = labelled_commit(table, root_prefix(pipeline.name, batch_id, root))
-    if version is not None:
+    if after_mark(version):
         return f"the target's version {version} was written by {pipeline.name} for {batch_id}"
     if fenced(table, pipeline.name, batch_id, root) is not None:
+        return None
+    if since is not None and since.holds(write_seq):
         return None
     app_id = transaction_app_id(pipeline, root)
     applied = table.transaction_version(app_id)
     if applied is not None:
-        if applied == write_seq:
+        if applied == write_seq and version is None:
             return f"the target's Delta transaction {app_id} is at {applied} (the batch's position)"
         return None
     legacy = labelled_commit(table, label_prefix(pipeline.name, batch_id) + "seq=")
-    if legacy is not None:
+    if after_mark(legacy):
         return (
             f"the target's version {legacy} was written by {pipeline.name} for {batch_id} "
             "(by an older release)"
         )
     old_id = legacy_app_id(pipeline)
     old = table.transaction_version(old_id)
-    if old is not None and old == write_seq:
+    if old is not None and old == write_seq and since is None:
         return f"the target's Delta transaction {old_id} is at {old} (an older release's write)"
     return None
 
@@ -159,6 +203,7 @@ def refuse_bound_elsewhere(
     root: str,
     *,
     first_attempt: bool,
+    first: TargetMark | None = None,
     replay: bool = False,
 ) -> None:
     """Refuse to run ``pipeline``'s write of batch ``batch_id`` (position ``write_seq``) of
@@ -171,7 +216,9 @@ def refuse_bound_elsewhere(
       pipeline or another) was labelled by another root;
     * this root's own transaction is ahead of the batch's position, or at it on the batch's
       first attempt (which cannot have written yet: the attempt is recorded before the
-      write), which means the root was restored from an older copy;
+      write), or it was at it already when the batch's first attempt began (``first``, its
+      mark: a retry of a batch refused once is refused again), which means the root was
+      restored from an older copy;
     * this root never wrote the target and an older release's transaction (naming no
       root) is ahead of the batch's position, or at it on a first attempt. At or below it,
       on a retry, it is this root's own history from before the upgrade.
@@ -209,7 +256,8 @@ def refuse_bound_elsewhere(
         # change fenced the batch (its fence records that transaction): the write then
         # fails naming the fence.
         at_fence = own == write_seq and fenced(table, pipeline.name, batch_id, root) is not None
-        if own > write_seq or (own == write_seq and first_attempt and not at_fence):
+        earlier = first_attempt or (first is not None and first.holds(write_seq))
+        if own > write_seq or (own == write_seq and earlier and not at_fence):
             refuse(f"Delta transaction {own_id}", own, root)
         return
     old_id = legacy_app_id(pipeline)
@@ -252,6 +300,7 @@ def check_target_bound(
     root: str,
     *,
     first_attempt: bool,
+    first: TargetMark | None = None,
     replay: bool = False,
 ) -> None:
     """:func:`refuse_bound_elsewhere` on the pipeline's target, read through delta-rs (no
@@ -260,7 +309,14 @@ def check_target_bound(
     table = existing_target(pipeline.target, options)
     if table is not None:
         refuse_bound_elsewhere(
-            table, pipeline, batch_id, write_seq, root, first_attempt=first_attempt, replay=replay
+            table,
+            pipeline,
+            batch_id,
+            write_seq,
+            root,
+            first_attempt=first_attempt,
+            first=first,
+            replay=replay,
         )
 
 
@@ -300,7 +356,13 @@ class Fence:
 
 
 def fence_target(
-    spark: SparkSession, pipeline: Pipeline, batch_id: str, write_seq: int, *, root: str
+    spark: SparkSession,
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    *,
+    root: str,
+    attempts: Sequence[Checkpoint] | None = None,
 ) -> Fence:
     """Make sure no write of batch ``batch_id`` lands in ``pipeline``'s target from now on.
 
@@ -314,12 +376,22 @@ def fence_target(
     A target that does not exist yet is not fenced (there is no log to commit to): a late
     first write that creates it is found by the next plan, which reloads the target in full
     (:func:`~watermark_dagster.operations.coordinate.reloads_after_abandon`).
+
+    ``attempts`` are the pipeline's checkpoints on the batch (see
+    :func:`applied_by_target`).
     """
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
     if table is None:
         return Fence()
-    evidence = evidence_in(table, pipeline, batch_id, write_seq, root)
+    # A batch never attempted wrote nothing; only what landed after its first attempt's
+    # mark is its write (``attempts``: the pipeline's checkpoints on it; None: unknown).
+    since = None if attempts is None else first_mark(attempts)
+    evidence = (
+        None
+        if attempts is not None and not attempts
+        else evidence_in(table, pipeline, batch_id, write_seq, root, since=since)
+    )
     if evidence is not None:
         return Fence(applied=evidence)
     existing = fenced(table, pipeline.name, batch_id, root)
@@ -344,7 +416,7 @@ def fence_target(
     version = fenced(table, pipeline.name, batch_id, root, newest=max(1, table.version() - before))
     if version is not None:
         return Fence(fenced=version, new=True)
-    evidence = evidence_in(table, pipeline, batch_id, write_seq, root)
+    evidence = evidence_in(table, pipeline, batch_id, write_seq, root, since=since)
     if evidence is not None:  # the batch's write won the race: Delta skipped the fence
         return Fence(applied=evidence)
     raise TerminalError(

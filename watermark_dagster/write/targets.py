@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.config.secrets import resolved_options
+from watermark_dagster.core.records import TargetMark
 from watermark_dagster.errors import BatchStateError, RetryableError
 from watermark_dagster.write.append_overwrite import append_or_overwrite
 from watermark_dagster.write.commits import (
@@ -100,6 +101,7 @@ def _merge_evidence(
     root: str,
     *,
     replay: bool,
+    first: TargetMark | None = None,
 ) -> str | None:
     """What shows that a retried MERGE of ``batch_id`` already landed, or None.
 
@@ -109,9 +111,11 @@ def _merge_evidence(
     replay writes below the target's transaction: only its own labelled commit shows it.
     """
     if not replay:
-        return evidence_in(table, pipeline, batch_id, write_seq, root)
+        return evidence_in(table, pipeline, batch_id, write_seq, root, since=first)
     version = labelled_commit(table, root_prefix(pipeline.name, batch_id, root))
-    return None if version is None else f"the target's version {version}"
+    if version is None or (first is not None and first.before(version)):
+        return None
+    return f"the target's version {version}"
 
 
 def write_target(
@@ -125,6 +129,7 @@ def write_target(
     replay: bool = False,
     retried: bool = False,
     root: str = UNBOUND_ROOT,
+    first: TargetMark | None = None,
 ) -> WriteResult:
     """Write the transform's ``output`` for one batch to the pipeline's target.
 
@@ -143,6 +148,8 @@ def write_target(
         root: the id of the control root that scheduled the batch
             (:meth:`~watermark_dagster.store.tables.ControlTables.root_id`); it names the
             write's Delta transaction and labels.
+        first: the target as the batch's first attempt found it: only what landed after
+            it is this batch's write (:class:`~watermark_dagster.core.records.TargetMark`).
 
     Returns:
         What this write committed (``committed`` is False when it committed nothing: an
@@ -174,7 +181,9 @@ def write_target(
             )
         table = existing_target(pipeline.target, options) if retried else None
         if table is not None:
-            evidence = _merge_evidence(table, pipeline, batch_id, write_seq, root, replay=replay)
+            evidence = _merge_evidence(
+                table, pipeline, batch_id, write_seq, root, replay=replay, first=first
+            )
             if evidence is not None:
                 # One decision per write: the MERGE landed before the crash; doing it again
                 # would commit the same changes twice to the target's change feed.
