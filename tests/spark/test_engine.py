@@ -29,7 +29,7 @@ from deltalake import DeltaTable as RsDeltaTable
 
 from tests.conftest import REPO, SPARK_TEST_CONF
 from tests.support.cli import SCRIPT
-from tests.support.engine import running_engine
+from tests.support.engine import Engine, running_engine
 from tests.support.java_shim import java_shim
 from tests.support.plan_checks import HIDING
 from watermark_dagster.dagster_defs.assets import ENGINE_TAG
@@ -247,32 +247,60 @@ ISOLATION = textwrap.dedent(
 
 
 @pytest.fixture(scope="class")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """One engine (its URL and environment) for the tests of a class that only need a
-    server to be clients of: each client's sessions are its own (the isolation test
-    checks what they share), so one start serves them all."""
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One engine for the tests of a class that need a server to be clients of: each
+    client's sessions are its own (the isolation test checks what they share), and each
+    test's runs have a Dagster home and a control root of their own, so one start serves
+    them all (a start is a Spark Connect server's JVM: 15-30 s on 2 cores). The tests that
+    kill the server or a client come last; the engine starts a killed server again."""
     folder = tmp_path_factory.mktemp("engine")
     env = _env(folder / "wm")
-    with running_engine(folder / "wm", env, folder / "engine.out") as engine:
-        yield engine.record().url, env
+    with running_engine(folder / "wm", env, folder / "engine.out") as started:
+        yield started
 
 
 class TestClientsOfOneEngine:
     """Clients of one engine, started once for the class."""
 
     def test_runs_on_one_engine_are_isolated_sessions_and_label_their_own_commits(
-        self, spark, tmp_path: Path, engine_url: tuple[str, dict[str, str]]
+        self, spark, tmp_path: Path, engine: Engine
     ) -> None:
-        _isolated_sessions(spark, tmp_path, *engine_url)
+        _isolated_sessions(spark, tmp_path, engine.record().url, engine.env)
 
     def test_what_a_python_full_transform_hides_is_refused_on_connect_too(
-        self, tmp_path: Path, engine_url: tuple[str, dict[str, str]]
+        self, tmp_path: Path, engine: Engine
     ) -> None:
         """The cases tests/spark/test_declared.py refuses on a local session (a table read
         in a subquery, collected rows, a checkpoint, reflect, a total over all rows), run by
         a client of the engine: the plan is the server's, read from its text. Each batch
         stops before writing (tests/support/plan_checks.py asserts it)."""
-        _hiding_refused(tmp_path, *engine_url)
+        _hiding_refused(tmp_path, engine.record().url, engine.env)
+
+    def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_once(
+        self, spark, tmp_path: Path, engine: Engine
+    ) -> None:
+        _engine_dies_under_a_run(spark, tmp_path, engine)
+
+    def test_a_client_killed_after_its_target_commit_on_the_engine_applies_each_batch_once(
+        self, spark, tmp_path: Path, engine: Engine
+    ) -> None:
+        """Issue 41, the Spark Connect path of the crash harness: `watermark run` runs as a
+        client of the home's engine and is killed (SIGKILL, at the ``after_target_commit``
+        fault point) right after the server committed one pipeline's write, first an
+        append's, then, a batch later, a MERGE's. The next `watermark run` resumes each
+        batch on the same engine, and the target's own record (the Delta transaction every
+        scheduled write carries) keeps the write from landing twice: each target equals its
+        upstream and holds one data commit per batch."""
+        _client_killed_after_its_target_commit(spark, tmp_path, engine)
+
+
+def _own_homes(engine: Engine, folder: Path) -> dict[str, str]:
+    """The engine's environment with a Dagster home of the test's own (its runs' tags are
+    read back): the engine's home, where the runs find its record, is shared."""
+    dagster_home = folder / "dagster"
+    dagster_home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", dagster_home / "dagster.yaml")
+    return {**engine.env, "DAGSTER_HOME": str(dagster_home)}
 
 
 def _isolated_sessions(spark, tmp_path: Path, url: str, env: dict[str, str]) -> None:
@@ -373,11 +401,8 @@ def events_log(batch):
 '''
 
 
-def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_once(
-    spark, tmp_path: Path
-) -> None:
-    home = tmp_path / "wm"
-    env = _env(home)
+def _engine_dies_under_a_run(spark, tmp_path: Path, engine: Engine) -> None:
+    env = _own_homes(engine, tmp_path)
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "wm_engine_killer.py").write_text(KILLER)
@@ -389,6 +414,7 @@ def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_
     registry.write_text(
         textwrap.dedent(
             f"""\
+            control_root: {tmp_path / "control"}
             upstreams:
               events: {{path: {events}}}
             pipelines:
@@ -403,29 +429,28 @@ def test_a_run_whose_engine_dies_under_it_fails_retryable_and_its_retry_applies_
     mark = tmp_path / "killed"
     # The engine is started for the default code location; the runs load this registry
     # themselves: plans are built in the run process, the server only executes them.
-    with running_engine(home, env, tmp_path / "engine.out") as engine:
-        original = engine.record()
-        run_env = {
-            **env,
-            "WATERMARK_REGISTRY": str(registry),
-            "WATERMARK_ENGINE": "connect",
-            "WM_KILLED_MARK": str(mark),
-            "WATERMARK_DEATH_BACKOFF_SECONDS": "0",
-            "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
-        }
-        report = _run(run_env, ok=False)
-        assert mark.exists(), json.dumps(report["runs"])
-        failed = [r for r in report["runs"] if not r["success"]]
-        assert len(failed) == 1, report["runs"]
-        assert "EngineUnavailableError" in failed[0]["error"], failed[0]["error"]
-        assert str(original.server_pid) in failed[0]["error"], failed[0]["error"]
-        # A death, not a failure (it spends no attempt): the coordinator retried the batch
-        # on the restarted server, applied once.
-        assert report["completed"] == ["b000001"], report
-        died = [t for t in _run_tags(Path(env["DAGSTER_HOME"]), DIED_TAG) if t]
-        assert len(died) == 1, died
-        assert "its Spark engine went away" in died[0], died
-        assert engine.record().server_pid != original.server_pid
+    original = engine.record()
+    run_env = {
+        **env,
+        "WATERMARK_REGISTRY": str(registry),
+        "WATERMARK_ENGINE": "connect",
+        "WM_KILLED_MARK": str(mark),
+        "WATERMARK_DEATH_BACKOFF_SECONDS": "0",
+        "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
+    }
+    report = _run(run_env, ok=False)
+    assert mark.exists(), json.dumps(report["runs"])
+    failed = [r for r in report["runs"] if not r["success"]]
+    assert len(failed) == 1, report["runs"]
+    assert "EngineUnavailableError" in failed[0]["error"], failed[0]["error"]
+    assert str(original.server_pid) in failed[0]["error"], failed[0]["error"]
+    # A death, not a failure (it spends no attempt): the coordinator retried the batch
+    # on the restarted server, applied once.
+    assert report["completed"] == ["b000001"], report
+    died = [t for t in _run_tags(Path(env["DAGSTER_HOME"]), DIED_TAG) if t]
+    assert len(died) == 1, died
+    assert "its Spark engine went away" in died[0], died
+    assert engine.record().server_pid != original.server_pid
     appended = spark.read.format("delta").load(str(target))
     assert sorted((r.id, r.amount) for r in appended.collect()) == [(i, 10 * i) for i in range(5)]
 
@@ -443,18 +468,8 @@ def events_copy(batch):
 '''
 
 
-def test_a_client_killed_after_its_target_commit_on_the_engine_applies_each_batch_once(
-    spark, tmp_path: Path
-) -> None:
-    """Issue 41, the Spark Connect path of the crash harness: `watermark run` runs as a
-    client of the home's engine and is killed (SIGKILL, at the ``after_target_commit``
-    fault point) right after the server committed one pipeline's write, first an append's,
-    then, a batch later, a MERGE's. The next `watermark run` resumes each batch on the same
-    engine, and the target's own record (the Delta transaction every scheduled write
-    carries) keeps the write from landing twice: each target equals its upstream and holds
-    one data commit per batch."""
-    home = tmp_path / "wm"
-    env = _env(home)
+def _client_killed_after_its_target_commit(spark, tmp_path: Path, engine: Engine) -> None:
+    env = _own_homes(engine, tmp_path)
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "wm_engine_copies.py").write_text(COPIES)
@@ -467,6 +482,7 @@ def test_a_client_killed_after_its_target_commit_on_the_engine_applies_each_batc
     registry.write_text(
         textwrap.dedent(
             f"""\
+            control_root: {tmp_path / "control"}
             upstreams:
               events: {{path: {events}}}
             pipelines:
@@ -483,31 +499,30 @@ def test_a_client_killed_after_its_target_commit_on_the_engine_applies_each_batc
             """
         )
     )
-    with running_engine(home, env, tmp_path / "engine.out"):
-        run_env = {
-            **env,
-            "WATERMARK_REGISTRY": str(registry),
-            "WATERMARK_ENGINE": "connect",
-            "WATERMARK_DEATH_BACKOFF_SECONDS": "0",
-            "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
-        }
-        for round_, pipeline in enumerate(("events_log", "events_copy")):
-            if round_:
-                spark.createDataFrame([(5, 50), (6, 60)], "id long, amount long").write.format(
-                    "delta"
-                ).mode("append").save(str(events))
-            killed = subprocess.run(
-                [str(SCRIPT), "run", "--json"],
-                env={**run_env, "WATERMARK_FAULTS": f"after_target_commit@{pipeline}"},
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=900,
-                stdin=subprocess.DEVNULL,
-            )
-            assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-3000:]
-            report = _run(run_env)
-            assert report["completed"] == [f"b00000{round_ + 1}"], report
+    run_env = {
+        **env,
+        "WATERMARK_REGISTRY": str(registry),
+        "WATERMARK_ENGINE": "connect",
+        "WATERMARK_DEATH_BACKOFF_SECONDS": "0",
+        "PYTHONPATH": os.pathsep.join([str(modules), env.get("PYTHONPATH", "")]),
+    }
+    for round_, pipeline in enumerate(("events_log", "events_copy")):
+        if round_:
+            spark.createDataFrame([(5, 50), (6, 60)], "id long, amount long").write.format(
+                "delta"
+            ).mode("append").save(str(events))
+        killed = subprocess.run(
+            [str(SCRIPT), "run", "--json"],
+            env={**run_env, "WATERMARK_FAULTS": f"after_target_commit@{pipeline}"},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
+        assert killed.returncode == 128 + signal.SIGKILL, killed.stderr[-3000:]
+        report = _run(run_env)
+        assert report["completed"] == [f"b00000{round_ + 1}"], report
     upstream = spark.read.format("delta").load(str(events)).collect()
     source = sorted((r.id, r.amount) for r in upstream)
     for target in (log_target, copy_target):
