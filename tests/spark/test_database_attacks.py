@@ -92,12 +92,6 @@ def test_a_row_whose_tie_break_key_is_null_at_a_boundary_is_loaded_or_refused(
         assert "seq" in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: a text tie-break under the database's collation: Spark pins "
-    "the window's end by its own (binary) order, the database filters by its collation, "
-    "and the row between the two orders is in no window while the look sees nothing new",
-)
 def test_a_text_tie_break_under_a_database_collation_loses_no_row(
     lake: Lake, shop: Database
 ) -> None:
@@ -155,12 +149,6 @@ def mariadb_server() -> Iterator[Database]:
         yield database
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: MariaDB's default collation is case-insensitive: a varchar "
-    "tie-break is pinned by Spark's binary order and filtered by the database's, and the "
-    "row between the two is in no window",
-)
 def test_a_varchar_tie_break_under_mariadb_s_default_collation_loses_no_row(
     lake: Lake, mariadb_server: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,6 +170,83 @@ def test_a_varchar_tie_break_under_mariadb_s_default_collation_loses_no_row(
         out = lake.cli(spec, "run")
         assert out.returncode == 0, out.stdout + out.stderr
     assert lake.rows("orders") == {1: 10, 2: 20}
+
+
+def test_values_equal_under_the_collation_are_on_one_side_of_every_boundary(
+    lake: Lake, mariadb_server: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'a' and 'A' at one cursor value are one position under a case-insensitive
+    collation: loaded by the same window, and the look's state (its top position) is the
+    same on every look, so no empty batch is planned after them, however many runs."""
+    db = mariadb_server
+    db.sql(
+        f"DROP TABLE IF EXISTS {TABLE}; "
+        f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, code varchar(10), value bigint, "
+        f"updated_at {db.timestamp_type} NOT NULL, deleted boolean NOT NULL DEFAULT false)"
+    )
+    monkeypatch.setenv("SHOP_USER", "watermark")
+    monkeypatch.setenv("SHOP_PASSWORD", db.password)
+    for i, code in ((1, "A"), (2, "a"), (3, "b")):
+        db.sql(
+            f"INSERT INTO {TABLE} (id, code, value, updated_at) "
+            f"VALUES ({i}, '{code}', {i * 10}, '{_at(1)}')"
+        )
+    spec = _spec(lake, db, tie_break="code")
+    assert lake.cli(spec, "run").returncode == 0
+    assert lake.rows("orders") == {1: 10, 2: 20, 3: 30}
+    db.sql(f"DELETE FROM {TABLE} WHERE id = 3")  # 'a' and 'A' now tie at the top
+    db.sql(f"UPDATE {TABLE} SET value = value + 1, updated_at = '{_at(2)}' WHERE id < 3")
+    planned = len(lake.store.batches())
+    out = lake.cli(spec, "run")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert lake.rows("orders") == {1: 11, 2: 21, 3: 30}
+    assert len(lake.store.batches()) == planned + 1
+    for _ in range(3):
+        out = lake.cli(spec, "run")
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert len(lake.store.batches()) == planned + 1
+
+
+@pytest.mark.parametrize("column_type", ["timestamp(6)", "timestamptz"])
+def test_a_window_pinned_by_the_database_is_in_utc_whatever_the_zones(
+    lake: Lake, shop: Database, monkeypatch: pytest.MonkeyPatch, column_type: str
+) -> None:
+    """The end is pinned by the database through the look's driver: a cursor without a
+    zone (UTC's wall clock) or with one, under a database whose sessions default to New
+    York, pinned by a process whose host zone is Tokyo, is stored as µs since the epoch of
+    the UTC instant, and Spark's window reads exactly the rows up to it."""
+    import time
+
+    from tests.support.lakes import registry_from
+    from watermark_dagster.core.ranges import CursorWindow
+    from watermark_dagster.read.cursor import pin_end, read_source, window_rows
+
+    db = shop
+    db.sql(f"ALTER TABLE {TABLE} ALTER COLUMN updated_at TYPE {column_type}")
+    db.sql(f"ALTER DATABASE {db.database} SET TimeZone = 'America/New_York'")
+    try:
+        for i, minutes in ((1, 60), (2, 120)):
+            stamp = (T0 + timedelta(minutes=minutes)).isoformat()
+            db.sql(f"INSERT INTO {TABLE} (id, value, updated_at) VALUES ({i}, {i}, '{stamp}')")
+        upstream = registry_from(_spec(lake, db, tie_break="id")).upstreams["orders_db"]
+        monkeypatch.setenv("TZ", "Asia/Tokyo")
+        time.tzset()
+        now = T0 + timedelta(minutes=150)
+        pinned = pin_end(read_source(lake.spark, upstream), upstream, CursorWindow(None), now)
+        second = int((T0 + timedelta(minutes=120)).timestamp() * 1_000_000)
+        assert pinned.end == (second, 2)
+        stamp = (T0 + timedelta(minutes=121)).isoformat()
+        db.sql(f"INSERT INTO {TABLE} (id, value, updated_at) VALUES (3, 3, '{stamp}')")
+        window = CursorWindow(None, pinned.end)
+        ids = sorted(r["id"] for r in window_rows(lake.spark, upstream, window).collect())
+        assert ids == [1, 2]
+        later = CursorWindow(pinned.end)
+        again = pin_end(read_source(lake.spark, upstream), upstream, later, now)
+        assert again.end == (second + 60_000_000, 3)
+    finally:
+        db.sql(f"ALTER DATABASE {db.database} RESET TimeZone")
+        monkeypatch.delenv("TZ")
+        time.tzset()
 
 
 def test_the_fix_for_rows_without_a_cursor_never_skips_them(lake: Lake, shop: Database) -> None:

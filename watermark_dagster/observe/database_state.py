@@ -113,13 +113,7 @@ def look_at(upstream: DatabaseUpstream, *, refuse: bool = True) -> DatabaseLook:
     """
     credentials: dict[str, Any] = {}
     try:
-        credentials = dict(
-            resolved_options(
-                {k: v for k, v in (("user", upstream.user), ("password", upstream.password)) if v},
-                upstream.owner,
-            )
-            or {}
-        )
+        credentials = credentials_of(upstream)
         row, without, columns = _fetch(upstream, credentials)
     except Exception as e:  # a variable not set; the drivers' errors share no base class
         raise UpstreamUnavailableError(
@@ -194,19 +188,34 @@ def is_timestamp_type(type_name: str) -> bool:
     return type_name.lower().startswith(("timestamp", "datetime"))
 
 
+def credentials_of(upstream: DatabaseUpstream) -> dict[str, Any]:
+    """The upstream's user and password, read from the environment now.
+
+    Raises:
+        ConfigurationError: a referenced variable is not set.
+    """
+    found = resolved_options(
+        {k: v for k, v in (("user", upstream.user), ("password", upstream.password)) if v},
+        upstream.owner,
+    )
+    return dict(found or {})
+
+
 def _fetch(
     upstream: DatabaseUpstream, credentials: dict[str, Any]
 ) -> tuple[Sequence[Any] | None, int, tuple[tuple[str, str, bool], ...]]:
     """The top position, the count of rows without a cursor value and the columns, over
     one connection."""
-    connection = _connect(upstream, credentials)
+    connection = connect(upstream, credentials)
     try:
         cursor = connection.cursor()
-        cursor.execute(top_position_query(upstream))
-        top = cursor.fetchone()
         query, params = columns_query(upstream)
         cursor.execute(query, params)
         columns = tuple((str(n), str(t), _yes(v)) for n, t, v in cursor.fetchall())
+        cursor.execute(top_position_query(upstream))
+        top = cursor.fetchone()
+        if top is not None:
+            top = _first_of_equals(cursor, upstream, columns, top)
         # A tie-break column the catalog declares NOT NULL (a primary key) is not counted.
         nullable = {n for n, _, may_be_null in columns if may_be_null}
         cursor.execute(null_cursor_query(upstream, nullable))
@@ -214,6 +223,47 @@ def _fetch(
         return top, int(counted[0] if counted else 0), columns
     finally:
         connection.close()
+
+
+def is_text_type(type_name: str) -> bool:
+    """Whether a catalog type name is text, compared by a collation (PostgreSQL's ``text``,
+    ``character varying``, ``character``, ``citext``; MariaDB's ``varchar``, ``char``,
+    ``*text``)."""
+    name = type_name.lower()
+    return name.startswith(("text", "character", "varchar", "char", "citext")) or (
+        name.endswith("text")
+    )
+
+
+def _first_of_equals(
+    cursor: Any,
+    upstream: DatabaseUpstream,
+    columns: Sequence[tuple[str, str, bool]],
+    top: Sequence[Any],
+) -> Sequence[Any]:
+    """The same one of the rows tied at the top position under the database's collation
+    on every look (by their bytes), so that a case-insensitive tie (``'a'`` and ``'A'``)
+    does not make the state change from look to look, and plan empty batches for ever.
+    Only for a position with a text column; served by the index's equality prefix."""
+    types = {n: t for n, t, _ in columns}
+    texts = [c for c in upstream.columns_read if is_text_type(types.get(c, ""))]
+    if not texts:
+        return top
+    quote = DRIVERS[upstream.database][1]
+    names = [f"{quote}{c}{quote}" for c in upstream.columns_read]
+    equal = " AND ".join(f"{c} = %s" for c in names)
+    as_bytes = (
+        (lambda c: f'{c} COLLATE "C"')
+        if upstream.database == "postgresql"
+        else (lambda c: f"CAST({c} AS BINARY)")
+    )
+    order = ", ".join(f"{as_bytes(f'{quote}{c}{quote}')} DESC" for c in texts)
+    cursor.execute(
+        f"SELECT {', '.join(names)} FROM {upstream.quoted_table} WHERE {equal} "
+        f"ORDER BY {order} LIMIT 1",
+        tuple(top),
+    )
+    return cursor.fetchone() or top
 
 
 def columns_of(upstream: DatabaseUpstream) -> tuple[tuple[str, str, bool], ...]:
@@ -262,7 +312,10 @@ def columns_query(upstream: DatabaseUpstream) -> tuple[str, tuple[str, ...]]:
     )
 
 
-def _connect(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Any:
+def connect(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Any:
+    """A DB-API connection to the upstream's database whose session is in UTC (MariaDB's
+    ``TIMESTAMP`` values are shown in the session's zone; windows are UTC whatever the
+    host's zone, docs/reliability.md)."""
     parts = urlsplit(upstream.url[len("jdbc:") :])
     params = {k.lower(): v.lower() for k, v in parse_qsl(parts.query)}
     tls = bool(_TLS & {params.get("sslmode", ""), params.get("ssl", ""), params.get("usessl", "")})
@@ -282,6 +335,7 @@ def _connect(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Any:
             database=database,
             timeout=CONNECT_SECONDS,
             ssl_context=True if tls else None,
+            startup_params={"TimeZone": "UTC"},
         )
     import pymysql
 
@@ -294,6 +348,7 @@ def _connect(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Any:
         connect_timeout=CONNECT_SECONDS,
         read_timeout=CONNECT_SECONDS * 3,
         ssl={} if tls else None,
+        init_command="SET time_zone = '+00:00'",
     )
 
 

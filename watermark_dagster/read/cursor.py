@@ -8,7 +8,6 @@ query's ``WHERE``; other sources compare a time-zone free value (microseconds, d
 import logging
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -27,6 +26,7 @@ from watermark_dagster.read.database import (
     value_of,
     with_deletes,
 )
+from watermark_dagster.read.database_pin import PinnedEnd, pin_in_database
 from watermark_dagster.read.frames import as_changes, spark_reader
 
 log = logging.getLogger("watermark_dagster")
@@ -178,48 +178,22 @@ def snapshot_rows(
     return live_rows(rows, upstream) if isinstance(upstream, DatabaseUpstream) else rows
 
 
-def positions_after(source: DataFrame, upstream: CursorUpstream, window: CursorWindow) -> DataFrame:
-    """What pinning a window's end reads: for a database table only the position's columns
-    of the rows after the start and of the rows without a cursor value (pruned and
-    filtered in the database's own query), else the whole source; the rows without a
-    cursor are counted either way."""
-    if not isinstance(upstream, DatabaseUpstream):
-        return source
-    after = in_window(source, upstream, CursorWindow(window.start, None))
-    no_cursor = _without_position([F.col(f"`{c}`") for c in upstream.columns_read])
-    return source.select(*[f"`{c}`" for c in upstream.columns_read]).where(after | no_cursor)
-
-
-@dataclass(frozen=True)
-class PinnedEnd:
-    """What the data said when a window's end was pinned.
-
-    Attributes:
-        end: the greatest position at or below the ceiling (None: no such row).
-        held_back: rows after the start whose cursor is above the ceiling (the lag).
-        recheck_at: when the earliest held-back row passes the lag (µs since the epoch).
-        no_cursor: rows whose cursor (and fallback) is NULL: never read.
-    """
-
-    end: CursorPosition | None
-    held_back: int
-    recheck_at: int | None
-    no_cursor: int
-
-
 def pin_end(
     source: DataFrame, upstream: CursorUpstream, window: CursorWindow, now: datetime
 ) -> PinnedEnd:
     """The end a new window should have: the greatest position among rows after the
     start whose cursor is at or below the ceiling (``now`` minus the lag, for timestamp
-    cursors). A database table is read pruned to the position's columns and filtered by
-    ``position > start`` (or no cursor value, counted) in its own query.
+    cursors), by Spark over the whole source. A database table's end is pinned by the
+    database itself (``source`` is not read:
+    :func:`~watermark_dagster.read.database_pin.pin_in_database`), by the same order that
+    filters its windows.
 
     Raises:
         ConfigurationError: ``lag_seconds`` is set on a cursor that is not a timestamp
             (an integer or a date), where it has no meaning.
     """
-    source = positions_after(source, upstream, window)
+    if isinstance(upstream, DatabaseUpstream):
+        return pin_in_database(upstream, window, now)
     after = in_window(source, upstream, CursorWindow(window.start, None))
     cols = position_columns(source, upstream)
     below = F.lit(True)
@@ -279,7 +253,10 @@ def pin_window(
         return window, 0
     if pin is None:
         raise ValueError(f"{upstream.name}: an unpinned window needs a pin callback")
-    found = pin_end(read_source(spark, upstream, version), upstream, window, now)
+    if isinstance(upstream, DatabaseUpstream):  # asked of the database: no Spark job
+        found = pin_in_database(upstream, window, now)
+    else:
+        found = pin_end(read_source(spark, upstream, version), upstream, window, now)
     if (
         found.no_cursor
         and isinstance(upstream, DatabaseUpstream)

@@ -54,6 +54,9 @@ def read_table(
         # MariaDB's driver takes that scheme when its URL says so.
         url = "jdbc:mysql:" + url.split(":", 2)[2]
         url += ("&" if "?" in url else "?") + "permitMysqlScheme"
+        # TIMESTAMP values are shown, and compared, in the session's zone: UTC, as the
+        # window's end is pinned (read/database_pin.py).
+        reader = reader.option("sessionInitStatement", "SET time_zone = '+00:00'")
     reader = (
         reader.option("url", url)
         .option("driver", upstream.driver)
