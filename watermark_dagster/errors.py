@@ -113,6 +113,12 @@ class NoFileLandedError(UpstreamUnavailableError):
     (``watermark run`` is idle, not failed)."""
 
 
+class LandingLogBehindError(UpstreamUnavailableError):
+    """A landing upstream's file log holds fewer files than its control root pinned (put
+    back from an older copy): numbering new files would give loaded files' numbers to
+    others, so nothing is logged or loaded."""
+
+
 class LandingFileChangedError(UpstreamUnavailableError):
     """A landing folder's file changed (size or modification time) or disappeared after its
     file log recorded it: its content was, or is to be, loaded as recorded."""

@@ -100,7 +100,7 @@ def test_a_file_changed_after_loading_or_gone_before_it_is_loud(lake: Lake) -> N
     write_csv(folder, "b.csv", [(2, 20)])
     upstream = registry_from(spec).upstreams["drops"]
     with pytest.raises(LandingFileChangedError) as raised:
-        Observer().observe(upstream)
+        Observer().observe(upstream, floor=0)
     message = str(raised.value)
     assert "Upstream 'drops'" in message
     assert "'a.csv'" in message
@@ -116,7 +116,7 @@ def test_a_file_changed_after_loading_or_gone_before_it_is_loud(lake: Lake) -> N
     # Gone before its batch loaded it: the batch fails before anything is written, and
     # goes on once the file is back.
     c = write_csv(folder, "c.csv", [(3, 30)])
-    Observer().observe(upstream)  # logged: files 2 (b.csv) and 3 (c.csv)
+    Observer().observe(upstream, floor=0)  # logged: files 2 (b.csv) and 3 (c.csv)
     c_content, c_mtime = c.read_bytes(), c.stat().st_mtime_ns
     c.unlink()
     failed = lake.run(spec)
@@ -137,7 +137,7 @@ def test_a_file_changed_after_loading_or_gone_before_it_is_loud(lake: Lake) -> N
     # A replay of that batch reads exactly its pinned files (not one landed since), and is
     # loud when one of them changed.
     write_csv(folder, "e.csv", [(2, 99)])
-    Observer().observe(upstream)  # logged as file 4
+    Observer().observe(upstream, floor=0)  # logged as file 4
     registry = registry_from(spec)
     run = {"spark": lake.spark, "store": lake.store, "registry": registry}
 

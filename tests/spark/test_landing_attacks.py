@@ -121,12 +121,6 @@ def test_files_under_a_symlinked_folder_are_loaded_once(lake: Lake) -> None:
     assert lake.rows("copy") == {1: 10, 2: 20, 3: 30, 4: 40}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: a file log restored from an older copy (same table id) "
-    "numbers the files it lost again, in another order, under the committed watermark: "
-    "one file loads twice, another never",
-)
 def test_a_file_log_restored_from_an_older_copy_loses_and_repeats_nothing(lake: Lake) -> None:
     folder = lake.root / "landing"
     log = folder / "_watermark_files"

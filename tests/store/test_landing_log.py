@@ -47,7 +47,7 @@ def test_files_are_numbered_once_and_new_means_not_logged(tmp_path: Path) -> Non
     _write(folder, "deeper/d.csv", mtime=1_500)  # `*` stops at `/`
     upstream = _landing(folder, pattern="*.csv")
     observer = Observer()
-    assert observer.observe(upstream).latest_version == 2
+    assert observer.observe(upstream, floor=0).latest_version == 2
     log = observer.file_log(upstream)
     state = log.state()
     assert state is not None
@@ -55,13 +55,13 @@ def test_files_are_numbered_once_and_new_means_not_logged(tmp_path: Path) -> Non
     assert {p: f.ordinal for p, f in state.by_path.items()} == {"b.csv": 1, "a.csv": 2}
     # Looked at again: nothing new is logged, and no row of the log is read.
     read = log.rows_read
-    assert observer.observe(upstream).latest_version == 2
+    assert observer.observe(upstream, floor=0).latest_version == 2
     assert log.rows_read == read
     # A file copied in with an older mtime than everything logged is new all the same
     # (under a pattern whose `**` takes folders).
     deep = _landing(folder, pattern="**/*.csv")
     _write(folder, "late/c.csv", mtime=1_000)
-    assert observer.observe(deep).latest_version == 4
+    assert observer.observe(deep, floor=0).latest_version == 4
     assert [f.path for f in FileLog(deep).files_in(VersionRange(2, 4))] == [
         "a.csv",
         "late/c.csv",
@@ -82,7 +82,7 @@ def test_concurrent_looks_give_each_file_one_number_without_gaps(tmp_path: Path)
         try:
             start.wait()
             # Overlapping halves: every file is offered by two racers.
-            FileLog(upstream).register(listed[part * 10 : part * 10 + 20])
+            FileLog(upstream).register(listed[part * 10 : part * 10 + 20], floor=0)
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -102,10 +102,10 @@ def test_a_changed_file_is_refused_naming_it_and_both_records(tmp_path: Path) ->
     folder = tmp_path / "in"
     a = _write(folder, "a.csv", "1,2\n", mtime=5_000)
     upstream = _landing(folder)
-    Observer().observe(upstream)
+    Observer().observe(upstream, floor=0)
     _write(folder, "a.csv", "1,2\n3,4\n", mtime=5_000)
     with pytest.raises(LandingFileChangedError) as raised:
-        Observer().observe(upstream)
+        Observer().observe(upstream, floor=0)
     text = str(raised.value)
     assert "Upstream 'drops': landing file 'a.csv' (file 1) changed" in text
     assert "recorded: size 4, mtime 1970-01-01T01:23:20+00:00; now: size 8" in text
@@ -123,13 +123,13 @@ def test_unsettled_files_wait_and_an_empty_folder_is_unavailable(tmp_path: Path)
     folder.mkdir()
     upstream = _landing(folder, settle_seconds=60)
     with pytest.raises(UpstreamUnavailableError, match="no file has landed"):
-        Observer().observe(upstream)
+        Observer().observe(upstream, floor=0)
     _write(folder, "fresh.csv")
     _write(folder, "done.csv", mtime=time.time() - 120)
-    assert Observer().observe(upstream).latest_version == 1
+    assert Observer().observe(upstream, floor=0).latest_version == 1
     missing = _landing(tmp_path / "nowhere")
     with pytest.raises(UpstreamUnavailableError, match="does not exist"):
-        Observer().observe(missing)
+        Observer().observe(missing, floor=0)
 
 
 def test_ten_thousand_files_are_pinned_by_one_plan_as_a_range(tmp_path: Path) -> None:
@@ -166,9 +166,9 @@ def test_ten_thousand_files_are_pinned_by_one_plan_as_a_range(tmp_path: Path) ->
     log = observer.file_log(upstream)
     assert log.rows_read == 0  # a new log: the files were appended, none read back
     fresh = Observer()
-    fresh.observe(upstream)
+    fresh.observe(upstream, floor=0)
     assert fresh.file_log(upstream).rows_read == 10_000  # a new process reads it once
-    fresh.observe(upstream)
+    fresh.observe(upstream, floor=0)
     assert fresh.file_log(upstream).rows_read == 10_000  # then nothing while it is unchanged
     pinned = FileLog(upstream).files_in(VersionRange(0, 10_000))
     assert len(pinned) == 10_000
@@ -182,12 +182,12 @@ def test_a_logged_file_under_a_new_path_is_a_move_and_is_refused(tmp_path: Path)
     folder = tmp_path / "in"
     a = _write(folder, "a.csv", "1,2\n", mtime=5_000)
     upstream = _landing(folder)
-    assert Observer().observe(upstream).latest_version == 1
+    assert Observer().observe(upstream, floor=0).latest_version == 1
     (folder / "archive").mkdir()
     a.rename(folder / "archive" / "a.csv")
     _write(folder, "b.csv", "3,4\n")
     with pytest.raises(LandingFileChangedError) as raised:
-        Observer().observe(upstream)
+        Observer().observe(upstream, floor=0)
     text = str(raised.value)
     assert "landing file 'archive/a.csv' has the size (4) and modification time" in text
     assert "of 'a.csv' (file 1), which is gone from its logged path: it was moved" in text
@@ -201,17 +201,47 @@ def test_a_logged_file_under_a_new_path_is_a_move_and_is_refused(tmp_path: Path)
     # Archived under a `_` prefix: never listed, so the logged file is simply gone.
     (folder / "_archive").mkdir()
     (folder / "archive" / "a.csv").rename(folder / "_archive" / "a.csv")
-    assert Observer().observe(upstream).latest_version == 2
+    assert Observer().observe(upstream, floor=0).latest_version == 2
     # A copy that keeps the mtime while the logged file is still there (`cp -p`, or a move
     # done as copy then delete, seen halfway) holds rows loaded already: refused too.
     copy = _write(folder, "copy.csv", "3,4\n")
     b_mtime = (folder / "b.csv").stat().st_mtime_ns
     os.utime(copy, ns=(b_mtime, b_mtime))
     with pytest.raises(LandingFileChangedError) as raised:
-        Observer().observe(upstream)
+        Observer().observe(upstream, floor=0)
     assert "of 'b.csv' (file 2), which is still there: it was copied" in str(raised.value)
     assert raised.value.fix is not None
     assert raised.value.fix.startswith("remove the copy")
     # Given its own modification time, it is new content: logged as a new file.
     os.utime(copy, ns=(b_mtime + 1_000, b_mtime + 1_000))
-    assert Observer().observe(upstream).latest_version == 3
+    assert Observer().observe(upstream, floor=0).latest_version == 3
+
+
+def test_only_a_look_that_knows_the_roots_pins_numbers_files(tmp_path: Path) -> None:
+    """A Dagster observation or a health check (no floor) shows new files as they would be
+    numbered and logs nothing; the coordinator's look (a floor) logs them."""
+    folder = tmp_path / "in"
+    _write(folder, "a.csv", mtime=1_000)
+    upstream = _landing(folder)
+    assert Observer().observe(upstream).latest_version == 1
+    assert not (folder / "_watermark_files").exists()
+    assert Observer().observe(upstream, floor=0).latest_version == 1
+    assert FileLog(upstream).state(create=False) is not None
+
+
+def test_a_file_log_behind_what_the_root_pinned_numbers_nothing(tmp_path: Path) -> None:
+    """A log put back from an older copy holds fewer files than the root committed: a look
+    and a registration both refuse it, naming the log and both numbers; nothing is logged."""
+    folder = tmp_path / "in"
+    _write(folder, "a.csv", mtime=1_000)
+    upstream = _landing(folder)
+    assert Observer().observe(upstream, floor=0).latest_version == 1
+    _write(folder, "z.csv", mtime=2_000)
+    log = FileLog(upstream)
+    version = DeltaTable(upstream.log_location).version()
+    with pytest.raises(UpstreamUnavailableError, match=r"holds files 1\.\.1, but .* up to 3"):
+        Observer().observe(upstream, floor=3)
+    with pytest.raises(UpstreamUnavailableError, match="_watermark_files"):
+        log.register(list_files(upstream), floor=3)
+    assert DeltaTable(upstream.log_location).version() == version
+    assert Observer().observe(upstream, floor=1).latest_version == 2  # at the floor: numbered

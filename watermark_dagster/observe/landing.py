@@ -13,7 +13,13 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
 )
 from watermark_dagster.observe.landing_files import FileStat, list_files, stat_files
-from watermark_dagster.observe.landing_log import FileLog, LoggedFile, LogState, refuse_moves
+from watermark_dagster.observe.landing_log import (
+    FileLog,
+    LoggedFile,
+    LogState,
+    refuse_log_behind,
+    refuse_moves,
+)
 
 
 def _shown(size: int, mtime_ns: int) -> str:
@@ -171,24 +177,35 @@ def look_at_folder(upstream: LandingUpstream, state: LogState) -> FolderLook:
     return FolderLook(state, new, [f for f in unlogged if f.path not in chosen])
 
 
-def observe_landing(upstream: LandingUpstream, log: FileLog, *, record: bool = True) -> Observation:
+def observe_landing(
+    upstream: LandingUpstream, log: FileLog, *, record: bool = True, floor: int | None = None
+) -> Observation:
     """Look at a landing folder: log its new settled files, and report its version (the
     highest file number) and its file log's table id (a log dropped and recreated is a
-    recreated table). With ``record`` False (a read-only command) nothing is written, not
-    even the log: the new files count as numbered the way a look would number them.
+    recreated table).
+
+    Files are numbered only by a look that knows what its control root pinned (``floor``:
+    the highest file number committed or pinned by an open batch; the coordinator's look).
+    With ``record`` False (a read-only command) or no ``floor`` (a Dagster observation, a
+    health check) nothing is written, not even the log: the new files count as numbered
+    the way the coordinator's look would number them.
 
     Raises:
         UpstreamUnavailableError: the folder does not exist or cannot be listed.
         NoFileLandedError: no file landed yet (the upstream waits; nothing is wrong).
         LandingFileChangedError: a logged file changed (size or modification time).
+        LandingLogBehindError: the log holds fewer files than ``floor``, the highest
+            number the control root pinned (:func:`refuse_log_behind`).
     """
     # The log is created by its first files only: the folder is listed first (by default
     # the log lives inside it, and creating it would create a missing folder).
     state = log.state(create=False) or LogState("", 0)
+    if floor:
+        refuse_log_behind(upstream, log, state, floor)
     look = look_at_folder(upstream, state)
     latest = look.latest
-    if look.new and record:
-        state = log.register(look.new)
+    if look.new and record and floor is not None:
+        state = log.register(look.new, floor=floor)
         latest = state.latest
     if latest == 0:
         raise NoFileLandedError(

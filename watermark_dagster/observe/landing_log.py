@@ -34,7 +34,9 @@ from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.errors import (
     CommitConflictError,
     LandingFileChangedError,
+    LandingLogBehindError,
     UpstreamUnavailableError,
+    reset_command,
 )
 from watermark_dagster.observe.landing_files import FileStat, stat_files
 from watermark_dagster.observe.log import is_local, latest_local_version
@@ -176,11 +178,14 @@ class FileLog:
             self._state = state
         return state
 
-    def register(self, candidates: Sequence[FileStat]) -> LogState:
+    def register(self, candidates: Sequence[FileStat], *, floor: int) -> LogState:
         """Append the files of ``candidates`` that the log does not hold, numbered after
         the last one (older modification times first), in one compare-and-swap commit.
+        ``floor`` is the highest file number the control root committed or pinned: a log
+        holding fewer (put back from an older copy) numbers nothing.
 
         Raises:
+            LandingLogBehindError: the log holds fewer files than ``floor``.
             CommitConflictError: other writers kept winning the commit.
             LandingFileChangedError: a candidate is a logged file moved to a new path
                 (nothing is logged).
@@ -189,6 +194,7 @@ class FileLog:
             dt = self._open(create=True)
             assert dt is not None
             state = self._load(dt)
+            refuse_log_behind(self.upstream, self, state, floor)
             new = sorted(
                 (c for c in candidates if c.path not in state.by_path),
                 key=lambda c: (c.mtime_ns, c.path),
@@ -243,6 +249,35 @@ class FileLog:
         )
         self.rows_read += chosen.num_rows
         return sorted(_files(chosen), key=lambda f: f.ordinal)
+
+
+def refuse_log_behind(
+    upstream: LandingUpstream, log: "FileLog", state: LogState, floor: int
+) -> None:
+    """Fail when the file log holds fewer files than the control root pinned (``floor``:
+    its committed watermark, or an open batch's range end): the log was put back from an
+    older copy, and the files it forgot, loaded or pinned under their numbers, would be
+    numbered again in another order (one loaded twice, another never).
+
+    Raises:
+        LandingLogBehindError: naming the log, both numbers and the fix; nothing is logged.
+    """
+    if not state.table_id or state.latest >= floor:
+        return
+    raise LandingLogBehindError(
+        f"{upstream.owner}: its file log {log.uri} holds "
+        + (f"files 1..{state.latest}" if state.latest else "no file")
+        + ", but this "
+        f"control root has pinned files up to {floor}: the log was put back from an older "
+        "copy (or rewound). Numbering new files now would give the numbers of files "
+        "already loaded to others. Nothing is logged or loaded.",
+        upstream=upstream.name,
+        versions=f"file log at {state.latest}, pinned up to {floor}",
+        fix=f"put back the file log that holds files 1..{floor} (its newer copy). If it is "
+        f"lost, move {log.uri} aside and run `{reset_command(upstream.name)}`: every file "
+        "in the folder is then numbered afresh and its pipelines load the folder again from "
+        "the start.",
+    )
 
 
 def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileStat]) -> None:

@@ -198,8 +198,9 @@ class Observer:
             state = None
         return Observation(upstream.name, path, -1, False, "", "", state)
 
-    def observe(self, upstream: Upstream) -> Observation:
-        """Look at one upstream.
+    def observe(self, upstream: Upstream, *, floor: int | None = None) -> Observation:
+        """Look at one upstream; ``floor`` is the highest version its control root pinned
+        (a landing upstream's file log must hold at least that many files).
 
         Raises:
             UpstreamUnavailableError: the path does not exist or holds no Delta table, or
@@ -212,7 +213,9 @@ class Observer:
         if isinstance(upstream, CursorUpstream):
             return self._observe_cursor(upstream)
         if isinstance(upstream, LandingUpstream):
-            return observe_landing(upstream, self.file_log(upstream), record=not self.read_only)
+            return observe_landing(
+                upstream, self.file_log(upstream), record=not self.read_only, floor=floor
+            )
         path = upstream.path
         if not is_local(path):
             return self._load(upstream, None)
@@ -260,9 +263,10 @@ class Observer:
         return obs
 
     def observe_all(
-        self, upstreams: Iterable[Upstream]
+        self, upstreams: Iterable[Upstream], floors: Mapping[str, int | None] | None = None
     ) -> dict[str, Observation | UpstreamUnavailableError]:
-        """Look at many upstreams.
+        """Look at many upstreams (``floors``: upstream -> the highest version its control
+        root pinned, see :meth:`observe`).
 
         Local Delta tables are looked at in this thread: a look is a listing and a few small
         file reads, mostly Python work that threads would only contend for. The others
@@ -274,24 +278,31 @@ class Observer:
             in the order given.
         """
         upstreams = list(upstreams)
+        floors = floors or {}
+
+        def look(upstream: Upstream) -> Observation | UpstreamUnavailableError:
+            return self._observe_or_error(upstream, floors.get(upstream.name))
+
         found: dict[str, Observation | UpstreamUnavailableError] = {}
         remote: list[Upstream] = []
         for upstream in upstreams:
             if isinstance(upstream, DeltaUpstream) and is_local(upstream.path):
-                found[upstream.name] = self._observe_or_error(upstream)
+                found[upstream.name] = look(upstream)
             else:
                 remote.append(upstream)
         if len(remote) > 1 and self._workers > 1:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="observe") as pool:
-                looked = list(pool.map(self._observe_or_error, remote))
+                looked = list(pool.map(look, remote))
         else:
-            looked = [self._observe_or_error(u) for u in remote]
+            looked = [look(u) for u in remote]
         found.update(zip((u.name for u in remote), looked, strict=True))
         return {u.name: found[u.name] for u in upstreams}
 
-    def _observe_or_error(self, upstream: Upstream) -> Observation | UpstreamUnavailableError:
+    def _observe_or_error(
+        self, upstream: Upstream, floor: int | None = None
+    ) -> Observation | UpstreamUnavailableError:
         try:
-            return self.observe(upstream)
+            return self.observe(upstream, floor=floor)
         except UpstreamUnavailableError as e:
             return e
 
@@ -364,6 +375,7 @@ def observe_registry(
     marks: Mapping[str, Watermark] | None = None,
     ever_succeeded: Callable[[str], bool] = lambda _pipeline: False,
     reload: Collection[str] = (),
+    pinned: Mapping[str, int] | None = None,
 ) -> RegistryObservation:
     """Observe the consumed upstreams; unavailable ones are reported in ``errors`` and the
     pipelines reading them are left out of ``runnable`` (nothing is planned for them).
@@ -381,12 +393,20 @@ def observe_registry(
         reload: pipelines whose next batch reloads their target whatever it holds (see
             :func:`~watermark_dagster.core.reloads.reloads_due`), among those whose
             upstreams all start from the beginning.
+        pinned: upstream -> the highest version an open batch pinned; with ``committed``,
+            the floor a landing upstream's file log must reach (put back from an older
+            copy, it is refused before it numbers a file).
     """
     marks = marks or {}
     observed: dict[str, Observation] = {}
     errors: dict[str, str] = {}
     blocked: dict[str, UpstreamRecreatedError] = {}
-    for name, obs in observer.observe_all(registry.consumed_upstreams()).items():
+    pinned = pinned or {}
+    consumed = registry.consumed_upstreams()
+    # What each upstream's control root committed or pinned: a look that knows it numbers
+    # a landing folder's new files (and refuses a file log put back from an older copy).
+    floors = {u.name: max(committed.get(u.name) or 0, pinned.get(u.name, 0)) for u in consumed}
+    for name, obs in observer.observe_all(consumed, floors).items():
         if isinstance(obs, UpstreamUnavailableError):
             errors[name] = str(obs)
             continue

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from watermark_dagster.config.database import DatabaseUpstream
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.pipeline import WriteMode
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.faults import fault_point
@@ -94,6 +95,7 @@ def look_before_planning(
         store.flush_pending_history(pending)
 
     abandoned, owed = reloads_after_abandon(registry, store, marks)
+    pinned = landing_pins(registry, store)
 
     def observe(current: Mapping[str, Watermark]) -> RegistryObservation:
         return observe_registry(
@@ -103,6 +105,7 @@ def look_before_planning(
             marks=current,
             ever_succeeded=lambda p: store.newest_success(p) is not None,
             reload=owed,
+            pinned=pinned,
         )
 
     def ready(found: RegistryObservation, started: StartingPoints) -> Look:
@@ -130,6 +133,33 @@ def look_before_planning(
         return ready(observe(marks), points)
     started = store.initialize_watermarks(points, actor=actor, table_ids=look.table_ids)
     return ready(observe(store.committed()), {n: points[n] for n in started})
+
+
+def landing_pins(registry: Registry, store: WatermarkStore) -> dict[str, int]:
+    """Landing upstream -> the highest file number an open batch pinned (none read when
+    the registry has no landing upstream): with the committed watermarks, what each file
+    log must still hold (:func:`~watermark_dagster.observe.landing_log.refuse_log_behind`)."""
+    landing = {n for n, u in registry.upstreams.items() if isinstance(u, LandingUpstream)}
+    if not landing:
+        return {}
+    pins: dict[str, int] = {}
+    for batch in store.open_batches():
+        for name, planned in batch.inputs.items():
+            if name in landing and planned.snapshot_version is not None:
+                pins[name] = max(pins.get(name, 0), planned.snapshot_version)
+    return pins
+
+
+def landing_floor(store: WatermarkStore, name: str) -> int:
+    """The highest file number landing upstream ``name``'s control root committed or an
+    open batch pinned: what its file log must still hold."""
+    mark = store.committed().get(name)
+    pins = [
+        planned.snapshot_version
+        for batch in store.open_batches()
+        if (planned := batch.inputs.get(name)) is not None and planned.snapshot_version
+    ]
+    return max([mark.committed_version or 0 if mark else 0, *pins])
 
 
 def reloads_after_abandon(

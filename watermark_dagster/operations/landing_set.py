@@ -124,19 +124,27 @@ def files_at_time(
     text: str,
     now: datetime,
     dry_run: bool,
+    floor: int = 0,
 ) -> tuple[int, FilesAtTime]:
     """The file number ``when`` means for landing upstream ``name`` (``text``: as typed),
     after logging its settled files (``dry_run``: numbered as they would be, nothing
-    written).
+    written; ``floor``: the highest file number the control root committed or pinned,
+    which the log must hold).
 
     Raises:
         UsageError: ``when`` is in the future; a file modified by then is still settling;
             no file was modified by then; the log's numbering is not split by ``when``.
         LandingFileChangedError: a logged file changed or moved (as a look refuses it).
+        LandingLogBehindError: the log holds fewer files than ``floor``.
     """
     from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.observe.landing import look_at_folder
-    from watermark_dagster.observe.landing_log import FileLog, LoggedFile, LogState
+    from watermark_dagster.observe.landing_log import (
+        FileLog,
+        LoggedFile,
+        LogState,
+        refuse_log_behind,
+    )
 
     if when > now:
         raise UsageError(
@@ -149,6 +157,7 @@ def files_at_time(
     assert isinstance(upstream, LandingUpstream)
     log = FileLog(upstream)
     state = log.state(create=False) or LogState("", 0)
+    refuse_log_behind(upstream, log, state, floor)
     look = look_at_folder(upstream, state)
     new, settling = look.new, look.settling
     limit = at_ns(when)
@@ -166,7 +175,7 @@ def files_at_time(
             "give an earlier time."
         )
     if new and not dry_run:
-        files = list(log.register(new).by_path.values())
+        files = list(log.register(new, floor=floor).by_path.values())
     else:
         files = [
             *state.by_path.values(),

@@ -161,9 +161,16 @@ def refuse_cursor(registry: "Registry", upstream: str) -> None:
 
 
 def requested_version(
-    registry: "Registry", upstream: str, requested: int | Literal["latest"]
+    registry: "Registry",
+    upstream: str,
+    requested: int | Literal["latest"],
+    *,
+    floor: int | None = None,
 ) -> int:
     """The version ``requested`` (a version, or ``latest``) means for ``upstream`` now.
+    A landing folder's new files are logged first when ``floor`` (what the control root
+    committed or pinned) is given; without it (a dry run) they count as numbered the way
+    the coordinator's look would number them, and nothing is written.
 
     Raises:
         UsageError: the version is beyond the table's latest.
@@ -171,7 +178,7 @@ def requested_version(
     """
     from watermark_dagster.observe.observer import Observer
 
-    latest = Observer().observe(registry.upstreams[upstream]).latest_version
+    latest = Observer().observe(registry.upstreams[upstream], floor=floor).latest_version
     if requested == LATEST:
         return latest
     assert isinstance(requested, int)

@@ -16,6 +16,7 @@ from watermark_dagster.cli.timespec import TimestampError, parse_when
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.errors import BatchStateError, UsageError
 from watermark_dagster.operations import manual
+from watermark_dagster.operations.coordinate import landing_floor
 from watermark_dagster.operations.landing_set import FilesAtTime, files_at_time
 from watermark_dagster.operations.manual import LATEST
 
@@ -257,6 +258,7 @@ def cmd_set(ctx: Context) -> int:
             text=args.timestamp,
             now=now,
             dry_run=bool(args.dry_run),
+            floor=landing_floor(ctx.read_store, name),
         )
     elif args.timestamp is not None:
         now = datetime.now(UTC)
@@ -265,7 +267,8 @@ def cmd_set(ctx: Context) -> int:
         )
     else:
         assert requested is not None
-        version = manual.requested_version(ctx.registry, name, requested)  # type: ignore[arg-type]
+        floor = None if args.dry_run else landing_floor(ctx.read_store, name)
+        version = manual.requested_version(ctx.registry, name, requested, floor=floor)  # type: ignore[arg-type]
     return _change(ctx, name, version, resolved=resolved)
 
 

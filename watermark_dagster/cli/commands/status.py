@@ -13,12 +13,18 @@ RECENT_HISTORY = 5
 
 
 def _look(
-    ctx: Context, name: str, mark: Any, observer: Any, unreadable: WatermarkError | None
+    ctx: Context,
+    name: str,
+    mark: Any,
+    observer: Any,
+    unreadable: WatermarkError | None,
+    floor: int | None = None,
 ) -> dict[str, Any]:
     """``latest``, ``mode`` and what blocks the upstream: ``unavailable`` (the path holds
     no readable table) or ``blocked`` (dropped and recreated since its watermark, or its
     next range ``unreadable``: ``blocked_by`` says which), with the ``fix``. Cursor
-    upstreams have no version but are still checked for availability."""
+    upstreams have no version but are still checked for availability. ``floor`` is the
+    highest version the control root pinned (a landing file log must hold as many)."""
     from watermark_dagster.core.observations import read_mode_of, recreation
 
     upstream = ctx.registry.upstreams[name]
@@ -26,7 +32,7 @@ def _look(
     found.update(blocked=None, blocked_by=None, fix=None, rows_without_cursor=None)
     found.update(cursor_type=None, waiting=None)
     try:
-        obs = observer.observe(upstream)
+        obs = observer.observe(upstream, floor=floor)
     except NoFileLandedError as e:
         # Nothing is wrong: the folder waits for its first file.
         return {**found, "waiting": e.reason, "fix": e.fix}
@@ -72,16 +78,17 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     seen: dict[str, list[Checkpoint]] = {}  # batch id -> its checkpoints, read once
     for name in sorted(ctx.registry.upstreams):
         mark = committed.get(name)
-        look = _look(ctx, name, mark, observer, unreadable.get(name))
-        latest = look["latest"]
         version = mark.committed_version if mark else None
+        planned = open_batch.inputs.get(name) if open_batch else None
+        floor = max(version or 0, (planned.snapshot_version or 0) if planned else 0)
+        look = _look(ctx, name, mark, observer, unreadable.get(name), floor)
+        latest = look["latest"]
         cursor = mark.committed_cursor if mark else None
         lag = (
             None
             if latest is None or cursor or look["blocked_by"] == "recreated"
             else latest - (-1 if version is None else version)
         )
-        planned = open_batch.inputs.get(name) if open_batch else None
         upstream = ctx.registry.upstreams[name]
         held = stuck if open_batch and planned and planned.range is not None else None
         if look["blocked"]:
