@@ -5,6 +5,7 @@ import json
 import os
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,29 @@ def test_a_file_log_behind_what_the_root_pinned_numbers_nothing(tmp_path: Path) 
         log.register(list_files(upstream), floor=3)
     assert DeltaTable(upstream.log_location).version() == version
     assert Observer().observe(upstream, floor=1).latest_version == 2  # at the floor: numbered
+
+
+def test_a_file_log_written_before_digests_gains_the_column(tmp_path: Path) -> None:
+    """A log an older release wrote has no ``digest`` column: it is read as it is, and the
+    next files logged add the column (NULL for the old files)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from watermark_dagster.observe.landing_log import LOG_SCHEMA
+
+    folder = tmp_path / "in"
+    _write(folder, "a.csv", mtime=1_000)
+    upstream = _landing(folder)
+    old = pa.schema([f for f in LOG_SCHEMA if f.name != "digest"])
+    row = {"ordinal": 1, "path": "a.csv", "size": 4, "mtime_ns": 1_000 * 10**9}
+    write_deltalake(
+        upstream.log_location,
+        pa.Table.from_pylist([{**row, "logged_at": datetime.now(UTC)}], schema=old),
+        name="watermark_files_drops",
+    )
+    assert Observer().observe(upstream, floor=1).latest_version == 1
+    _write(folder, "b.csv", mtime=2_000)
+    assert Observer().observe(upstream, floor=1).latest_version == 2
+    names = {f.name for f in DeltaTable(upstream.log_location).schema().fields}
+    assert "digest" in names
+    assert [f.path for f in FileLog(upstream).files_in(VersionRange(1, 2))] == ["a.csv", "b.csv"]

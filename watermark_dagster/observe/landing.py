@@ -12,7 +12,12 @@ from watermark_dagster.errors import (
     NoFileLandedError,
     UpstreamUnavailableError,
 )
-from watermark_dagster.observe.landing_files import FileStat, list_files, stat_files
+from watermark_dagster.observe.landing_files import (
+    FileStat,
+    list_files,
+    stat_files,
+    with_digests,
+)
 from watermark_dagster.observe.landing_log import (
     FileLog,
     LoggedFile,
@@ -172,6 +177,7 @@ def look_at_folder(upstream: LandingUpstream, state: LogState) -> FolderLook:
         settled(unlogged, upstream.settle_seconds, time.time_ns()),
         key=lambda f: (f.mtime_ns, f.path),
     )
+    new = with_digests(upstream, new)
     refuse_moves(upstream, state, new)
     chosen = {f.path for f in new}
     return FolderLook(state, new, [f for f in unlogged if f.path not in chosen])

@@ -6,16 +6,22 @@ is listed under its own path. Object stores are listed through
 :mod:`pyarrow.fs` with the upstream's storage options. Names starting with ``.`` or ``_``
 (hidden files, Spark's ``_SUCCESS`` markers, the file log's own folder) are never taken.
 
+On an object store a move is a copy and a delete, and the copy gets a new modification
+time: there a file is also known by a digest of its content's ends
+(:func:`content_digests`), computed once, when it is first logged.
+
 A file is its exact path: ``pattern`` is matched segment by segment (``*`` never crosses a
 ``/``; only a ``**`` segment matches folders, zero or more), and the path handed to Spark
 has its glob characters escaped, so Spark reads that one file and no other.
 """
 
 import fnmatch
+import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
 from pyarrow import fs as pafs
 
@@ -32,6 +38,56 @@ class FileStat:
     path: str
     size: int
     mtime_ns: int
+    digest: str | None = None
+    """On an object store, once computed: see :func:`content_digests`."""
+
+
+DIGEST_BYTES = 64 * 1024
+"""How much of each end of a file its digest reads."""
+_DIGEST_THREADS = 16
+
+
+def _digest(filesystem: pafs.FileSystem, path: str, size: int) -> str:
+    """SHA-256 of a file's size, its first and its last :data:`DIGEST_BYTES` (the whole
+    file when it is smaller than both): one or two ranged reads."""
+    sha = hashlib.sha256(str(size).encode() + b"|")
+    with filesystem.open_input_file(path) as f:
+        if size <= 2 * DIGEST_BYTES:
+            sha.update(f.read())
+        else:
+            sha.update(f.read_at(DIGEST_BYTES, 0))
+            sha.update(f.read_at(DIGEST_BYTES, size - DIGEST_BYTES))
+    return sha.hexdigest()[:32]
+
+
+def with_digests(upstream: LandingUpstream, files: Sequence[FileStat]) -> list[FileStat]:
+    """``files`` with their :func:`content_digests` (unchanged in a local folder)."""
+    digests = content_digests(upstream, [f for f in files if f.digest is None])
+    return [replace(f, digest=digests[f.path]) if f.path in digests else f for f in files]
+
+
+def content_digests(upstream: LandingUpstream, files: Iterable[FileStat]) -> dict[str, str]:
+    """Path -> the digest of each of ``files`` on an object store (none for a local
+    folder, where a move keeps the modification time, or for an empty file), read on up to
+    16 threads. Two files of the same size whose first and last 64 KiB are the same have
+    the same digest: on an object store, a new path with a logged file's digest, whose
+    logged path is gone, is that file moved.
+
+    Raises:
+        FileNotFoundError: a file vanished since the listing.
+    """
+    if is_local(upstream.path):
+        return {}
+    wanted = [f for f in files if f.size > 0]
+    if not wanted:
+        return {}
+    filesystem, base = _filesystem(upstream)
+
+    def one(f: FileStat) -> str:
+        return _digest(filesystem, f"{base}/{f.path}", f.size)
+
+    with ThreadPoolExecutor(min(_DIGEST_THREADS, len(wanted))) as pool:
+        return dict(zip((f.path for f in wanted), pool.map(one, wanted), strict=True))
 
 
 def _hidden(name: str) -> bool:

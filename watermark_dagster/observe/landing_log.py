@@ -38,7 +38,7 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
     reset_command,
 )
-from watermark_dagster.observe.landing_files import FileStat, stat_files
+from watermark_dagster.observe.landing_files import FileStat, stat_files, with_digests
 from watermark_dagster.observe.log import is_local, latest_local_version
 
 LOG_SCHEMA = pa.schema(
@@ -48,9 +48,11 @@ LOG_SCHEMA = pa.schema(
         pa.field("size", pa.int64(), nullable=False),
         pa.field("mtime_ns", pa.int64(), nullable=False),
         pa.field("logged_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        # A digest of the content's ends, for files on an object store (content_digests).
+        pa.field("digest", pa.string()),
     ]
 )
-_COLUMNS = ["ordinal", "path", "size", "mtime_ns"]
+_COLUMNS = ["ordinal", "path", "size", "mtime_ns", "digest"]
 _CAS = CommitProperties(max_commit_retries=0)
 _ATTEMPTS = 30
 
@@ -64,6 +66,7 @@ class LoggedFile:
     path: str
     size: int
     mtime_ns: int
+    digest: str | None = None
 
     @property
     def mtime(self) -> datetime:
@@ -87,9 +90,17 @@ class LogState:
 
 def _files(table: pa.Table) -> list[LoggedFile]:
     return [
-        LoggedFile(int(r["ordinal"]), str(r["path"]), int(r["size"]), int(r["mtime_ns"]))
-        for r in table.select(_COLUMNS).to_pylist()
+        LoggedFile(
+            int(r["ordinal"]), str(r["path"]), int(r["size"]), int(r["mtime_ns"]), r.get("digest")
+        )
+        for r in table.select([c for c in _COLUMNS if c in table.column_names]).to_pylist()
     ]
+
+
+def _columns(dt: DeltaTable) -> list[str]:
+    """The log's columns to read: a log written before digests has none."""
+    have = {f.name for f in dt.schema().fields}
+    return [c for c in _COLUMNS if c in have]
 
 
 class FileLog:
@@ -171,7 +182,7 @@ class FileLog:
             cached = self._state
         if cached is not None and cached.version == dt.version():
             return cached
-        table = dt.to_pyarrow_table(columns=_COLUMNS)
+        table = dt.to_pyarrow_table(columns=_columns(dt))
         self.rows_read += table.num_rows
         state = LogState(str(dt.metadata().id), dt.version(), {f.path: f for f in _files(table)})
         with self._lock:
@@ -201,6 +212,7 @@ class FileLog:
             )
             if not new:
                 return state
+            new = with_digests(self.upstream, new)
             refuse_moves(self.upstream, state, new)
             first = state.latest + 1
             now = datetime.now(UTC)
@@ -212,13 +224,17 @@ class FileLog:
                         "size": f.size,
                         "mtime_ns": f.mtime_ns,
                         "logged_at": now,
+                        "digest": f.digest,
                     }
                     for i, f in enumerate(new)
                 ],
                 schema=LOG_SCHEMA,
             )
             try:
-                write_deltalake(dt, rows, mode="append", commit_properties=_CAS)
+                # A log written before digests gains the column (NULL for its files).
+                write_deltalake(
+                    dt, rows, mode="append", schema_mode="merge", commit_properties=_CAS
+                )
             except CommitFailedError:
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
                 continue
@@ -245,7 +261,8 @@ class FileLog:
         """
         dt = DeltaTable(self.uri, storage_options=self.options)
         chosen = dt.to_pyarrow_table(
-            columns=_COLUMNS, filters=[("ordinal", ">=", rng.start), ("ordinal", "<=", rng.end)]
+            columns=_columns(dt),
+            filters=[("ordinal", ">=", rng.start), ("ordinal", "<=", rng.end)],
         )
         self.rows_read += chosen.num_rows
         return sorted(_files(chosen), key=lambda f: f.ordinal)
@@ -281,47 +298,83 @@ def refuse_log_behind(
 
 
 def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileStat]) -> None:
-    """Fail when one of ``new`` (paths the log does not hold) has the size and modification
-    time of a logged file: gone from its logged path, it was moved; still there, it was
-    copied (``cp -p``, or a move done as copy then delete, seen halfway). Either way its
-    rows are the logged file's, loaded (or pinned) already: not a new file.
+    """Fail when one of ``new`` (paths the log does not hold) is a logged file under a new
+    path: it has the logged file's size and modification time (gone from its logged path,
+    it was moved; still there, it was copied: ``cp -p``, or a move done as copy then
+    delete, seen halfway); on an object store, where a move is a copy that gets a new
+    modification time (kept in whole seconds), it has the content digest of a logged file
+    gone from its logged path (a file of the same content beside the logged one is a second
+    delivery: a move there is a copy, then a delete, done before the copy settles). Either
+    way its rows are the logged file's, loaded (or pinned) already: not a new file.
 
     Raises:
         LandingFileChangedError: naming both paths, the logged file's number and the fix.
     """
-    identities = {(f.size, f.mtime_ns) for f in new}
-    same = [f for f in state.by_path.values() if (f.size, f.mtime_ns) in identities]
+    identities = {(f.size, f.mtime_ns) for f in new if not f.digest}
+    digests = {f.digest for f in new if f.digest}
+    same = [
+        f
+        for f in state.by_path.values()
+        if (f.size, f.mtime_ns) in identities or (f.digest and f.digest in digests)
+    ]
     if not same:
         return
     now = stat_files(upstream, [f.path for f in same])
     known: dict[tuple[int, int], LoggedFile] = {}
+    moved: dict[str, LoggedFile] = {}
     # A logged file gone from its path is the likelier origin (a move) than one still there.
     for f in sorted(same, key=lambda f: (now[f.path] is not None, f.ordinal)):
         known.setdefault((f.size, f.mtime_ns), f)
+        if f.digest and now[f.path] is None:
+            moved.setdefault(f.digest, f)
     for found in new:
-        logged = known.get((found.size, found.mtime_ns))
-        if logged is None:
+        if found.digest:
+            logged = moved.get(found.digest)
+            if logged is not None:
+                raise _moved_error(upstream, found, logged, gone=True, by_content=True)
             continue
-        how = (
-            "which is gone from its logged path: it was moved"
-            if now[logged.path] is None
-            else "which is still there: it was copied (a move done as copy then delete looks "
-            "like this until the delete)"
+        logged = known.get((found.size, found.mtime_ns))
+        if logged is not None:
+            raise _moved_error(upstream, found, logged, gone=now[logged.path] is None)
+
+
+def _moved_error(
+    upstream: LandingUpstream,
+    found: FileStat,
+    logged: LoggedFile,
+    *,
+    gone: bool,
+    by_content: bool = False,
+) -> LandingFileChangedError:
+    how = (
+        "which is gone from its logged path: it was moved"
+        if gone
+        else "which is still there: it was copied (a move done as copy then delete looks "
+        "like this until the delete)"
+    )
+    alike = (
+        f"the size ({found.size}) and the content (first and last 64 KiB) of {logged.path!r}"
+        if by_content
+        else f"the size ({found.size}) and modification time ({logged.mtime.isoformat()}) "
+        f"of {logged.path!r}"
+    )
+    same_again = (
+        f"If {found.path!r} is meant to load those rows a second time, change its content."
+        if by_content
+        else f"If {found.path!r} is new content, give it a new modification time (`touch` "
+        "it) and it is loaded as a new file."
+    )
+    return LandingFileChangedError(
+        f"{upstream.owner}: landing file {found.path!r} has {alike} (file {logged.ordinal}), "
+        f"{how}, and its rows were loaded (or are pinned) already under that number. "
+        "Nothing is logged or loaded until it is resolved.",
+        upstream=upstream.name,
+        versions=f"file {logged.ordinal}",
+        fix=(
+            f"move it back to {logged.path!r}, or archive it"
+            if gone
+            else "remove the copy, or keep copies"
         )
-        raise LandingFileChangedError(
-            f"{upstream.owner}: landing file {found.path!r} has the size ({found.size}) and "
-            f"modification time ({logged.mtime.isoformat()}) of {logged.path!r} (file "
-            f"{logged.ordinal}), {how}, and its rows were loaded (or are pinned) already "
-            "under that number. Nothing is logged or loaded until it is resolved.",
-            upstream=upstream.name,
-            versions=f"file {logged.ordinal}",
-            fix=(
-                f"move it back to {logged.path!r}, or archive it"
-                if now[logged.path] is None
-                else "remove the copy, or keep copies"
-            )
-            + " where the folder's listing never looks (outside the folder, or under a folder "
-            "or name starting with '_' or '.'); write temporary files there too. If "
-            f"{found.path!r} is new content, give it a new modification time (`touch` it) "
-            "and it is loaded as a new file.",
-        )
+        + " where the folder's listing never looks (outside the folder, or under a folder "
+        "or name starting with '_' or '.'); write temporary files there too. " + same_again,
+    )
