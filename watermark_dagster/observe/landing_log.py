@@ -305,11 +305,14 @@ def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileS
     modification time (kept in whole seconds), it has the content digest of a logged file
     gone from its logged path (a file of the same content beside the logged one is a second
     delivery: a move there is a copy, then a delete, done before the copy settles). Either
-    way its rows are the logged file's, loaded (or pinned) already: not a new file.
+    way its rows are the logged file's, loaded (or pinned) already: not a new file. An
+    empty file holds no row to load twice and is never refused (two written in one second
+    on an object store share size and modification time, and have no digest).
 
     Raises:
         LandingFileChangedError: naming both paths, the logged file's number and the fix.
     """
+    new = [f for f in new if f.size > 0]
     identities = {(f.size, f.mtime_ns) for f in new if not f.digest}
     digests = {f.digest for f in new if f.digest}
     same = [
