@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from watermark_dagster.config.landing import LandingUpstream
-from watermark_dagster.errors import LandingLogBehindError
+from watermark_dagster.errors import LandingFileChangedError, LandingLogBehindError
 from watermark_dagster.observe.landing_log import FileLog
 from watermark_dagster.observe.observer import Observer
 
@@ -58,3 +58,21 @@ def test_empty_files_sharing_a_modification_time_both_log(tmp_path: Path) -> Non
     _write(folder, "b.csv", "", 1_000)
     _write(folder, "c.csv", "1,2\n", 3_000)
     assert Observer().observe(upstream, floor=1).latest_version == 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 64 attack: in a local folder a file is known by path, size and mtime only "
+    "(no digest); a move done as copy then delete that gives the copy a new mtime (a copy "
+    "tool without -p, a sync agent, a FUSE-mounted bucket) loads its rows twice, exit 0",
+)
+def test_a_local_move_done_as_a_copy_with_a_new_mtime_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    _write(folder, "a.csv", "1,2\n3,4\n", 1_000)
+    upstream = _landing(folder)
+    assert Observer().observe(upstream, floor=0).latest_version == 1
+    (folder / "archive").mkdir()
+    shutil.copy(folder / "a.csv", folder / "archive" / "a.csv")  # a new modification time
+    (folder / "a.csv").unlink()
+    with pytest.raises(LandingFileChangedError, match="moved"):
+        Observer().observe(upstream, floor=1)
