@@ -92,12 +92,30 @@ def spark():  # yields a pyspark SparkSession
     session.stop()
 
 
-@pytest.fixture
-def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temporary DAGSTER_HOME holding the repository's dagster.yaml."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
+@pytest.fixture(scope="session")
+def _dagster_home_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DAGSTER_HOME holding the repository's dagster.yaml and the SQLite storages an
+    instance creates on its first open (runs, the event log's index, schedules), made once
+    per test process. Creating them is most of opening a new instance: 2.2-3.3 s against
+    0.15-0.18 s for a copy, measured beside a load of 10 on 2 cores."""
+    from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+
+    home = tmp_path_factory.mktemp("dagster_home_template")
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    DagsterInstance.from_ref(InstanceRef.from_dir(str(home))).dispose()
+    return home
+
+
+@pytest.fixture
+def dagster_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _dagster_home_template: Path
+) -> Path:
+    """A temporary DAGSTER_HOME holding the repository's dagster.yaml, its storages as a
+    new instance creates them (a copy of :func:`_dagster_home_template`'s: the same files
+    the test's first open would write, empty)."""
+    home = tmp_path / "dagster_home"
+    shutil.copytree(_dagster_home_template, home)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return home
 
