@@ -310,15 +310,16 @@ def test_columns_dropped_renamed_or_retyped_are_problems_added_ones_are_not() ->
     assert "'value' was dropped" in dropped
 
 
-def test_lag_seconds_on_a_cursor_that_is_no_timestamp_is_refused_at_the_first_look() -> None:
+def test_lag_seconds_on_a_cursor_of_no_time_date_or_integer_is_refused_at_the_first_look() -> None:
     """The location loads without the database, so the first look (which reads the cursor
-    column's type from the catalog) refuses it, before any batch is planned."""
+    column's type from the catalog) refuses it, before any batch is planned. A timestamp,
+    a date and an integer cursor each give the lag a meaning (read/database_pin.py)."""
     from watermark_dagster.errors import UpstreamUnavailableError
     from watermark_dagster.observe.database_state import DatabaseLook, refuse_look
 
     lagged = declare_upstream(**{**GOOD, "lag_seconds": 30})
     assert isinstance(lagged, DatabaseUpstream)
-    for cursor_type in ("bigint", "date", "int(11)"):
+    for cursor_type in ("text", "numeric(12,2)", "varchar(10)", "interval"):
         look = DatabaseLook("db:empty", 0, (("updated_at", cursor_type, False),))
         with pytest.raises(
             UpstreamUnavailableError, match=f"updated_at is {re.escape(cursor_type)}"
@@ -328,6 +329,11 @@ def test_lag_seconds_on_a_cursor_that_is_no_timestamp_is_refused_at_the_first_lo
         "timestamp(6) without time zone",
         "timestamp with time zone",
         "datetime(6)",
+        "bigint",
+        "integer",
+        "int(11)",
+        "bigint(20) unsigned",
+        "date",
     ):
         refuse_look(lagged, DatabaseLook("db:empty", 0, (("updated_at", cursor_type, False),)))
 

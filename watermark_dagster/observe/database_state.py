@@ -22,6 +22,7 @@ use, and go to the driver only.
 """
 
 import json
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -136,19 +137,20 @@ def refuse_look(upstream: DatabaseUpstream, look: DatabaseLook) -> None:
 
     Raises:
         UpstreamUnavailableError: rows without a cursor value under ``null_cursor: fail``,
-            or ``lag_seconds`` on a cursor column that is not a timestamp.
+            or ``lag_seconds`` on a cursor column that is not a timestamp, a date or an
+            integer.
     """
     types = {n: t for n, t, _ in look.columns}
     cursor_type = types.get(upstream.cursor)
-    if upstream.lag_seconds and cursor_type is not None and not is_timestamp_type(cursor_type):
+    if upstream.lag_seconds and cursor_type is not None and not lag_applies(cursor_type):
         raise UpstreamUnavailableError(
             f"Upstream '{upstream.name}': lag_seconds={upstream.lag_seconds:g} applies to a "
-            f"timestamp cursor only; {upstream.source_table}.{upstream.cursor} is "
-            f"{cursor_type}, where a lag has no meaning.",
+            f"timestamp, date or integer cursor only; {upstream.source_table}."
+            f"{upstream.cursor} is {cursor_type}, where a lag has no meaning.",
             upstream=upstream.name,
             fix="remove lag_seconds (a row written late below the committed position is "
             "missed: see docs/database-upstreams.md, late rows), or read the table by a "
-            "timestamp cursor.",
+            "timestamp, date or integer cursor.",
         )
     if look.without_cursor and upstream.null_cursor == "fail":
         raise UpstreamUnavailableError(
@@ -179,6 +181,25 @@ def null_cursor_fix(upstream: DatabaseUpstream) -> str:
         f"`watermark get -t {upstream.name}`; the current time is): they then load, while "
         "a value at or below it, such as the rows' old one, is in no window and never "
         "loads. Or set null_cursor: skip on the upstream to load the other rows without them."
+    )
+
+
+_INTEGER = re.compile(r"^((big|small|tiny|medium)?int(eger)?|(big|small)?serial)\b", re.I)
+
+
+def is_integer_type(type_name: str) -> bool:
+    """Whether a catalog type name is an integer (PostgreSQL's ``bigint``, ``integer``,
+    ``smallint``; MariaDB's ``bigint(20)``, ``int(11) unsigned``, ...)."""
+    return bool(_INTEGER.match(type_name.strip()))
+
+
+def lag_applies(type_name: str) -> bool:
+    """Whether ``lag_seconds`` has a meaning on a cursor of this catalog type: a timestamp,
+    a date or an integer (docs/database-upstreams.md, late rows)."""
+    return (
+        is_timestamp_type(type_name)
+        or type_name.strip().lower() == "date"
+        or is_integer_type(type_name)
     )
 
 

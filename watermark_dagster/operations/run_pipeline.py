@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
@@ -418,6 +419,7 @@ def _bind_inputs(
             # the first reader pinned the window, inside it, is not seen by later readers
             # (a retry, the batch's other pipelines) either.
             source_version=delta_source_version(batch.source_states.get(u)),
+            sightings=partial(store.sightings, u),
         )
         for u in pipeline.upstreams
     }

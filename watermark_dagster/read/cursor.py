@@ -26,7 +26,7 @@ from watermark_dagster.read.database import (
     value_of,
     with_deletes,
 )
-from watermark_dagster.read.database_pin import PinnedEnd, pin_in_database
+from watermark_dagster.read.database_pin import PinnedEnd, Sightings, pin_in_database
 from watermark_dagster.read.frames import as_changes, spark_reader
 
 log = logging.getLogger("watermark_dagster")
@@ -241,10 +241,12 @@ def pin_window(
     pin: PinWindow | None,
     now: datetime,
     version: int | None = None,
+    sightings: Sightings | None = None,
 ) -> tuple[CursorWindow, int]:
     """The window with its end pinned (unchanged when already pinned: the first read fixes
     it), and how many rows have no cursor value (never read). A Delta source is read as of
-    ``version`` (see :func:`read_source`).
+    ``version`` (see :func:`read_source`); a database table's integer cursor with a lag
+    ends where ``sightings`` say (:func:`~.database_pin.pin_in_database`).
 
     Raises:
         ValueError: the window is not pinned and no ``pin`` callback was given.
@@ -254,7 +256,7 @@ def pin_window(
     if pin is None:
         raise ValueError(f"{upstream.name}: an unpinned window needs a pin callback")
     if isinstance(upstream, DatabaseUpstream):  # asked of the database: no Spark job
-        found = pin_in_database(upstream, window, now)
+        found = pin_in_database(upstream, window, now, sightings)
     else:
         found = pin_end(read_source(spark, upstream, version), upstream, window, now)
     if (

@@ -19,19 +19,21 @@ depend on), days since the epoch for dates, the value itself otherwise. The quer
 made of validated identifiers quoted for the database; every value is a bound parameter.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from watermark_dagster.config.database import DRIVERS, DatabaseUpstream
 from watermark_dagster.core.ranges import CursorPosition, CursorWindow
+from watermark_dagster.core.sightings import Sighting, sighted_ceiling
 from watermark_dagster.errors import ConfigurationError, UpstreamUnavailableError
 from watermark_dagster.observe.database_state import (
     columns_query,
     connect,
     credentials_of,
     driver_message,
+    is_integer_type,
     is_timestamp_type,
     null_cursor_query,
 )
@@ -98,13 +100,25 @@ def _lexicographic(names: Sequence[str], values: Sequence[object], last: str) ->
     return f"({sql})", params
 
 
-def pin_in_database(upstream: DatabaseUpstream, window: CursorWindow, now: datetime) -> PinnedEnd:
+# The looks' sightings of an upstream from a moment on (core/sightings.py), newest first.
+Sightings = Callable[[datetime], Sequence[Sighting]]
+
+
+def pin_in_database(
+    upstream: DatabaseUpstream,
+    window: CursorWindow,
+    now: datetime,
+    sightings: Sightings | None = None,
+) -> PinnedEnd:
     """The end a new window should have, asked of the database: the greatest position
-    after the window's start whose cursor is at or below the ceiling (``now`` minus the
-    lag, for a timestamp cursor).
+    after the window's start whose cursor is at or below the ceiling. The ceiling of a
+    timestamp cursor is ``now`` minus ``lag_seconds``; with a lag, that of a date cursor is
+    the last day (UTC) that ended at least the lag ago, and that of an integer cursor the
+    greatest value a look saw at least the lag ago (``sightings``; none given: none was).
 
     Raises:
-        ConfigurationError: ``lag_seconds`` is set on a cursor that is not a timestamp.
+        ConfigurationError: ``lag_seconds`` is set on a cursor that is not a timestamp, a
+            date or an integer.
         UpstreamUnavailableError: the database did not answer, or has no such table or
             column (the message names the upstream and the driver's reason).
     """
@@ -113,7 +127,7 @@ def pin_in_database(upstream: DatabaseUpstream, window: CursorWindow, now: datet
         credentials = credentials_of(upstream)
         connection = connect(upstream, credentials)
         try:
-            return _pin(connection, upstream, window, now)
+            return _pin(connection, upstream, window, now, sightings)
         finally:
             connection.close()
     except (UpstreamUnavailableError, ConfigurationError):
@@ -130,8 +144,49 @@ def pin_in_database(upstream: DatabaseUpstream, window: CursorWindow, now: datet
         ) from None
 
 
+@dataclass(frozen=True)
+class _Ceiling:
+    """How far a window may end: the cursor's ceiling (None: none), or ``closed`` (no row
+    may be read yet), and when the rows held above it pass the lag (``recheck_at``, or
+    from the lowest held cursor by ``recheck_after``)."""
+
+    cursor: int | None = None
+    closed: bool = False
+    recheck_at: int | None = None
+    recheck_after: Callable[[object], int] | None = None
+
+
+def _ceiling(
+    upstream: DatabaseUpstream, kind: str, now: datetime, sightings: Sightings | None
+) -> _Ceiling:
+    lag = timedelta(seconds=upstream.lag_seconds)
+    lag_micros = lag // _MICROSECOND
+    if is_timestamp_type(kind):
+        return _Ceiling(_stored_int(now - lag), recheck_after=lambda v: _stored_int(v) + lag_micros)
+    if not upstream.lag_seconds:
+        return _Ceiling()
+    if kind.lower() == "date":  # a day's rows are written until it ends
+        last_day = _stored_int((now - lag).astimezone(UTC).date()) - 1
+        return _Ceiling(last_day, recheck_after=lambda v: (_stored_int(v) + 1) * _DAY + lag_micros)
+    if is_integer_type(kind):
+        seen = sightings(now - lag) if sightings is not None else ()
+        found = sighted_ceiling(seen, now, upstream.lag_seconds)
+        return _Ceiling(found.ceiling, found.ceiling is None, recheck_at=found.recheck_at)
+    raise ConfigurationError(
+        f"Upstream '{upstream.name}': lag_seconds={upstream.lag_seconds:g} applies to a "
+        f"timestamp, date or integer cursor only; {upstream.cursor} is {kind}, where a lag "
+        "has no meaning. Nothing was read.",
+        upstream=upstream.name,
+        fix="remove lag_seconds, or read the source by a timestamp, date or integer cursor.",
+    )
+
+
 def _pin(
-    connection: Any, upstream: DatabaseUpstream, window: CursorWindow, now: datetime
+    connection: Any,
+    upstream: DatabaseUpstream,
+    window: CursorWindow,
+    now: datetime,
+    sightings: Sightings | None,
 ) -> PinnedEnd:
     cursor = connection.cursor()
     if upstream.database == "postgresql":  # one snapshot for every count below
@@ -151,42 +206,21 @@ def _pin(
             fix="restore the column, or declare the upstream's cursor and tie_break as the "
             "table now has them; then retry the batch (`watermark run --retry`).",
         )
-    cursor_ceiling: int | None = None
-    position_ceiling: CursorPosition | None = None
-    lag_micros = int(upstream.lag_seconds * 1_000_000)
-    if is_timestamp_type(types[read[0]]):
-        ceiling = stored_value(now - timedelta(seconds=upstream.lag_seconds))
-        assert isinstance(ceiling, int)
-        cursor_ceiling = ceiling
-    elif upstream.lag_seconds:
-        raise ConfigurationError(
-            f"Upstream '{upstream.name}': lag_seconds={upstream.lag_seconds:g} applies to a "
-            f"timestamp cursor only; {upstream.cursor} is {types[read[0]]}, where a lag has "
-            "no meaning. Nothing was read.",
-            upstream=upstream.name,
-            fix="remove lag_seconds, or read the source by a timestamp cursor.",
-        )
+    kind = types[read[0]]
+    ceiling = _ceiling(upstream, kind, now, sightings)
     quote = DRIVERS[upstream.database][1]
     names = [f"{quote}{c}{quote}" for c in read]
-
-    def bound(position: CursorPosition) -> list[object]:
-        return [bound_value(types[c], v) for c, v in zip(read, position, strict=False)]
-
+    start = [bound_value(types[c], v) for c, v in zip(read, window.start or (), strict=False)]
     present = " AND ".join(f"{n} IS NOT NULL" for n in names)
     after, after_params = ("", [])
     if window.start:
-        after, after_params = _lexicographic(names, bound(window.start), ">")
+        after, after_params = _lexicographic(names, start, ">")
         after = f" AND {after}"
-    below_parts: list[str] = []
-    below_params: list[object] = []
-    if cursor_ceiling is not None:
-        below_parts.append(f"{names[0]} <= %s")
-        below_params.append(bound_value(types[read[0]], cursor_ceiling))
-    if position_ceiling is not None:
-        sql, values = _lexicographic(names, bound(position_ceiling), "<=")
-        below_parts.append(sql)
-        below_params.extend(values)
-    below = " AND ".join(below_parts)
+    below, below_params = "", []
+    if ceiling.closed:
+        below = "1 = 0"
+    elif ceiling.cursor is not None:
+        below, below_params = f"{names[0]} <= %s", [bound_value(kind, ceiling.cursor)]
     where = f"{present}{after}"
     order = ", ".join(f"{n} DESC" for n in names)
     cursor.execute(
@@ -209,10 +243,10 @@ def _pin(
     without = cursor.fetchone()
     connection.commit()
     recheck_at = None
-    if first_held is not None and cursor_ceiling is not None:
-        first = stored_value(first_held)
-        assert isinstance(first, int)
-        recheck_at = first + lag_micros
+    if held_back and ceiling.recheck_after is not None and first_held is not None:
+        recheck_at = ceiling.recheck_after(first_held)
+    elif held_back:
+        recheck_at = ceiling.recheck_at
     return PinnedEnd(
         end=None if top is None else tuple(stored_value(v) for v in top),
         held_back=held_back,
@@ -222,5 +256,19 @@ def _pin(
 
 
 _YES = ("YES", "TRUE", "T", "1")
+_DAY = 86_400_000_000
 
-__all__ = ["PinnedEnd", "bound_value", "pin_in_database", "stored_value"]
+
+def _stored_int(value: object) -> int:
+    found = stored_value(value)
+    assert isinstance(found, int)
+    return found
+
+
+__all__ = [
+    "PinnedEnd",
+    "Sightings",
+    "bound_value",
+    "pin_in_database",
+    "stored_value",
+]

@@ -37,6 +37,7 @@ from watermark_dagster.read.cursor import (
     snapshot_rows,
     window_changes,
 )
+from watermark_dagster.read.database_pin import Sightings
 from watermark_dagster.read.frames import as_changes
 from watermark_dagster.read.landing import (
     PinnedFiles,
@@ -105,11 +106,13 @@ class UpstreamInput:
         pin: PinWindow | None = None,
         now: datetime | None = None,
         source_version: int | None = None,
+        sightings: Sightings | None = None,
     ) -> "UpstreamInput":
         """Bind a planned input to Spark after checking it can be read as planned.
 
         Cursor windows are pinned here (the first read fixes the end); a cursor source
-        stored as Delta is read as of ``source_version`` when given.
+        stored as Delta is read as of ``source_version`` when given, and a database
+        table's integer cursor with a lag ends where the looks' ``sightings`` say.
 
         Raises:
             UpstreamRecreatedError, UpstreamUnreadableError, UpstreamSchemaChangedError,
@@ -127,6 +130,7 @@ class UpstreamInput:
                     pin,
                     now or datetime.now(UTC),
                     source_version,
+                    sightings,
                 )
             except Exception as e:  # Spark's errors are matched by their text
                 at = f"as of version {source_version}" if source_version is not None else ""

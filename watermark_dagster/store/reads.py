@@ -70,6 +70,19 @@ class StateReads(ControlTables):
         rows = self._rows_newest_first(self._load(BATCHES), scheduled, enough=bool)
         return max(codec.batches(rows), key=lambda b: b.seq, default=None)
 
+    def sightings(self, upstream: str, before: datetime) -> list[tuple[datetime, str | None]]:
+        """When each recent batch was planned and the state its look recorded for
+        ``upstream`` (see :mod:`watermark_dagster.core.sightings`), newest first: every
+        sighting after ``before`` and at least one at or before it when there is one. Reads
+        buckets from the newest until one holds a batch planned at or before ``before``."""
+
+        def enough(found: list[dict]) -> bool:
+            return any(r["created_at"] <= before for r in found)
+
+        rows = self._rows_newest_first(self._load(BATCHES), where(upstream=upstream), enough=enough)
+        found = [(r["created_at"], r["source_state"]) for r in rows]
+        return sorted(found, key=lambda s: s[0], reverse=True)
+
     def last_planned_at(self) -> datetime | None:
         """When the newest batch was planned (None before the first). Reads the newest
         bucket's ``created_at`` only."""
