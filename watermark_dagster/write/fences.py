@@ -220,8 +220,10 @@ def refuse_bound_elsewhere(
       mark: a retry of a batch refused once is refused again), which means the root was
       restored from an older copy;
     * this root never wrote the target and an older release's transaction (naming no
-      root) is ahead of the batch's position, or at it on a first attempt. At or below it,
-      on a retry, it is this root's own history from before the upgrade.
+      root) is ahead of the batch's position, or at it on a first attempt or on a retry
+      whose first attempt this release made (``first``: it writes under the root's own id).
+      At or below it, on a retry of a batch an older release began, it is this root's own
+      history from before the upgrade.
 
     A replay writes below the target's positions by design: only the first rule applies.
 
@@ -262,7 +264,10 @@ def refuse_bound_elsewhere(
         return
     old_id = legacy_app_id(pipeline)
     old = table.transaction_version(old_id)
-    if old is not None and (old > write_seq or (old == write_seq and first_attempt)):
+    # A first attempt with a mark ran on this release, which writes under the root's own
+    # id: an older release's transaction at the batch's position was there before it.
+    began_here = first_attempt or first is not None
+    if old is not None and (old > write_seq or (old == write_seq and began_here)):
         refuse(f"Delta transaction {old_id}", old, None)
     # This root never wrote the target, and no label is among its recent commits (many
     # unlabelled commits since: maintenance, property changes). Its rows still carry the
