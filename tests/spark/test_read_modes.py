@@ -689,6 +689,12 @@ BREAKS = {
 }
 
 
+# The cases whose recovery is told end to end: each reloads from a snapshot another kind of
+# table gives (a cleaned-up log read from its checkpoint, a column of a new type, a new
+# table). The other two break only change files, and their tables' snapshots read as any.
+RECOVERED = {"log_cleaned_up", "incompatible_schema", "dropped_and_recreated"}
+
+
 @pytest.mark.parametrize("case", sorted(BREAKS))
 def test_an_unreadable_range_fails_loudly_and_reset_recovers(lake: Lake, case: str) -> None:
     spark, src = lake.spark, lake.path("up")
@@ -722,6 +728,8 @@ def test_an_unreadable_range_fails_loudly_and_reset_recovers(lake: Lake, case: s
         assert "_change_data/cdc-" in error, error
     assert latest_local_version(lake.path("copy")) == target_version
     assert lake.store.committed_versions() == committed
+    if case not in RECOVERED:
+        return
 
     # The documented recovery: reset the upstream, which abandons the open batch; the
     # pipeline reloads from a snapshot and its target is right again.
