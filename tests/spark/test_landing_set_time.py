@@ -12,8 +12,10 @@ from pyspark.sql import SparkSession
 
 from tests.support.landing import landing_spec, write_csv
 from tests.support.spark_lake import Lake, open_lake
+from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.records import BatchStatus
+from watermark_dagster.observe.observer import Observer
 
 pytestmark = pytest.mark.spark
 
@@ -117,7 +119,10 @@ def test_an_open_batch_refuses_unless_forced(lake: Lake) -> None:
     spec = landing_spec(lake, folder)
     lake.run(spec)  # file 1
     write_csv(folder, "b.csv", [(2, 20)], mtime=_JAN_1 + 2 * _DAY)
-    assert lake.cli(spec, "list").returncode == 0  # logs b.csv as file 2
+    # b.csv logged as file 2, as the coordinator's look before a plan logs it (`list` shows
+    # it and writes nothing).
+    drops = LandingUpstream(name="drops", path=str(folder), format="csv", settle_seconds=0)
+    assert Observer().observe(drops, floor=1).latest_version == 2
     batch, created = lake.store.create_batch(
         [UpstreamPosition("drops", 2, 1)], {"drops_copy": ["drops"]}, actor="test"
     )
