@@ -60,12 +60,6 @@ def test_empty_files_sharing_a_modification_time_both_log(tmp_path: Path) -> Non
     assert Observer().observe(upstream, floor=1).latest_version == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 64 attack: in a local folder a file is known by path, size and mtime only "
-    "(no digest); a move done as copy then delete that gives the copy a new mtime (a copy "
-    "tool without -p, a sync agent, a FUSE-mounted bucket) loads its rows twice, exit 0",
-)
 def test_a_local_move_done_as_a_copy_with_a_new_mtime_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "in"
     _write(folder, "a.csv", "1,2\n3,4\n", 1_000)

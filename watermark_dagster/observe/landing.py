@@ -208,6 +208,9 @@ def observe_landing(
     state = log.state(create=False) or LogState("", 0)
     if floor:
         refuse_log_behind(upstream, log, state, floor)
+    if record and floor is not None and state.table_id:
+        # Files logged before content digests get theirs, so a move of one is known.
+        state = log.fill_digests() or state
     look = look_at_folder(upstream, state)
     latest = look.latest
     if look.new and record and floor is not None:

@@ -39,7 +39,7 @@ class FileStat:
     size: int
     mtime_ns: int
     digest: str | None = None
-    """On an object store, once computed: see :func:`content_digests`."""
+    """Once computed: see :func:`content_digests`."""
 
 
 DIGEST_BYTES = 64 * 1024
@@ -61,27 +61,28 @@ def _digest(filesystem: pafs.FileSystem, path: str, size: int) -> str:
 
 
 def with_digests(upstream: LandingUpstream, files: Sequence[FileStat]) -> list[FileStat]:
-    """``files`` with their :func:`content_digests` (unchanged in a local folder)."""
+    """``files`` with their :func:`content_digests`."""
     digests = content_digests(upstream, [f for f in files if f.digest is None])
     return [replace(f, digest=digests[f.path]) if f.path in digests else f for f in files]
 
 
 def content_digests(upstream: LandingUpstream, files: Iterable[FileStat]) -> dict[str, str]:
-    """Path -> the digest of each of ``files`` on an object store (none for a local
-    folder, where a move keeps the modification time, or for an empty file), read on up to
-    16 threads. Two files of the same size whose first and last 64 KiB are the same have
-    the same digest: on an object store, a new path with a logged file's digest, whose
-    logged path is gone, is that file moved.
+    """Path -> the digest of each of ``files`` (none for an empty file), read on up to 16
+    threads. Two files of the same size whose first and last 64 KiB are the same have the
+    same digest: a new path with a logged file's digest, whose logged path is gone, is that
+    file moved, whatever modification time the move gave it (an object store's copy, a copy
+    tool without ``-p``, a sync agent).
 
     Raises:
         FileNotFoundError: a file vanished since the listing.
     """
-    if is_local(upstream.path):
-        return {}
     wanted = [f for f in files if f.size > 0]
     if not wanted:
         return {}
-    filesystem, base = _filesystem(upstream)
+    if is_local(upstream.path):
+        filesystem, base = pafs.LocalFileSystem(), local_path(upstream.path).rstrip("/")
+    else:
+        filesystem, base = _filesystem(upstream)
 
     def one(f: FileStat) -> str:
         return _digest(filesystem, f"{base}/{f.path}", f.size)

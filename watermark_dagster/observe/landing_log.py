@@ -18,6 +18,7 @@ Reads cost what changed: a look at a local log whose version did not move lists 
 ``_delta_log`` folder and reads no row (:attr:`FileLog.rows_read` counts the rows read).
 """
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.schema import Field, PrimitiveType
 
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.config.secrets import resolved_options
@@ -38,7 +40,12 @@ from watermark_dagster.errors import (
     UpstreamUnavailableError,
     reset_command,
 )
-from watermark_dagster.observe.landing_files import FileStat, stat_files, with_digests
+from watermark_dagster.observe.landing_files import (
+    FileStat,
+    content_digests,
+    stat_files,
+    with_digests,
+)
 from watermark_dagster.observe.log import is_local, latest_local_version
 
 LOG_SCHEMA = pa.schema(
@@ -112,6 +119,7 @@ class FileLog:
         self.options = resolved_options(upstream.storage_options, upstream.owner)
         self.rows_read = 0
         self._state: LogState | None = None
+        self._undigested: set[int] = set()
         self._lock = threading.Lock()
 
     @property
@@ -252,6 +260,73 @@ class FileLog:
             fix="retry; if it persists, check what else writes to the file log.",
         )
 
+    def fill_digests(self) -> LogState | None:
+        """Give the files an older release logged without a content digest theirs, while
+        each is still at its logged path with its logged size and modification time, in
+        one compare-and-swap commit (the digest column added first, when the log has none):
+        a move of such a file is then known by content as any other's. A file already gone
+        keeps none (tried once per process). None when there is no log.
+
+        Raises:
+            CommitConflictError: other writers kept winning the commit.
+        """
+        for attempt in range(_ATTEMPTS):
+            dt = self._open(create=False)
+            if dt is None:
+                return None
+            state = self._load(dt)
+            missing = [
+                f
+                for f in state.by_path.values()
+                if f.digest is None and f.size > 0 and f.ordinal not in self._undigested
+            ]
+            if not missing:
+                return state
+            now = stat_files(self.upstream, [f.path for f in missing])
+            present = [
+                FileStat(f.path, f.size, f.mtime_ns)
+                for f in missing
+                if (found := now[f.path]) is not None
+                and (found.size, found.mtime_ns) == (f.size, f.mtime_ns)
+            ]
+            digests = content_digests(self.upstream, present)
+            self._undigested.update(f.ordinal for f in missing if f.path not in digests)
+            if not digests:
+                return state
+            if "digest" not in {f.name for f in dt.schema().fields}:
+                with contextlib.suppress(DeltaError):  # a concurrent look added it
+                    dt.alter.add_columns([Field("digest", PrimitiveType("string"), nullable=True)])
+                continue
+            ordinals = [f.ordinal for f in missing if f.path in digests]
+            source = pa.table(
+                {
+                    "ordinal": pa.array(ordinals, pa.int64()),
+                    "digest": pa.array([digests[f.path] for f in missing if f.path in digests]),
+                }
+            )
+            try:
+                (
+                    dt.merge(
+                        source,
+                        predicate="t.ordinal = s.ordinal AND t.digest IS NULL",
+                        source_alias="s",
+                        target_alias="t",
+                        commit_properties=_CAS,
+                    )
+                    .when_matched_update({"digest": "s.digest"})
+                    .execute()
+                )
+            except CommitFailedError:
+                time.sleep(min(0.05 * (attempt + 1), 0.5))
+                continue
+            return self._load(DeltaTable(self.uri, storage_options=self.options))
+        raise CommitConflictError(
+            f"{self.upstream.owner}: could not record content digests in its file log "
+            f"{self.uri} after {_ATTEMPTS} attempts; other writers kept committing first.",
+            upstream=self.upstream.name,
+            fix="retry; if it persists, check what else writes to the file log.",
+        )
+
     def files_in(self, rng: VersionRange) -> list[LoggedFile]:
         """The files numbered inside ``rng`` (version 0 holds none), by number; reads only
         those rows.
@@ -299,12 +374,12 @@ def refuse_log_behind(
 
 def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileStat]) -> None:
     """Fail when one of ``new`` (paths the log does not hold) is a logged file under a new
-    path: it has the logged file's size and modification time (gone from its logged path,
-    it was moved; still there, it was copied: ``cp -p``, or a move done as copy then
-    delete, seen halfway); on an object store, where a move is a copy that gets a new
-    modification time (kept in whole seconds), it has the content digest of a logged file
-    gone from its logged path (a file of the same content beside the logged one is a second
-    delivery: a move there is a copy, then a delete, done before the copy settles). Either
+    path: in a local folder it has the logged file's size and modification time (gone from
+    its logged path, it was moved; still there, it was copied: ``cp -p``, or a move done as
+    copy then delete, seen halfway); anywhere, it has the content digest of a logged file
+    gone from its logged path (a move that gave the copy a new modification time: an object
+    store's, a copy tool without ``-p``). A file of the same content beside the logged one
+    with its own modification time is a second delivery. Either
     way its rows are the logged file's, loaded (or pinned) already: not a new file. An
     empty file holds no row to load twice and is never refused (two written in one second
     on an object store share size and modification time, and have no digest).
@@ -313,7 +388,10 @@ def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileS
         LandingFileChangedError: naming both paths, the logged file's number and the fix.
     """
     new = [f for f in new if f.size > 0]
-    identities = {(f.size, f.mtime_ns) for f in new if not f.digest}
+    # On an object store modification times are whole seconds: two small objects written in
+    # one second share them, so there the content alone decides.
+    local = is_local(upstream.path)
+    identities = {(f.size, f.mtime_ns) for f in new if local or not f.digest}
     digests = {f.digest for f in new if f.digest}
     same = [
         f
@@ -331,14 +409,12 @@ def refuse_moves(upstream: LandingUpstream, state: LogState, new: Sequence[FileS
         if f.digest and now[f.path] is None:
             moved.setdefault(f.digest, f)
     for found in new:
-        if found.digest:
-            logged = moved.get(found.digest)
-            if logged is not None:
-                raise _moved_error(upstream, found, logged, gone=True, by_content=True)
-            continue
-        logged = known.get((found.size, found.mtime_ns))
+        logged = known.get((found.size, found.mtime_ns)) if local or not found.digest else None
         if logged is not None:
             raise _moved_error(upstream, found, logged, gone=now[logged.path] is None)
+        logged = moved.get(found.digest) if found.digest else None
+        if logged is not None:
+            raise _moved_error(upstream, found, logged, gone=True, by_content=True)
 
 
 def _moved_error(

@@ -16,7 +16,6 @@ from watermark_dagster.cli.timespec import TimestampError, parse_when
 from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.errors import BatchStateError, UsageError
 from watermark_dagster.operations import manual
-from watermark_dagster.operations.coordinate import landing_floor
 from watermark_dagster.operations.landing_set import FilesAtTime, files_at_time
 from watermark_dagster.operations.manual import LATEST
 
@@ -246,6 +245,8 @@ def cmd_set(ctx: Context) -> int:
     requested = parse_version(args.version) if args.version is not None else None
     if args.timestamp is not None:  # checked before the code location is even loaded
         _when(args.timestamp, datetime.now(UTC))
+    from watermark_dagster.operations.coordinate import landing_floor
+
     name = ctx.upstream(args.table).name
     manual.refuse_cursor(ctx.registry, name)
     resolved = None
