@@ -272,3 +272,19 @@ def test_a_file_log_written_before_digests_gains_the_column(tmp_path: Path) -> N
     names = {f.name for f in DeltaTable(upstream.log_location).schema().fields}
     assert "digest" in names
     assert [f.path for f in FileLog(upstream).files_in(VersionRange(1, 2))] == ["a.csv", "b.csv"]
+
+
+def test_a_file_removed_between_listing_and_digest_is_left_for_the_next_look(
+    tmp_path: Path,
+) -> None:
+    from watermark_dagster.observe.landing_files import with_digests
+
+    folder = tmp_path / "in"
+    _write(folder, "a.csv", mtime=1_000)
+    _write(folder, "b.csv", "3,4\n", mtime=1_000)
+    upstream = _landing(folder)
+    listed = list_files(upstream)
+    (folder / "a.csv").unlink()
+    [kept] = with_digests(upstream, listed)
+    assert kept.path == "b.csv"
+    assert kept.digest is not None

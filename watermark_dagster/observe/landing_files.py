@@ -61,20 +61,22 @@ def _digest(filesystem: pafs.FileSystem, path: str, size: int) -> str:
 
 
 def with_digests(upstream: LandingUpstream, files: Sequence[FileStat]) -> list[FileStat]:
-    """``files`` with their :func:`content_digests`."""
+    """``files`` with their :func:`content_digests`, without those removed since they were
+    listed (the next look sees them gone, or under their new path)."""
     digests = content_digests(upstream, [f for f in files if f.digest is None])
-    return [replace(f, digest=digests[f.path]) if f.path in digests else f for f in files]
+    return [
+        replace(f, digest=digests[f.path]) if f.path in digests else f
+        for f in files
+        if digests.get(f.path, "") is not None
+    ]
 
 
-def content_digests(upstream: LandingUpstream, files: Iterable[FileStat]) -> dict[str, str]:
+def content_digests(upstream: LandingUpstream, files: Iterable[FileStat]) -> dict[str, str | None]:
     """Path -> the digest of each of ``files`` (none for an empty file), read on up to 16
     threads. Two files of the same size whose first and last 64 KiB are the same have the
     same digest: a new path with a logged file's digest, whose logged path is gone, is that
     file moved, whatever modification time the move gave it (an object store's copy, a copy
-    tool without ``-p``, a sync agent).
-
-    Raises:
-        FileNotFoundError: a file vanished since the listing.
+    tool without ``-p``, a sync agent). None for a file removed since it was listed.
     """
     wanted = [f for f in files if f.size > 0]
     if not wanted:
@@ -84,8 +86,11 @@ def content_digests(upstream: LandingUpstream, files: Iterable[FileStat]) -> dic
     else:
         filesystem, base = _filesystem(upstream)
 
-    def one(f: FileStat) -> str:
-        return _digest(filesystem, f"{base}/{f.path}", f.size)
+    def one(f: FileStat) -> str | None:
+        try:
+            return _digest(filesystem, f"{base}/{f.path}", f.size)
+        except FileNotFoundError:
+            return None
 
     with ThreadPoolExecutor(min(_DIGEST_THREADS, len(wanted))) as pool:
         return dict(zip((f.path for f in wanted), pool.map(one, wanted), strict=True))

@@ -289,7 +289,11 @@ class FileLog:
                 if (found := now[f.path]) is not None
                 and (found.size, found.mtime_ns) == (f.size, f.mtime_ns)
             ]
-            digests = content_digests(self.upstream, present)
+            digests = {
+                path: digest
+                for path, digest in content_digests(self.upstream, present).items()
+                if digest is not None
+            }
             self._undigested.update(f.ordinal for f in missing if f.path not in digests)
             if not digests:
                 return state
