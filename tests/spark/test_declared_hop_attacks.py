@@ -76,9 +76,16 @@ def by_keys(spark: SparkSession) -> Iterator[str]:
     passed too when this attack was made)."""
     from watermark_dagster.read.reach import BY_KEYS_CONF
 
+    before = spark.conf.get(BY_KEYS_CONF, None)
     spark.conf.set(BY_KEYS_CONF, "true")
     yield "true"
-    spark.conf.unset(BY_KEYS_CONF)
+    # The test session's own value back (tests/conftest.py sets it true): unsetting it
+    # turned the walk off for every later module of the worker (tests/spark/test_reach.py
+    # failed four tests after this one).
+    if before is None:
+        spark.conf.unset(BY_KEYS_CONF)
+    else:
+        spark.conf.set(BY_KEYS_CONF, before)
 
 
 def _recomputed(spark: SparkSession, root: Path) -> list[tuple]:
