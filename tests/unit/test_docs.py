@@ -491,3 +491,26 @@ def test_the_ci_docs_stage_fails_on_a_broken_link_or_anchor(tmp_path: Path) -> N
     broken = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert broken.returncode != 0, "a link to a missing anchor passed the docs stage"
     assert "no-such-anchor" in broken.stderr + broken.stdout
+
+
+GENERATED = re.compile(r"^<!-- ([\w-]+):start -->\n.*?^<!-- \1:end -->$", re.S | re.M)
+
+
+def test_no_line_of_the_docs_is_over_400_characters() -> None:
+    """A long line is a wall in a diff and in a review: a table row that long becomes a
+    shorter row and a paragraph or a list under the table, a paragraph is wrapped (Markdown
+    joins the lines).
+
+    The option tables between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are left
+    out: they are made from the declarations' docstrings, and ``tests/unit/test_options.py``
+    fails when a page differs from them, so a long row there is shortened in the declaration.
+    """
+    long = []
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = GENERATED.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text())
+        long += [
+            f"{page.relative_to(REPO)}:{number}: {len(line)} characters"
+            for number, line in enumerate(text.splitlines(), start=1)
+            if len(line) > 400
+        ]
+    assert not long, "lines over 400 characters:\n" + "\n".join(long)
