@@ -569,7 +569,10 @@ class Lab:
             for n in self.names
             if n in OURS
         }
-        self.floor = Floor(spark, self.upstreams, self.targets("floor"))
+        # Only a lab that measures the floor has its targets (benchmarks.jobs's has not).
+        self.floor = (
+            Floor(spark, self.upstreams, self.targets("floor")) if "floor" in self.paths else None
+        )
 
     def targets(self, name: str) -> dict[str, str]:
         """Paths of contender ``name``'s two targets."""
@@ -588,6 +591,7 @@ class Lab:
             seconds = time.perf_counter() - started
             return Outcome(seconds, self.counter.jobs(group), {}, {}, {})
         if name == "floor":
+            assert self.floor is not None, "a lab without the floor contender"
             started = time.perf_counter()
             pipelines, jobs = self.floor.process(versions, self.counter)
             seconds = time.perf_counter() - started
@@ -607,6 +611,7 @@ class Lab:
         if name == "recompute":
             recompute(self.spark, self.upstreams, self.targets(name), versions)
         elif name == "floor":
+            assert self.floor is not None, "a lab without the floor contender"
             self.floor.setup(versions)
         else:
             while self.ours[name].cycle(self.counter, f"{name}-setup") is not None:
