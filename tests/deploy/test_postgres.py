@@ -68,6 +68,7 @@ def test_readme_example_matches_the_shipped_comment() -> None:
 
 @pytest.mark.postgres
 @pytest.mark.spark  # the demo batch runs on Spark
+@pytest.mark.e2e  # a deployment's story: the e2e tier's (pyproject.toml)
 def test_readme_postgres_example_stores_a_demo_batch(
     postgres: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,7 +40,7 @@ from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import label_prefix
 
-pytestmark = [pytest.mark.live, pytest.mark.spark]
+pytestmark = [pytest.mark.live, pytest.mark.spark, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 

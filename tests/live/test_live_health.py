@@ -29,7 +29,7 @@ from watermark_dagster.dagster_defs.health_stuck import STUCK_CHECK
 from watermark_dagster.dagster_defs.names import RETENTION_JOB
 from watermark_dagster.store import WatermarkStore
 
-pytestmark = [pytest.mark.live, pytest.mark.spark]
+pytestmark = [pytest.mark.live, pytest.mark.spark, pytest.mark.e2e]
 
 STARTUP_TIMEOUT = 300  # bounds on waiting (two test workers may share the cores)
 BATCH_TIMEOUT = 900  # a Spark run; slow on a loaded 2-core machine

@@ -22,7 +22,7 @@ from tests.support.dagster_dev import STARTUP_TIMEOUT, WATERMARK, DagsterDev, de
 from tests.support.ports import free_port
 from tests.support.process_tree import command_line, descendants, is_alive
 
-pytestmark = [pytest.mark.live, pytest.mark.spark]
+pytestmark = [pytest.mark.live, pytest.mark.spark, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 # Enough for the interrupt, SIGTERM and SIGKILL steps of watermark dev's stop.

@@ -28,7 +28,7 @@ from watermark_dagster.dagster_defs.headless import HeadlessRunner
 from watermark_dagster.dagster_defs.sensors import COORDINATOR
 from watermark_dagster.store import WatermarkStore
 
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.e2e]
 
 
 def catalog_conf(root: Path) -> dict[str, str]:

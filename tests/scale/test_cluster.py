@@ -12,7 +12,7 @@ from tests.conftest import SPARK_TEST_CONF
 from tests.scale.scenario import Scenario
 from tests.scale.spark_servers import group_alive, standalone_cluster
 
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.e2e]
 
 
 def cluster_conf(master_url: str) -> dict[str, str]:

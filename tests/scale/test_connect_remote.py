@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from tests.scale.scenario import Scenario
 from tests.scale.spark_servers import connect_server, group_alive
 
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.e2e]
 
 # Only session-level settings can be sent from a Connect client.
 CLIENT_CONF = {"spark.sql.shuffle.partitions": "2"}

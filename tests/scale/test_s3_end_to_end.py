@@ -21,7 +21,7 @@ from tests.scale.s3server import S3Server, running_s3_server
 from tests.support.leaks import leaks
 from watermark_dagster.store import WatermarkStore
 
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.e2e]
 
 # A secret no code path has any reason to copy: found anywhere, it leaked.
 SECRET = "wm-s3-secret-4f1c9e7a2b"

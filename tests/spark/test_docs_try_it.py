@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from tests.support.cli import SCRIPT
 from tests.support.databases import Database, postgres
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 PAGE = Path(__file__).parents[2] / "docs" / "database-upstreams.md"
 DOCS_URL = "jdbc:postgresql://127.0.0.1:5432/shop"

@@ -38,7 +38,7 @@ from watermark_dagster.demo import DemoPaths, apply_round, seed
 from watermark_dagster.demo.verify import compare_with_full_recompute
 from watermark_dagster.runtime.connect import free_port, live_engine, read_record
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 START_TIMEOUT = 600
 

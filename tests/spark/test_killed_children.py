@@ -230,6 +230,7 @@ def test_a_killed_engine_leaves_no_spark_connect_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.live
+@pytest.mark.e2e  # dagster dev and its engine: the e2e tier's (pyproject.toml)
 def test_a_killed_watermark_dev_leaves_no_process(
     tmp_path: Path, dagster_home: Path, watermark_home: Path
 ) -> None:

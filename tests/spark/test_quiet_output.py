@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.cli import SCRIPT
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 # What Spark and its resolver print below Python: Ivy's report, log4j's notices and
 # WARN lines, the JVM's own warnings.

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from watermark_dagster import Registry, build_definitions
 from watermark_dagster.dagster_defs.headless import HeadlessRunner
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "first-pipeline.md"
