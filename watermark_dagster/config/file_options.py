@@ -89,10 +89,8 @@ def _pipeline_options() -> tuple[Option, ...]:
         if option.key == "full":
             option = replace(
                 option,
-                doc=f"{option.doc} With ``upstreams`` mapped to key paths and no "
-                "``transform``, it declares the pipeline instead (as "
-                ":func:`~watermark_dagster.config.pipeline.declared_pipeline`): the "
-                "incremental form is derived.",
+                doc=f"{option.doc} With key paths as ``upstreams`` and no ``transform``, "
+                "it declares the pipeline.",
             )
         found.append(option)
     found.append(

@@ -76,13 +76,10 @@ class Pipeline:
             registered under the name.
         keys: key columns the target is merged on (required for ``write="merge"``).
         transform: the function, ``transform(batch) -> DataFrame`` (the hand-written form).
-        full_transform: beside ``transform``, the target computed from scratch:
-            ``full_transform(orders=..., customers=...) -> DataFrame``, one pinned
-            snapshot per upstream by name. With it the pipeline chooses per batch, as a
-            declared one does, between its transform (``incremental``) and this one
-            (``full``: its output diffed against the target, and only the rows that differ
-            merged). It must compute what the transform's batches add up to; the
-            pipeline merges (``write="merge"``).
+        full_transform: beside ``transform``, the target from scratch
+            (``full(orders=..., customers=...) -> DataFrame``, a pinned snapshot each);
+            each batch runs one of the two (``full`` diffed with the target, only changed
+            rows merged), so it must equal the batches' sum; ``write`` is ``merge``.
         declared: instead of ``transform``, the full transform and every upstream's key
             path; the incremental transform is derived (:mod:`~watermark_dagster.config.declared`,
             built by :func:`declared_pipeline` or :func:`sql_pipeline`).
@@ -123,8 +120,7 @@ class Pipeline:
         metadata=written_as(
             Kind.FUNCTION,
             key="full",
-            shape="text (module:function, the full transform; beside transform: for a "
-            "hand-written pipeline)",
+            shape="text (module:function)",
         ),
     )
     declared: Declared | None = field(default=None, compare=False)

@@ -126,11 +126,10 @@ class Upstream:
             is given as ``EnvRef("VARIABLE")`` (``{env: VARIABLE}`` in YAML) or left to the
             environment, never as text (see :mod:`watermark_dagster.config.secrets`).
         description: shown in the Dagster UI.
-        start_from: where the first batch starts: ``beginning`` (default: each
-            pipeline's first batch loads a snapshot of the latest version), ``latest``
-            (skip history: only what arrives after the first plan), a version (Delta
-            upstreams: read from it), or a timestamp (read the commits after it; for cursor
-            upstreams, rows after it).
+        start_from: where the first batch starts: ``beginning`` (default: a snapshot of
+            the latest version), ``latest`` (only what arrives after the first plan), a
+            version (Delta upstreams), or a timestamp (the commits after it; for cursor
+            upstreams, the rows after it).
     """
 
     is_cursor: ClassVar[bool]

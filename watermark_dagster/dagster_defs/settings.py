@@ -44,12 +44,9 @@ class WatermarkSettings:
             batch (0: never), keeping sensor reads small as history grows.
         default_status: whether the sensors start running when the code location loads.
         keep_batch_partitions: the finalizer keeps the newest N batch partitions in Dagster
-            and deletes older ones of ended batches when a batch completes, at most
-            ``PRUNE_PER_TICK`` a tick (0: keep all), so the partitions view and its queries
-            stay small. Their batches, ranges and history stay in the control tables
-            (``watermark batches``, ``watermark batch ID``), their runs and materializations
-            in Dagster; a pruned batch is re-run with ``watermark replay``, not a UI
-            backfill.
+            (0: all), deleting older ones of ended batches, at most ``PRUNE_PER_TICK`` a
+            tick. A pruned batch stays in the control tables (``watermark batch ID``) and
+            its runs in Dagster; it is re-run with ``watermark replay``, not a UI backfill.
         health: the lag and stuck-batch checks' thresholds, the observation cadence, the
             pipelines' freshness and the retention check's schedule
             (:class:`.health.HealthSettings`).
