@@ -181,6 +181,33 @@ def test_the_three_detectors_give_one_fix(lake: Lake) -> None:
     assert all(str(e).startswith("Upstream 'up' was dropped and recreated: ") for e in errors)
 
 
+def test_the_sensor_and_watermark_plan_give_one_reason_for_planning_nothing(lake: Lake) -> None:
+    """The coordinator sensor's skip reason and `watermark plan --dry-run --json`'s
+    ``idle_reason`` are one text (operations/idle.py), with nothing new and with an
+    upstream dropped and recreated; the text output's first line says it too."""
+    defs = defs_from(lake.spec)
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))
+    try:
+        runner = HeadlessRunner(defs, instance)
+        reasons = []
+        for change in ("nothing new", "recreated"):
+            if change == "recreated":
+                recreate(lake, 1)
+            result = runner.tick(COORDINATOR)
+            assert not result.run_requests
+            assert result.skip_reason is not None
+            plan = lake.json("plan", "--dry-run")
+            assert plan["idle_reason"] == result.skip_reason.skip_message
+            reasons.append(plan["idle_reason"])
+        assert reasons[0] == "no upstream has new versions"
+        assert reasons[1] == (
+            "nothing can be planned; blocked, dropped and recreated: ['up'] (see their "
+            "watermark_continuity check for the fix)"
+        )
+    finally:
+        instance.dispose()
+
+
 def test_the_coordinator_reports_a_failing_continuity_check(lake: Lake) -> None:
     defs = defs_from(lake.spec)
     instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(lake.dagster_home)))

@@ -139,15 +139,15 @@ def test_every_module_holds_one_idea_in_at_most_500_lines() -> None:
 
 MAX_FUNCTION_LINES = 120
 
-# The functions over MAX_FUNCTION_LINES today (issue 66), each at its length now: one may
-# shrink, and leaves the list once under the limit; none may grow, and no other joins.
+# The functions over MAX_FUNCTION_LINES (issue 66: 13 when the rule came), each at its
+# length: one may shrink, and leaves the list once under the limit; none may grow, and no
+# other joins.
 LONG_FUNCTIONS = {
     "watermark_dagster.operations.run_pipeline.run_pipeline": 241,
     "watermark_dagster.config.key_inference._scopes._select": 240,
-    "watermark_dagster.dagster_defs.sensors.build_coordinator_sensor": 180,
+    "watermark_dagster.dagster_defs.sensors.build_coordinator_sensor": 159,
     "watermark_dagster.dagster_defs.definitions.build_location": 161,
-    "watermark_dagster.cli.commands.batches.cmd_plan": 151,
-    "watermark_dagster.dagster_defs.sensors.watermark_coordinator": 139,
+    "watermark_dagster.cli.commands.batches.cmd_plan": 126,
     "watermark_dagster.write.targets.write_target": 135,
     "watermark_dagster.cli.commands.manual._change": 133,
     "watermark_dagster.dagster_defs.replay_job.build_replay_job": 132,

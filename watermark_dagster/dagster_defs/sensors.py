@@ -52,11 +52,7 @@ from watermark_dagster.dagster_defs.runs import (
 )
 from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.upstream_assets import observation_event
-from watermark_dagster.errors import (
-    ReloadHeldError,
-    UpstreamRecreatedError,
-    UpstreamUnavailableError,
-)
+from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import (
     finalize_batch,
@@ -65,6 +61,7 @@ from watermark_dagster.operations.coordinate import (
     record_deaths,
     resume_batch,
 )
+from watermark_dagster.operations.idle import IdleReason
 
 
 @dataclass
@@ -222,30 +219,9 @@ def build_coordinator_sensor(
                 )
             batch, created = plan_next(store, found, actor=actor)
             if batch is None:
-                reason = "no upstream has new versions"
-                recreated = sorted(
-                    n for n, e in look.blocked.items() if isinstance(e, UpstreamRecreatedError)
+                return SensorResult(
+                    skip_reason=IdleReason.of(look).text, asset_events=events, cursor=cursor.dump()
                 )
-                if recreated:
-                    reason += (
-                        f"; blocked, dropped and recreated: {recreated} (see their "
-                        "watermark_continuity check for the fix)"
-                    )
-                held = sorted(n for n, e in look.blocked.items() if isinstance(e, ReloadHeldError))
-                if held:
-                    reason += (
-                        f"; blocked, a pipeline reading them owes a reload it cannot have: "
-                        f"{held} ({look.blocked[held[0]].fix})"
-                    )
-                unreadable = sorted(set(look.blocked) - set(recreated) - set(held))
-                if unreadable:
-                    reason += (
-                        f"; blocked, next range no longer readable: {unreadable} (see their "
-                        "watermark_continuity check for the fix)"
-                    )
-                if set(errors) - set(look.blocked):
-                    reason += f"; unavailable: {sorted(set(errors) - set(look.blocked))}"
-                return SensorResult(skip_reason=reason, asset_events=events, cursor=cursor.dump())
             if created:
                 context.log.info(
                     f"planned batch {batch.batch_id}: "

@@ -17,6 +17,9 @@ from watermark_dagster.errors import UsageError, one_line
 from watermark_dagster.operations.status import stuck_batches
 
 if TYPE_CHECKING:
+    from watermark_dagster.cli.render import Console
+    from watermark_dagster.core.planning import Plan
+    from watermark_dagster.core.records import Batch
     from watermark_dagster.store import WatermarkStore
 
 STUCK = "STUCK"
@@ -291,6 +294,7 @@ def cmd_plan(ctx: Context) -> int:
     """
     from watermark_dagster.observe.observer import Observer
     from watermark_dagster.operations.coordinate import look_before_planning
+    from watermark_dagster.operations.idle import IdleReason
 
     if not ctx.args.dry_run:
         raise UsageError(
@@ -357,11 +361,14 @@ def cmd_plan(ctx: Context) -> int:
             }
         )
     stuck = stuck_batches(store, [open_batch]).get(open_batch.batch_id) if open_batch else None
+    # Why the coordinator plans nothing now: the text its sensor skips with.
+    idle = IdleReason.of(look).text if open_batch is None and not plan.has_work else None
     result = {
         "open_batch": open_batch.batch_id if open_batch else None,
         # The open batch the coordinator gave up resubmitting: why, and what to do.
         "open_batch_stuck": stuck,
         "would_plan": bool(plan.has_work and open_batch is None),
+        "idle_reason": idle,
         "pipelines": list(plan.pipelines),
         "full_load": list(plan.full_load),
         "upstreams": upstreams,
@@ -376,36 +383,7 @@ def cmd_plan(ctx: Context) -> int:
     stopped += sorted(
         {p for n in unavailable for p, ups in pipeline_inputs.items() if n in ups} - set(stopped)
     )
-    if open_batch is not None and stuck is not None:
-        console.print(
-            console.paint(
-                f"batch {open_batch.batch_id} is open and STUCK since {stuck['since']}: the "
-                "coordinator no longer resubmits it, and plans nothing new until it completes "
-                "or is abandoned.",
-                "bad",
-            )
-        )
-        if stuck["reason"]:
-            console.print(f"  reason: {one_line(stuck['reason'])}")
-        console.print(f"  fix: {stuck['fix']}")
-        console.print("The next plan after it would be:")
-    elif open_batch is not None:
-        console.print(
-            f"batch {open_batch.batch_id} is open: the coordinator resumes it and plans "
-            "nothing new until it completes. The next plan after it would be:"
-        )
-    elif plan.has_work:
-        console.print(f"the coordinator would plan now, running {list(plan.pipelines)}:")
-    elif stopped:
-        console.print(
-            console.paint(
-                f"nothing can be planned for {stopped}: "
-                f"{len(held) + len(unavailable)} upstream(s) blocked (see below).",
-                "bad",
-            )
-        )
-    else:
-        console.print("nothing to plan: no upstream has new versions.")
+    _plan_headline(console, open_batch, stuck, plan, stopped, len(held) + len(unavailable), idle)
     console.table(
         ["upstream", "committed", "latest", "mode", "range", "full load"],
         [
@@ -433,3 +411,45 @@ def cmd_plan(ctx: Context) -> int:
         for line in notes:
             console.print(line)
     return EXIT_OK
+
+
+def _plan_headline(
+    console: "Console",
+    open_batch: "Batch | None",
+    stuck: Mapping[str, Any] | None,
+    plan: "Plan",
+    stopped: list[str],
+    blocked: int,
+    idle: str | None,
+) -> None:
+    """``watermark plan``'s first line: the open batch (stuck or not), what would be planned,
+    or why nothing is."""
+    if open_batch is not None and stuck is not None:
+        console.print(
+            console.paint(
+                f"batch {open_batch.batch_id} is open and STUCK since {stuck['since']}: the "
+                "coordinator no longer resubmits it, and plans nothing new until it completes "
+                "or is abandoned.",
+                "bad",
+            )
+        )
+        if stuck["reason"]:
+            console.print(f"  reason: {one_line(stuck['reason'])}")
+        console.print(f"  fix: {stuck['fix']}")
+        console.print("The next plan after it would be:")
+    elif open_batch is not None:
+        console.print(
+            f"batch {open_batch.batch_id} is open: the coordinator resumes it and plans "
+            "nothing new until it completes. The next plan after it would be:"
+        )
+    elif plan.has_work:
+        console.print(f"the coordinator would plan now, running {list(plan.pipelines)}:")
+    elif stopped:
+        console.print(
+            console.paint(
+                f"nothing can be planned for {stopped}: {blocked} upstream(s) blocked (see below).",
+                "bad",
+            )
+        )
+    else:
+        console.print(f"nothing to plan: {idle}.")
