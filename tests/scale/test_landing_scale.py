@@ -17,7 +17,7 @@ from watermark_dagster.config.landing import LandingUpstream
 from watermark_dagster.core.ranges import VersionRange
 from watermark_dagster.observe.observer import Observer
 
-pytestmark = [pytest.mark.spark, pytest.mark.scale]
+pytestmark = [pytest.mark.spark, pytest.mark.scale, pytest.mark.e2e]
 
 
 @pytest.fixture

@@ -7,6 +7,9 @@ import pytest
 
 from tests.support.spec_lake import commit_rows, up_copy_lake
 
+# A story of the console script in its own processes: the e2e tier's (pyproject.toml).
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.spark
 def test_run_once_runs_one_batch_and_run_runs_until_idle(

@@ -10,6 +10,9 @@ import pytest
 from tests.support.cli import SCRIPT, control_versions, home_env
 from watermark_dagster.demo import DemoPaths
 
+# A story of the console script in its own processes: the e2e tier's (pyproject.toml).
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.spark
 def test_verify_finds_a_changed_target_row(spark, tmp_path: Path, dagster_home: Path) -> None:

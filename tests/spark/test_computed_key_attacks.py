@@ -23,7 +23,7 @@ from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.errors import TerminalError
 from watermark_dagster.store import WatermarkStore
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 Tables = dict[str, tuple[str, list[tuple]]]  # name -> (DDL schema, seed rows)
 Shape = tuple[str, str, dict[str, str], list[str]]  # name, SQL, key paths, keys

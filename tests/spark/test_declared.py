@@ -45,6 +45,7 @@ def _rows(frame: DataFrame, columns: list[str]) -> list[tuple]:
     return sorted(tuple(r) for r in frame.select(*columns).collect())
 
 
+@pytest.mark.e2e  # minutes; the model and the SQL shapes prove the same in the default suite
 def test_sql_and_function_forms_match_a_full_recompute_batch_after_batch(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -448,6 +449,7 @@ def _effective_changes(spark: SparkSession, target: str, version: int) -> tuple[
     return changed, set(images)
 
 
+@pytest.mark.e2e  # minutes; the model and the SQL shapes prove the same in the default suite
 def test_a_full_recompute_writes_only_the_rows_that_changed_and_strategies_can_alternate(
     spark: SparkSession, tmp_path: Path
 ) -> None:

@@ -31,7 +31,7 @@ from tests.support.ports import free_port
 from tests.support.process_tree import command_line
 from tests.support.spec_lake import up_copy_lake
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 MARK = "WATERMARK_TEST_TREE"
 START_TIMEOUT = 600  # a bound, not an expectation: the JVMs share two cores with the suite
@@ -230,7 +230,6 @@ def test_a_killed_engine_leaves_no_spark_connect_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.live
-@pytest.mark.e2e  # dagster dev and its engine: the e2e tier's (pyproject.toml)
 def test_a_killed_watermark_dev_leaves_no_process(
     tmp_path: Path, dagster_home: Path, watermark_home: Path
 ) -> None:

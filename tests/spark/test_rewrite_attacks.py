@@ -64,7 +64,7 @@ from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write import commits, duplicate_keys, targets
 from watermark_dagster.write.commits import FENCE, label_prefix, parse_label
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 COPY_SQL = "SELECT id, value FROM up"
