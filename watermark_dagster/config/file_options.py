@@ -18,6 +18,7 @@ from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream, UpstreamMode
 from watermark_dagster.config.upstream_kinds import UPSTREAM_KINDS
+from watermark_dagster.config.warehouse import WAREHOUSE_KINDS, PostgresTarget
 
 
 def _upstream_options() -> tuple[Option, ...]:
@@ -109,3 +110,16 @@ def _pipeline_options() -> tuple[Option, ...]:
 
 PIPELINE_OPTIONS = _pipeline_options()
 """Every setting a pipeline entry of a registry file or a component may give."""
+
+
+WAREHOUSE_OPTIONS = (
+    file_only(
+        "kind",
+        Kind.CHOICE,
+        "The warehouse's dialect: ``postgres`` (PostgreSQL; docs/warehouse.md#redshift says "
+        "what a Redshift dialect would change).",
+        choices=WAREHOUSE_KINDS,
+    ),
+    *options_of(PostgresTarget),
+)
+"""Every setting of a warehouse target (a pipeline's ``target: {kind: postgres, ...}``)."""

@@ -61,6 +61,7 @@ class Kind(StrEnum):
     OPTIONS = "options"
     STORAGE_OPTIONS = "storage_options"
     SECRET = "secret"
+    TARGET = "target"
 
 
 # What a value of each kind must be, as an error says it ("lag_seconds must be ...").
@@ -79,6 +80,8 @@ _SHAPES: dict[Kind, str] = {
     Kind.STORAGE_OPTIONS: "a mapping of option: value (scalar values or {env: VARIABLE}, each "
     "key once)",
     Kind.SECRET: "{env: VARIABLE} (a credential is never given as text)",
+    Kind.TARGET: "text (the target table's location), or a warehouse table: "
+    "{kind: postgres, url: ..., table: ...}",
 }
 
 

@@ -304,6 +304,18 @@ def _secret(_: Reader, value: Any) -> Any:
     return WRONG if reference is None else reference
 
 
+def _target(reader: Reader, value: Any) -> Any:
+    """A Delta target's location, or a warehouse target's mapping (``kind: postgres``),
+    which the pipeline's declaration checks
+    (:func:`~watermark_dagster.config.warehouse.warehouse_target`)."""
+    if isinstance(value, dict):
+        entry = cast("dict[object, object]", value)
+        if getattr(entry, "duplicates", None) or not all(isinstance(k, str) for k in entry):
+            return WRONG
+        return {str(k): v for k, v in entry.items()}
+    return _location(reader, value)
+
+
 _STORAGE_OPTIONS = "a mapping of option: value (scalar values or {env: VARIABLE}, each key once)"
 # How a file's value of each kind is checked and converted (to WRONG when it is not one).
 _CONVERT: dict[Kind, Callable[[Reader, Any], Any]] = {
@@ -321,6 +333,7 @@ _CONVERT: dict[Kind, Callable[[Reader, Any], Any]] = {
     Kind.OPTIONS: _options,
     Kind.STORAGE_OPTIONS: _storage_options,
     Kind.SECRET: _secret,
+    Kind.TARGET: _target,
 }
 
 

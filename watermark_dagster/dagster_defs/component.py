@@ -28,7 +28,11 @@ from dagster.components import (
 from pydantic import BaseModel, Field, PrivateAttr, create_model
 
 from watermark_dagster.config import env
-from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
+from watermark_dagster.config.file_options import (
+    PIPELINE_OPTIONS,
+    UPSTREAM_OPTIONS,
+    WAREHOUSE_OPTIONS,
+)
 from watermark_dagster.config.options import Kind, Option, file_only, options_of
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import as_reference
@@ -102,6 +106,13 @@ SETTINGS_OPTIONS = (
 )
 """The settings of a component's ``settings:``: a :class:`WatermarkSettings`' and a
 :class:`HealthSettings`', each left out read from its ``WATERMARK_...`` variable."""
+
+# A pipeline's target: a Delta table's location, or a warehouse table's settings.
+_TYPES[Kind.TARGET] = str | _spec_model(
+    "WarehouseSpec",
+    "A warehouse table a pipeline loads (``target: {kind: postgres, ...}``).",
+    WAREHOUSE_OPTIONS,
+)
 
 if TYPE_CHECKING:  # what the type checker sees of the models made below
 

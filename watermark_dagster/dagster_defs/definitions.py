@@ -302,11 +302,13 @@ def with_s3_settings(spark: SparkSessionResource, registry: Registry) -> SparkSe
     tables += [
         (f"pipeline '{p.name}' target", p.target, p.storage_options)
         for p in registry.pipelines.values()
+        if p.warehouse is None
     ]
     s3 = spark_s3_settings(tables)
     s3.update(
         spark_jdbc_settings(
-            u.name for u in registry.upstreams.values() if isinstance(u, DatabaseUpstream)
+            [u.name for u in registry.upstreams.values() if isinstance(u, DatabaseUpstream)]
+            + [p.name for p in registry.pipelines.values() if p.warehouse is not None]
         )
     )
     if not s3:

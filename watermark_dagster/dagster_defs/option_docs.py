@@ -12,7 +12,11 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from watermark_dagster.config.file_options import PIPELINE_OPTIONS, UPSTREAM_OPTIONS
+from watermark_dagster.config.file_options import (
+    PIPELINE_OPTIONS,
+    UPSTREAM_OPTIONS,
+    WAREHOUSE_OPTIONS,
+)
 from watermark_dagster.config.options import Kind, Option, shown_references
 from watermark_dagster.dagster_defs.component import SETTINGS_OPTIONS
 
@@ -72,6 +76,7 @@ def docs_tables() -> dict[str, dict[str, str]]:
             "pipeline-options": markdown_table(PIPELINE_OPTIONS),
         },
         "configuration.md": {"location-settings": settings_table(SETTINGS_OPTIONS)},
+        "warehouse.md": {"warehouse-options": markdown_table(WAREHOUSE_OPTIONS)},
     }
 
 

@@ -167,10 +167,34 @@ def target_metadata(
         >>> metadata = target_metadata(pipeline)
         >>> MaterializeResult(metadata={**outcome_metadata(outcome), **metadata})
     """
+    if pipeline.warehouse is not None:
+        return warehouse_metadata(pipeline)
     table = load_target(pipeline, storage_options=storage_options)
     if table is None:
         return {URI_KEY: pipeline.target}
     return table_metadata(table, uri=pipeline.target)
+
+
+def warehouse_metadata(pipeline: Pipeline) -> dict[str, Any]:
+    """A warehouse target's metadata: where it is (``dagster/uri``, ``dagster/table_name``),
+    its row count, and its state row's position as ``target_version`` (an int, so the UI
+    plots it) with the batch it names (``warehouse_batch``)."""
+    from watermark_dagster.observe.warehouse_state import read_state, row_count
+
+    target = pipeline.warehouse
+    assert target is not None
+    metadata: dict[str, Any] = {
+        URI_KEY: pipeline.target,
+        TABLE_NAME_KEY: f"{target.schema}.{target.name}",
+    }
+    rows = row_count(target, pipeline.name)
+    if rows is not None:
+        metadata[ROW_COUNT_KEY] = MetadataValue.int(rows)
+    state = read_state(target, pipeline.name)
+    if state is not None:
+        metadata[TARGET_VERSION_KEY] = MetadataValue.int(state.position)
+        metadata["warehouse_batch"] = state.last_batch_id or state.batch_id
+    return metadata
 
 
 def target_data_version(
@@ -182,5 +206,10 @@ def target_data_version(
     When :func:`target_metadata` was called already, ``DataVersion(str(metadata[
     "target_version"]))`` gives the same without a second load.
     """
+    if pipeline.warehouse is not None:
+        from watermark_dagster.observe.warehouse_state import read_state
+
+        state = read_state(pipeline.warehouse, pipeline.name)
+        return None if state is None else DataVersion(str(state.position))
     table = load_target(pipeline, storage_options=storage_options)
     return None if table is None else DataVersion(str(table.version()))

@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from watermark_dagster.config.database import DRIVERS, DatabaseUpstream
 from watermark_dagster.config.secrets import resolved_options
+from watermark_dagster.config.warehouse import PostgresTarget
 from watermark_dagster.errors import UpstreamUnavailableError
 
 CONNECT_SECONDS = 10
@@ -333,8 +334,9 @@ def columns_query(upstream: DatabaseUpstream) -> tuple[str, tuple[str, ...]]:
     )
 
 
-def connect(upstream: DatabaseUpstream, credentials: dict[str, Any]) -> Any:
-    """A DB-API connection to the upstream's database whose session is in UTC (MariaDB's
+def connect(upstream: "DatabaseUpstream | PostgresTarget", credentials: dict[str, Any]) -> Any:
+    """A DB-API connection to the upstream's (or a warehouse target's) database whose
+    session is in UTC (MariaDB's
     ``TIMESTAMP`` values are shown in the session's zone; windows are UTC whatever the
     host's zone, docs/reliability.md)."""
     parts = urlsplit(upstream.url[len("jdbc:") :])

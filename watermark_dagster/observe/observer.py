@@ -133,7 +133,11 @@ class Observer:
 
     def target_state(self, pipeline: Pipeline) -> TargetState:
         """Whether the pipeline's target is missing, empty (no data file) or filled, for
-        the first-load rule (cached per target version)."""
+        the first-load rule (cached per target version; a warehouse table is asked)."""
+        if pipeline.warehouse is not None:
+            from watermark_dagster.observe.warehouse_state import target_state
+
+            return target_state(pipeline.warehouse, pipeline.name)
         path = pipeline.target
         options = resolved_options(pipeline.storage_options)
         if is_local(path):

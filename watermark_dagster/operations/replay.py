@@ -113,10 +113,9 @@ def _refuse_reloading(
         ReplayRefusedError: naming the commits or the target, with the fix.
     """
     from watermark_dagster.config.landing import LandingUpstream
-    from watermark_dagster.config.secrets import resolved_options
     from watermark_dagster.errors import replay_refused
     from watermark_dagster.read.append_log import scan_appends
-    from watermark_dagster.write.commits import existing_target
+    from watermark_dagster.write.commits import target_exists
 
     table = registry.upstreams[upstream]
     if isinstance(table, LandingUpstream):
@@ -135,7 +134,7 @@ def _refuse_reloading(
             )
     for name in pipelines:
         pipeline = registry.pipelines[name]
-        if existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is None:
+        if not target_exists(pipeline):
             raise replay_refused(
                 name,
                 batch_id,
@@ -458,8 +457,7 @@ def refuse_reloading_replay(
     Raises:
         ReplayRefusedError: naming why, with the fix.
     """
-    from watermark_dagster.config.secrets import resolved_options
-    from watermark_dagster.write.commits import existing_target
+    from watermark_dagster.write.commits import target_exists
 
     snapshots = sorted(u for u, i in inputs.items() if i.reads_snapshot)
     why = None
@@ -470,7 +468,7 @@ def refuse_reloading_replay(
         )
     elif full_load:
         why = "the batch loads the pipeline fully from snapshots"
-    elif existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is None:
+    elif not target_exists(pipeline):
         why = f"its target {pipeline.target} does not exist"
     if why is not None:
         upstream = snapshots[0] if snapshots else next(iter(pipeline.upstreams), None)

@@ -349,7 +349,10 @@ def run_pipeline(
 
 def _rewritten(pipeline: Pipeline, batch_id: str, root: str) -> bool:
     """Whether the target's data commit of ``pipeline``'s write of ``batch_id`` (among its
-    newest 100 commits) is an overwrite: the ``rewrite`` strategy wrote the batch."""
+    newest 100 commits) is an overwrite: the ``rewrite`` strategy wrote the batch (never
+    said of a warehouse target, whose loads leave no history of their form)."""
+    if pipeline.warehouse is not None:
+        return False
     table = existing_target(pipeline.target, resolved_options(pipeline.storage_options))
     if table is None:
         return False

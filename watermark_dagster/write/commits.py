@@ -19,12 +19,15 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import SparkSession
 
 from watermark_dagster.observe.log import commit_history
+
+if TYPE_CHECKING:
+    from watermark_dagster.config.pipeline import Pipeline
 
 log = logging.getLogger("watermark_dagster")
 
@@ -151,6 +154,17 @@ RECENT_COMMITS = 100
 """How many of a target's newest commits a search for a labelled commit reads: a commit
 older than that is found by the pipeline's Delta transaction instead (see
 :func:`~watermark_dagster.write.fences.evidence_in`)."""
+
+
+def target_exists(pipeline: "Pipeline") -> bool:
+    """Whether ``pipeline``'s target exists: its Delta table, or its warehouse table."""
+    if pipeline.warehouse is not None:
+        from watermark_dagster.observe.warehouse_state import table_exists
+
+        return table_exists(pipeline.warehouse, pipeline.name)
+    from watermark_dagster.config.secrets import resolved_options
+
+    return existing_target(pipeline.target, resolved_options(pipeline.storage_options)) is not None
 
 
 def labelled_commit(table: RsDeltaTable, prefix: str, *, newest: int | None = None) -> int | None:

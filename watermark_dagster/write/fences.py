@@ -82,6 +82,10 @@ def applied_by_target(
     """
     if attempts is not None and not attempts:
         return None
+    if pipeline.warehouse is not None:
+        from watermark_dagster.write.warehouse import warehouse_evidence
+
+        return warehouse_evidence(pipeline, batch_id, write_seq, root)
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
     if table is None:
@@ -93,7 +97,11 @@ def applied_by_target(
 def target_mark(pipeline: Pipeline, root: str) -> TargetMark:
     """What ``pipeline``'s target holds now, before an attempt of a batch of control root
     ``root`` writes: its version and this root's transaction position (through delta-rs,
-    no Spark job)."""
+    no Spark job; a warehouse target's state row)."""
+    if pipeline.warehouse is not None:
+        from watermark_dagster.write.warehouse import warehouse_mark
+
+        return warehouse_mark(pipeline, root)
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
     if table is None:
@@ -309,7 +317,22 @@ def check_target_bound(
     replay: bool = False,
 ) -> None:
     """:func:`refuse_bound_elsewhere` on the pipeline's target, read through delta-rs (no
-    Spark job); nothing to check while the target does not exist."""
+    Spark job); nothing to check while the target does not exist. A warehouse target's
+    state row is checked by the same rules
+    (:func:`~watermark_dagster.write.warehouse.check_warehouse_bound`)."""
+    if pipeline.warehouse is not None:
+        from watermark_dagster.write.warehouse import check_warehouse_bound
+
+        check_warehouse_bound(
+            pipeline,
+            batch_id,
+            write_seq,
+            root,
+            first_attempt=first_attempt,
+            first=first,
+            replay=replay,
+        )
+        return
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
     if table is not None:

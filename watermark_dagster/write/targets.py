@@ -160,6 +160,21 @@ def write_target(
             schedule (:func:`~watermark_dagster.write.fences.refuse_bound_elsewhere`),
             checked before anything is skipped or written.
     """
+    if pipeline.warehouse is not None:
+        from watermark_dagster.write.warehouse import write_warehouse
+
+        return write_warehouse(
+            spark,
+            output,
+            pipeline,
+            batch_id=batch_id,
+            write_seq=write_seq,
+            full_load=full_load,
+            replay=replay,
+            retried=retried,
+            root=root,
+            first=first,
+        )
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     # A target another control root wrote last: refused before any decision that the batch
     # is already applied. The positions (this root ahead of the batch: restored) are
