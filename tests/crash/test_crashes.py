@@ -460,7 +460,11 @@ SCENARIOS: dict[str, Scenario] = {
 
 # Points whose crash case lives with what they guard (the scenarios here run copy pipelines,
 # which never reach them): the module must kill a process there.
-TESTED_ELSEWHERE = {"after_state_commit": "tests/spark/test_maintain.py"}
+TESTED_ELSEWHERE = {
+    "after_state_commit": "tests/spark/test_maintain.py",
+    "after_warehouse_stage": "tests/spark/test_warehouse.py",
+    "before_warehouse_commit": "tests/spark/test_warehouse.py",
+}
 
 RESET = ["reset", "-t", "orders", "--force", "--yes", "--reason", "crash test"]
 REPLAY = ["replay", "-t", "orders", "--from-version", "0", "--to-version", "0", "--yes"]

@@ -9,29 +9,27 @@ recompute), and its state row names the batch that loaded it.
 """
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dagster import AssetKey
 from pyspark.sql import SparkSession
 
 from tests.support.databases import Database, postgres
-from tests.support.lakes import defs_from, registry_from, write_spec
+from tests.support.lakes import defs_from, registry_from
 from tests.support.spark_lake import Lake, batch_metadata, open_lake
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
-from watermark_dagster.errors import ConfigurationError, TargetBoundElsewhereError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.warehouse_state import read_state
 from watermark_dagster.operations.run_pipeline import execute_pipeline
+from watermark_dagster.operations.verify import verify_pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -121,7 +119,7 @@ def _run(lake: Lake, spec: dict[str, Any], batches: int | None = None) -> CycleR
 
 
 def _warehouse(db: Database) -> dict[int, int]:
-    """id -> value of the warehouse table, failing on a duplicated id."""
+    """Id -> value of the warehouse table, failing on a duplicated id."""
     rows = db.sql("SELECT id, value FROM wh.orders")
     ids = [int(i) for i, _ in rows]
     assert len(ids) == len(set(ids)), "duplicated ids in the warehouse"
@@ -137,20 +135,66 @@ def _assert_loaded(lake: Lake, db: Database) -> None:
     assert _warehouse(db) == lake_rows
 
 
+def _state(spec: dict[str, Any]) -> Any:
+    target = registry_from(spec).pipelines["orders_wh"].warehouse
+    assert target is not None
+    return read_state(target, "orders_wh")
+
+
+class _Kept:
+    """The test's session for ``verify_pipeline``, which stops its own session when done."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spark, name)
+
+    def stop(self) -> None:
+        pass
+
+
+def _verify(lake: Lake, spec: dict[str, Any]) -> Any:
+    """``watermark verify -p orders_wh``'s operation, on the test's session."""
+    return verify_pipeline(
+        lake.store, registry_from(spec), "orders_wh", open_spark=lambda: _Kept(lake.spark)
+    )
+
+
+def _newest_done(lake: Lake) -> str:
+    done = [b for b in lake.store.batches() if b.status is BatchStatus.COMPLETED]
+    return max(done, key=lambda b: b.seq).batch_id
+
+
 def test_the_chain_loads_the_warehouse_exactly_once(lake: Lake, db: Database) -> None:
     spec = _spec(lake, db)
     _upsert(db, [(1, 10, 1), (2, 20, 2), (3, 30, 3)])
     _run(lake, spec)
     _assert_loaded(lake, db)
-    registry = registry_from(spec)
-    target = registry.pipelines["orders_wh"].warehouse
-    assert target is not None
-    state = read_state(target, "orders_wh")
-    assert state is not None and not state.fenced
-    done = [b for b in lake.store.batches() if b.status is BatchStatus.COMPLETED]
-    assert state.batch_id == max(done, key=lambda b: b.seq).batch_id
+    state = _state(spec)
+    assert state is not None
+    assert not state.fenced
+    assert state.batch_id == _newest_done(lake)
+    # The table the first load created: the output's columns, the position and batch
+    # columns, and a primary key on the keys.
+    columns = db.sql(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE "
+        "table_schema = 'wh' AND table_name = 'orders' ORDER BY ordinal_position"
+    )
+    assert [c for c, _ in columns] == [
+        "id",
+        "value",
+        "updated_at",
+        "deleted",
+        "_wm_seq",
+        "_wm_batch_id",
+    ]
+    assert db.sql(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND "
+        "a.attnum = ANY(i.indkey) WHERE i.indrelid = 'wh.orders'::regclass AND i.indisprimary"
+    ) == [["id"]]
 
-    # Updates, inserts and soft deletes, over several batches.
+    # Updates, inserts, a soft delete and a hard delete, over several batches.
     _upsert(db, [(1, 11, 4), (4, 40, 5)])
     db.sql(f"UPDATE {SOURCE} SET deleted = true, updated_at = '{_at(6)}' WHERE id = 2")
     _run(lake, spec)
@@ -158,5 +202,130 @@ def test_the_chain_loads_the_warehouse_exactly_once(lake: Lake, db: Database) ->
     _upsert(db, [(5, 50, 7), (3, 33, 8)])
     _run(lake, spec)
     _assert_loaded(lake, db)
-    meta = batch_metadata(lake, "orders_wh", read_state(target, "orders_wh").batch_id)  # type: ignore[union-attr]
+    state = _state(spec)
+    assert state.batch_id == _newest_done(lake)
+    meta = batch_metadata(lake, "orders_wh", state.batch_id)
     assert meta["rows_written"] == 2
+    assert meta["target_version"] == state.position
+    assert (state.rows_inserted, state.rows_updated, state.rows_deleted) == (1, 1, 0)
+
+    # `watermark list` and `get` show the warehouse stage from its own state row; verify
+    # compares its rows with a recompute from the lake.
+    out = lake.cli(spec, "list", "--json")
+    assert out.returncode == 0, out.stderr
+    [row] = [r for r in json.loads(out.stdout) if r["upstream"] == "orders_db_lake"]
+    [loaded] = row["warehouse"]
+    assert (loaded["state"], loaded["batch_id"], loaded["table"]) == (
+        "loaded",
+        state.batch_id,
+        WAREHOUSE,
+    )
+    lake_version = latest_local_version(lake.path("orders"))
+    assert loaded["loaded_versions"] == {"orders_db_lake": lake_version}
+    out = lake.cli(spec, "list")
+    assert f"orders_wh: loaded {state.batch_id}" in out.stdout, out.stdout
+    out = lake.cli(spec, "get", "-t", "orders_db_lake")
+    assert "warehouse orders_wh" in out.stdout, out.stdout
+    assert f"wh.orders: loaded {state.batch_id}" in out.stdout
+    verified = _verify(lake, spec)
+    assert verified.equal, verified
+    assert verified.comparison.target_rows == len(lake.rows("orders"))
+
+    # A replay of an old range of the lake stage re-reads it through the warehouse load,
+    # version-guarded: the newer rows stay.
+    before = _warehouse(db)
+    replay = lake.store.create_range_replay(
+        "orders_db_lake",
+        VersionRange(1, 1),
+        mode=ReadMode.CDF,
+        pipelines=["orders_wh"],
+        all_upstreams=["orders_db_lake"],
+        actor="test",
+        reason="replay of an old lake range",
+    )
+    outcome = execute_pipeline(
+        spark=lake.spark,
+        store=lake.store,
+        registry=registry_from(spec),
+        pipeline_name="orders_wh",
+        batch_id=replay.batch_id,
+    )
+    assert outcome.rows_read > 0
+    assert _warehouse(db) == before
+    assert _state(spec).last_batch_id == replay.batch_id
+    assert _state(spec).position == state.position  # a replay does not move the position
+
+    # A backfill of the first batch's partition by hand replays it; nothing regresses.
+    job = HeadlessRunner(defs_from(spec), lake.instance).defs.resolve_job_def("watermark_batch_job")
+    loads = [
+        b
+        for b in lake.store.batches()
+        if "orders_wh" in b.pipelines and "orders_wh" not in b.full_load
+    ]
+    first = min(loads, key=lambda b: b.seq).batch_id
+    done = job.execute_in_process(
+        instance=lake.instance, partition_key=first, asset_selection=[AssetKey("orders_wh")]
+    )
+    assert done.success
+    assert [b for b in lake.store.batches() if b.kind is BatchKind.REPLAY][-1].order_seq
+    assert _warehouse(db) == before
+
+    # Another batch after the replays: loaded as usual, equal to a recompute.
+    _upsert(db, [(6, 60, 9)])
+    db.sql(f"DELETE FROM {SOURCE} WHERE id = 4")  # a hard delete: not seen without reconcile
+    db.sql(f"UPDATE {SOURCE} SET deleted = true, updated_at = '{_at(10)}' WHERE id = 1")
+    _run(lake, spec)
+    assert _warehouse(db) == lake.rows("orders")
+    assert _state(spec).batch_id == _newest_done(lake)
+
+    # A row changed behind the pipeline's back: verify says the warehouse differs.
+    db.sql("UPDATE wh.orders SET value = -1 WHERE id = 3")
+    assert not _verify(lake, spec).equal
+
+    # The password is in no record Dagster keeps, no file of the lake, no log.
+    logs = [str(e) for r in lake.instance.get_runs() for e in lake.instance.all_logs(r.run_id)]
+    assert logs
+    assert not [line for line in logs if db.password in line]
+    for path in Path(lake.root).rglob("*"):
+        if path.is_file() and path.stat().st_size < 5_000_000:
+            assert db.password.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize(
+    "point", ["after_warehouse_stage", "before_warehouse_commit", "after_target_commit"]
+)
+def test_a_load_killed_at_each_point_is_applied_once(
+    lake: Lake, db: Database, point: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL of a real run process: with the rows staged, inside the open transaction,
+    and right after the commit before the checkpoint. The next cycle applies the batch
+    exactly once: the table equals a recompute, its state row names the batch, and (after
+    the commit) nothing is staged or applied again."""
+    spec = _spec(lake, db)
+    _upsert(db, [(1, 10, 1), (2, 20, 2)])
+    _run(lake, spec)
+    _upsert(db, [(2, 21, 3), (3, 30, 4)])
+    _run(lake, spec, batches=1)  # the extraction's batch; the load is the next one
+    monkeypatch.setenv(FAULTS_ENV, f"{point}@orders_wh")
+    out = lake.cli(spec, "run", "--once", process=True)
+    monkeypatch.delenv(FAULTS_ENV)
+    assert out.returncode == 128 + signal.SIGKILL, out.stdout[-2000:] + out.stderr[-2000:]
+    killed = lake.store.open_batch()
+    assert killed is not None
+    assert [c.status for c in lake.store.checkpoints(batch_id=killed.batch_id)] == [
+        CheckpointStatus.RUNNING
+    ]
+    state = _state(spec)
+    committed = point == "after_target_commit"
+    assert (state.batch_id == killed.batch_id) is committed
+    assert (_warehouse(db) == lake.rows("orders")) is committed
+    _run(lake, spec)
+    assert lake.store.get_batch(killed.batch_id).status is BatchStatus.COMPLETED
+    _assert_loaded(lake, db)
+    after = _state(spec)
+    assert after.batch_id == killed.batch_id
+    if committed:
+        # Found applied by its state row: not loaded a second time.
+        assert after.loaded_at == state.loaded_at
+    # No staging table is left behind.
+    assert not db.sql("SELECT relname FROM pg_class WHERE relname LIKE 'wm_stage_%'")

@@ -21,6 +21,8 @@ FAULT_POINTS = (
     "after_run_start",  # pipeline asset: run started, worker tagged; no checkpoint, no Spark
     "after_target_create",  # first load: empty target created (a preparatory commit); no rows
     "after_state_commit",  # maintain: aggregate state brought to the range end; target not written
+    "after_warehouse_stage",  # warehouse load: rows staged; nothing applied, no transaction
+    "before_warehouse_commit",  # warehouse load: applied in the open transaction; not committed
     "after_target_commit",  # execute: target written; no checkpoint, no materialization
     "after_checkpoint",  # execute: checkpoint SUCCESS; no materialization
     "after_watermark_commit",  # store.advance_many: watermarks moved; no history, rows unmarked

@@ -34,6 +34,7 @@ UPSTREAMS_OP = "watermark_upstreams"
 LAG_CHECKS_OP = "watermark_lag_checks"
 STUCK_CHECKS_OP = "watermark_stuck_batch_checks"
 DRIFT_CHECKS_OP = "watermark_drift_checks"
+WAREHOUSE_CHECKS_OP = "watermark_warehouse_checks"
 RETENTION_CHECKS_OP = "watermark_retention_checks"
 CONTINUITY_CHECKS_OP = "watermark_continuity_checks"
 

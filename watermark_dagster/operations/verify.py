@@ -202,7 +202,21 @@ def verify_pipeline(
     versions, basis = versions_to_verify(store, registry, pipeline)
     storage = resolved_options(found.storage_options)
     comparison = None
-    if DeltaTable.is_deltatable(found.target, storage_options=storage):
+    if found.warehouse is not None:
+        from watermark_dagster.observe.warehouse_state import table_exists
+        from watermark_dagster.read.warehouse import read_warehouse
+
+        if table_exists(found.warehouse, pipeline):
+            spark = open_spark()
+            try:
+                with contextlib.suppress(Exception):  # Spark Connect has no SparkContext
+                    spark.sparkContext.setLogLevel("ERROR")
+                target = read_warehouse(spark, found.warehouse)
+                recompute = recompute_pipeline(spark, registry, pipeline, versions)
+                comparison = compare_with_recompute(target, recompute, keys=found.keys)
+            finally:
+                spark.stop()
+    elif DeltaTable.is_deltatable(found.target, storage_options=storage):
         spark = open_spark()
         try:
             with contextlib.suppress(Exception):  # Spark Connect has no SparkContext

@@ -1,13 +1,16 @@
 """``watermark list`` and ``watermark get``: where every upstream stands."""
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from watermark_dagster.cli.commands.landing_files import file_rows, print_files
 from watermark_dagster.cli.context import EXIT_OK, Context
 from watermark_dagster.cli.render import Styled, cursor_type_of, shown_position
 from watermark_dagster.core.records import Checkpoint, CheckpointStatus
 from watermark_dagster.errors import NoFileLandedError, WatermarkError
+
+if TYPE_CHECKING:
+    from watermark_dagster.operations.warehouse import WarehouseStatus
 
 RECENT_HISTORY = 5
 
@@ -76,6 +79,7 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
     unreadable = {} if open_batch else unreadable_next_ranges(ctx.registry, observer, store)
     rows = []
     seen: dict[str, list[Checkpoint]] = {}  # batch id -> its checkpoints, read once
+    warehouses = _warehouses(ctx)
     for name in sorted(ctx.registry.upstreams):
         mark = committed.get(name)
         version = mark.committed_version if mark else None
@@ -141,9 +145,51 @@ def status_rows(ctx: Context) -> list[dict[str, Any]]:
                     else None
                 ),
                 "fix": look["fix"] or (held["fix"] if held else None),
+                # The warehouse stage of the chain: each warehouse target reading it, where
+                # its own state row says it stands.
+                "warehouse": [
+                    w.as_dict()
+                    for p, w in warehouses.items()
+                    if name in ctx.registry.pipelines[p].upstreams
+                ],
             }
         )
     return rows
+
+
+def _warehouses(ctx: Context) -> dict[str, "WarehouseStatus"]:
+    """Each warehouse target's status, read once (one connection each)."""
+    from watermark_dagster.operations.warehouse import warehouse_status
+
+    return {
+        name: warehouse_status(ctx.read_store, p)
+        for name, p in sorted(ctx.registry.pipelines.items())
+        if p.warehouse is not None
+    }
+
+
+def _warehouse_cell(row: dict[str, Any]) -> str | None:
+    found = row.get("warehouse") or []
+    return "; ".join(f"{w['pipeline']}: {_warehouse_text(w)}" for w in found) or None
+
+
+def _warehouse_line(w: dict[str, Any]) -> str:
+    """``get``'s line for one warehouse target: its table, state, when, and the lake
+    versions it holds."""
+    versions = ", ".join(f"{u} v{v}" for u, v in w["loaded_versions"].items())
+    return (
+        f"{w['table']}: {_warehouse_text(w)}"
+        + (f", loaded at {w['loaded_at'][:19]}" if w["loaded_at"] else "")
+        + (f", lake version {versions}" if versions else "")
+    )
+
+
+def _warehouse_text(w: dict[str, Any]) -> str:
+    if w["state"] == "unreachable":
+        return f"unreachable ({w['error']})"
+    if w["position"] is None:
+        return str(w["state"])
+    return f"{w['state']} {w['batch_id']}"
 
 
 def _tie_break(upstream: Any) -> tuple[str, ...]:
@@ -262,6 +308,10 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
     tables = any(r["table"] for r in rows)
     if tables:
         headers[1:1] = ["table", "location"]
+    # A location with a warehouse target gets the warehouse stage's column.
+    loads = any(r["warehouse"] for r in rows)
+    if loads:
+        headers.append("warehouse")
     ctx.console.table(
         headers,
         [
@@ -276,6 +326,7 @@ def print_status(ctx: Context, *, as_json: bool) -> None:
                 _rows_cell(r),
                 _open_batch_cell(r),
                 r["last_change"],
+                *([_warehouse_cell(r)] if loads else []),
             ]
             for r in rows
         ],
@@ -379,6 +430,7 @@ def cmd_get(ctx: Context) -> int:
         ("open batch", _open_batch_cell(row) or "none"),
         ("consumers", consumers),
         ("last change", row["last_change"]),
+        *[(f"warehouse {w['pipeline']}", _warehouse_line(w)) for w in row["warehouse"]],
     ]
     if row["state"] == "waiting":
         pairs += [("state", "WAITING"), ("why", row["waiting"])]
