@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from watermark_dagster.config.batch_context import BatchContext, PinnedInput
     from watermark_dagster.config.database import DatabaseUpstream
+    from watermark_dagster.config.warehouse import PostgresTarget
     from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.config.pipeline import (
         Pipeline,
@@ -53,6 +54,7 @@ _API = {
     "EnvRef": "watermark_dagster.config.secrets",
     "CursorUpstream": "watermark_dagster.config.upstream",
     "DatabaseUpstream": "watermark_dagster.config.database",
+    "PostgresTarget": "watermark_dagster.config.warehouse",
     "LandingUpstream": "watermark_dagster.config.landing",
     "extraction_stage": "watermark_dagster.read.extraction",
     "DeltaUpstream": "watermark_dagster.config.upstream",
@@ -74,6 +76,7 @@ __all__ = [
     "BatchContext",
     "CursorUpstream",
     "DatabaseUpstream",
+    "PostgresTarget",
     "DeltaUpstream",
     "EnvRef",
     "LandingUpstream",

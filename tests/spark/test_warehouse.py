@@ -21,15 +21,27 @@ from pyspark.sql import SparkSession
 
 from tests.support.databases import Database, postgres
 from tests.support.lakes import defs_from, registry_from
+from tests.support.ports import free_port
 from tests.support.spark_lake import Lake, batch_metadata, open_lake
+from watermark_dagster.config.pipeline import Pipeline
+from watermark_dagster.config.secrets import EnvRef
+from watermark_dagster.config.warehouse import PostgresTarget
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
+from watermark_dagster.errors import (
+    BatchStateError,
+    ConfigurationError,
+    RetryableError,
+    TargetBoundElsewhereError,
+    TerminalError,
+)
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.warehouse_state import read_state
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.operations.verify import verify_pipeline
+from watermark_dagster.write.warehouse import fence_warehouse, write_warehouse
 
 pytestmark = pytest.mark.spark
 
@@ -329,3 +341,138 @@ def test_a_load_killed_at_each_point_is_applied_once(
         assert after.loaded_at == state.loaded_at
     # No staging table is left behind.
     assert not db.sql("SELECT relname FROM pg_class WHERE relname LIKE 'wm_stage_%'")
+
+
+def _pipeline(db: Database, **target: Any) -> Pipeline:
+    return Pipeline(
+        name="orders_wh",
+        upstreams=("orders",),
+        warehouse=PostgresTarget(
+            url=target.pop("url", db.url),
+            table=WAREHOUSE,
+            user=EnvRef("WH_USER"),
+            password=EnvRef("WH_PASSWORD"),
+            **target,
+        ),
+        keys=("id",),
+        transform=lambda batch: batch["orders"].changes,
+    )
+
+
+def _load(spark: SparkSession, pipeline: Pipeline, rows: list[tuple], seq: int, **kw: Any) -> Any:
+    frame = spark.createDataFrame(rows, "id long, value long")
+    return write_warehouse(
+        spark,
+        frame,
+        pipeline,
+        batch_id=f"b{seq:06d}",
+        write_seq=seq,
+        full_load=False,
+        root=kw.pop("root", "root-a"),
+        **kw,
+    )
+
+
+def _nothing_written(db: Database) -> None:
+    """No staging table left, and the warehouse table (if any) empty."""
+    assert not db.sql("SELECT relname FROM pg_class WHERE relname LIKE 'wm_stage_%'")
+    exists = db.sql("SELECT 1 FROM pg_tables WHERE schemaname = 'wh' AND tablename = 'orders'")
+    assert not exists or db.sql("SELECT count(*) FROM wh.orders") == [["0"]]
+
+
+@pytest.mark.parametrize("load", ["copy", "jdbc"])
+def test_both_loads_apply_the_same_changes_once(
+    spark: SparkSession, db: Database, load: str
+) -> None:
+    """COPY from the driver and Spark's JDBC writer stage the same rows; a retry of a
+    committed batch changes nothing; an older batch does not overwrite a newer one's rows
+    (the ``_wm_seq`` guard) and a replay inserts no key the table lacks."""
+    pipeline = _pipeline(db, load=load)
+    first = _load(spark, pipeline, [(1, 10), (2, 20), (3, 30)], 1)
+    assert (first.rows_inserted, first.created) == (3, True)
+    again = _load(spark, pipeline, [(1, 10), (2, 20), (3, 30)], 1, retried=True)
+    assert again.already_applied
+    rows = spark.createDataFrame(
+        [(2, 21, "upsert"), (3, None, "delete"), (4, 40, "upsert")],
+        "id long, value long, _change_type string",
+    )
+    second = write_warehouse(
+        spark, rows, pipeline, batch_id="b000002", write_seq=2, full_load=False, root="root-a"
+    )
+    assert (second.rows_inserted, second.rows_updated, second.rows_deleted) == (1, 1, 1)
+    assert _warehouse(db) == {1: 10, 2: 21, 4: 40}
+    # A replay of batch 1's position: rows batch 2 wrote stay, no deleted key returns.
+    replay = _load(spark, pipeline, [(2, 99), (3, 99), (1, 11)], 1, replay=True)
+    assert (replay.rows_inserted, replay.rows_updated) == (0, 1)
+    assert _warehouse(db) == {1: 11, 2: 21, 4: 40}
+    state = read_state(pipeline.warehouse, "orders_wh")  # type: ignore[arg-type]
+    assert (state.position, state.batch_id, state.last_batch_id) == (2, "b000002", "b000001")
+
+
+def test_refusals_name_the_cause_and_write_nothing(
+    spark: SparkSession, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = _pipeline(db)
+    # A key column holding NULL.
+    with pytest.raises(TerminalError, match=r"key \{'id': None\} is NULL"):
+        _load(spark, pipeline, [(1, 10), (None, 20)], 1)
+    _nothing_written(db)
+    assert read_state(pipeline.warehouse, "orders_wh") is None  # type: ignore[arg-type]
+    # Several rows of one key and no _commit_version.
+    with pytest.raises(TerminalError, match="several rows for key"):
+        _load(spark, pipeline, [(1, 10), (1, 11)], 1)
+    _nothing_written(db)
+    # A table whose columns do not match the output: named, with the fix.
+    db.sql("DROP TABLE wh.orders; CREATE TABLE wh.orders (id bigint PRIMARY KEY, value text)")
+    with pytest.raises(TerminalError) as refused:
+        _load(spark, pipeline, [(1, 10)], 1)
+    text = str(refused.value)
+    assert "value is text, the output's is bigint" in text
+    assert "_wm_seq (bigint) is missing" in text
+    assert "ALTER TABLE wh.orders ADD COLUMN _wm_seq bigint" in text
+    _nothing_written(db)
+    # Keys without a primary key or unique index: a merge's upserts need one.
+    db.sql(
+        "DROP TABLE wh.orders; CREATE TABLE wh.orders (id bigint, value bigint, "
+        "_wm_seq bigint NOT NULL, _wm_batch_id text)"
+    )
+    with pytest.raises(TerminalError, match=r"ADD PRIMARY KEY \(id\)"):
+        _load(spark, pipeline, [(1, 10)], 1)
+    _nothing_written(db)
+    # Rows the state table records no load of: another load's, never taken over.
+    db.sql(
+        "ALTER TABLE wh.orders ADD PRIMARY KEY (id); INSERT INTO wh.orders VALUES (7, 70, 5, 'x')"
+    )
+    with pytest.raises(TargetBoundElsewhereError, match="records no load"):
+        _load(spark, pipeline, [(1, 10)], 1)
+    assert _warehouse(db) == {7: 70}
+    db.sql("DROP SCHEMA wh CASCADE")
+
+    # A load of another control root's table: refused before anything is staged.
+    _load(spark, pipeline, [(1, 10)], 1)
+    with pytest.raises(TargetBoundElsewhereError, match="control root root-a"):
+        _load(spark, pipeline, [(2, 20)], 2, root="root-b")
+    # This root ahead of the batch (restored from an older copy): refused.
+    with pytest.raises(TargetBoundElsewhereError, match="earlier life"):
+        _load(spark, pipeline, [(2, 20)], 1)
+    # A forced change's fence: the fenced batch's late load does not land.
+    fence = fence_warehouse(pipeline, "b000002", 2, "root-a")
+    assert (fence.fenced, fence.new) == (2, True)
+    with pytest.raises(BatchStateError, match="fenced"):
+        _load(spark, pipeline, [(2, 20)], 2, retried=True)
+    assert _warehouse(db) == {1: 10}
+    assert _load(spark, pipeline, [(3, 30)], 3).rows_inserted == 1  # the next batch loads
+
+    # A wrong password: refused, naming the variable, not the value; an unreachable
+    # server: retryable. Neither shows the password.
+    monkeypatch.setenv("WH_PASSWORD", "not-the-password")
+    with pytest.raises(ConfigurationError, match=r"refused the credentials") as wrong:
+        _load(spark, pipeline, [(4, 40)], 4)
+    assert "$WH_PASSWORD" in str(wrong.value)
+    assert "not-the-password" not in str(wrong.value)
+    monkeypatch.setenv("WH_PASSWORD", db.password)
+    closed = _pipeline(db, url=f"jdbc:postgresql://127.0.0.1:{free_port()}/shop")
+    with pytest.raises(RetryableError, match="did not answer") as down:
+        _load(spark, closed, [(4, 40)], 4)
+    assert db.password not in str(down.value)
+    assert _warehouse(db) == {1: 10, 3: 30}

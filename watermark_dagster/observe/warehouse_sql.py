@@ -160,12 +160,14 @@ def create_schema(schema: str) -> str:
 # -- the staging table
 
 
-def create_stage(stage: str, target: str) -> str:
-    """An unlogged table of the target's columns (their types and NOT NULLs, no keys) and
+def create_stage(stage: str, target: str, keys: Sequence[str]) -> str:
+    """An unlogged table of the target's columns (their types and NOT NULLs, no keys; the
+    key columns nullable, so that a NULL key is refused by name, not by the staging) and
     the change type: where a batch's rows land before the transaction applies them."""
+    nullable = "".join(f", ALTER COLUMN {identifier(k)} DROP NOT NULL" for k in keys)
     return (
         f"CREATE UNLOGGED TABLE {stage} (LIKE {target} INCLUDING DEFAULTS); "
-        f"ALTER TABLE {stage} ADD COLUMN {identifier(CHANGE_TYPE)} text"
+        f"ALTER TABLE {stage} ADD COLUMN {identifier(CHANGE_TYPE)} text{nullable}"
     )
 
 

@@ -543,7 +543,7 @@ def write_warehouse(
                 if row and row[0]:
                     raise _bound_elsewhere(pipeline, batch_id, write_seq, root, None)
             cursor.execute(sql.drop_table(staged))
-            cursor.execute(sql.create_stage(staged, _table(target)))
+            cursor.execute(sql.create_stage(staged, _table(target), pipeline.keys))
             persisted = frame.persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 rows = persisted.count()
