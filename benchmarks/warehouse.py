@@ -28,10 +28,17 @@ and the rest (checks, transaction, commit). One untimed round of each contender 
 JVM and the driver first.
 
 Prints per size and case the median seconds and min-max of each contender, the paired
-ratio copy/jdbc, and the load average; writes JSON with ``--out``.
+ratio copy/jdbc, and the load average; writes JSON with ``--out``. A load that raises stops
+the run with exit 1, saying which contender, batch and step (before or after staging).
+
+``--socket-timeout`` raises, for this process only, the seconds the warehouse connection
+waits for one statement's answer: the connection keeps its 10 s connect timeout
+(``observe/database_state.CONNECT_SECONDS``) as its socket timeout, and the upsert of a
+1M-row first load can take longer on a busy machine (a bare ``TimeoutError``).
 
     .venv/bin/python -m benchmarks.warehouse                      # 100k and 1M rows, 3 repeats
-    .venv/bin/python -m benchmarks.warehouse --sizes 20k,200k --repeats 5
+    .venv/bin/python -m benchmarks.warehouse --socket-timeout 300  # as docs/benchmarks.md ran it
+    .venv/bin/python -m benchmarks.warehouse --sizes 10k,20k,50k --repeats 5  # the crossover
 """
 
 import argparse
@@ -220,6 +227,7 @@ class Bench:
         Raises:
             TableMismatch: the table does not hold ``want``, or not ``batch_rows`` rows of
                 this batch, or the load staged by another route than asked.
+            LoadFailed: ``write_warehouse`` raised (the cause chained).
         """
         from watermark_dagster.write.warehouse import write_warehouse
 
@@ -245,8 +253,8 @@ class Bench:
                 f"{time.perf_counter() - started:.1f}s into the load, {when}: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        ended = time.perf_counter()
-        if self.staged.at is None or self.staged.how != contender:
+        ended, staged_at = time.perf_counter(), self.staged.at
+        if staged_at is None or self.staged.how != contender:
             raise TableMismatch(
                 f"{contender}: the load staged by {self.staged.how!r}, not {contender!r}"
             )
@@ -260,8 +268,8 @@ class Bench:
             )
         return Load(
             seconds=ended - started,
-            stage_seconds=self.staged.at - started,
-            how=self.staged.how,
+            stage_seconds=staged_at - started,
+            how=contender,
             inserted=result.rows_inserted,
             updated=result.rows_updated,
         )
@@ -376,9 +384,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="paired repeats (3)")
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (4g)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument("--socket-timeout", type=int, default=None, help="seconds the "
+                        "warehouse connection waits for the server's answer to one statement "
+                        "(default: the product's, observe/database_state.CONNECT_SECONDS, 10 s, "
+                        "which a 1M-row upsert on a busy machine can exceed)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.socket_timeout is not None and args.socket_timeout <= 0:
+        parser.error("--socket-timeout must be above 0")
     return args
 
 
@@ -389,7 +403,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import watermark_dagster  # noqa: F401 - build_session then uses the project's session
     from tests.support.databases import postgres
+    from watermark_dagster.observe import database_state
     from watermark_dagster.runtime.jdbc import JDBC_DRIVERS_KEY
+
+    if args.socket_timeout is not None:
+        # pg8000 keeps its connect timeout as the socket's timeout for every later read, so
+        # one statement answering later than it fails the load with a TimeoutError.
+        database_state.CONNECT_SECONDS = args.socket_timeout
 
     settings = {
         "master": "local[2]",
@@ -411,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "contenders": CONTENDERS,
         "cases": CASES,
         "repeats_requested": args.repeats,
+        "socket_timeout_seconds": database_state.CONNECT_SECONDS,
         "loadavg_before": list(os.getloadavg()),
         "sizes": [],
         "stopped": None,
@@ -423,7 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with postgres() as db:
             server = db.sql("SHOW server_version")[0][0]
             result["postgresql"] = server
-            out(f"PostgreSQL {server} at {db.url} (fsync off, as the tests start it)")
+            out(f"PostgreSQL {server} at {db.url} (fsync off, as the tests start it); "
+                f"warehouse socket timeout {database_state.CONNECT_SECONDS:g} s")  # fmt: skip
             os.environ["WH_USER"] = "watermark"
             os.environ["WH_PASSWORD"] = db.password
             bench = Bench(spark, db, out)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from watermark_dagster.config.batch_context import BatchContext, PinnedInput
     from watermark_dagster.config.database import DatabaseUpstream
-    from watermark_dagster.config.warehouse import PostgresTarget
     from watermark_dagster.config.landing import LandingUpstream
     from watermark_dagster.config.pipeline import (
         Pipeline,
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from watermark_dagster.config.registry import Registry
     from watermark_dagster.config.secrets import EnvRef
     from watermark_dagster.config.upstream import CursorUpstream, DeltaUpstream, Upstream
+    from watermark_dagster.config.warehouse import PostgresTarget
     from watermark_dagster.dagster_defs.component import WatermarkComponent
     from watermark_dagster.dagster_defs.definitions import (
         WatermarkLocation,

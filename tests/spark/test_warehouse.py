@@ -37,11 +37,13 @@ from watermark_dagster.errors import (
     TargetBoundElsewhereError,
     TerminalError,
 )
+from watermark_dagster.observe import database_state
 from watermark_dagster.observe.log import latest_local_version
-from watermark_dagster.observe.warehouse_state import read_state
+from watermark_dagster.observe.warehouse_state import LOAD_SECONDS, connected, read_state
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.operations.verify import verify_pipeline
-from watermark_dagster.write.warehouse import fence_warehouse, write_warehouse
+from watermark_dagster.write.warehouse import write_warehouse
+from watermark_dagster.write.warehouse_fences import fence_warehouse
 
 pytestmark = pytest.mark.spark
 
@@ -476,3 +478,30 @@ def test_refusals_name_the_cause_and_write_nothing(
         _load(spark, closed, [(4, 40)], 4)
     assert db.password not in str(down.value)
     assert _warehouse(db) == {1: 10, 3: 30}
+
+    # The table dropped behind the pipeline's back while its state row records loads: a
+    # batch of changes alone would lose every earlier row. Refused, and no empty table is
+    # left to pass for a loaded one (the next plan's first-load rule sees it missing).
+    db.sql("DROP TABLE wh.orders")
+    with pytest.raises(TerminalError, match="is gone") as gone:
+        _load(spark, pipeline, [(4, 40)], 4)
+    assert "reset" in str(gone.value)
+    assert not db.sql("SELECT 1 FROM pg_tables WHERE schemaname = 'wh' AND tablename = 'orders'")
+
+
+def test_a_load_s_statements_outlive_the_connect_timeout(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pg8000 keeps its connect timeout as the socket's for every read: a load's upsert of
+    a million rows took longer than it (benchmarks/warehouse.py). A load's connection gives
+    each statement ``LOAD_SECONDS``; a state read keeps the connect timeout."""
+    monkeypatch.setattr(database_state, "CONNECT_SECONDS", 1)
+    target = _pipeline(db).warehouse
+    assert target is not None
+    with connected(target, pipeline="orders_wh", statement_seconds=LOAD_SECONDS) as connection:
+        connection.cursor().execute("SELECT pg_sleep(1.5)")
+    with (
+        pytest.raises(TimeoutError),
+        connected(target, pipeline="orders_wh") as connection,
+    ):
+        connection.cursor().execute("SELECT pg_sleep(1.5)")

@@ -10,8 +10,9 @@ Example:
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, cast
 
+from watermark_dagster.config import warehouse as wh
 from watermark_dagster.config.batch_context import Transform
 from watermark_dagster.config.declared import (
     Declared,
@@ -29,14 +30,9 @@ from watermark_dagster.config.names import (
 )
 from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.secrets import StorageOptions, checked_options
-from watermark_dagster.config.warehouse import PostgresTarget, warehouse_target
 from watermark_dagster.core.columns import RESERVED_PREFIX
 from watermark_dagster.core.strategy import ChangeFeed, Strategy
 from watermark_dagster.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    pass
-
 
 WriteModeValue = Literal["merge", "append", "overwrite"]
 
@@ -100,21 +96,13 @@ class Pipeline:
         feed_on_create: create the target with Delta's change data feed on, for a
             downstream :class:`~watermark_dagster.config.upstream.DeltaUpstream` that reads
             its updates and deletes (Python only; an extraction stage sets it).
-        warehouse: instead of ``target``, the
-            :class:`~watermark_dagster.config.warehouse.PostgresTarget` loaded (Python only;
-            ``target`` then shows where it is).
+        warehouse: instead of ``target``, the warehouse table loaded, a
+            :class:`~watermark_dagster.config.warehouse.PostgresTarget` (Python only).
     """
 
     name: str
     upstreams: Sequence[str] = field(metadata=written_as(Kind.UPSTREAMS))
-    target: str = field(
-        default="",
-        metadata=written_as(
-            Kind.TARGET,
-            shape="text (the target table's location), or a warehouse table: "
-            "{kind: postgres, url: ..., table: ...}",
-        ),
-    )
+    target: str = field(default="", metadata=written_as(Kind.TARGET))
     table: str | None = field(
         default=None,
         metadata=written_as(
@@ -145,7 +133,7 @@ class Pipeline:
     strategy: StrategyValue = field(default="auto", metadata=written_as(Kind.CHOICE))
     change_feed: ChangeFeedValue | None = field(default=None, metadata=written_as(Kind.CHOICE))
     feed_on_create: bool = False
-    warehouse: PostgresTarget | None = None
+    warehouse: wh.PostgresTarget | None = None
 
     def __post_init__(self) -> None:
         validate_name("pipeline name", self.name)
@@ -218,7 +206,7 @@ class Pipeline:
                 )
         # Declarations come from plain Python and YAML: the annotations are not enforced.
         if not isinstance(self.target, str) or self.warehouse is not None:  # pyright: ignore[reportUnnecessaryIsInstance]
-            self._check_warehouse(warehouse_target(self.name, self.warehouse or self.target))
+            wh.bind_warehouse(self, wh.warehouse_target(self.name, self.warehouse or self.target))
         elif self.table is not None:
             check_table_declaration(owner, self.target, self.table, pipeline=self.name)
         elif not self.target.strip():
@@ -250,40 +238,6 @@ class Pipeline:
 
             sql = self.declared.sql if self.declared else None
             refuse_unmaintainable(self.name, form_of(sql, self.upstreams))
-
-    def _check_warehouse(self, warehouse: PostgresTarget) -> None:
-        """A warehouse target: only the settings a database table takes, and a strategy
-        that never reads the target (``auto`` runs the incremental form)."""
-        owner = f"Pipeline '{self.name}'"
-        for what, given in (
-            ("table", self.table),
-            ("partition_by", self.partition_by),
-            ("cluster_by", self.cluster_by),
-            ("storage_options", self.storage_options),
-            ("change_feed", self.change_feed),
-            ("feed_on_create", self.feed_on_create),
-        ):
-            if given:
-                raise ConfigurationError(
-                    f"{owner} loads warehouse table {warehouse.table}; {what}={given!r} is a "
-                    "Delta target's setting and does not apply.",
-                    pipeline=self.name,
-                    fix=f"remove {what}.",
-                )
-        strategy = cast(Strategy, self.strategy)
-        if strategy in (Strategy.FULL, Strategy.MAINTAIN):
-            raise ConfigurationError(
-                f"{owner} loads warehouse table {warehouse.table} with strategy='{strategy}', "
-                "which reads the target's rows back into Spark on every batch.",
-                pipeline=self.name,
-                fix="drop strategy= (a warehouse target runs the incremental form, or "
-                "strategy='rewrite' to replace the table each batch), or keep the aggregate "
-                "in a Delta target and load the warehouse from it.",
-            )
-        if strategy is Strategy.AUTO and self.chooses_strategy:
-            object.__setattr__(self, "strategy", Strategy.INCREMENTAL)
-        object.__setattr__(self, "warehouse", warehouse)
-        object.__setattr__(self, "target", warehouse.location)
 
     @property
     def chooses_strategy(self) -> bool:
@@ -363,17 +317,11 @@ class Pipeline:
         )
 
 
-def _target(target: "str | PostgresTarget") -> dict[str, str | PostgresTarget]:
-    """A builder's ``target=`` as :class:`Pipeline`'s keyword: a Delta location or a
-    warehouse target."""
-    return {"warehouse": target} if isinstance(target, PostgresTarget) else {"target": target}
-
-
 def declared_pipeline(
     *,
     upstreams: Mapping[str, KeyPathSpec],
     keys: Sequence[str],
-    target: "str | PostgresTarget" = "",
+    target: "str | wh.PostgresTarget" = "",
     table: str | None = None,
     name: str | None = None,
     description: str | None = None,
@@ -414,7 +362,7 @@ def declared_pipeline(
             upstreams,
             declare(pipeline_name, upstreams, keys=tuple(keys), function=fn),
             keys=tuple(keys),
-            **_target(target),
+            target=target,  # pyright: ignore[reportArgumentType]: a warehouse target too
             table=table,
             description=description or (fn.__doc__ or "").strip() or None,
             partition_by=tuple(partition_by),
@@ -433,7 +381,7 @@ def sql_pipeline(
     sql: str,
     upstreams: Mapping[str, KeyPathSpec],
     keys: Sequence[str],
-    target: "str | PostgresTarget" = "",
+    target: "str | wh.PostgresTarget" = "",
     table: str | None = None,
     description: str | None = None,
     partition_by: Sequence[str] = (),
@@ -465,7 +413,7 @@ def sql_pipeline(
         upstreams,
         declare(name, upstreams, keys=tuple(keys), sql=sql),
         keys=tuple(keys),
-        **_target(target),
+        target=target,  # pyright: ignore[reportArgumentType]: a warehouse target too
         table=table,
         description=description,
         partition_by=tuple(partition_by),
@@ -500,7 +448,7 @@ def _upstream_names(pipeline: str, upstreams: object) -> list[str]:
 def pipeline(
     *,
     upstreams: Sequence[str],
-    target: "str | PostgresTarget" = "",
+    target: "str | wh.PostgresTarget" = "",
     table: str | None = None,
     keys: Sequence[str] = (),
     name: str | None = None,
@@ -531,7 +479,7 @@ def pipeline(
         return Pipeline(
             name=name or fn.__name__,
             upstreams=tuple(upstreams),
-            **_target(target),
+            target=target,  # pyright: ignore[reportArgumentType]: a warehouse target too
             table=table,
             keys=tuple(keys),
             transform=fn,

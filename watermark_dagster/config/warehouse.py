@@ -19,11 +19,12 @@ Example:
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 from watermark_dagster.config.database import check_url
 from watermark_dagster.config.options import Kind, written_as
 from watermark_dagster.config.secrets import EnvRef, as_reference
+from watermark_dagster.core.strategy import Strategy
 from watermark_dagster.errors import ConfigurationError
 
 WarehouseLoad = Literal["auto", "jdbc", "copy"]
@@ -52,7 +53,7 @@ class PostgresTarget:
             ``schema.table`` or ``table``, in the target's schema).
         load: how a batch's rows reach the database: ``jdbc`` (Spark's JDBC writer, from
             the executors), ``copy`` (the driver streams them with ``COPY``) or ``auto``
-            (``copy`` up to 50,000 rows, else ``jdbc``; docs/benchmarks.md#warehouse-loads).
+            (``copy`` up to 5,000 rows, else ``jdbc``; docs/benchmarks.md#warehouse-loads).
     """
 
     url: str = field(metadata=written_as(Kind.TEXT, shape="text (jdbc:postgresql://host/db)"))
@@ -184,7 +185,79 @@ def warehouse_target(pipeline: str, value: object) -> PostgresTarget:
         ) from None
 
 
+class _Pipeline(Protocol):
+    """A pipeline's settings as :func:`check_warehouse_pipeline` reads them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def table(self) -> str | None: ...
+    @property
+    def partition_by(self) -> tuple[str, ...]: ...
+    @property
+    def cluster_by(self) -> tuple[str, ...]: ...
+    @property
+    def storage_options(self) -> object: ...
+    @property
+    def change_feed(self) -> object: ...
+    @property
+    def feed_on_create(self) -> bool: ...
+    @property
+    def strategy(self) -> object: ...
+    @property
+    def chooses_strategy(self) -> bool: ...
+
+
+def check_warehouse_pipeline(pipeline: _Pipeline, warehouse: PostgresTarget) -> None:
+    """A pipeline loading ``warehouse`` gives only the settings a database table takes, and
+    no strategy that reads the target back (``full``, ``maintain``).
+
+    Raises:
+        ConfigurationError: naming the pipeline, the setting and the fix.
+    """
+    owner = f"Pipeline '{pipeline.name}'"
+    for what in (
+        "table",
+        "partition_by",
+        "cluster_by",
+        "storage_options",
+        "change_feed",
+        "feed_on_create",
+    ):
+        given = getattr(pipeline, what)
+        if given:
+            raise ConfigurationError(
+                f"{owner} loads warehouse table {warehouse.table}; {what}={given!r} is a Delta "
+                "target's setting and does not apply.",
+                pipeline=pipeline.name,
+                fix=f"remove {what}.",
+            )
+    if str(pipeline.strategy) in ("full", "maintain"):
+        raise ConfigurationError(
+            f"{owner} loads warehouse table {warehouse.table} with "
+            f"strategy='{pipeline.strategy}', which reads the target's rows back into Spark on "
+            "every batch.",
+            pipeline=pipeline.name,
+            fix="drop strategy= (a warehouse target runs the incremental form, or "
+            "strategy='rewrite' to replace the table each batch), or keep the aggregate in a "
+            "Delta target and load the warehouse from it.",
+        )
+
+
+def bind_warehouse(pipeline: _Pipeline, warehouse: PostgresTarget) -> None:
+    """Complete a pipeline's declaration with the warehouse it loads
+    (:func:`check_warehouse_pipeline` first): ``warehouse`` set, ``target`` its location,
+    and ``auto`` the incremental form (a warehouse target is never read back)."""
+    check_warehouse_pipeline(pipeline, warehouse)
+    if pipeline.strategy is Strategy.AUTO and pipeline.chooses_strategy:
+        object.__setattr__(pipeline, "strategy", Strategy.INCREMENTAL)
+    object.__setattr__(pipeline, "warehouse", warehouse)
+    object.__setattr__(pipeline, "target", warehouse.location)
+
+
 __all__ = [
+    "bind_warehouse",
+    "check_warehouse_pipeline",
     "DEFAULT_STATE_TABLE",
     "LOAD_CHOICES",
     "WAREHOUSE_KINDS",

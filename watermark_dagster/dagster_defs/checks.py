@@ -55,7 +55,7 @@ from watermark_dagster.dagster_defs.health_stuck import (
     stuck_result,
     stuck_state,
 )
-from watermark_dagster.dagster_defs.health_warehouse import WAREHOUSE_CHECK, warehouse_lag_result
+from watermark_dagster.dagster_defs.health_warehouse import warehouse_family
 from watermark_dagster.dagster_defs.names import (
     CONTINUITY_CHECKS_OP,
     DEFAULT_NAMES,
@@ -63,7 +63,6 @@ from watermark_dagster.dagster_defs.names import (
     LAG_CHECKS_OP,
     RETENTION_CHECKS_OP,
     STUCK_CHECKS_OP,
-    WAREHOUSE_CHECKS_OP,
     LocationNames,
 )
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
@@ -410,38 +409,7 @@ def build_health_checks(
     def pipeline_name(pipeline: str) -> str:
         return pipeline
 
-    def warehouse(
-        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, str]]
-    ) -> Iterator[Verdict]:
-        from watermark_dagster.operations.warehouse import warehouse_status
-
-        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
-        store = watermark_store.get_store()
-        now = datetime.now(UTC)
-        for key, name in selected:
-            pipeline = registry.pipelines[name]
-            status = warehouse_status(store, pipeline)
-            observed = {}
-            for u in pipeline.upstreams:
-                try:
-                    observed[u] = observer.observe(registry.upstreams[u])
-                except UpstreamUnavailableError as e:
-                    yield key, False, str(e), {"pipeline": name, **e.metadata()}
-                    break
-            else:
-                yield (
-                    key,
-                    *warehouse_lag_result(
-                        status,
-                        observed,
-                        now,
-                        lambda u, v: commit_times.get(u, v, registry),
-                        settings,
-                    ),
-                )
-
     declared = [p for p in pipeline_keys if registry.pipelines[p].declared is not None]
-    loads = [p for p in pipeline_keys if registry.pipelines[p].warehouse is not None]
     families: list[CheckFamily[Any]] = [
         CheckFamily(
             op=LAG_CHECKS_OP,
@@ -478,15 +446,6 @@ def build_health_checks(
             evaluate=drift,
             needs_store=False,
         ),
-        CheckFamily(
-            op=WAREHOUSE_CHECKS_OP,
-            description="Whether each warehouse target keeps up with its lake input.",
-            subjects=checks_on(WAREHOUSE_CHECK, pipeline_keys, loads, pipeline_name),
-            describe=lambda p: (
-                f"Fails when the warehouse table '{p}' loads cannot be read, holds no load, or "
-                "lags its lake input beyond the watermark_lag limits (from its own state row)."
-            ),
-            evaluate=warehouse,
-        ),
+        warehouse_family(registry, pipeline_keys, observer, settings, commit_times, names),
     ]
     return [c for family in families for c in build_check_family(family, names)]

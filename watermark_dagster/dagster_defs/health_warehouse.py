@@ -9,14 +9,26 @@ row in the warehouse itself, not from the control tables
 (:func:`~watermark_dagster.dagster_defs.checks.build_health_checks`).
 """
 
-from collections.abc import Callable, Mapping
-from datetime import datetime
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from dagster import AssetCheckExecutionContext, AssetCheckKey, AssetKey
+
+from watermark_dagster.config.registry import Registry
 from watermark_dagster.core.observations import Observation
+from watermark_dagster.dagster_defs.check_family import CheckFamily, Verdict, checks_on
 from watermark_dagster.dagster_defs.health import HealthSettings
-from watermark_dagster.dagster_defs.health_lag import lag_result, measure_lag
-from watermark_dagster.operations.warehouse import WarehouseLoad, WarehouseStatus
+from watermark_dagster.dagster_defs.health_lag import CommitTimes, lag_result, measure_lag
+from watermark_dagster.dagster_defs.names import WAREHOUSE_CHECKS_OP, LocationNames
+from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
+from watermark_dagster.errors import UpstreamUnavailableError
+from watermark_dagster.observe.observer import Observer
+from watermark_dagster.operations.warehouse import (
+    WarehouseLoad,
+    WarehouseStatus,
+    warehouse_status,
+)
 
 WAREHOUSE_CHECK = "watermark_warehouse_lag"
 
@@ -64,4 +76,51 @@ def warehouse_lag_result(
     return True, f"{where} is within the limits of its lake input: " + " ".join(lines), meta
 
 
-__all__ = ["WAREHOUSE_CHECK", "warehouse_lag_result"]
+def warehouse_family(
+    registry: Registry,
+    pipeline_keys: Mapping[str, AssetKey],
+    observer: Observer,
+    settings: HealthSettings,
+    commit_times: CommitTimes,
+    names: LocationNames,
+) -> CheckFamily[str]:
+    """The ``watermark_warehouse_lag`` checks of the pipelines with a warehouse target, run
+    from the UI (the ``watermark_warehouse_checks`` op)."""
+
+    def evaluate(
+        context: AssetCheckExecutionContext, selected: Sequence[tuple[AssetCheckKey, str]]
+    ) -> Iterator[Verdict]:
+        watermark_store: WatermarkStoreResource = names.resource(context, names.store_resource)
+        store = watermark_store.get_store()
+        now = datetime.now(UTC)
+        for key, name in selected:
+            pipeline = registry.pipelines[name]
+            observed: dict[str, Observation] = {}
+            try:
+                for u in pipeline.upstreams:
+                    observed[u] = observer.observe(registry.upstreams[u])
+            except UpstreamUnavailableError as e:
+                yield key, False, str(e), {"pipeline": name, **e.metadata()}
+                continue
+            status = warehouse_status(store, pipeline)
+            yield (
+                key,
+                *warehouse_lag_result(
+                    status, observed, now, lambda u, v: commit_times.get(u, v, registry), settings
+                ),
+            )
+
+    loads = [p for p in pipeline_keys if registry.pipelines[p].warehouse is not None]
+    return CheckFamily(
+        op=WAREHOUSE_CHECKS_OP,
+        description="Whether each warehouse target keeps up with its lake input.",
+        subjects=checks_on(WAREHOUSE_CHECK, pipeline_keys, loads, lambda p: p),
+        describe=lambda p: (
+            f"Fails when the warehouse table '{p}' loads cannot be read, holds no load, or "
+            "lags its lake input beyond the watermark_lag limits (from its own state row)."
+        ),
+        evaluate=evaluate,
+    )
+
+
+__all__ = ["WAREHOUSE_CHECK", "warehouse_family", "warehouse_lag_result"]

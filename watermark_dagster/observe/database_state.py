@@ -334,7 +334,12 @@ def columns_query(upstream: DatabaseUpstream) -> tuple[str, tuple[str, ...]]:
     )
 
 
-def connect(upstream: "DatabaseUpstream | PostgresTarget", credentials: dict[str, Any]) -> Any:
+def connect(
+    upstream: "DatabaseUpstream | PostgresTarget",
+    credentials: dict[str, Any],
+    *,
+    timeout: float = CONNECT_SECONDS,
+) -> Any:
     """A DB-API connection to the upstream's (or a warehouse target's) database whose
     session is in UTC (MariaDB's
     ``TIMESTAMP`` values are shown in the session's zone; windows are UTC whatever the
@@ -356,7 +361,7 @@ def connect(upstream: "DatabaseUpstream | PostgresTarget", credentials: dict[str
             host=host,
             port=port,
             database=database,
-            timeout=CONNECT_SECONDS,
+            timeout=timeout,
             ssl_context=True if tls else None,
             startup_params={"TimeZone": "UTC"},
         )

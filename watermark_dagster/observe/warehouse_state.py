@@ -17,6 +17,7 @@ from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.config.warehouse import PostgresTarget
 from watermark_dagster.core.observations import TargetState
 from watermark_dagster.errors import ConfigurationError, RetryableError
+from watermark_dagster.observe import database_state
 from watermark_dagster.observe import warehouse_sql as sql
 from watermark_dagster.observe.database_state import connect, driver_message
 
@@ -66,10 +67,21 @@ def credentials_of(target: PostgresTarget) -> dict[str, Any]:
     return dict(resolved_options(given, f"Warehouse target {target.table}") or {})
 
 
+LOAD_SECONDS = 3600.0
+"""How long one statement of a load may take before the connection is taken as broken
+(a first load of millions of rows upserts for minutes; a state read keeps the connect
+timeout, ``CONNECT_SECONDS``)."""
+
+
 @contextmanager
-def connected(target: PostgresTarget, *, pipeline: str) -> Iterator[Any]:
+def connected(
+    target: PostgresTarget, *, pipeline: str, statement_seconds: float | None = None
+) -> Iterator[Any]:
     """A connection to the target's database, in UTC and without autocommit; closed (a
-    transaction still open rolled back) on the way out.
+    transaction still open rolled back) on the way out. It is opened within
+    ``CONNECT_SECONDS``; each statement may then take ``statement_seconds`` (default: the
+    same). pg8000 keeps its connect timeout as the socket's for every later read, so a
+    load sets its own on the socket (pg8000 1.31's ``_usock``, the pinned release).
 
     Raises:
         ConfigurationError: a credential variable is not set, or the server refused the
@@ -78,7 +90,7 @@ def connected(target: PostgresTarget, *, pipeline: str) -> Iterator[Any]:
     """
     credentials = credentials_of(target)
     try:
-        connection = connect(target, credentials)
+        connection = connect(target, credentials, timeout=database_state.CONNECT_SECONDS)
     except Exception as e:  # the driver's errors share no base class with ours
         text = driver_message(e, credentials.values())
         if "28P01" in text or "28000" in text or "password" in text.lower():
@@ -101,6 +113,10 @@ def connected(target: PostgresTarget, *, pipeline: str) -> Iterator[Any]:
             fix="check that the database is up and reachable from the runs; the batch is "
             "retried as it stands (its rows are read again from the same pinned ranges).",
         ) from None
+    if statement_seconds is not None:
+        socket = getattr(connection, "_usock", None)
+        if socket is not None:
+            socket.settimeout(statement_seconds)
     try:
         yield connection
     finally:
@@ -193,6 +209,7 @@ def _state_of(row: Any) -> WarehouseState:
 
 
 __all__ = [
+    "LOAD_SECONDS",
     "WarehouseState",
     "connected",
     "credentials_of",

@@ -428,12 +428,9 @@ def fence_batch(
     Returns the pipelines fenced and the pipelines recovered; none when the batch ended
     meanwhile.
     """
-    from watermark_dagster.config.secrets import resolved_options
     from watermark_dagster.core.records import BatchKind, BatchStatus
     from watermark_dagster.operations.coordinate import succeeded
-    from watermark_dagster.write.commits import existing_target
-    from watermark_dagster.write.fences import fence_target
-    from watermark_dagster.write.warehouse import fence_warehouse
+    from watermark_dagster.write.fences import fence_pipeline
 
     batch = store.get_batch(batch_id)
     if batch.status is not BatchStatus.PLANNED or batch.kind is BatchKind.REPLAY:
@@ -445,21 +442,16 @@ def fence_batch(
         pipeline = registry.pipelines.get(name)
         if name in done or pipeline is None:
             continue
-        options = resolved_options(pipeline.storage_options) or {}
-        if pipeline.warehouse is not None:
-            # The warehouse's state row takes the fence, under the load's own lock.
-            fence = fence_warehouse(pipeline, batch_id, batch.write_seq, store.root_id())
-        elif existing_target(pipeline.target, options) is None:
+        fence = fence_pipeline(
+            spark,
+            pipeline,
+            batch_id,
+            batch.write_seq,
+            root=store.root_id(),
+            attempts=store.checkpoints(batch_id=batch_id, pipeline=name),
+        )
+        if fence is None:
             continue  # no log to fence: the next plan finds a late write (reloads_after_abandon)
-        else:
-            fence = fence_target(
-                spark(),
-                pipeline,
-                batch_id,
-                batch.write_seq,
-                root=store.root_id(),
-                attempts=store.checkpoints(batch_id=batch_id, pipeline=name),
-            )
         if fence.applied is not None:
             _record_recovered(store, name, batch_id, fence.applied, actor=actor)
             recovered.append(name)

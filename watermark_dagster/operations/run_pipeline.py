@@ -46,7 +46,7 @@ from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import existing_target, root_prefix
 from watermark_dagster.write.fences import check_target_bound, target_mark
-from watermark_dagster.write.targets import write_target
+from watermark_dagster.write.targets import target_writer
 
 log = logging.getLogger("watermark_dagster")
 
@@ -225,7 +225,7 @@ def run_pipeline(
         # overwrites the target with the full transform's output, as a full load does.
         rewrite = ran is not None and ran.strategy is Strategy.REWRITE
         try:
-            write = write_target(
+            write = target_writer(pipeline)(
                 spark,
                 output,
                 pipeline,

@@ -102,11 +102,11 @@ def warehouse_status(store: "WatermarkStore", pipeline: Pipeline) -> WarehouseSt
     target = pipeline.warehouse
     if target is None:
         raise TypeError(f"pipeline {pipeline.name} has no warehouse target")
-    base = {"pipeline": pipeline.name, "table": f"{target.schema}.{target.name}", "url": target.url}
+    base = (pipeline.name, f"{target.schema}.{target.name}", target.url)
     try:
         state = read_state(target, pipeline.name)
     except WatermarkError as e:
-        return WarehouseStatus(**base, state=WarehouseLoad.UNREACHABLE, error=e.reason)
+        return WarehouseStatus(*base, state=WarehouseLoad.UNREACHABLE, error=e.reason)
     done = {
         c.batch_id
         for c in store.checkpoints(pipeline=pipeline.name)
@@ -116,7 +116,7 @@ def warehouse_status(store: "WatermarkStore", pipeline: Pipeline) -> WarehouseSt
     newest = max(batches.values(), key=lambda b: b.write_seq, default=None)
     succeeded = None if newest is None else newest.batch_id
     if state is None:
-        return WarehouseStatus(**base, state=WarehouseLoad.NOT_LOADED, succeeded=succeeded)
+        return WarehouseStatus(*base, state=WarehouseLoad.NOT_LOADED, succeeded=succeeded)
     named = store_batch(store, state.batch_id)
     loaded = (
         {}
@@ -130,7 +130,7 @@ def warehouse_status(store: "WatermarkStore", pipeline: Pipeline) -> WarehouseSt
     else:
         load = WarehouseLoad.LOADED
     return WarehouseStatus(
-        **base,
+        *base,
         state=load,
         position=state.position,
         batch_id=state.last_batch_id or state.batch_id,

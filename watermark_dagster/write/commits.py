@@ -43,6 +43,19 @@ functions: tests, benchmarks)."""
 
 
 @dataclass(frozen=True)
+class Fence:
+    """What a forced change's fence of a target found or did
+    (:func:`~watermark_dagster.write.fences.fence_target`, or a warehouse's
+    :func:`~watermark_dagster.write.warehouse_fences.fence_warehouse`): ``fenced`` (the
+    version or position holding the fence; ``new`` when this call made it), ``applied``
+    (the batch's write landed first: its evidence), or neither (no target yet)."""
+
+    fenced: int | None = None
+    applied: str | None = None
+    new: bool = False
+
+
+@dataclass(frozen=True)
 class WriteResult:
     """What one write did to the target, from the operation metrics of its own commits.
 

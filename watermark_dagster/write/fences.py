@@ -14,8 +14,7 @@ it checked before, cannot commit afterwards; Delta skips its write, or fails it 
 read the target before the fence landed (:func:`refuse_fenced` says so).
 """
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import SparkSession
@@ -31,6 +30,7 @@ from watermark_dagster.errors import (
     reset_command,
 )
 from watermark_dagster.write.commits import (
+    Fence,
     LabelledWrite,
     existing_target,
     fence_label,
@@ -83,7 +83,7 @@ def applied_by_target(
     if attempts is not None and not attempts:
         return None
     if pipeline.warehouse is not None:
-        from watermark_dagster.write.warehouse import warehouse_evidence
+        from watermark_dagster.write.warehouse_fences import warehouse_evidence
 
         return warehouse_evidence(pipeline, batch_id, write_seq, root)
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
@@ -99,7 +99,7 @@ def target_mark(pipeline: Pipeline, root: str) -> TargetMark:
     ``root`` writes: its version and this root's transaction position (through delta-rs,
     no Spark job; a warehouse target's state row)."""
     if pipeline.warehouse is not None:
-        from watermark_dagster.write.warehouse import warehouse_mark
+        from watermark_dagster.write.warehouse_fences import warehouse_mark
 
         return warehouse_mark(pipeline, root)
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
@@ -321,7 +321,7 @@ def check_target_bound(
     state row is checked by the same rules
     (:func:`~watermark_dagster.write.warehouse.check_warehouse_bound`)."""
     if pipeline.warehouse is not None:
-        from watermark_dagster.write.warehouse import check_warehouse_bound
+        from watermark_dagster.write.warehouse_fences import check_warehouse_bound
 
         check_warehouse_bound(
             pipeline,
@@ -372,15 +372,27 @@ def refuse_fenced(table: RsDeltaTable, pipeline: Pipeline, batch_id: str, root: 
         raise _fenced_error(pipeline.name, batch_id, version)
 
 
-@dataclass(frozen=True)
-class Fence:
-    """What :func:`fence_target` found or did: ``fenced`` (the target's version holding
-    the fence; ``new`` when this call committed it), ``applied`` (the batch's write landed
-    first: its evidence), or neither (no target yet)."""
+def fence_pipeline(
+    spark: Callable[[], SparkSession],
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    *,
+    root: str,
+    attempts: Sequence[Checkpoint],
+) -> Fence | None:
+    """Fence ``pipeline``'s target against ``batch_id``: a Delta target by
+    :func:`fence_target` (``spark`` started only then), a warehouse's by its state row
+    (:func:`~watermark_dagster.write.warehouse_fences.fence_warehouse`); None when there is
+    no Delta target yet to fence."""
+    if pipeline.warehouse is not None:
+        from watermark_dagster.write.warehouse_fences import fence_warehouse
 
-    fenced: int | None = None
-    applied: str | None = None
-    new: bool = False
+        return fence_warehouse(pipeline, batch_id, write_seq, root)
+    options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
+    if existing_target(pipeline.target, options) is None:
+        return None
+    return fence_target(spark(), pipeline, batch_id, write_seq, root=root, attempts=attempts)
 
 
 def fence_target(

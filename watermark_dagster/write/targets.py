@@ -20,7 +20,7 @@ A write of a batch a forced change fenced the target against fails
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from deltalake import DeltaTable as RsDeltaTable
@@ -118,6 +118,17 @@ def _merge_evidence(
     return f"the target's version {version}"
 
 
+def target_writer(pipeline: Pipeline) -> "Callable[..., WriteResult]":
+    """The function writing ``pipeline``'s batches: :func:`write_target` for a Delta target,
+    :func:`~watermark_dagster.write.warehouse.write_warehouse` for a warehouse table (both
+    take the same arguments)."""
+    if pipeline.warehouse is None:
+        return write_target
+    from watermark_dagster.write.warehouse import write_warehouse
+
+    return write_warehouse
+
+
 def write_target(
     spark: SparkSession,
     output: DataFrame,
@@ -160,21 +171,6 @@ def write_target(
             schedule (:func:`~watermark_dagster.write.fences.refuse_bound_elsewhere`),
             checked before anything is skipped or written.
     """
-    if pipeline.warehouse is not None:
-        from watermark_dagster.write.warehouse import write_warehouse
-
-        return write_warehouse(
-            spark,
-            output,
-            pipeline,
-            batch_id=batch_id,
-            write_seq=write_seq,
-            full_load=full_load,
-            replay=replay,
-            retried=retried,
-            root=root,
-            first=first,
-        )
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     # A target another control root wrote last: refused before any decision that the batch
     # is already applied. The positions (this root ahead of the batch: restored) are
