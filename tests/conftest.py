@@ -154,7 +154,7 @@ LONGEST_MODULES = (
     "tests/spark/test_declared.py",  # 777 s (about 480 s without its two e2e tests)
     "tests/spark/test_read_modes.py",  # 601 s
     "tests/spark/test_declared_proofs.py",  # 378 s
-    "tests/spark/test_warehouse.py",  # about 360 s (three killed runs)
+    "tests/spark/test_warehouse.py",  # 255 s alone (three killed runs)
     "tests/spark/test_maintain.py",  # 342 s
     "tests/spark/test_flow.py",  # 342 s
     "tests/spark/test_writes.py",  # 301 s

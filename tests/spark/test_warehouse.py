@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetKey
+from dagster import AssetCheckKey, AssetKey
 from pyspark.sql import SparkSession
 
 from tests.support.databases import Database, postgres
@@ -38,12 +38,13 @@ from watermark_dagster.errors import (
     TerminalError,
 )
 from watermark_dagster.observe import database_state
+from watermark_dagster.observe import warehouse_sql as sql
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.warehouse_state import LOAD_SECONDS, connected, read_state
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.operations.verify import verify_pipeline
 from watermark_dagster.write.warehouse import write_warehouse
-from watermark_dagster.write.warehouse_fences import fence_warehouse
+from watermark_dagster.write.warehouse_fences import fence_warehouse, stage_name
 
 pytestmark = pytest.mark.spark
 
@@ -244,6 +245,15 @@ def test_the_chain_loads_the_warehouse_exactly_once(lake: Lake, db: Database) ->
     verified = _verify(lake, spec)
     assert verified.equal, verified
     assert verified.comparison.target_rows == len(lake.rows("orders"))
+
+    # The warehouse lag check, run as the UI runs it: the warehouse holds the lake's newest.
+    check = AssetCheckKey(AssetKey("orders_wh"), "watermark_warehouse_lag")
+    assert HeadlessRunner(defs_from(spec), lake.instance).evaluate_checks([check], {})
+    executions = lake.instance.event_log_storage.get_latest_asset_check_execution_by_key([check])
+    evaluation = executions[check].evaluation
+    assert evaluation is not None
+    assert evaluation.passed, evaluation.description
+    assert evaluation.metadata["orders_db_lake/loaded_version"].value == lake_version
 
     # A replay of an old range of the lake stage re-reads it through the warehouse load,
     # version-guarded: the newer rows stay.
@@ -505,3 +515,20 @@ def test_a_load_s_statements_outlive_the_connect_timeout(
         connected(target, pipeline="orders_wh") as connection,
     ):
         connection.cursor().execute("SELECT pg_sleep(1.5)")
+
+
+def test_a_second_attempt_of_a_batch_waits_for_the_first(spark: SparkSession, db: Database) -> None:
+    """Two attempts of one batch at once (a run taken for dead still loading, its retry
+    beside it) share the batch's staging table: the second is refused as retryable while
+    the first holds it, and writes nothing; once it ends, the batch loads."""
+    pipeline = _pipeline(db)
+    target = pipeline.warehouse
+    assert target is not None
+    staged = f'"wh"."{stage_name("orders_wh", "b000001")}"'
+    with connected(target, pipeline="orders_wh") as other:
+        other.autocommit = True
+        other.cursor().execute(sql.try_lock_attempt(), (f"{staged}:b000001",))
+        with pytest.raises(RetryableError, match="another attempt of batch b000001"):
+            _load(spark, pipeline, [(1, 10)], 1)
+        assert read_state(target, "orders_wh") is None
+    assert _load(spark, pipeline, [(1, 10)], 1).rows_inserted == 1

@@ -240,7 +240,12 @@ def _check_component(block: Block, tmp_path: Path) -> None:
             defs = load_from_defs_folder(path_within_project=package)
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("docs_project", None)
+        # Every module of the project, so that the next block's project (same name, another
+        # folder) is imported afresh in a process that checked one already.
+        for name in [
+            m for m in sys.modules if m == "docs_project" or m.startswith("docs_project.")
+        ]:
+            del sys.modules[name]
     locations = locations_in(defs)
     assert locations, f"{block.where}: the component built no watermark location"
     assert all(loc.registry.pipelines for loc in locations.values()), block.where

@@ -78,6 +78,17 @@ def lock_pipeline() -> str:
     return "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
+def try_lock_attempt() -> str:
+    """Hold a batch's staging for this session, if no other attempt of the batch holds it
+    (released when the session ends, a killed one's too). Parameter: the lock's name."""
+    return "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))"
+
+
+def unlock_attempt() -> str:
+    """Release :func:`try_lock_attempt`'s lock. Parameter: the lock's name."""
+    return "SELECT pg_advisory_unlock(hashtextextended(%s, 0))"
+
+
 def read_state(state: str) -> str:
     """A pipeline's state row. Parameter: the pipeline."""
     return f"SELECT {_columns(STATE_COLUMNS)} FROM {state} WHERE pipeline = %s"
@@ -289,6 +300,8 @@ __all__ = [
     "null_key",
     "qualified",
     "read_state",
+    "try_lock_attempt",
+    "unlock_attempt",
     "read_states",
     "stages_of",
     "table_columns",

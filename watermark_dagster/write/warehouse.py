@@ -252,6 +252,7 @@ def write_warehouse(
     with connected(target, pipeline=pipeline.name, statement_seconds=LOAD_SECONDS) as connection:
         cursor = connection.cursor()
         connection.autocommit = True
+        _hold_staging(cursor, load)
         try:
             state, created = load.prepare(cursor, frame.schema)
             if load.applied(state):
@@ -291,6 +292,28 @@ def write_warehouse(
     )
     position = max(write_seq, state.position if state is not None else write_seq)
     return WriteResult(position, inserted, updated, deleted, created=created, committed=True)
+
+
+def _hold_staging(cursor: Any, load: "_Load") -> None:
+    """Take the batch's staging for this attempt: each attempt drops and refills the one
+    staging table of its batch, so another attempt still running (a run taken for dead, a
+    retry launched beside it) must finish first. The session holds it to its end.
+
+    Raises:
+        RetryableError: another attempt of the batch holds it.
+    """
+    cursor.execute(sql.try_lock_attempt(), (f"{load.staged}:{load.batch_id}",))
+    row = cursor.fetchone()
+    if not (row and row[0]):
+        raise RetryableError(
+            f"Pipeline '{load.pipeline.name}': another attempt of batch {load.batch_id} is "
+            f"loading warehouse table {load.target.table} (it holds the batch's staging); "
+            "nothing was written by this one.",
+            pipeline=load.pipeline.name,
+            batch_id=load.batch_id,
+            fix="nothing to do: the batch is retried once that attempt ends (a load that "
+            "committed is then found applied).",
+        )
 
 
 def _server_error(error: BaseException) -> bool:
