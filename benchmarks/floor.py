@@ -197,7 +197,7 @@ class Floor:
         from delta.tables import DeltaTable
         from deltalake import DeltaTable as RsDeltaTable
 
-        from watermark_dagster.write.commits import session_setting
+        from watermark_dagster.frames.delta import session_setting
         from watermark_dagster.write.layout import (
             PERSISTENT_DELETION_VECTORS_CONF,
             rewrites_small_target,

@@ -42,6 +42,7 @@ from watermark_dagster.core.planning import delta_source_version
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.errors import BatchStateError
+from watermark_dagster.frames.delta import existing_target
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations import manual
@@ -49,7 +50,6 @@ from watermark_dagster.operations.coordinate import finalize_batch, look_before_
 from watermark_dagster.operations.decide import decide_pipeline
 from watermark_dagster.operations.run_pipeline import execute_pipeline, run_pipeline
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write.commits import existing_target
 from watermark_dagster.write.layout import REWRITE_BELOW_BYTES, REWRITE_BELOW_CONF
 
 CRASH_POINTS = (

@@ -198,7 +198,8 @@ ISOLATION = textwrap.dedent(
     """
     import json, sys, threading
     from watermark_dagster.runtime.spark import build_spark_session
-    from watermark_dagster.write.commits import USER_METADATA_CONF, labelled_commits
+    from watermark_dagster.write.commits import labelled_commits
+    from watermark_dagster.frames.delta import USER_METADATA_CONF
 
     url, table = sys.argv[1], sys.argv[2]
     a = build_spark_session(remote=url, new_session=True)

@@ -20,8 +20,8 @@ from watermark_dagster.config.upstream import DeltaUpstream
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.errors import TerminalError
+from watermark_dagster.frames.delta import session_setting
 from watermark_dagster.read.inputs import UpstreamInput
-from watermark_dagster.write.commits import session_setting
 from watermark_dagster.write.layout import REWRITE_BELOW_CONF
 from watermark_dagster.write.targets import write_target
 

@@ -11,8 +11,9 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.core.records import TargetMark, first_mark, running_checkpoint
 from watermark_dagster.errors import TargetBoundElsewhereError
+from watermark_dagster.frames.delta import existing_target
 from watermark_dagster.store.codec import now
-from watermark_dagster.write.commits import existing_target, new_label
+from watermark_dagster.write.commits import new_label
 from watermark_dagster.write.fences import (
     applied_by_target,
     evidence_in,

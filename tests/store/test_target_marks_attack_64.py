@@ -10,7 +10,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.errors import TargetBoundElsewhereError
-from watermark_dagster.write.commits import existing_target
+from watermark_dagster.frames.delta import existing_target
 from watermark_dagster.write.fences import legacy_app_id, refuse_bound_elsewhere, target_mark
 
 ROOT = "root-1"

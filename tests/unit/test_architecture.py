@@ -6,8 +6,12 @@ tests/support/).
 
 The layers, lowest first (docs/architecture.md):
 
-    errors < core < config < observe, store < read, write < operations < runtime
-    < dagster_defs, demo < cli < definitions, the package itself
+    errors < core < config < observe, store < frames < read < write < operations
+    < runtime < dagster_defs, demo < cli < definitions, the package itself
+
+``frames`` holds the Spark helpers both read and write use (quoting, the latest change per
+key, Delta session settings); ``write`` ranks above ``read``, so a read never imports a
+write module.
 """
 
 import ast
@@ -27,15 +31,16 @@ LAYERS: dict[str, int] = {
     "config": 2,
     "observe": 3,
     "store": 3,
-    "read": 4,
-    "write": 4,
-    "operations": 5,
-    "runtime": 6,
-    "dagster_defs": 7,
-    "demo": 7,
-    "cli": 8,
-    "definitions": 9,
-    "__init__": 9,
+    "frames": 4,
+    "read": 5,
+    "write": 6,
+    "operations": 7,
+    "runtime": 8,
+    "dagster_defs": 9,
+    "demo": 9,
+    "cli": 10,
+    "definitions": 11,
+    "__init__": 11,
 }
 
 # Libraries each layer may not import at all (TYPE_CHECKING imports included): the pure

@@ -96,7 +96,7 @@ def test_watermark_spark_conf_reaches_the_code_locations_resource(
 def test_only_delta_concurrent_modification_conflicts_are_written_again(
     text: str, conflict: bool
 ) -> None:
-    from watermark_dagster.write.targets import is_write_conflict
+    from watermark_dagster.frames.delta import is_write_conflict
 
     assert is_write_conflict(RuntimeError(text)) is conflict
 

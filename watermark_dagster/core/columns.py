@@ -1,7 +1,7 @@
 """The column vocabulary shared by reads, writes and checks: Delta's change-data-feed
 columns and change types, and the columns the framework adds to targets.
 
-Pure names, no Spark: :mod:`watermark_dagster.read.changes` holds the Spark expressions
+Pure names, no Spark: :mod:`watermark_dagster.frames.changes` holds the Spark expressions
 that use them.
 """
 

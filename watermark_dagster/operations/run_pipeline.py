@@ -30,6 +30,7 @@ from watermark_dagster.core.records import (
 )
 from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice, choose_strategy
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line
+from watermark_dagster.frames.delta import existing_target
 from watermark_dagster.operations.coordinate import committed_fingerprint
 from watermark_dagster.operations.decide import (
     InputReport,
@@ -44,7 +45,7 @@ from watermark_dagster.read.database_schema import check_batch_columns
 from watermark_dagster.read.derive import transform_of, transformed
 from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
 from watermark_dagster.store import WatermarkStore
-from watermark_dagster.write.commits import existing_target, root_prefix
+from watermark_dagster.write.commits import root_prefix
 from watermark_dagster.write.fences import check_target_bound, target_mark
 from watermark_dagster.write.targets import target_writer
 

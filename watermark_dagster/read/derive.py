@@ -51,7 +51,8 @@ from watermark_dagster.config.pipeline import Pipeline, Strategy
 from watermark_dagster.core.columns import CDF_COLUMNS
 from watermark_dagster.core.strategy import StrategyChoice
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.changes import matching_keys, quoted, recompute
+from watermark_dagster.frames.changes import quoted
+from watermark_dagster.read.changes import matching_keys, recompute
 from watermark_dagster.read.key_values import (
     changes_for_values,
     collected,

@@ -25,11 +25,11 @@ from watermark_dagster.core.columns import CHANGE_TYPE, PREIMAGE
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
 from watermark_dagster.errors import UpstreamUnreadableError, reset_command
+from watermark_dagster.frames.changes import latest_per_key
 from watermark_dagster.observe.log import DeltaLog
 from watermark_dagster.read.append_log import AppendScan
 from watermark_dagster.read.appended import read_appended
 from watermark_dagster.read.cdf import read_changes
-from watermark_dagster.read.changes import latest_per_key
 from watermark_dagster.read.cursor import (
     PinWindow,
     pin_window,
@@ -326,7 +326,7 @@ class UpstreamInput:
         The latest is the change of the highest commit version; inside one commit the row
         describing the state after it wins over a delete of the same key (a RESTORE or a
         rewrite without change files removes and re-adds a key in one commit); for a cursor
-        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.read.changes`);
+        upstream, the row with the greatest cursor (see :mod:`watermark_dagster.frames.changes`);
         for a landing upstream, the row of the highest numbered file (its ``_commit_version``),
         in every batch, retry, replay and reload (I3).
         """

@@ -15,7 +15,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from watermark_dagster.core.columns import CHANGE_TYPE, DELETE, UNTOUCHED, UPSERT
-from watermark_dagster.read.changes import matching_keys, quoted
+from watermark_dagster.frames.changes import quoted
+from watermark_dagster.read.changes import matching_keys
 
 _FOUND = "_wm_found"
 

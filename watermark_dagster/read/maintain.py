@@ -62,7 +62,15 @@ from watermark_dagster.core.columns import CHANGE_TYPE, DELETE, PREIMAGE
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.errors import RetryableError
-from watermark_dagster.read.changes import matching_keys, quoted
+from watermark_dagster.frames.changes import quoted
+from watermark_dagster.frames.delta import (
+    USER_METADATA_CONF,
+    delta_location,
+    existing_target,
+    is_write_conflict,
+    session_setting,
+)
+from watermark_dagster.read.changes import matching_keys
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.read.key_values import where_in
 from watermark_dagster.read.state_log import (
@@ -72,9 +80,6 @@ from watermark_dagster.read.state_log import (
     own_commit,
     rebuilt_label,
 )
-from watermark_dagster.write.commits import USER_METADATA_CONF, existing_target, session_setting
-from watermark_dagster.write.layout import delta_location
-from watermark_dagster.write.targets import is_write_conflict
 
 log = logging.getLogger("watermark_dagster")
 

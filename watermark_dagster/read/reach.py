@@ -30,7 +30,7 @@ from pyspark.sql import types as T
 
 from watermark_dagster.config.key_paths import KeyPath, key_input
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.changes import quoted
+from watermark_dagster.frames.changes import quoted
 from watermark_dagster.read.key_values import collected, compared_alike, one_of, where_in
 
 # Our own Spark setting, off by default: "true" reads a joined upstream only for the rows

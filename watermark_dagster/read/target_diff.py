@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.core.columns import CHANGE_TYPE, DELETE, UPSERT
-from watermark_dagster.read.changes import quoted
+from watermark_dagster.frames.changes import quoted
 
 _OLD = "_wm_old_"
 _FOUND = "_wm_found"

@@ -29,13 +29,13 @@ from watermark_dagster.core.columns import (
 )
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.changes import is_delete, quoted
+from watermark_dagster.frames.changes import is_delete, quoted
+from watermark_dagster.frames.delta import existing_target
 from watermark_dagster.write.clustering import finish_layout, is_clustered, read_schema, recluster
 from watermark_dagster.write.commits import (
     UNBOUND_ROOT,
     WriteResult,
     commits_since,
-    existing_target,
     labelled_commits,
     new_label,
     preparing,

@@ -13,8 +13,9 @@ from pyspark.sql.types import StructType
 
 from watermark_dagster.config.names import validate_name
 from watermark_dagster.config.pipeline import Pipeline, WriteMode
-from watermark_dagster.read.changes import quoted_identifier
-from watermark_dagster.write.layout import delta_location, target_layout
+from watermark_dagster.frames.changes import quoted_identifier
+from watermark_dagster.frames.delta import delta_location
+from watermark_dagster.write.layout import target_layout
 
 log = logging.getLogger("watermark_dagster")
 

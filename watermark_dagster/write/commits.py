@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from deltalake import DeltaTable as RsDeltaTable
 from pyspark.sql import SparkSession
 
+from watermark_dagster.frames.delta import USER_METADATA_CONF, existing_target, session_setting
 from watermark_dagster.observe.log import commit_history
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("watermark_dagster")
 
-USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 # Put before the label of a commit that prepares a write and carries none of its rows.
 PREPARING = "watermark-preparing "
 # The label of a forced change's fence: an empty commit that records a batch's Delta
@@ -152,15 +152,6 @@ class WriteResult:
             files_removed=m("numRemovedFiles"),
             files_touched=m("numRemovedFiles"),
         )
-
-
-def existing_target(target: str, storage_options: Mapping[str, str] | None) -> RsDeltaTable | None:
-    """The target's Delta log at its current version, through delta-rs (no Spark job);
-    None when it does not exist yet."""
-    options = dict(storage_options) if storage_options else None
-    if not RsDeltaTable.is_deltatable(target, storage_options=options):
-        return None
-    return RsDeltaTable(target, storage_options=options)
 
 
 RECENT_COMMITS = 100
@@ -293,22 +284,6 @@ def newest_labelled_write(
 def new_label(pipeline: str, batch_id: str, write_seq: int, root: str) -> str:
     """A label unique to one write: pipeline, batch, control root, position and a nonce."""
     return f"{root_prefix(pipeline, batch_id, root)}seq={write_seq} {uuid.uuid4().hex[:12]}"
-
-
-@contextmanager
-def session_setting(spark: SparkSession, key: str, value: str) -> Iterator[None]:
-    """Spark setting ``key`` is ``value`` in this block; its previous value (or its
-    absence) is restored afterwards. For what Delta reads from the session because its
-    commands take no per-call option."""
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, previous)
 
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"

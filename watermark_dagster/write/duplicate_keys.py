@@ -11,7 +11,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from watermark_dagster.read.changes import quoted
+from watermark_dagster.frames.changes import quoted
 
 # Spark's error when a rewrite's output holds several rows of one key starts with this,
 # followed by the key as JSON: the write job itself fails, so Delta commits nothing.

@@ -29,10 +29,10 @@ from watermark_dagster.errors import (
     TerminalError,
     reset_command,
 )
+from watermark_dagster.frames.delta import existing_target
 from watermark_dagster.write.commits import (
     Fence,
     LabelledWrite,
-    existing_target,
     fence_label,
     fenced,
     label_prefix,

@@ -29,7 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.changes import quoted, quoted_identifier
+from watermark_dagster.frames.changes import quoted, quoted_identifier
+from watermark_dagster.frames.delta import delta_location
 
 log = logging.getLogger("watermark_dagster")
 
@@ -140,11 +141,6 @@ def laid_out(spark: SparkSession, rows: DataFrame, count: int, layout: Layout) -
 
 
 _PROPERTY = re.compile(r"[A-Za-z0-9_.\-]+")
-
-
-def delta_location(target: str) -> str:
-    """``target`` as Spark SQL's path identifier ``delta.`...` `` (backticks escaped)."""
-    return "delta." + quoted_identifier(target)
 
 
 def create_target(spark: SparkSession, target: str, schema: T.StructType, layout: Layout) -> None:

@@ -42,23 +42,21 @@ from watermark_dagster.core.columns import (
 )
 from watermark_dagster.core.faults import fault_point
 from watermark_dagster.errors import TerminalError
-from watermark_dagster.read.changes import is_delete, latest_per_key, quoted, quoted_identifier
+from watermark_dagster.frames.changes import is_delete, latest_per_key, quoted, quoted_identifier
+from watermark_dagster.frames.delta import delta_location, existing_target, session_setting
 from watermark_dagster.write.commits import (
     UNBOUND_ROOT,
     WriteResult,
     commits_since,
-    existing_target,
     idempotent_dml,
     labelled_commits,
     new_label,
     newest_written_seq,
     preparing,
-    session_setting,
 )
 from watermark_dagster.write.layout import (
     PERSISTENT_DELETION_VECTORS_CONF,
     create_target,
-    delta_location,
     rewrite_below_bytes,
     rewrites_small_target,
     target_layout,

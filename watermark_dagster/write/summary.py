@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from watermark_dagster.core.columns import CHANGE_TYPE, UNTOUCHED
-from watermark_dagster.read.changes import is_delete, quoted
+from watermark_dagster.frames.changes import is_delete, quoted
 
 # Key types whose values come back from Spark as Python values that turn into literals of
 # the same type (timestamps are left out: their round trip depends on time zones).

@@ -30,14 +30,9 @@ from watermark_dagster.config.pipeline import Pipeline, WriteMode
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.core.records import TargetMark
 from watermark_dagster.errors import BatchStateError, RetryableError
+from watermark_dagster.frames.delta import existing_target, is_write_conflict
 from watermark_dagster.write.append_overwrite import append_or_overwrite
-from watermark_dagster.write.commits import (
-    UNBOUND_ROOT,
-    WriteResult,
-    existing_target,
-    labelled_commit,
-    root_prefix,
-)
+from watermark_dagster.write.commits import UNBOUND_ROOT, WriteResult, labelled_commit, root_prefix
 from watermark_dagster.write.fences import (
     check_target_bound,
     evidence_in,
@@ -49,33 +44,11 @@ from watermark_dagster.write.merge import merge_into_target
 log = logging.getLogger("watermark_dagster")
 
 
-# Delta's optimistic concurrency: another writer committed to the target between this
-# write's read and its commit, in a way that conflicts with it (Delta 4's error classes
-# and exception names, as they reach Python through Py4J or Spark Connect).
-_CONFLICTS = (
-    "DELTA_CONCURRENT_",
-    "DELTA_METADATA_CHANGED",
-    "DELTA_PROTOCOL_CHANGED",
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentTransactionException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-)
 # How many times one write is decided again after losing a commit race, and the first
 # pause (doubled each time, with jitter): two or three runs replaying into one target
 # (a backfill) settle within a few attempts.
 CONFLICT_ATTEMPTS = 6
 CONFLICT_PAUSE_SECONDS = 0.5
-
-
-def is_write_conflict(error: BaseException) -> bool:
-    """Whether ``error`` is Delta's concurrent-modification conflict on a commit: another
-    writer won, and the same write decided again on the new version may succeed."""
-    text = f"{type(error).__name__}: {error}"
-    return any(marker in text for marker in _CONFLICTS)
 
 
 def _conflict_error(
