@@ -27,6 +27,7 @@ from watermark_dagster.config.pipeline import Pipeline
 from watermark_dagster.config.secrets import EnvRef
 from watermark_dagster.config.warehouse import PostgresTarget
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
+from watermark_dagster.core.observations import TargetState
 from watermark_dagster.core.ranges import ReadMode, VersionRange
 from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
@@ -40,7 +41,12 @@ from watermark_dagster.errors import (
 from watermark_dagster.observe import database_state
 from watermark_dagster.observe import warehouse_sql as sql
 from watermark_dagster.observe.log import latest_local_version
-from watermark_dagster.observe.warehouse_state import LOAD_SECONDS, connected, read_state
+from watermark_dagster.observe.warehouse_state import (
+    LOAD_SECONDS,
+    WarehouseLooks,
+    connected,
+    read_state,
+)
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.operations.verify import verify_pipeline
 from watermark_dagster.write.warehouse import write_warehouse
@@ -532,3 +538,26 @@ def test_a_second_attempt_of_a_batch_waits_for_the_first(spark: SparkSession, db
             _load(spark, pipeline, [(1, 10)], 1)
         assert read_state(target, "orders_wh") is None
     assert _load(spark, pipeline, [(1, 10)], 1).rows_inserted == 1
+
+
+def test_a_look_goes_on_with_a_table_seen_filled_while_the_warehouse_does_not_answer(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator's first-load rule asks the warehouse whether the table is missing,
+    empty or filled on each look. One it saw filled stays filled while the warehouse does
+    not answer (the rest of the location keeps planning); one it never saw fails the look,
+    naming the warehouse, since a missing table must be loaded in full."""
+    pipeline = _pipeline(db)
+    target = pipeline.warehouse
+    assert target is not None
+    looks, fresh = WarehouseLooks(), WarehouseLooks()
+    assert looks.state(target, "orders_wh") is TargetState.MISSING
+    db.sql(
+        "CREATE SCHEMA wh; CREATE TABLE wh.orders (id bigint PRIMARY KEY, value bigint); "
+        "INSERT INTO wh.orders VALUES (1, 10)"
+    )
+    assert looks.state(target, "orders_wh") is TargetState.FILLED
+    monkeypatch.setenv("WH_PASSWORD", "not-the-password")  # the warehouse refuses now
+    assert looks.state(target, "orders_wh") is TargetState.FILLED
+    with pytest.raises(ConfigurationError, match="refused the credentials"):
+        fresh.state(target, "orders_wh")

@@ -64,6 +64,7 @@ from watermark_dagster.observe.log import (
     oldest_commit,
     replay_local_log,
 )
+from watermark_dagster.observe.warehouse_state import WarehouseLooks
 
 DEFAULT_WORKERS = 4
 """Threads :meth:`Observer.observe_all` looks at object-store tables and cursor sources
@@ -116,6 +117,7 @@ class Observer:
         # another protocol is checked by a load, which refuses what delta-rs cannot read.
         self._accepted: set[Protocol] = set()
         self._targets: dict[tuple[str, int], bool] = {}
+        self._warehouses = WarehouseLooks()
         # Schema string -> fingerprint: many tables share a schema, and a table's schema
         # is carried forward through most commits.
         self._fingerprints: dict[str, str | None] = {}
@@ -135,9 +137,7 @@ class Observer:
         """Whether the pipeline's target is missing, empty (no data file) or filled, for
         the first-load rule (cached per target version; a warehouse table is asked)."""
         if pipeline.warehouse is not None:
-            from watermark_dagster.observe.warehouse_state import target_state
-
-            return target_state(pipeline.warehouse, pipeline.name)
+            return self._warehouses.state(pipeline.warehouse, pipeline.name)
         path = pipeline.target
         options = resolved_options(pipeline.storage_options)
         if is_local(path):

@@ -7,6 +7,7 @@ and id of the newest batch applied, the control root that applied it, whether a 
 change fenced it, and what the last load changed.
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 from watermark_dagster.config.secrets import resolved_options
 from watermark_dagster.config.warehouse import PostgresTarget
 from watermark_dagster.core.observations import TargetState
-from watermark_dagster.errors import ConfigurationError, RetryableError
+from watermark_dagster.errors import ConfigurationError, RetryableError, WatermarkError
 from watermark_dagster.observe import database_state
 from watermark_dagster.observe import warehouse_sql as sql
 from watermark_dagster.observe.database_state import connect, driver_message
@@ -178,6 +179,39 @@ def row_count(target: PostgresTarget, pipeline: str) -> int | None:
         return int(row[0]) if row else 0
 
 
+class WarehouseLooks:
+    """The first-load rule's looks at warehouse tables, for one observer.
+
+    A table once seen filled stays so for the rule (emptied or dropped, it matters only to a
+    pipeline that never succeeded, and a load of changes into a dropped table is refused), so
+    while the warehouse does not answer, a look goes on with it. A table never seen filled
+    fails the look, naming the warehouse: the rule cannot tell whether it must load it in full.
+    """
+
+    def __init__(self) -> None:
+        self._filled: set[str] = set()
+        self._lock = threading.Lock()
+
+    def state(self, target: PostgresTarget, pipeline: str) -> TargetState:
+        """:func:`target_state`, or ``FILLED`` for a table seen filled when it cannot be read.
+
+        Raises:
+            ConfigurationError, RetryableError: the warehouse could not be read, and the
+                table was never seen filled.
+        """
+        try:
+            state = target_state(target, pipeline)
+        except WatermarkError:
+            with self._lock:
+                if target.location in self._filled:
+                    return TargetState.FILLED
+            raise
+        if state is TargetState.FILLED:
+            with self._lock:
+                self._filled.add(target.location)
+        return state
+
+
 def table_exists(target: PostgresTarget, pipeline: str) -> bool:
     """Whether the warehouse table exists."""
     return target_state(target, pipeline) is not TargetState.MISSING
@@ -210,6 +244,7 @@ def _state_of(row: Any) -> WarehouseState:
 
 __all__ = [
     "LOAD_SECONDS",
+    "WarehouseLooks",
     "WarehouseState",
     "connected",
     "credentials_of",
