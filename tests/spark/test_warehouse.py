@@ -11,6 +11,7 @@ recompute), and its state row names the batch that loaded it.
 import json
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -561,3 +562,38 @@ def test_a_look_goes_on_with_a_table_seen_filled_while_the_warehouse_does_not_an
     assert looks.state(target, "orders_wh") is TargetState.FILLED
     with pytest.raises(ConfigurationError, match="refused the credentials"):
         fresh.state(target, "orders_wh")
+
+
+def test_append_and_overwrite_targets_load_each_batch_once(
+    spark: SparkSession, db: Database
+) -> None:
+    """An append target gets each batch's rows once (a retry of a committed batch adds
+    nothing; delete rows are refused, nothing written); an overwrite target holds exactly
+    the last batch's rows."""
+    appended = replace(_pipeline(db), write="append", keys=())
+    _load(spark, appended, [(1, 10), (2, 20)], 1)
+    _load(spark, appended, [(1, 11)], 2)
+    assert _load(spark, appended, [(1, 11)], 2, retried=True).already_applied
+    assert sorted(db.sql("SELECT id, value FROM wh.orders")) == [
+        ["1", "10"],
+        ["1", "11"],
+        ["2", "20"],
+    ]
+    deletes = spark.createDataFrame([(3, 30, "delete")], "id long, value long, _change_type string")
+    with pytest.raises(TerminalError, match="cannot delete"):
+        write_warehouse(
+            spark,
+            deletes,
+            appended,
+            batch_id="b000003",
+            write_seq=3,
+            full_load=False,
+            root="root-a",
+        )
+    assert len(db.sql("SELECT id FROM wh.orders")) == 3
+    db.sql("DROP SCHEMA wh CASCADE")
+    overwritten = replace(_pipeline(db), write="overwrite")
+    _load(spark, overwritten, [(1, 10), (2, 20)], 1)
+    result = _load(spark, overwritten, [(3, 30)], 2)
+    assert (result.rows_inserted, result.rows_deleted) == (1, 2)
+    assert _warehouse(db) == {3: 30}
