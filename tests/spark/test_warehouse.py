@@ -30,7 +30,7 @@ from watermark_dagster.config.warehouse import PostgresTarget
 from watermark_dagster.core.faults import ENV as FAULTS_ENV
 from watermark_dagster.core.observations import TargetState
 from watermark_dagster.core.ranges import ReadMode, VersionRange
-from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus
+from watermark_dagster.core.records import BatchKind, BatchStatus, CheckpointStatus, TargetMark
 from watermark_dagster.dagster_defs.headless import CycleReport, HeadlessRunner
 from watermark_dagster.errors import (
     BatchStateError,
@@ -51,7 +51,11 @@ from watermark_dagster.observe.warehouse_state import (
 from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.operations.verify import verify_pipeline
 from watermark_dagster.write.warehouse import write_warehouse
-from watermark_dagster.write.warehouse_fences import fence_warehouse, stage_name
+from watermark_dagster.write.warehouse_fences import (
+    fence_warehouse,
+    stage_name,
+    warehouse_evidence,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -426,6 +430,12 @@ def test_both_loads_apply_the_same_changes_once(
     assert _warehouse(db) == {1: 11, 2: 21, 4: 40}
     state = read_state(pipeline.warehouse, "orders_wh")  # type: ignore[arg-type]
     assert (state.position, state.batch_id, state.last_batch_id) == (2, "b000002", "b000001")
+    # The coordinator's recovery reads the same row; a position the row held already when
+    # the batch's first attempt began is an earlier life's (a restored root issues batch ids
+    # again), never this batch's load.
+    assert warehouse_evidence(pipeline, "b000002", 2, "root-a") is not None
+    assert warehouse_evidence(pipeline, "b000002", 2, "root-a", first=TargetMark(2, 2)) is None
+    assert warehouse_evidence(pipeline, "b000002", 2, "root-b") is None
 
 
 def test_refusals_name_the_cause_and_write_nothing(

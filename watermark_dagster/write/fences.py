@@ -85,7 +85,8 @@ def applied_by_target(
     if pipeline.warehouse is not None:
         from watermark_dagster.write.warehouse_fences import warehouse_evidence
 
-        return warehouse_evidence(pipeline, batch_id, write_seq, root)
+        since = None if attempts is None else first_mark(attempts)
+        return warehouse_evidence(pipeline, batch_id, write_seq, root, first=since)
     options: Mapping[str, str] = resolved_options(pipeline.storage_options) or {}
     table = existing_target(pipeline.target, options)
     if table is None:

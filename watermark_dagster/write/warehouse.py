@@ -185,7 +185,8 @@ class _Load:
         if not _server_error(error):  # the connection broke: the batch may simply be retried
             return RetryableError(
                 f"Pipeline '{name}': the connection to the warehouse at {self.target.url} "
-                f"broke during the load of batch {batch_id} ({said}); nothing was applied.",
+                f"broke during the load of batch {batch_id} ({said}); its retry finds from "
+                "the state row whether the load committed, and applies it only if not.",
                 pipeline=name,
                 batch_id=batch_id,
                 fix="check that the database is up; the batch is retried as it stands.",

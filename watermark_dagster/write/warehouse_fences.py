@@ -183,11 +183,23 @@ def check_warehouse_bound(
     )
 
 
-def warehouse_evidence(pipeline: Pipeline, batch_id: str, write_seq: int, root: str) -> str | None:
+def warehouse_evidence(
+    pipeline: Pipeline,
+    batch_id: str,
+    write_seq: int,
+    root: str,
+    *,
+    first: TargetMark | None = None,
+) -> str | None:
     """What shows that ``pipeline``'s warehouse already holds batch ``batch_id`` (a run
-    killed between its commit and its checkpoint), or None: its state row."""
+    killed between its commit and its checkpoint), or None: its state row. ``first`` is the
+    batch's first attempt's mark: a position the row held already then was written by an
+    earlier life of the control root (restored from an older copy, its batch ids issued
+    again), never by this batch."""
     from watermark_dagster.observe.warehouse_state import read_state
 
+    if first is not None and first.holds(write_seq):
+        return None
     state = read_state(warehouse_of(pipeline), pipeline.name)
     if state is None or not state.applied(batch_id, write_seq, root):
         return None
