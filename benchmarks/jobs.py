@@ -118,7 +118,18 @@ def instrument(phases: PhaseJobs) -> None:
     _wrap(rp, "_bind_inputs", phases, "bind inputs")
     _wrap(UpstreamInput, "count_rows", phases, "count rows read")
     _wrap(rp, "transformed", phases, "transform (build)")
-    _wrap(rp, "write_target", phases, "write target (other)")
+    original_writer = rp.target_writer
+
+    def writer(pipeline: Any) -> Callable[..., Any]:
+        write = original_writer(pipeline)
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with phases.phase("write target (other)"):
+                return write(*args, **kwargs)
+
+        return wrapped
+
+    rp.target_writer = writer
     from watermark_dagster.write import merge
 
     _wrap(merge, "summarize", phases, "write: persist + summary")
@@ -166,6 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cycles run (each after its own commits) before the one measured, so the JVM "
         "has run every step once: the cost a long-lived process pays",
     )
+    parser.add_argument(
+        "--profile",
+        choices=("uniform", "recent"),
+        default="uniform",
+        help="the shape of the changes, as in benchmarks.declared (recent: CDC-shaped)",
+    )
     args = parser.parse_args(argv)
 
     import watermark_dagster  # noqa: F401 - build_session then uses the project's session
@@ -182,9 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     lab = Lab(spark, root, [args.registry])
     lab.setup(args.registry, {t: RsTable(str(upstreams / t)).version() for t in KEYS})
     for salt in range(args.warm):
-        commit_changes(spark, upstreams, fraction=args.change, salt=100 + salt)
+        commit_changes(
+            spark, upstreams, fraction=args.change, salt=100 + salt, profile=args.profile
+        )
         assert lab.ours[args.registry].cycle(lab.counter, args.registry) is not None
-    commits = commit_changes(spark, upstreams, fraction=args.change, salt=1)
+    commits = commit_changes(spark, upstreams, fraction=args.change, salt=1, profile=args.profile)
     phases = PhaseJobs(spark)
     instrument(phases)
     # Ours.cycle imports execute_pipeline from its module when called: patched above.
@@ -193,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     versions = {t: c.version for t, c in commits.items()}
     total = sum(len(phases.sites(g)) for g in phases.groups)
     descriptions = _descriptions(spark) if args.describe else {}
-    print(f"{args.registry}: {args.orders:,} orders, {args.change:.2%} change; upstream "
+    print(f"{args.registry}: {args.orders:,} orders, {args.change:.2%} change "
+          f"({args.profile}); upstream "
           f"versions {versions}; {total} Spark jobs in the pipelines' runs")  # fmt: skip
     for group in phases.groups:
         sites = phases.sites(group)

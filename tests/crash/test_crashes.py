@@ -74,7 +74,7 @@ from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.errors import BatchStateError, WatermarkError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.operations import manual
-from watermark_dagster.operations.run_pipeline import recompute_pipeline
+from watermark_dagster.operations.recompute import recompute_pipeline
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.targets import write_target
 
@@ -202,7 +202,8 @@ def _change(lake: Lake) -> None:
 #   fresh:   both upstreams at version 0, nothing run (batch 1 is the targets' first load)
 #   changed: batch 1 (first loads) completed; new commits in both upstreams
 #   planned: + batch 2 planned by a coordinator tick (no run)
-#   ran:     + batch 2's pipelines ran and materialized (not finalized)
+#   ran:     + batch 2's pipelines ran and materialized (not finalized: its runs leave
+#            finalizing to the finalizer sensor, whose crashes the cases test)
 TEMPLATES = ("fresh", "changed", "planned", "ran")
 
 
@@ -227,7 +228,8 @@ def templates(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> 
         lake = _copy(made[TEMPLATES[TEMPLATES.index(name) - 1]], base / name)
         instance = lake.instance()
         try:
-            runner = HeadlessRunner(defs_from(lake.spec), instance)
+            spec = {**lake.spec, "finalize": "sensor"} if name == "ran" else lake.spec
+            runner = HeadlessRunner(defs_from(spec), instance)
             requested = runner.tick(COORDINATOR)
             if name == "ran":
                 report = CycleReport()
@@ -403,6 +405,20 @@ def _advanced_unrecorded(lake: Lake, instance: DagsterInstance) -> None:
     assert batch.advanced == frozenset()
 
 
+def _one_advanced_unrecorded(lake: Lake, instance: DagsterInstance) -> None:
+    # The run of batch 2 finalized after its first pipeline: that pipeline's upstream
+    # moved, with no history row yet; the other waits for its pipeline.
+    latest = lake.latest()
+    moved = {u for u, v in lake.store.committed_versions().items() if v == latest[u]}
+    assert len(moved) == 1, lake.store.committed_versions()
+    assert not [
+        h for h in lake.store.history(batch_id="b000002") if h["event"] == "WATERMARK_ADVANCED"
+    ]
+    batch = lake.store.open_batch()
+    assert batch is not None
+    assert batch.advanced == frozenset()
+
+
 def _all_advanced_still_open(lake: Lake, instance: DagsterInstance) -> None:
     assert lake.store.committed_versions() == lake.latest()
     batch = lake.store.open_batch()
@@ -458,6 +474,24 @@ SCENARIOS: dict[str, Scenario] = {
     "after_manual_watermark_commit": Scenario("planned", "reset", _reset_unrecorded),
 }
 
+# The finalizer's points reached in a run's last step (settings.finalize "run"): the run
+# is killed while it finalizes its own batch; the finalizer sensor (or the next run)
+# finishes it. Case name -> (the point armed, the case).
+IN_RUN: dict[str, tuple[str, Scenario]] = {
+    "after_watermark_commit:in-run": (
+        "after_watermark_commit",
+        Scenario("changed", "cycle", _one_advanced_unrecorded),
+    ),
+    "before_batch_complete:in-run": (
+        "before_batch_complete",
+        Scenario("changed", "cycle", _all_advanced_still_open),
+    ),
+}
+CASES: dict[str, tuple[str, Scenario]] = {
+    **{point: (point, scenario) for point, scenario in SCENARIOS.items()},
+    **IN_RUN,
+}
+
 # Points whose crash case lives with what they guard (the scenarios here run copy pipelines,
 # which never reach them): the module must kill a process there.
 TESTED_ELSEWHERE = {
@@ -500,13 +534,13 @@ def test_every_fault_point_is_listed_and_has_a_crash_case() -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("point", list(SCENARIOS))
+@pytest.mark.parametrize("case", list(CASES))
 def test_a_process_killed_at_a_fault_point_recovers_exactly(
-    point: str, spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
+    case: str, spark: SparkSession, templates: dict[str, Lake], tmp_path: Path
 ) -> None:
-    """Kill a real process at ``point`` (SIGKILL, return code -9), recover by the normal
-    means only, and check targets, watermarks, batches and history."""
-    scenario = SCENARIOS[point]
+    """Kill a real process at the case's point (SIGKILL, return code -9), recover by the
+    normal means only, and check targets, watermarks, batches and history."""
+    point, scenario = CASES[case]
     lake = _copy(templates[scenario.template], tmp_path / "lake")
     instance = lake.instance()
     try:
@@ -1259,7 +1293,13 @@ def test_a_forced_change_advances_what_a_killed_run_already_wrote(
         assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]
         states = {c.pipeline: c.status for c in lake.store.checkpoints(batch_id="b000002")}
         assert states[pipeline] is CheckpointStatus.RUNNING
-        assert lake.store.committed_versions() == {"orders": 0, "log": 0}
+        # The run finalized after each pipeline that succeeded before the kill: its
+        # upstream advanced (the other pipeline's, when it ran first), the killed one's not.
+        latest = lake.latest()
+        assert lake.store.committed_versions() == {
+            u: latest[u] if states.get(f"{u}_copy") is CheckpointStatus.SUCCESS else 0
+            for u in ("orders", "log")
+        }
 
         reset = _watermark(lake, "reset", "-t", forced, "--force", "--yes")
         assert reset.returncode == 0, reset.stdout + reset.stderr

@@ -29,7 +29,7 @@ from watermark_dagster.core.planning import UpstreamPosition
 from watermark_dagster.core.ranges import ReadMode
 from watermark_dagster.core.records import BatchStatus, CheckpointStatus
 from watermark_dagster.demo import DemoPaths
-from watermark_dagster.read.inputs import unreadable
+from watermark_dagster.read.unreadable import unreadable
 from watermark_dagster.store import WatermarkStore
 
 

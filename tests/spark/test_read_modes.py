@@ -49,7 +49,8 @@ from watermark_dagster.errors import ReplayRefusedError, UpstreamUnreadableError
 from watermark_dagster.observe.log import latest_local_version
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import finalize_batch, look_before_planning, plan_next
-from watermark_dagster.operations.run_pipeline import execute_pipeline, recompute_pipeline
+from watermark_dagster.operations.recompute import recompute_pipeline
+from watermark_dagster.operations.run_pipeline import execute_pipeline
 from watermark_dagster.read.inputs import UpstreamInput
 
 pytestmark = pytest.mark.spark

@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from watermark_dagster.observe.change_rows import commit_change_bytes
 from watermark_dagster.observe.log import DeltaLog
-from watermark_dagster.read.inputs import commit_change_bytes
 
 
 def _sizes(actions: list[dict], kind: str) -> int:

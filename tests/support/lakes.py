@@ -142,7 +142,8 @@ def defs_from(spec: dict[str, Any]):
     proves a command started no JVM; ``spark://...`` for a cluster), ``spark_remote`` (a
     Spark Connect URL), ``spark_conf`` (settings over the tests' own, e.g. a cluster's or a
     catalog's; with a remote, the only ones sent), ``sensor_interval_seconds`` (for a live
-    daemon).
+    daemon), ``finalize`` (``run``, the default, or ``sensor``: batches finalized by the
+    finalizer sensor alone).
     """
     return build_definitions(
         registry_from(spec),
@@ -161,6 +162,7 @@ def defs_from(spec: dict[str, Any]):
             max_deaths=spec.get("max_deaths", 10),
             death_backoff_seconds=spec.get("death_backoff_seconds", 0),
             sensor_interval_seconds=spec.get("sensor_interval_seconds", 30),
+            finalize=spec.get("finalize", "run"),
         ),
     )
 

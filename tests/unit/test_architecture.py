@@ -159,7 +159,6 @@ LONG_FUNCTIONS = {
     "watermark_dagster.config.key_inference.inference.infer": 132,
     "watermark_dagster.config.yaml_file._read_document": 129,
     "watermark_dagster.observe.retention.evaluate_retention": 124,
-    "watermark_dagster.dagster_defs.assets.build_pipeline_asset": 123,
 }
 
 

@@ -100,24 +100,25 @@ def test_each_location_setting_is_read_from_its_variable_unless_the_component_se
         settings_from_environment,
     )
 
-    other = {Kind.WHOLE: "7", Kind.SECONDS: "120", Kind.TEXT: "5 4 * * *"}
+    # A value of each kind other than its default, from the variable and from the spec.
+    other = {Kind.WHOLE: "7", Kind.SECONDS: "120", Kind.TEXT: "5 4 * * *", Kind.CHOICE: "sensor"}
+    spec_value = {Kind.WHOLE: 300, Kind.SECONDS: 300, Kind.TEXT: "0 0 * * *"}
     with_variable = [o for o in SETTINGS_OPTIONS if o.env]
-    assert len(with_variable) == 11
+    assert len(with_variable) == 12
     for option in with_variable:
         monkeypatch.setenv(option.env, other[option.kind])
     from_env = settings_from_environment()
-    given = SettingsSpec(
-        **{o.key: 300 if o.kind is not Kind.TEXT else "0 0 * * *" for o in with_variable}
-    )
+    given = SettingsSpec(**{o.key: spec_value.get(o.kind, "sensor") for o in with_variable})
+    monkeypatch.setenv("WATERMARK_FINALIZE", "run")  # the spec's value wins over it
     from_spec = settings_from_environment(given)
     for option in with_variable:
         assert option.field is not None
         holder = from_env if hasattr(from_env, option.field) else from_env.health
         spec_holder = from_spec if hasattr(from_spec, option.field) else from_spec.health
         raw = other[option.kind]
-        want = raw if option.kind is Kind.TEXT else float(raw)
+        want = raw if option.kind in (Kind.TEXT, Kind.CHOICE) else float(raw)
         assert getattr(holder, option.field) == want, option.env
-        assert getattr(spec_holder, option.field) in (300, "0 0 * * *"), option.key
+        assert getattr(spec_holder, option.field) == spec_value.get(option.kind, "sensor")
 
 
 @pytest.mark.parametrize(

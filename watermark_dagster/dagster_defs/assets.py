@@ -36,6 +36,7 @@ from watermark_dagster.dagster_defs.runs import (
     terminal_error_tags,
     worker_tags,
 )
+from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.targets import TARGET_VERSION_KEY, target_metadata
 from watermark_dagster.dagster_defs.translator import WatermarkTranslator
 from watermark_dagster.errors import (
@@ -45,6 +46,7 @@ from watermark_dagster.errors import (
     error_line,
     one_line,
 )
+from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.decide import (
     PipelineDecision,
     PipelineOutcome,
@@ -144,10 +146,14 @@ def build_pipeline_asset(
     translator: WatermarkTranslator,
     partitions_def: DynamicPartitionsDefinition,
     names: LocationNames = DEFAULT_NAMES,
+    settings: WatermarkSettings | None = None,
 ) -> AssetsDefinition:
     """The batch-partitioned asset that runs ``pipeline`` on one batch; ``names`` gives the
-    keys of its resources and I/O manager."""
+    keys of its resources and I/O manager. With ``settings.finalize`` ``run`` (the
+    default), its last step finalizes the batch (:mod:`.finalizing`)."""
     deps = [translator.get_asset_key(registry.upstreams[u]) for u in pipeline.upstreams]
+    settings = settings or WatermarkSettings()
+    finalizes = settings.finalize == "run"
 
     @asset(
         key=translator.get_asset_key(pipeline),
@@ -235,19 +241,7 @@ def build_pipeline_asset(
                 metadata=error_failure_metadata(e),
                 allow_retries=not terminal,
             ) from (None if terminal else e)
-        # Dagster's standard table metadata (uri, columns, row count) from one delta-rs
-        # load, no JVM; the figures of this run's own write win on shared keys.
-        table = target_metadata(pipeline)
-        # The pipeline's data version is its target's Delta version after this batch.
-        version = outcome.write.target_version if outcome.write is not None else None
-        if version is None and TARGET_VERSION_KEY in table:
-            version = table[TARGET_VERSION_KEY].value
-        metadata = {**table, **outcome_metadata(outcome)}
-        if outcome.batch.kind is BatchKind.REPLAY:
-            metadata.update(replay_metadata(store, outcome.batch, replayed))
-            # A backfill tagged its run when it recorded the replay; `watermark replay`
-            # runs the replay batch's own partition.
-            context.instance.add_run_tags(context.run.run_id, {REPLAY_TAG: outcome.batch.batch_id})
+        metadata, version = _run_metadata(context, store, pipeline, outcome, replayed)
         yield MaterializeResult(
             metadata=metadata,
             data_version=DataVersion(str(version)) if version is not None else None,
@@ -259,5 +253,80 @@ def build_pipeline_asset(
 
             evaluation = drift_evaluation(context.asset_key, pipeline.name, metadata)
             context.log_event(evaluation)  # pyright: ignore[reportArgumentType]
+        if finalizes and outcome.batch.kind is BatchKind.SCHEDULED:
+            _finalize_in_run(context, store, registry, translator, settings, names)
 
     return _pipeline_asset
+
+
+def _run_metadata(
+    context: AssetExecutionContext,
+    store: WatermarkStore,
+    pipeline: Pipeline,
+    outcome: PipelineOutcome,
+    replayed: Batch | None,
+) -> tuple[dict, object]:
+    """The materialization's metadata (Dagster's standard table metadata: uri, columns, row
+    count, from one delta-rs load, no JVM; under the figures of this run's own write, which
+    win on shared keys; a replay's) and the pipeline's data version: its target's Delta
+    version after this batch (None: unknown)."""
+    table = target_metadata(pipeline)
+    version = outcome.write.target_version if outcome.write is not None else None
+    if version is None and TARGET_VERSION_KEY in table:
+        version = table[TARGET_VERSION_KEY].value
+    metadata: dict = {**table, **outcome_metadata(outcome)}
+    if outcome.batch.kind is BatchKind.REPLAY:
+        metadata.update(replay_metadata(store, outcome.batch, replayed))
+        # A backfill tagged its run when it recorded the replay; `watermark replay` runs
+        # the replay batch's own partition.
+        context.instance.add_run_tags(context.run.run_id, {REPLAY_TAG: outcome.batch.batch_id})
+    return metadata, version
+
+
+def _finalize_in_run(
+    context: AssetExecutionContext,
+    store: WatermarkStore,
+    registry: Registry,
+    translator: WatermarkTranslator,
+    settings: WatermarkSettings,
+    names: LocationNames,
+) -> None:
+    """The run's last step: finalize its batch (:mod:`.finalizing`), reporting what the
+    finalizer sensor would. A control-table error here does not fail the run, whose
+    pipeline succeeded: the finalizer sensor finalizes the batch at its next tick."""
+    from watermark_dagster.dagster_defs.finalizing import after_completion, finalize_reported
+
+    actor = f"run:{context.run.run_id[:8]}"  # the short id the Dagster UI shows
+    try:
+        batch = store.get_batch(context.partition_key)  # as it is now: others may have run
+        if batch.status is not BatchStatus.PLANNED:
+            return
+        finalized = finalize_reported(
+            store,
+            batch,
+            registry=registry,
+            observer=Observer(),
+            upstream_keys={n: translator.get_asset_key(u) for n, u in registry.upstreams.items()},
+            pipeline_keys={n: translator.get_asset_key(p) for n, p in registry.pipelines.items()},
+            actor=actor,
+            log=context.log,
+        )
+        for event in finalized.events:
+            context.log_event(event)
+        if not finalized.step.complete:
+            return
+        pruning = after_completion(
+            context.instance,
+            store,
+            batch,
+            settings=settings,
+            partitions_name=names.batches_partitions,
+            log=context.log,
+        )
+        for key in pruning.delete:
+            context.instance.delete_dynamic_partition(pruning.partitions_name, key)
+    except WatermarkError as e:
+        context.log.warning(
+            f"batch {context.partition_key}: not finalized in this run ({e}); the finalizer "
+            "sensor finalizes it at its next tick"
+        )

@@ -195,7 +195,7 @@ def build_location(
     # evaluates it), attached to its spec here rather than in its @asset.
     pipeline_assets = [
         with_freshness(
-            build_pipeline_asset(p, registry, translator, partitions_def, names),
+            build_pipeline_asset(p, registry, translator, partitions_def, names, settings),
             settings.health,
         )
         for p in registry.pipelines.values()

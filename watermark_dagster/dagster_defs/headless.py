@@ -29,6 +29,7 @@ from dagster import (
     build_sensor_context,
 )
 
+from watermark_dagster.core.records import BatchStatus
 from watermark_dagster.core.resuming import MAX_DEATH_BACKOFF_SECONDS, ResumeAction, RetryPolicy
 from watermark_dagster.dagster_defs.definitions import location_of
 from watermark_dagster.dagster_defs.resources import held_spark_sessions
@@ -350,18 +351,25 @@ class HeadlessRunner:
         store = self.location.store()
         report = CycleReport()
         if retry:
+            retried = store.open_batch()
             again = self.retry_request(store)
-            if again is not None:
+            if again is not None and retried is not None:
                 self.execute_requests(again, report)
+                # Its last run finalizes the batch when every pipeline now succeeded.
+                if store.get_batch(retried.batch_id).status is BatchStatus.COMPLETED:
+                    report.completed.append(retried.batch_id)
+                    self.log(f"batch {retried.batch_id} completed")
         for _ in range(max_ticks):
             if report.stopped:
                 return report
             report.ticks += 1
             coordinated = self.tick(self.names.coordinator)
+            # The batch open before its runs: a run finalizes its own batch (its last
+            # step), so it may be completed by the time the finalizer ticks.
+            before = store.open_batch()
             self.execute_requests(coordinated, report)
             if report.stopped:
                 return report
-            before = store.open_batch()
             self.tick(self.names.finalizer)
             after = store.open_batch()
             if before is not None and (after is None or after.batch_id != before.batch_id):

@@ -35,14 +35,11 @@ from watermark_dagster.core.resuming import (
     ResumeStep,
 )
 from watermark_dagster.dagster_defs.checks import continuity_evaluations, retention_evaluations
+from watermark_dagster.dagster_defs.finalizing import after_completion, finalize_reported
 from watermark_dagster.dagster_defs.health_reporter import HealthReporter
 from watermark_dagster.dagster_defs.names import COORDINATOR as COORDINATOR
 from watermark_dagster.dagster_defs.names import DEFAULT_NAMES, LocationNames
 from watermark_dagster.dagster_defs.names import FINALIZER as FINALIZER
-from watermark_dagster.dagster_defs.pipeline_outcomes import nothing_to_do_events
-from watermark_dagster.dagster_defs.pruning import (
-    stale_batch_partitions,
-)
 from watermark_dagster.dagster_defs.resources import WatermarkStoreResource
 from watermark_dagster.dagster_defs.runs import (
     ATTEMPT_TAG,
@@ -52,10 +49,8 @@ from watermark_dagster.dagster_defs.runs import (
 )
 from watermark_dagster.dagster_defs.settings import WatermarkSettings
 from watermark_dagster.dagster_defs.upstream_assets import observation_event
-from watermark_dagster.errors import UpstreamUnavailableError
 from watermark_dagster.observe.observer import Observer
 from watermark_dagster.operations.coordinate import (
-    finalize_batch,
     look_before_planning,
     plan_next,
     record_deaths,
@@ -321,50 +316,32 @@ def build_finalizer_sensor(
         batch = store.open_batch()
         if batch is None:
             return SkipReason("no open batch")
-        events = []
-
-        def advanced(upstream: str) -> None:
-            context.log.info(
-                f"batch {batch.batch_id}: advanced {upstream} past "
-                f"{batch.inputs[upstream].describe()}"
+        finalized = finalize_reported(
+            store,
+            batch,
+            registry=registry,
+            observer=observer,
+            upstream_keys=upstream_keys,
+            pipeline_keys=pipeline_keys,
+            actor=actor,
+            log=context.log,
+        )
+        events = finalized.events
+        if not finalized.step.complete:
+            waiting = "; ".join(
+                f"{u} waits for {list(p)}" for u, p in finalized.step.waiting.items()
             )
-            if batch.inputs[upstream].is_cursor:
-                return
-            try:
-                obs = observer.observe(registry.upstreams[upstream])
-            except UpstreamUnavailableError as e:
-                context.log.warning(str(e))
-                return
-            events.append(
-                observation_event(
-                    obs, upstream_keys[upstream], batch.inputs[upstream].snapshot_version
-                )
-            )
-
-        step = finalize_batch(store, batch, registry=registry, actor=actor, on_advance=advanced)
-        if not step.complete:
-            waiting = "; ".join(f"{u} waits for {list(p)}" for u, p in step.waiting.items())
             return SensorResult(
                 skip_reason=f"batch {batch.batch_id}: {waiting}", asset_events=events
             )
-        context.log.info(f"batch {batch.batch_id} completed")
-        events += nothing_to_do_events(batch, pipeline_keys)
-        if settings.maintain_every_batches and batch.seq % settings.maintain_every_batches == 0:
-            removed = store.maintain()
-            context.log.info(f"control tables compacted: {removed}")
-        pruning = stale_batch_partitions(
+        pruning = after_completion(
             context.instance,
-            newest_seq=batch.seq,
-            keep=settings.keep_batch_partitions,
-            open_batch_ids=lambda: {b.batch_id for b in store.open_batches()},
+            store,
+            batch,
+            settings=settings,
             partitions_name=names.batches_partitions,
+            log=context.log,
         )
-        if pruning.delete:
-            context.log.info(
-                f"pruned {len(pruning.delete)} batch partition(s) older than the newest "
-                f"{settings.keep_batch_partitions}: {pruning.delete[0]} .. {pruning.delete[-1]}"
-                + (f"; kept while open or running: {list(pruning.held)}" if pruning.held else "")
-            )
         request = pruning.request()
         return SensorResult(
             skip_reason=f"batch {batch.batch_id} completed",

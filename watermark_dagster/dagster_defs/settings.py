@@ -2,6 +2,7 @@
 each read from its ``WATERMARK_...`` variable unless the location sets it."""
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from dagster import DefaultSensorStatus
 
@@ -20,6 +21,9 @@ from watermark_dagster.core.resuming import (
 from watermark_dagster.dagster_defs.health import HealthSettings
 from watermark_dagster.dagster_defs.pruning import check_keep_batch_partitions
 from watermark_dagster.errors import ConfigurationError
+
+# Where a batch is finalized (WatermarkSettings.finalize).
+FinalizeWhere = Literal["run", "sensor"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class WatermarkSettings:
             (0: all), deleting older ones of ended batches, at most ``PRUNE_PER_TICK`` a
             tick. A pruned batch stays in the control tables (``watermark batch ID``) and
             its runs in Dagster; it is re-run with ``watermark replay``, not a UI backfill.
+        finalize: where a batch is finalized: ``run`` (default) in each pipeline run's last
+            step once its pipeline succeeded, so a batch completes when its last run ends,
+            with the finalizer sensor as the backstop; ``sensor``: by the finalizer sensor
+            alone, at its next tick after the runs.
         health: the lag and stuck-batch checks' thresholds, the observation cadence, the
             pipelines' freshness and the retention check's schedule
             (:class:`.health.HealthSettings`).
@@ -79,10 +87,21 @@ class WatermarkSettings:
         default=DEFAULT_KEEP_BATCH_PARTITIONS,
         metadata=written_as(Kind.WHOLE, env="WATERMARK_KEEP_BATCH_PARTITIONS"),
     )
+    finalize: FinalizeWhere = field(
+        default="run", metadata=written_as(Kind.CHOICE, env="WATERMARK_FINALIZE")
+    )
     health: HealthSettings = field(default_factory=HealthSettings)
 
     def __post_init__(self) -> None:
         check_keep_batch_partitions(self.keep_batch_partitions)
+        if self.finalize not in get_args(FinalizeWhere):
+            raise ConfigurationError(
+                f"WatermarkSettings.finalize={self.finalize!r} is not where a batch can be "
+                "finalized.",
+                fix="use 'run' (each run finalizes its batch, the finalizer sensor backs it "
+                "up) or 'sensor' (the finalizer sensor alone); environment: "
+                "WATERMARK_FINALIZE.",
+            )
         for name in ("min_batch_interval_seconds", "death_backoff_seconds"):
             value = getattr(self, name)
             if not is_seconds(value):

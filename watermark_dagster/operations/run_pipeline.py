@@ -12,16 +12,13 @@ from functools import partial
 from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
-from watermark_dagster.config.database import DatabaseUpstream
 from watermark_dagster.config.pipeline import Pipeline, Strategy
 from watermark_dagster.config.registry import Registry
 from watermark_dagster.config.secrets import resolved_options
-from watermark_dagster.core.columns import CDF_COLUMNS, CHANGE_TYPE
 from watermark_dagster.core.faults import SimulatedCrash, fault_point
-from watermark_dagster.core.planning import PlannedInput, delta_source_version
-from watermark_dagster.core.ranges import CursorPosition, CursorWindow, ReadMode, VersionRange
+from watermark_dagster.core.planning import delta_source_version
+from watermark_dagster.core.ranges import CursorPosition, CursorWindow
 from watermark_dagster.core.records import (
     Batch,
     BatchKind,
@@ -31,19 +28,21 @@ from watermark_dagster.core.records import (
 from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice, choose_strategy
 from watermark_dagster.errors import BatchStateError, TerminalError, error_line
 from watermark_dagster.frames.delta import existing_target
+from watermark_dagster.frames.stages import spark_stage
 from watermark_dagster.operations.coordinate import committed_fingerprint
 from watermark_dagster.operations.decide import (
-    InputReport,
     PipelineDecision,
     PipelineOutcome,
     decide_pipeline,
 )
 from watermark_dagster.operations.replay import refuse_reloading_replay
-from watermark_dagster.read.catalog import check_catalog_names, register_table
+from watermark_dagster.operations.run_record import input_reports, log_run, register_target
+from watermark_dagster.read.catalog import check_catalog_names
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.database_schema import check_batch_columns
-from watermark_dagster.read.derive import transform_of, transformed
-from watermark_dagster.read.inputs import UpstreamInput, unreadable_in_write
+from watermark_dagster.read.derive import transformed
+from watermark_dagster.read.inputs import UpstreamInput
+from watermark_dagster.read.unreadable import unreadable_in_run
 from watermark_dagster.store import WatermarkStore
 from watermark_dagster.write.commits import root_prefix
 from watermark_dagster.write.fences import check_target_bound, target_mark
@@ -129,7 +128,8 @@ def run_pipeline(
     attempt = store.begin_checkpoint(pipeline_name, batch_id, run_id=run_id, mark=mark)
     first = mark if attempt == 1 else store.first_mark(pipeline_name, batch_id)
     inputs: dict[str, UpstreamInput] = {}
-    full_load = pipeline_name in batch.full_load
+    stage = partial(spark_stage, spark, pipeline_name, batch_id)
+    replay = batch.kind is BatchKind.REPLAY
     try:
         # A target another control root wrote, or this root ahead of the batch (restored
         # from an older copy): refused before anything is read, skipped or written.
@@ -140,153 +140,53 @@ def run_pipeline(
             root,
             first_attempt=attempt == 1,
             first=first,
-            replay=batch.kind is BatchKind.REPLAY,
+            replay=replay,
         )
-        # I6 for catalog names: each must still point where the batch expects it, checked
-        # through this run's own session before anything is read or written.
-        check_catalog_names(spark, registry, pipeline, batch.locations, batch_id=batch_id)
-        registry = _at_planned_locations(registry, pipeline, batch)
-        inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=full_load)
-        if batch.kind is BatchKind.REPLAY:
-            refuse_reloading_replay(pipeline, batch, inputs, full_load=full_load)
-        if not full_load and any(i.reads_snapshot for i in inputs.values()):
-            # An append-only range that changed rows, read as a snapshot as configured:
-            # the pipeline reloads from snapshots of every upstream at their pinned ends.
-            full_load = True
-            inputs = _bind_inputs(spark, store, registry, pipeline, batch, full_load=True)
-        # The incremental or whole form of a pipeline that has both, decided from the log
-        # and the pipeline's measured history (no Spark job).
-        replay = batch.kind is BatchKind.REPLAY
-        weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
-        strategy = (
-            None
-            if full_load
-            else choose_strategy(
-                pipeline,
-                inputs,
-                replay=replay,
-                history=store.strategy_runs(pipeline_name) if weighs_history and not replay else (),
-                change_feed=registry.change_feed(pipeline_name),
-            )
-        )
-        # A rewrite reads each upstream's snapshot whole, never its range: the rows read are
-        # the snapshot's (from the log), and the range is not read at all; the range stays
-        # in the report, as what the batch covers.
-        rewriting = strategy is not None and strategy.strategy is Strategy.REWRITE
-        reports = tuple(
-            InputReport(
-                upstream=u,
-                mode=ReadMode.SNAPSHOT.value if rewriting and i.range else i.mode.value,
-                start_version=i.range.start if i.range and not i.reads_snapshot else None,
-                end_version=i.snapshot_version,
-                rows_read=i.snapshot_rows() if rewriting else i.count_rows(),
-                files_read=None if rewriting else i.files_read,
-                window=str(i.window) if i.window is not None else None,
-                rows_without_cursor=(
-                    i.rows_without_cursor
-                    if isinstance(registry.upstreams[u], DatabaseUpstream)
-                    else None
-                ),
-            )
-            for u, i in inputs.items()
-        )
-        for r in reports:
-            log.info(
-                "pipeline=%s batch=%s upstream=%s mode=%s range=[%s, %s]%s rows_read=%d%s",
-                pipeline_name,
-                batch_id,
-                r.upstream,
-                r.mode,
-                r.start_version,
-                r.end_version,
-                f" window={r.window}" if r.window else "",
-                r.rows_read,
-                f" files_read={r.files_read}" if r.files_read is not None else "",
-            )
+        with stage("bind"):
+            bound = _bind(spark, store, registry, pipeline, batch, inputs)
         context = PinnedBatch(
-            batch_id, batch.seq, pipeline_name, inputs, spark, full_load, strategy
+            batch_id, batch.seq, pipeline_name, inputs, spark, bound.full_load, bound.strategy
         )
         started = time.perf_counter()
-        # The strategy the output was computed with: the one decided above, or the whole
-        # form a declared `auto` batch switched to (a new value; the decision is unchanged).
-        output, ran = transformed(pipeline, context)
-        # The transform is user code: its annotation promises a DataFrame, this checks it.
-        if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise TerminalError(
-                f"Pipeline '{pipeline_name}': the transform returned {type(output).__name__}, "
-                "not a Spark DataFrame.",
-                pipeline=pipeline_name,
-                batch_id=batch_id,
-                fix="return the changes to apply as a DataFrame.",
-            )
+        with stage("transform"):
+            # The strategy the output was computed with: the one decided above, or the whole
+            # form a declared `auto` batch switched to (a new value; the decision is
+            # unchanged).
+            output, ran = _transformed(pipeline, context)
         # The fence of a forced change: a batch abandoned while this run read and
         # transformed is not written to (the next batch reads its ranges again, I4).
         _refuse_abandoned(store, pipeline_name, batch_id)
         # A rewrite (decided above, or by the transform past the keys the driver collects)
         # overwrites the target with the full transform's output, as a full load does.
         rewrite = ran is not None and ran.strategy is Strategy.REWRITE
-        try:
-            write = target_writer(pipeline)(
-                spark,
-                output,
-                pipeline,
-                batch_id=batch_id,
-                write_seq=batch.write_seq,
-                full_load=full_load or rewrite,
-                replay=replay,
-                retried=attempt > 1,
-                root=root,
-                first=first,
-            )
-        except Exception as e:  # files of a pinned input gone: named, as a read's are (I6)
-            named = unreadable_in_write(inputs, e)
-            if named is e:
-                raise
-            raise named from e
+        with stage("write"):
+            try:
+                write = target_writer(pipeline)(
+                    spark,
+                    output,
+                    pipeline,
+                    batch_id=batch_id,
+                    write_seq=batch.write_seq,
+                    full_load=bound.full_load or rewrite,
+                    replay=replay,
+                    retried=attempt > 1,
+                    root=root,
+                    first=first,
+                )
+            except Exception as e:  # files of a pinned input gone: named, as a read's are (I6)
+                named = unreadable_in_run(inputs, e)
+                if named is e:
+                    raise
+                raise named from e
         measured = (
             MeasuredStrategy(ran, round(time.perf_counter() - started, 3))
             if ran is not None
             else None
         )
-        log.info(
-            "pipeline=%s batch=%s target=%s version=%d inserted=%d updated=%d deleted=%d%s%s%s",
-            pipeline_name,
-            batch_id,
-            pipeline.target,
-            write.target_version,
-            write.rows_inserted,
-            write.rows_updated,
-            write.rows_deleted,
-            " (full load)" if full_load else "",
-            " (already applied: skipped by Delta)" if write.already_applied else "",
-            f" strategy={measured.choice.strategy} ({measured.choice.reason}; {measured.seconds} s)"
-            if measured is not None
-            else "",
-        )
-        if write.drift:
-            # A full batch rewrote keys its own changes did not touch: the target had
-            # drifted from the full transform (a wrong incremental derivation, or a write
-            # to the target from outside). The rows written are the correct ones.
-            log.warning(
-                "pipeline=%s batch=%s target=%s: DRIFT: %d key(s) differed from the full "
-                "transform although this batch's changes did not touch them (e.g. %s); "
-                "corrected by this batch",
-                pipeline_name,
-                batch_id,
-                pipeline.target,
-                write.drift,
-                ", ".join(str(k) for k in write.drift_sample),
-            )
-        target_name = pipeline.table_parts
-        if target_name is not None and register_table(spark, target_name, pipeline.target):
-            # The first write created the target by path; now the name finds it too. A
-            # crash before this line leaves no checkpoint: the retry registers it.
-            log.info(
-                "pipeline=%s registered target %s at %s",
-                pipeline_name,
-                pipeline.table,
-                pipeline.target,
-            )
+        with stage("record"):
+            reports = input_reports(registry, inputs, rewriting=bound.rewriting)
+            register_target(spark, pipeline)
+        log_run(pipeline, batch_id, reports, write, measured, full_load=bound.full_load)
         fault_point("after_target_commit", where=pipeline_name)
     except BaseException as exc:
         if isinstance(exc, SimulatedCrash):
@@ -307,7 +207,7 @@ def run_pipeline(
         for upstream_input in inputs.values():
             upstream_input.release()
     outcome = PipelineOutcome(
-        pipeline_name, batch, attempt, reports, write, full_load=full_load, strategy=measured
+        pipeline_name, batch, attempt, reports, write, full_load=bound.full_load, strategy=measured
     )
     store.finish_checkpoint(
         pipeline_name,
@@ -346,6 +246,85 @@ def run_pipeline(
     )
     fault_point("after_checkpoint")
     return outcome
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The bind stage's result: the inputs as the batch pinned them, whether the pipeline
+    loads in full, and the strategy chosen for it (None for a full load)."""
+
+    inputs: dict[str, UpstreamInput]
+    full_load: bool
+    strategy: StrategyChoice | None
+
+    @property
+    def rewriting(self) -> bool:
+        """Whether the batch was decided a rewrite, which reads each snapshot whole."""
+        return self.strategy is not None and self.strategy.strategy is Strategy.REWRITE
+
+
+def _bind(
+    spark: SparkSession,
+    store: WatermarkStore,
+    registry: Registry,
+    pipeline: Pipeline,
+    batch: Batch,
+    inputs: dict[str, UpstreamInput],
+) -> _Bound:
+    """Check the batch's catalog names, bind its inputs into ``inputs`` (which the run
+    releases however it ends) and choose the strategy (from the log and the pipeline's
+    measured history: no Spark job)."""
+    full_load = pipeline.name in batch.full_load
+    # I6 for catalog names: each must still point where the batch expects it, checked
+    # through this run's own session before anything is read or written.
+    check_catalog_names(spark, registry, pipeline, batch.locations, batch_id=batch.batch_id)
+    registry = _at_planned_locations(registry, pipeline, batch)
+    inputs.update(_bind_inputs(spark, store, registry, pipeline, batch, full_load=full_load))
+    replay = batch.kind is BatchKind.REPLAY
+    if replay:
+        refuse_reloading_replay(pipeline, batch, inputs, full_load=full_load)
+    if not full_load and any(i.reads_snapshot for i in inputs.values()):
+        # An append-only range that changed rows, read as a snapshot as configured:
+        # the pipeline reloads from snapshots of every upstream at their pinned ends.
+        full_load = True
+        for unused in inputs.values():
+            unused.release()
+        inputs.update(_bind_inputs(spark, store, registry, pipeline, batch, full_load=True))
+    if full_load:
+        return _Bound(inputs, True, None)
+    weighs_history = pipeline.chooses_strategy and pipeline.strategy == Strategy.AUTO
+    strategy = choose_strategy(
+        pipeline,
+        inputs,
+        replay=replay,
+        history=store.strategy_runs(pipeline.name) if weighs_history and not replay else (),
+        change_feed=registry.change_feed(pipeline.name),
+    )
+    return _Bound(inputs, False, strategy)
+
+
+def _transformed(
+    pipeline: Pipeline, context: PinnedBatch
+) -> tuple[DataFrame, StrategyChoice | None]:
+    """:func:`transformed`, checked to be a DataFrame; a pinned input it could not read is
+    named (I6: the transform's collects are the first to read a range)."""
+    try:
+        output, ran = transformed(pipeline, context)
+    except Exception as e:
+        named = unreadable_in_run(context.inputs, e)
+        if named is e:
+            raise
+        raise named from e
+    # The transform is user code: its annotation promises a DataFrame, this checks it.
+    if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TerminalError(
+            f"Pipeline '{pipeline.name}': the transform returned {type(output).__name__}, "
+            "not a Spark DataFrame.",
+            pipeline=pipeline.name,
+            batch_id=context.batch_id,
+            fix="return the changes to apply as a DataFrame.",
+        )
+    return output, ran
 
 
 def _rewritten(pipeline: Pipeline, batch_id: str, root: str) -> bool:
@@ -441,42 +420,3 @@ def _check_database_columns(
         {u: registry.upstreams[u] for u in pipeline.upstreams},
         lambda u: committed_fingerprint(store, marks.get(u), u, batch.batch_id),
     )
-
-
-def recompute_pipeline(
-    spark: SparkSession,
-    registry: Registry,
-    pipeline_name: str,
-    versions: Mapping[str, int],
-) -> DataFrame:
-    """The pipeline's output when every upstream is read as a full snapshot at
-    ``versions``: what its target should hold once those versions are applied (without the
-    framework's ``_wm_`` columns and change columns).
-
-    Cursor upstreams are read in full (their committed position is not a version).
-
-    Raises:
-        KeyError: the pipeline is unknown, or a versioned upstream has no version given.
-    """
-    pipeline = registry.pipelines[pipeline_name]
-    inputs: dict[str, UpstreamInput] = {}
-    for u in pipeline.upstreams:
-        upstream = registry.upstreams[u]
-        if upstream.is_cursor:
-            planned = PlannedInput(u, ReadMode.TIMESTAMP, None, None, CursorWindow(None, None))
-            inputs[u] = UpstreamInput.pinned(
-                spark,
-                upstream,
-                planned,
-                full_load=True,
-                pin=lambda end, _recheck: CursorWindow(None, end or ()),
-            )
-            continue
-        version = versions[u]
-        planned = PlannedInput(u, ReadMode.SNAPSHOT, VersionRange(0, version), version)
-        inputs[u] = UpstreamInput.pinned(spark, upstream, planned, full_load=True)
-    context = PinnedBatch("recompute", 0, pipeline_name, inputs, spark, full_load=True)
-    output = transform_of(pipeline)(context)
-    if CHANGE_TYPE in output.columns:
-        output = output.where(F.lower(F.col(CHANGE_TYPE)) != "delete")
-    return output.drop(*CDF_COLUMNS)

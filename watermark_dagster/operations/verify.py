@@ -192,7 +192,7 @@ def verify_pipeline(
     """
     from deltalake import DeltaTable
 
-    from watermark_dagster.operations.run_pipeline import recompute_pipeline
+    from watermark_dagster.operations.recompute import recompute_pipeline
 
     found = registry.pipelines.get(pipeline)
     if found is None:

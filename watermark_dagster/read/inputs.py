@@ -9,11 +9,9 @@ so an unreadable range fails loudly, before any write (I6). Each read mode has i
 :mod:`~watermark_dagster.read.snapshot` and :mod:`~watermark_dagster.read.cursor`.
 """
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
 
 import pyarrow as pa
 from pyspark import StorageLevel
@@ -24,8 +22,8 @@ from watermark_dagster.config.upstream import CursorUpstream, Upstream
 from watermark_dagster.core.columns import CHANGE_TYPE, PREIMAGE
 from watermark_dagster.core.planning import PlannedInput
 from watermark_dagster.core.ranges import CursorWindow, ReadMode, VersionRange
-from watermark_dagster.errors import UpstreamUnreadableError, reset_command
 from watermark_dagster.frames.changes import latest_per_key
+from watermark_dagster.observe.change_rows import commit_change_bytes, range_change_rows
 from watermark_dagster.observe.log import DeltaLog
 from watermark_dagster.read.append_log import AppendScan
 from watermark_dagster.read.appended import read_appended
@@ -48,7 +46,8 @@ from watermark_dagster.read.landing import (
 )
 from watermark_dagster.read.preflight import preflight
 from watermark_dagster.read.snapshot import read_snapshot
-from watermark_dagster.read.tables import comparable_location, table_at
+from watermark_dagster.read.tables import table_at
+from watermark_dagster.read.unreadable import unreadable
 
 
 def _cursor_upstream(upstream: Upstream) -> CursorUpstream:
@@ -241,7 +240,7 @@ class UpstreamInput:
         return frame.persist(StorageLevel.MEMORY_AND_DISK)
 
     def count_rows(self) -> int:
-        """Rows in ``changes`` (this is where Spark first reads the range).
+        """Rows in ``changes``, counted by Spark.
 
         Raises:
             UpstreamUnreadableError: the change files, data files or log versions the range
@@ -253,6 +252,26 @@ class UpstreamInput:
             return self.changes.count()
         except Exception as e:  # Spark's errors are matched by their text
             raise unreadable(self._upstream, self.describe(), e) from e
+
+    def rows_read(self) -> int:
+        """What the batch reports it read: a snapshot's rows from its files' statistics
+        (:meth:`snapshot_rows`) and a change data feed range's from its commits' log entries
+        (:func:`~watermark_dagster.observe.change_rows.range_change_rows`), with no Spark
+        job; else :meth:`count_rows` (after the write: the cached rows the transform read).
+
+        Raises:
+            UpstreamUnreadableError: as :meth:`count_rows`.
+        """
+        if self.mode is ReadMode.SNAPSHOT and self.window is None and self._files is None:
+            return self.snapshot_rows()  # from the log's file statistics where they say
+        if self.mode is ReadMode.CDF and self.range is not None and self._files is None:
+            log = DeltaLog(self._upstream.path, self._upstream.storage_options)
+            rows = range_change_rows(
+                log.actions(v) for v in range(self.range.start, self.range.end + 1)
+            )
+            if rows is not None:
+                return rows
+        return self.count_rows()
 
     def snapshot_rows(self) -> int:
         """Rows of the pinned snapshot: what a batch that reads the snapshot whole reads.
@@ -348,126 +367,3 @@ class UpstreamInput:
         :func:`~watermark_dagster.read.changes.matching_keys`, which matches NULL to NULL.
         """
         return self.changes.select(*[F.col(f"`{c}`") for c in columns]).distinct()
-
-
-def commit_change_bytes(actions: Sequence[Mapping[str, Any]]) -> int:
-    """The bytes one commit changed, by its log actions: the sizes of its change data files
-    when it wrote any (an UPDATE, DELETE or MERGE with the change data feed on rewrites
-    whole files, but only its change files hold changed rows), else of the files it added
-    and removed with ``dataChange`` (an append, a delete of whole files, a rewrite without
-    change data). Compactions (``dataChange: false``) change nothing."""
-
-    def sizes(kind: str, *, data_change_only: bool) -> int:
-        total = 0
-        for action in actions:
-            body = action.get(kind)
-            if not isinstance(body, Mapping):
-                continue
-            fields = cast("Mapping[str, Any]", body)
-            if data_change_only and fields.get("dataChange") is False:
-                continue
-            total += int(fields.get("size") or 0)
-        return total
-
-    change_data = sizes("cdc", data_change_only=False)
-    if change_data:
-        return change_data
-    return sizes("add", data_change_only=True) + sizes("remove", data_change_only=True)
-
-
-_CAUSES = (
-    (
-        ("DELTA_MISSING_CHANGE_DATA", "change data was not recorded", "CHANGE_DATA_NOT_RECORDED"),
-        "the change data feed was off for part of the range",
-        "turn the change data feed back on (delta.enableChangeDataFeed = true), then run "
-        "`{reset}` to reload the table from a snapshot.",
-    ),
-    (
-        ("FileNotFound", "FILE_NOT_FOUND", "does not exist", "CHANGE_DATA_FILE_NOT_FOUND"),
-        "files the range needs were removed (VACUUM)",
-        "run `{reset}` to reload the table from a snapshot; to "
-        "prevent it, keep delta.deletedFileRetentionDuration longer than your batch delay.",
-    ),
-    (
-        ("VersionNotFound", "Cannot time travel", "VERSIONS_NOT_CONTIGUOUS", "TIME_TRAVEL"),
-        "log versions the range needs were cleaned up",
-        "run `{reset}` to reload the table from a snapshot; to "
-        "prevent it, keep delta.logRetentionDuration longer than your batch delay.",
-    ),
-)
-
-
-def unreadable(upstream: Upstream, what: str, error: BaseException) -> BaseException:
-    """Turn Spark's failure to read a pinned range into a named, actionable error; other
-    failures pass through unchanged.
-
-    The message keeps Spark's own first line without the py4j call noise ("An error
-    occurred while calling o59.count.") or the Java class in front of it, and names the
-    missing file when Spark's text holds its path.
-    """
-    text = str(error)
-    lines = [line.strip() for line in text.splitlines()]
-    meaningful = [
-        line.lstrip(": ").strip()
-        for line in lines
-        if line
-        and not re.fullmatch(r"An error occurred while calling [\w$.]+\.?", line)
-        and not line.startswith(("at ", "..."))
-    ]
-    first = meaningful[0] if meaningful else text.strip()
-    # "org.apache.spark.SparkException: [FAILED_READ_FILE...] ..." -> "[FAILED_READ_FILE...] ..."
-    first = re.sub(r"^(?:[a-z_][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): ", "", first)[:500]
-    path = _missing_path(text)
-    for needles, cause, fix in _CAUSES:
-        if any(n.lower() in text.lower() for n in needles):
-            missing = f"; missing file: {path}" if path else ""
-            return UpstreamUnreadableError(
-                f"Upstream '{upstream.name}': the batch's read {what} failed because {cause}"
-                f"{missing}. Spark: {first} Nothing was written and no watermark moved.",
-                upstream=upstream.name,
-                versions=what,
-                fix=fix.format(reset=reset_command(upstream.name)),
-            )
-    return error
-
-
-def _missing_path(text: str) -> str | None:
-    """The path of the missing file Spark's error text names, if it names one."""
-    for pattern in (
-        r"reading file (\S+?)\.? File does not exist",
-        r"File (\S+) does not exist",
-        r"FileNotFoundException: (?:File )?(\S+)",
-    ):
-        found = re.search(pattern, text)
-        if found:
-            return found.group(1).rstrip(".")
-    return None
-
-
-def unreadable_in_write(inputs: Mapping[str, UpstreamInput], error: BaseException) -> BaseException:
-    """The named error of a write whose Spark job failed reading a pinned input: the files
-    of a snapshot the batch reads whole (a ``rewrite``, a ``full`` batch, a join through
-    another upstream) were removed after the batch was planned (a VACUUM). The count of a
-    range's rows (:meth:`UpstreamInput.count_rows`) has not read those files, and a
-    rewrite reports its rows from the log's statistics without reading any.
-
-    :func:`unreadable` of the input whose location holds the missing file Spark's error
-    names; ``error`` itself when it names no file under an input's location (an error of
-    the transform, such as a column that "does not exist", is not a missing file).
-    """
-    path = _missing_path(str(error))
-    if path is None:
-        return error
-    where = comparable_location(path)
-    read = [
-        i
-        for i in inputs.values()
-        if i.mode is not ReadMode.NOOP
-        and where.startswith(comparable_location(i.location).rstrip("/") + "/")
-    ]
-    if len(read) != 1:
-        return error
-    [found] = read
-    at = found.snapshot_version
-    what = f"of the snapshot at version {at}" if at is not None else found.describe()
-    return unreadable(found._upstream, what, error)
