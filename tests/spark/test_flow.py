@@ -234,12 +234,13 @@ def test_only_pipelines_with_new_input_run(spark, location: Location) -> None:
         assert batch.inputs[upstream].range is None
         assert batch.inputs[upstream].snapshot_version == before[upstream]
     assert [r.pipelines for r in report.runs] == [["orders_enriched"]]
-    # customer_payments had no run: the finalizer recorded it as done with nothing to do.
+    # customer_payments had no run: the batch's run, finalizing the batch in its last
+    # step, recorded it as done with nothing to do (the finalizer sensor would have).
     [nothing] = location.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("customer_payments"), asset_partitions=["b000002"]),
         limit=5,
     ).records
-    assert nothing.run_id not in {r.run_id for r in report.runs}
+    assert [nothing.run_id] == [r.run_id for r in report.runs]
     meta = nothing.asset_materialization.metadata  # type: ignore[union-attr]
     assert meta["skip_kind"].value == "not_in_batch"
     after = location.store.committed_versions()
@@ -560,12 +561,21 @@ def test_backfill_of_the_open_batch_runs_it_as_the_coordinator_would(
     job = location.runner.defs.resolve_job_def("watermark_batch_job")
     result = job.execute_in_process(instance=location.instance, partition_key="b000001")
     assert result.success
-    # orders_enriched skips the batch it applied; customer_payments runs it.
-    assert location.store.checkpoints(pipeline="orders_enriched") == [applied]
+    # orders_enriched skips the batch it applied (no new attempt; the run's finalize
+    # recorded the target position the batch's advance reached on its checkpoint);
+    # customer_payments runs it.
+    [skipped] = location.store.checkpoints(pipeline="orders_enriched")
+    assert (skipped.attempt, skipped.status, skipped.run_id) == (
+        applied.attempt,
+        applied.status,
+        applied.run_id,
+    )
     statuses = [c.status for c in location.store.checkpoints(pipeline="customer_payments")]
     assert statuses == [CheckpointStatus.FAILED, CheckpointStatus.SUCCESS]
     assert not [b for b in location.store.batches() if b.kind is BatchKind.REPLAY]
-    # The finalizer completes it as after the coordinator's own retry.
+    # The backfill's run completed it, as the coordinator's own retry would; the
+    # finalizer's tick after it changes nothing.
+    assert location.store.get_batch("b000001").status is BatchStatus.COMPLETED
     location.runner.tick(FINALIZER)
     assert location.store.get_batch("b000001").status is BatchStatus.COMPLETED
     assert location.store.committed_versions() == location.latest()

@@ -198,7 +198,13 @@ def build_pipeline_asset(
                 )
                 return
             if decision.skip is not None:
-                if not by_hand or decision.batch.status is BatchStatus.PLANNED:
+                if (
+                    not by_hand
+                    or decision.batch.status is BatchStatus.PLANNED
+                    # Another step of this same run completed it (finalizing in its last
+                    # step): the batch this backfill ran, not an ended one to replay.
+                    or _completed_by(store, decision.batch, context.run.run_id)
+                ):
                     # The coordinator's retry, or a backfill of the open batch: as the
                     # coordinator's run would, it skips what the pipeline applied already.
                     report_skip(context, decision)
@@ -283,6 +289,22 @@ def _run_metadata(
     return metadata, version
 
 
+def run_actor(run_id: str) -> str:
+    """Who a run's finalize is recorded as: ``run:`` and the short id the Dagster UI shows."""
+    return f"run:{run_id[:8]}"
+
+
+def _completed_by(store: WatermarkStore, batch: Batch, run_id: str) -> bool:
+    """Whether ``batch`` was completed by run ``run_id``'s own finalize."""
+    if batch.status is not BatchStatus.COMPLETED:
+        return False
+    actor = run_actor(run_id)
+    return any(
+        h["event"] == "BATCH_COMPLETED" and h["actor"] == actor
+        for h in store.history(batch_id=batch.batch_id)
+    )
+
+
 def _finalize_in_run(
     context: AssetExecutionContext,
     store: WatermarkStore,
@@ -296,7 +318,7 @@ def _finalize_in_run(
     pipeline succeeded: the finalizer sensor finalizes the batch at its next tick."""
     from watermark_dagster.dagster_defs.finalizing import after_completion, finalize_reported
 
-    actor = f"run:{context.run.run_id[:8]}"  # the short id the Dagster UI shows
+    actor = run_actor(context.run.run_id)
     try:
         batch = store.get_batch(context.partition_key)  # as it is now: others may have run
         if batch.status is not BatchStatus.PLANNED:
