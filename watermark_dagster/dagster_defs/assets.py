@@ -198,13 +198,7 @@ def build_pipeline_asset(
                 )
                 return
             if decision.skip is not None:
-                if (
-                    not by_hand
-                    or decision.batch.status is BatchStatus.PLANNED
-                    # Another step of this same run completed it (finalizing in its last
-                    # step): the batch this backfill ran, not an ended one to replay.
-                    or _completed_by(store, decision.batch, context.run.run_id)
-                ):
+                if not by_hand or _still_runs(store, decision.batch, context.run.run_id):
                     # The coordinator's retry, or a backfill of the open batch: as the
                     # coordinator's run would, it skips what the pipeline applied already.
                     report_skip(context, decision)
@@ -294,8 +288,12 @@ def run_actor(run_id: str) -> str:
     return f"run:{run_id[:8]}"
 
 
-def _completed_by(store: WatermarkStore, batch: Batch, run_id: str) -> bool:
-    """Whether ``batch`` was completed by run ``run_id``'s own finalize."""
+def _still_runs(store: WatermarkStore, batch: Batch, run_id: str) -> bool:
+    """Whether a hand-launched run ``run_id`` of ``batch`` runs it as the coordinator's
+    would (skipping what is applied): the batch is open, or another step of this same run
+    completed it (finalizing in its last step), so it is not an ended batch to replay."""
+    if batch.status is BatchStatus.PLANNED:
+        return True
     if batch.status is not BatchStatus.COMPLETED:
         return False
     actor = run_actor(run_id)
