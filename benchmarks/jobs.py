@@ -135,7 +135,7 @@ def instrument(phases: PhaseJobs) -> None:
     from watermark_dagster.write import merge
 
     _wrap(merge, "summarize", phases, "write: persist + summary")
-    _wrap(merge, "_first_key_spans", phases, "write: skipping values")
+    _wrap(merge, "first_key_spans", phases, "write: skipping values")
     _wrap(merge, "_merge", phases, "write: MERGE")
 
     # Each stage of the run (frames/stages.py) is a phase too: the jobs a stage runs outside

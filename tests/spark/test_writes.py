@@ -1,6 +1,9 @@
 """Writing targets: same-commit ties, no empty commits, metrics of this write only, and a
 merge whose cost follows the change. Real Spark, Delta and Dagster throughout."""
 
+import datetime
+import decimal
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -456,7 +459,8 @@ def test_a_small_target_is_rewritten_and_its_change_feed_holds_only_the_changes(
 
 
 def test_the_merge_condition_lets_delta_skip_files(lake: Lake, small_files: None) -> None:
-    from watermark_dagster.write.merge import MAX_INTERVALS, prepare_changes, skipping_condition
+    from watermark_dagster.write.merge import prepare_changes
+    from watermark_dagster.write.skipping import MAX_INTERVALS, skipping_condition
     from watermark_dagster.write.summary import intervals, summarize
 
     spark = lake.spark
@@ -697,3 +701,133 @@ def test_a_write_that_loses_its_commit_to_a_concurrent_writer_is_decided_again(
     assert rows.count() == 3000 + len(appended)
     merged = rows.where(F.col("id") < 3000).where("id % 2 = 0").where(f"value = {seq}")
     assert merged.count() == 1500
+
+
+# ------------------------------------------------------------------ keys the driver holds
+
+
+def _stage_sites(spark: SparkSession, group: str) -> list[str]:
+    """The call sites (PySpark's ``file:line`` of the action) of every stage the jobs of
+    ``group`` ran."""
+    tracker = spark.sparkContext.statusTracker()
+    sites = []
+    for job in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info is not None else []:
+            found = tracker.getStageInfo(stage)
+            sites.append(found.name if found is not None else "")
+    return sites
+
+
+def _changes(spark: SparkSession, upserts: list[int], deletes: list[int]) -> DataFrame:
+    rows = [(i, i * 100, "upsert") for i in upserts] + [(i, None, "delete") for i in deletes]
+    return spark.createDataFrame(rows, "id long, value long, _change_type string")
+
+
+def test_a_merge_of_known_keys_runs_no_job_before_the_merge_and_matches_one_without(
+    lake: Lake,
+) -> None:
+    spark = lake.spark
+    with_keys = _pipeline(lake, "with_keys", "merge", ("id",))
+    without = _pipeline(lake, "without", "merge", ("id",))
+    for pipeline in (with_keys, without):
+        write_target(
+            spark, _rows(spark, range(100)), pipeline, batch_id="b1", write_seq=1, full_load=True
+        )
+    upserts, deletes = [5, 6, 150, 151], [7, 99, 300]  # updates, inserts, deletes, a missing key
+    known = [(i,) for i in upserts + deletes]
+    spark.sparkContext.setJobGroup("known-keys", "a merge of known keys")
+    output, counter = _counted(spark, _changes(spark, upserts, deletes))
+    result = write_target(
+        spark, output, with_keys, batch_id="b2", write_seq=2, full_load=False, known_keys=known
+    )
+    spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    # One evaluation of the output, by the MERGE's own source; no job from the summary
+    # module or a key fetch: every stage is Delta's.
+    assert counter.value == len(known)
+    sites = _stage_sites(spark, "known-keys")
+    ours = [s for s in sites if "watermark_dagster" in s or "tests/" in s]
+    assert ours == [], sites
+    plain = write_target(
+        spark, _changes(spark, upserts, deletes), without, batch_id="b2", write_seq=2,
+        full_load=False,
+    )  # fmt: skip
+    counts = (result.rows_inserted, result.rows_updated, result.rows_deleted)
+    assert counts == (plain.rows_inserted, plain.rows_updated, plain.rows_deleted) == (2, 2, 2)
+    # The counts are the commit's own operationMetrics.
+    metrics = _last_operation(with_keys.target)["operationMetrics"]
+    assert counts == tuple(
+        int(metrics[m])
+        for m in ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted")
+    )
+    columns = ["id", "value", "_wm_seq"]
+    assert sorted(lake.table("with_keys").select(columns).collect()) == sorted(
+        lake.table("without").select(columns).collect()
+    )
+    # The keys' range is in the MERGE condition, as the summary's would be (one file: the
+    # intervals would skip nothing more).
+    predicate = str(_last_operation(with_keys.target)["operationParameters"]["predicate"])
+    assert re.search(r">= 5\)", predicate), predicate
+    assert re.search(r"<= 300\)", predicate), predicate
+
+
+def test_a_duplicated_known_key_fails_the_merge_naming_it_with_nothing_written(
+    lake: Lake,
+) -> None:
+    spark = lake.spark
+    merge = _pipeline(lake, "merged", "merge", ("id", "part"))
+    first = spark.createDataFrame([(1, "a", 1), (2, None, 2)], "id long, part string, value long")
+    write_target(spark, first, merge, batch_id="b1", write_seq=1, full_load=True)
+    before = RsDeltaTable(merge.target).version()
+    # Two rows of the new key (3, NULL), which Delta's MERGE would insert twice: the MERGE's
+    # source itself refuses them.
+    twice = spark.createDataFrame(
+        [(1, "a", 10), (3, None, 30), (3, None, 31)], "id long, part string, value long"
+    )
+    with pytest.raises(TerminalError) as caught:
+        write_target(
+            spark, twice, merge, batch_id="b2", write_seq=2, full_load=False,
+            known_keys=[(1, "a"), (3, None)],
+        )  # fmt: skip
+    message = str(caught.value)
+    assert "several rows for key" in message, message
+    assert "'id': 3" in message, message
+    assert "'part': None" in message, message
+    assert RsDeltaTable(merge.target).version() == before
+    assert sorted(r["value"] for r in lake.table("merged").collect()) == [1, 2]
+
+
+def test_known_keys_of_several_types_give_the_target_a_merge_without_them_gives(
+    lake: Lake,
+) -> None:
+    """Dates, decimals, strings and NULL keys: ranges taken in Python must hold every key
+    Spark would match (a range that excluded one would insert a second row of it)."""
+    spark = lake.spark
+    schema = "day date, amount decimal(10,2), name string, value long"
+    rows = [
+        (datetime.date(2026, 1, d), decimal.Decimal(f"{d}.50"), n, d)
+        for d, n in [(1, "a"), (2, "B"), (3, "ä"), (4, None), (5, "z")]
+    ]
+    keys = ("day", "amount", "name")
+    pipes = {n: _pipeline(lake, n, "merge", keys) for n in ("with_keys", "without")}
+    for pipeline in pipes.values():
+        write_target(
+            spark, spark.createDataFrame(rows, schema), pipeline, batch_id="b1", write_seq=1,
+            full_load=True,
+        )  # fmt: skip
+    changed = [(d, a, n, v + 100) for d, a, n, v in rows[2:]] + [
+        (datetime.date(2026, 2, 1), decimal.Decimal("0.01"), "new", 1)
+    ]
+    known = [(d, a, n) for d, a, n, _ in changed]
+    write_target(
+        spark, spark.createDataFrame(changed, schema), pipes["with_keys"], batch_id="b2",
+        write_seq=2, full_load=False, known_keys=known,
+    )  # fmt: skip
+    write_target(
+        spark, spark.createDataFrame(changed, schema), pipes["without"], batch_id="b2",
+        write_seq=2, full_load=False,
+    )  # fmt: skip
+    columns = ["day", "amount", "name", "value"]
+    got = sorted(lake.table("with_keys").select(columns).collect(), key=str)
+    assert got == sorted(lake.table("without").select(columns).collect(), key=str)
+    assert len(got) == 6  # the three updated keys were updated, not inserted again

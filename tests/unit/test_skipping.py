@@ -1,5 +1,5 @@
 """When a MERGE condition carries intervals of the changed keys rather than one min..max
-range (no JVM): the rule of ``write/merge.intervals_skip_more`` over a target's add actions
+range (no JVM): the rule of ``write/skipping.intervals_skip_more`` over a target's add actions
 as delta-rs reads them from the log. What Delta then skips is proven with Spark in
 ``tests/spark/test_writes.py``."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from watermark_dagster.write.merge import intervals_skip_more
+from watermark_dagster.write.skipping import intervals_skip_more
 from watermark_dagster.write.summary import intervals
 
 

@@ -40,7 +40,7 @@ from watermark_dagster.operations.run_record import input_reports, log_run, regi
 from watermark_dagster.read.catalog import check_catalog_names
 from watermark_dagster.read.cursor import PinWindow
 from watermark_dagster.read.database_schema import check_batch_columns
-from watermark_dagster.read.derive import transformed
+from watermark_dagster.read.derive import DerivedOutput, transformed
 from watermark_dagster.read.inputs import UpstreamInput
 from watermark_dagster.read.unreadable import unreadable_in_run
 from watermark_dagster.store import WatermarkStore
@@ -152,7 +152,8 @@ def run_pipeline(
             # The strategy the output was computed with: the one decided above, or the whole
             # form a declared `auto` batch switched to (a new value; the decision is
             # unchanged).
-            output, ran = _transformed(pipeline, context)
+            derived = _transformed(pipeline, context)
+            output, ran = derived.frame, derived.strategy
         # The fence of a forced change: a batch abandoned while this run read and
         # transformed is not written to (the next batch reads its ranges again, I4).
         _refuse_abandoned(store, pipeline_name, batch_id)
@@ -172,6 +173,7 @@ def run_pipeline(
                     retried=attempt > 1,
                     root=root,
                     first=first,
+                    known_keys=derived.keys,
                 )
             except Exception as e:  # files of a pinned input gone: named, as a read's are (I6)
                 named = unreadable_in_run(inputs, e)
@@ -303,18 +305,17 @@ def _bind(
     return _Bound(inputs, False, strategy)
 
 
-def _transformed(
-    pipeline: Pipeline, context: PinnedBatch
-) -> tuple[DataFrame, StrategyChoice | None]:
+def _transformed(pipeline: Pipeline, context: PinnedBatch) -> DerivedOutput:
     """:func:`transformed`, checked to be a DataFrame; a pinned input it could not read is
     named (I6: the transform's collects are the first to read a range)."""
     try:
-        output, ran = transformed(pipeline, context)
+        derived = transformed(pipeline, context)
     except Exception as e:
         named = unreadable_in_run(context.inputs, e)
         if named is e:
             raise
         raise named from e
+    output = derived.frame
     # The transform is user code: its annotation promises a DataFrame, this checks it.
     if not isinstance(output, DataFrame):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TerminalError(
@@ -324,7 +325,7 @@ def _transformed(
             batch_id=context.batch_id,
             fix="return the changes to apply as a DataFrame.",
         )
-    return output, ran
+    return derived
 
 
 def _rewritten(pipeline: Pipeline, batch_id: str, root: str) -> bool:

@@ -40,6 +40,7 @@ own ``=`` join would not reach: that can only add keys to recompute, never lose 
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 
@@ -69,6 +70,24 @@ from watermark_dagster.read.transform_checks import computes_per_key, reads_only
 _WHOLE = (Strategy.FULL, Strategy.REWRITE)
 
 
+@dataclass(frozen=True)
+class DerivedOutput:
+    """What a batch's transform gave: the changes to write (``frame``), the strategy they
+    were computed with, and the keys of those changes when the driver holds them.
+
+    Attributes:
+        keys: every key of ``frame``, as tuples in the pipeline's key order, each the key
+            of one change (an upsert or a delete), when the touched keys were collected
+            (:data:`INLINE_KEYS_LIMIT`); the write then needs no job of its own to learn
+            the changes' key ranges (:mod:`~watermark_dagster.write.merge`). None when the
+            keys stayed a plan, or the output is not per touched key.
+    """
+
+    frame: DataFrame
+    strategy: StrategyChoice | None
+    keys: tuple[tuple[object, ...], ...] | None = None
+
+
 def transform_of(pipeline: Pipeline) -> Transform:
     """The function a batch runs for ``pipeline``: its hand-written transform (or, on a
     batch whose strategy is ``full``, its full transform diffed against the target, and on
@@ -80,7 +99,7 @@ def transform_of(pipeline: Pipeline) -> Transform:
         return pipeline.transform
 
     def transform(batch: BatchContext) -> DataFrame:
-        return transformed(pipeline, batch)[0]
+        return transformed(pipeline, batch).frame
 
     transform.__doc__ = (
         pipeline.description if pipeline.transform is None else pipeline.transform.__doc__
@@ -88,7 +107,7 @@ def transform_of(pipeline: Pipeline) -> Transform:
     return transform
 
 
-def transformed(pipeline: Pipeline, batch: BatchContext) -> tuple[DataFrame, StrategyChoice | None]:
+def transformed(pipeline: Pipeline, batch: BatchContext) -> DerivedOutput:
     """The changes a batch of ``pipeline`` writes (:func:`transform_of`), and the strategy
     they were computed with: the batch's own (``batch.strategy``), or for a declared
     ``auto`` batch that touched more than ``INLINE_KEYS_LIMIT`` keys, a new value for the
@@ -103,7 +122,7 @@ def transformed(pipeline: Pipeline, batch: BatchContext) -> tuple[DataFrame, Str
     assert hand_written is not None  # Pipeline checks one of the two is given
     choice = batch.strategy
     if full_transform is None or batch.full_load or choice is None or choice.strategy not in _WHOLE:
-        return hand_written(batch), choice
+        return DerivedOutput(hand_written(batch), choice)
     snapshots = {u: batch[u].snapshot for u in pipeline.upstreams}
     whole = _checked(pipeline, full_transform(**snapshots))
     reads_only_upstreams(pipeline, batch, whole)
@@ -118,13 +137,11 @@ def transformed(pipeline: Pipeline, batch: BatchContext) -> tuple[DataFrame, Str
             f"{reserved}); nothing was written.",
         )
     if choice.strategy is Strategy.REWRITE:
-        return whole, choice  # the target is overwritten with it (run_pipeline)
-    return diff_against_target(batch.spark, whole, pipeline), choice
+        return DerivedOutput(whole, choice)  # the target is overwritten with it (run_pipeline)
+    return DerivedOutput(diff_against_target(batch.spark, whole, pipeline), choice)
 
 
-def derive(
-    pipeline: Pipeline, declared: Declared, batch: BatchContext
-) -> tuple[DataFrame, StrategyChoice | None]:
+def derive(pipeline: Pipeline, declared: Declared, batch: BatchContext) -> DerivedOutput:
     """The changes that bring ``pipeline``'s target up to the batch's pinned snapshots,
     and the strategy they were computed with (:func:`transformed`)."""
     keys = list(pipeline.keys)
@@ -143,15 +160,16 @@ def derive(
     reads_only_upstreams(pipeline, batch, whole, declared_sql=declared.sql is not None)
     choice = batch.strategy
     if batch.full_load:
-        return whole, choice
+        return DerivedOutput(whole, choice)
     if choice is not None and choice.strategy is Strategy.REWRITE:
-        return whole, choice  # the target is overwritten with it (run_pipeline): no key is read
+        # The target is overwritten with it (run_pipeline): no key is read.
+        return DerivedOutput(whole, choice)
     values = _touched_values(paths, batch, snapshots)
     if choice is not None and choice.strategy is Strategy.FULL:
         # The diff's keys that the batch's own changes did not touch had drifted: the
         # write counts them (write/summary.py) and still writes the correct rows.
         diff = diff_against_target(batch.spark, whole, pipeline)
-        return flag_untouched(diff, keys, values), choice
+        return DerivedOutput(flag_untouched(diff, keys, values), choice)
     if (
         values is None
         and choice is not None
@@ -160,17 +178,31 @@ def derive(
     ):
         switched = choice.switched_to_whole(INLINE_KEYS_LIMIT)
         if switched.strategy is Strategy.REWRITE:
-            return whole, switched
-        return diff_against_target(batch.spark, whole, pipeline), switched
+            return DerivedOutput(whole, switched)
+        return DerivedOutput(diff_against_target(batch.spark, whole, pipeline), switched)
     if choice is not None and choice.strategy is Strategy.MAINTAIN:
         maintained, choice = _maintained(pipeline, paths, batch, snapshots, values, choice)
         if maintained is not None:
-            return maintained, choice
+            return maintained
     if values is None:  # more touched keys than the driver holds: joins with a plan
-        return _derived_by_joins(pipeline, declared, paths, batch, snapshots, keys), choice
+        derived = _derived_by_joins(pipeline, declared, paths, batch, snapshots, keys)
+        return DerivedOutput(derived, choice)
     restricted = _restricted(paths, snapshots, values, keys)
     current = _checked(pipeline, full(declared, restricted, batch))
-    return changes_for_values(batch.spark, values, current, keys), choice
+    return _for_values(batch, values, current, keys, choice)
+
+
+def _for_values(
+    batch: BatchContext,
+    values: list[tuple[object, ...]],
+    current: DataFrame,
+    keys: list[str],
+    choice: StrategyChoice | None,
+) -> DerivedOutput:
+    """The changes for the touched ``values`` (:func:`changes_for_values`: one change per
+    value), which the output carries as its keys."""
+    frame = changes_for_values(batch.spark, values, current, keys)
+    return DerivedOutput(frame, choice, keys=tuple(values))
 
 
 def _maintained(
@@ -180,7 +212,7 @@ def _maintained(
     snapshots: Mapping[str, DataFrame],
     values: list[tuple[object, ...]] | None,
     choice: StrategyChoice,
-) -> tuple[DataFrame | None, StrategyChoice]:
+) -> tuple[DerivedOutput | None, StrategyChoice]:
     """The changes of a ``maintain`` batch (:mod:`~watermark_dagster.read.maintain`) and
     its strategy, its reason saying what became of each state; or None and the fallback
     to ``incremental`` when the batch cannot be maintained (an ``auto`` batch: a
@@ -198,8 +230,8 @@ def _maintained(
             choice = choice.maintained(state_views(found[1]), rebuilt=rebuilt)
             if values is None:
                 assert isinstance(touched, DataFrame)
-                return recompute(touched, current, keys), choice
-            return changes_for_values(batch.spark, values, current, keys), choice
+                return DerivedOutput(recompute(touched, current, keys), choice), choice
+            return _for_values(batch, values, current, keys, choice), choice
         why = found
     if pipeline.strategy is Strategy.MAINTAIN:
         raise TerminalError(

@@ -17,9 +17,8 @@ target is small enough that rewriting them is cheaper (see
 
 import logging
 import operator
-import re
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import reduce
 from typing import Any
@@ -29,7 +28,6 @@ from deltalake import DeltaTable as RsDeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from watermark_dagster.core.columns import (
     BATCH_COLUMN,
@@ -61,16 +59,17 @@ from watermark_dagster.write.layout import (
     rewrites_small_target,
     target_layout,
 )
-from watermark_dagster.write.summary import OutputSummary, intervals, range_keys, summarize
+from watermark_dagster.write.skipping import broadcastable, first_key_spans, skipping_condition
+from watermark_dagster.write.summary import (
+    OutputSummary,
+    checked_unique,
+    duplicated_key,
+    range_keys,
+    summarize,
+    summary_of_keys,
+)
 
 log = logging.getLogger("watermark_dagster")
-
-# Up to this many changed keys are fetched to the driver (one small job) to build a
-# file-skipping condition finer than one min..max range, of at most this many intervals.
-# Beyond it, keys spread over the whole range leave the intervals little to skip.
-KEY_LIST_LIMIT = 2_000
-MAX_INTERVALS = 32
-BROADCAST_THRESHOLD_CONF = "spark.sql.autoBroadcastJoinThreshold"
 
 __all__ = [
     "duplicate_key_error",
@@ -128,133 +127,6 @@ def duplicate_key_error(
     )
 
 
-def _literal(value: Any, dtype: T.DataType) -> Column:
-    # Cast to the column's own type, so the comparison keeps the bare column (a cast on the
-    # column side would make it ineligible for Delta's data skipping).
-    return F.lit(value).cast(dtype)
-
-
-def skipping_condition(
-    prepared: DataFrame,
-    summary: OutputSummary,
-    keys: Sequence[str],
-    key_spans: Sequence[tuple[Any, Any]],
-    target_schema: T.StructType | None = None,
-) -> Column | None:
-    """A condition on the target's key columns alone that every row a change can match
-    satisfies: Delta uses it to skip files whose min/max statistics lie outside it.
-
-    Per key column, the min..max range of the changes; for the first key, when its
-    changed values were fetched, the intervals ``key_spans`` around them (at most
-    :data:`MAX_INTERVALS`, from :func:`~watermark_dagster.write.summary.intervals`); either
-    or'ed with ``IS NULL`` when a change's key is NULL (the MERGE matches NULL keys). A key
-    whose type differs in the target is left out (a cast on the target's column would
-    defeat skipping, and a value may not fit the target's type).
-    """
-    parts: list[Column] = []
-    for k, (lo, hi) in summary.key_ranges.items():
-        dtype = prepared.schema[k].dataType
-        if target_schema is not None and (
-            k not in target_schema.fieldNames() or target_schema[k].dataType != dtype
-        ):
-            continue
-        target = quoted(k)
-        if k == keys[0] and key_spans:
-            spans = [
-                (target == _literal(a, dtype))
-                if a == b
-                else ((target >= _literal(a, dtype)) & (target <= _literal(b, dtype)))
-                for a, b in key_spans
-            ]
-            part = reduce(operator.or_, spans)
-        else:
-            part = (target >= _literal(lo, dtype)) & (target <= _literal(hi, dtype))
-        if k in summary.null_keys:
-            part = part | target.isNull()
-        parts.append(part)
-    return reduce(operator.and_, parts) if parts else None
-
-
-def _first_key_spans(
-    prepared: DataFrame, keys: Sequence[str], summary: OutputSummary, files: pa.Table | None
-) -> list[tuple[Any, Any]]:
-    """Up to :data:`MAX_INTERVALS` intervals around the first key's changed values, when
-    they are few enough to fetch (a small job over the persisted output) and the intervals
-    let Delta skip target files that the key's one min..max range does not
-    (:func:`intervals_skip_more`); else none."""
-    key = keys[0]
-    if key not in summary.key_ranges or summary.rows > KEY_LIST_LIMIT:
-        return []
-    values = [r[0] for r in prepared.select(quoted(key)).collect() if r[0] is not None]
-    spans = intervals(values, MAX_INTERVALS)
-    if files is not None and not intervals_skip_more(files, key, spans, summary.key_ranges[key]):
-        return []
-    return spans
-
-
-def intervals_skip_more(
-    files: pa.Table, key: str, spans: Sequence[tuple[Any, Any]], key_range: tuple[Any, Any]
-) -> bool:
-    """True when a MERGE condition on ``spans`` makes Delta read fewer of the target's
-    ``files`` (its add actions, with flattened statistics) than one on ``key_range``.
-
-    From each file's min/max of ``key`` in the log: a file overlapping the range but no
-    span is skipped only by the spans. A file without statistics is read either way; keys
-    whose statistics cannot be compared with the values give False. When the spans skip
-    nothing more (changes spread over every file), the one range is the cheaper condition:
-    32 intervals cost Delta's scans of a 2M-row target with deletion vectors 2-3x the time
-    of one range (``python -m benchmarks.incremental --sizes 2M --changes 0.1%``).
-    """
-    low, high = f"min.{key}", f"max.{key}"
-    if low not in files.column_names or high not in files.column_names:
-        return False
-    lo, hi = key_range
-    by_range = by_spans = 0
-    try:
-        for first, last in zip(
-            files.column(low).to_pylist(), files.column(high).to_pylist(), strict=True
-        ):
-            if first is None or last is None or last < lo or first > hi:
-                continue
-            by_range += 1
-            by_spans += any(not (last < a or first > b) for a, b in spans)
-    except TypeError:  # statistics of another type than the changed values
-        return False
-    return by_spans < by_range
-
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30}
-
-
-def _size_setting(text: str) -> int:
-    """A Spark byte-size setting (``10MB``, ``10485760b``, ``-1``) in bytes."""
-    match = re.fullmatch(r"\s*(-?\d+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        return -1
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
-
-
-def _row_bytes(schema: T.StructType) -> int:
-    """A rough width of a row (Spark's own default sizes, strings counted generously)."""
-    width = 0
-    for f in schema.fields:
-        dtype = f.dataType
-        if isinstance(dtype, T.StringType | T.BinaryType):
-            width += 64
-        elif isinstance(dtype, T.ArrayType | T.MapType | T.StructType):
-            width += 256
-        else:
-            width += 8
-    return width
-
-
-def _broadcastable(spark: SparkSession, prepared: DataFrame, rows: int) -> bool:
-    """True when the changes are small enough, by Spark's own broadcast threshold, to be
-    sent to every task instead of shuffling the target."""
-    threshold = _size_setting(spark.conf.get(BROADCAST_THRESHOLD_CONF, "10MB") or "-1")
-    return threshold > 0 and rows * _row_bytes(prepared.schema) <= threshold
-
-
 def merge_into_target(
     spark: SparkSession,
     changes: DataFrame,
@@ -271,6 +143,7 @@ def merge_into_target(
     transaction: tuple[str, int] | None = None,
     change_feed: bool = False,
     root: str = UNBOUND_ROOT,
+    known_keys: Sequence[tuple[object, ...]] | None = None,
 ) -> WriteResult:
     """Apply the batch's changes to ``target``: upserts, deletes, latest change per key.
 
@@ -286,6 +159,10 @@ def merge_into_target(
     version or later: a retry after the commit, or a batch a forced change fenced
     (:func:`~watermark_dagster.write.fences.fence_target`), commits nothing.
 
+    ``known_keys`` (the keys of ``changes``, one change each, held by the driver) spares the
+    summary job: the key ranges come from them and the keys are checked unique inside the
+    MERGE's source (:mod:`~watermark_dagster.write.summary`).
+
     Raises:
         TerminalError: a key column is missing, or several rows share a key and there is
             no ``_commit_version`` to choose the latest.
@@ -293,23 +170,22 @@ def merge_into_target(
     prepared = prepare_changes(
         changes, keys=keys, batch_seq=batch_seq, batch_id=batch_id, pipeline=pipeline
     )
+    one_per_key = COMMIT_VERSION not in changes.columns and UNTOUCHED not in changes.columns
+    by_keys = known_keys is not None and one_per_key
     # Evaluate the transform once: the summary and the MERGE (which scans its source more
-    # than once) read the persisted rows.
-    persisted = prepared.persist(StorageLevel.MEMORY_AND_DISK)
-    prepared = persisted
+    # than once) read the persisted rows. With the keys known there is no summary job, and
+    # the MERGE materializes its own source (Delta's `merge.materializeSource`).
+    persisted = None if by_keys else prepared.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        summary = summarize(
-            prepared,
-            keys=keys,
-            check_duplicates=COMMIT_VERSION not in changes.columns,
-            ranges=range_keys(prepared, keys),
-        )
-        error = duplicate_key_error(summary, pipeline=pipeline, batch_id=batch_id)
-        if error is not None:
-            raise error
+        if known_keys is not None and by_keys:
+            summary = summary_of_keys(prepared, keys, known_keys)
+            prepared = checked_unique(prepared, keys)
+        else:
+            assert persisted is not None
+            summary = _summary(persisted, keys, changes, pipeline=pipeline, batch_id=batch_id)
+            # The drift flag was for the summary; the MERGE writes the target's columns.
+            prepared = persisted.drop(UNTOUCHED)
         drift = {"drift": summary.drift, "drift_sample": summary.drift_sample}
-        # The drift flag was for the summary; the MERGE writes the target's columns.
-        prepared = persisted.drop(UNTOUCHED)
         # The target's log, read once for what this write decides from it.
         table = existing_target(target, storage_options)
         before = None if table is None else table.version()
@@ -352,7 +228,7 @@ def merge_into_target(
                         small,
                         rewrite_below_bytes(spark),
                     )
-                with rewriting:
+                with rewriting, _duplicates_named(pipeline, batch_id):
                     _merge(
                         spark,
                         prepared,
@@ -363,11 +239,49 @@ def merge_into_target(
                         insert_missing=insert_missing or before is None,
                         files=files,
                         transaction=transaction,
+                        known_keys=known_keys if by_keys else None,
                     )
         version, commits = commits_since(target, storage_options, before, label, table=table)
         return replace(WriteResult.from_commits(version, commits, created=before is None), **drift)
     finally:
-        persisted.unpersist()
+        if persisted is not None:
+            persisted.unpersist()
+
+
+def _summary(
+    persisted: DataFrame, keys: Sequence[str], changes: DataFrame, *, pipeline: str, batch_id: str
+) -> OutputSummary:
+    """The one aggregate over the persisted output (:func:`summarize`), its duplicated key
+    refused.
+
+    Raises:
+        TerminalError: several rows share a key and ``changes`` has no ``_commit_version``.
+    """
+    summary = summarize(
+        persisted,
+        keys=keys,
+        check_duplicates=COMMIT_VERSION not in changes.columns,
+        ranges=range_keys(persisted, keys),
+    )
+    error = duplicate_key_error(summary, pipeline=pipeline, batch_id=batch_id)
+    if error is not None:
+        raise error
+    return summary
+
+
+@contextmanager
+def _duplicates_named(pipeline: str, batch_id: str) -> Iterator[None]:
+    """A key :func:`~watermark_dagster.write.summary.checked_unique` found duplicated in the
+    MERGE's source, raised as :func:`duplicate_key_error` (the MERGE committed nothing)."""
+    try:
+        yield
+    except Exception as e:
+        key = duplicated_key(e)
+        if key is None:
+            raise
+        error = duplicate_key_error(key, pipeline=pipeline, batch_id=batch_id)
+        assert error is not None
+        raise error from e
 
 
 def _rewrite_bytes(
@@ -430,6 +344,7 @@ def _merge(
     files: pa.Table | None = None,
     form: MergeForm = MergeForm(),
     transaction: tuple[str, int] | None = None,
+    known_keys: Sequence[tuple[object, ...]] | None = None,
 ) -> None:
     """One MERGE through PySpark's ``DataFrame.mergeInto`` (Spark's own MERGE plan, which
     Delta's analyzer runs), so the same code runs on a local session, a cluster and a
@@ -461,7 +376,7 @@ def _merge(
     # NULL key's row would never be updated or deleted, and an upsert would add a second.
     equal = Column.eqNullSafe if form.null_safe else Column.__eq__
     on = reduce(operator.and_, [equal(quoted(k), _source(k)) for k in keys])
-    spans = _first_key_spans(prepared, keys, summary, files) if form.skipping else []
+    spans = first_key_spans(prepared, keys, summary, files, known_keys) if form.skipping else []
     skip = skipping_condition(prepared, summary, keys, spans, target_schema)
     if skip is not None and form.skipping:
         # Target-only conditions are what Delta's MERGE prunes target files with.
@@ -469,7 +384,7 @@ def _merge(
     not_older = _source(SEQ_COLUMN) >= quoted(SEQ_COLUMN) if form.guard else F.lit(True)
     assignments: dict[str, Column] = {quoted_identifier(c): _source(c) for c in data_columns}
     source = prepared.select(*[quoted(c).alias(SOURCE_PREFIX + c) for c in prepared.columns])
-    if form.broadcast and _broadcastable(spark, prepared, summary.rows):
+    if form.broadcast and broadcastable(spark, prepared, summary.rows):
         # Delta materializes a MERGE's source, which hides its size from the planner: without
         # the hint a few changed rows are joined by shuffling every row of the touched files.
         source = F.broadcast(source)

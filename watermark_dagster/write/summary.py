@@ -1,18 +1,26 @@
-"""Every count and check a write needs, in one aggregate over the persisted output.
+"""Every count and check a write needs, in one aggregate over the persisted output, or
+in no job at all when the driver holds the output's keys.
 
 The transform's output is persisted once; this single Spark action then gives the rows,
 the deletes, a duplicated key if any, and the key ranges the MERGE condition uses to skip
 files, so the transform is evaluated once per batch and no other action runs before the
 write.
+
+A declared batch's changes are one per touched key, and the driver holds those keys
+(:class:`~watermark_dagster.read.derive.DerivedOutput`): :func:`summary_of_keys` takes the
+ranges from them, :func:`checked_unique` checks the keys inside the MERGE's own source, and
+the commit's ``operationMetrics`` count what was inserted, updated and deleted. The
+output is then evaluated once, by the MERGE, with no job before it.
 """
 
 import datetime
 import decimal
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -181,3 +189,67 @@ def intervals(values: Sequence[Any], limit: int) -> list[tuple[Any, Any]]:
         start = cut + 1
     spans.append((ordered[start], ordered[-1]))
     return spans
+
+
+def summary_of_keys(
+    frame: DataFrame, keys: Sequence[str], values: Sequence[tuple[object, ...]]
+) -> OutputSummary:
+    """The summary of an output with one change per key of ``values`` (tuples in the order
+    of ``keys``, held by the driver), with no Spark job.
+
+    ``rows`` is the number of keys. The deletes among them are not known before the
+    MERGE, whose commit counts them, so ``deletes`` is 0; the MERGE path reads neither.
+    Key ranges are taken of the range-eligible keys whose ordering Python shares with
+    Spark (a string with a collation other than the binary one is left out).
+    """
+    ranges = [
+        k
+        for k in range_keys(frame, keys)
+        if not isinstance(frame.schema[k].dataType, T.StringType)
+        or frame.schema[k].dataType == T.StringType()
+    ]
+    key_ranges: dict[str, tuple[Any, Any]] = {}
+    nulls: set[str] = set()
+    for k in ranges:
+        i = list(keys).index(k)
+        present = [v[i] for v in values if v[i] is not None]
+        if len(present) < len(values):
+            nulls.add(k)
+        if present:
+            key_ranges[k] = (min(present), max(present))  # pyright: ignore[reportArgumentType]
+    return OutputSummary(
+        rows=len(values), deletes=0, key_ranges=key_ranges, null_keys=frozenset(nulls)
+    )
+
+
+# The text of the error a duplicated key raises inside the MERGE's source; the key follows
+# as JSON.
+DUPLICATE_MARK = "watermark-duplicate-key:"
+_ROWS_OF_KEY = "_wm_rows_of_key"
+
+
+def checked_unique(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """``frame``, failing the job that reads it when a key has several rows: the duplicate
+    check of :func:`summarize`, run inside whatever job evaluates the frame (the MERGE's
+    own) instead of a job of its own. The error names the key
+    (:func:`duplicated_key`)."""
+    columns = [quoted(k) for k in keys]
+    counted = frame.withColumn(_ROWS_OF_KEY, F.count(F.lit(1)).over(Window.partitionBy(*columns)))
+    key = F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+    failing = F.when(F.col(_ROWS_OF_KEY) > 1, F.raise_error(F.concat(F.lit(DUPLICATE_MARK), key)))
+    return counted.where(failing.isNull()).drop(_ROWS_OF_KEY)
+
+
+def duplicated_key(error: BaseException) -> dict[str, Any] | None:
+    """The key :func:`checked_unique` found duplicated, from the error its job raised
+    (Spark's, as PySpark gives it), or None for any other error."""
+    text = str(error)
+    at = text.find(DUPLICATE_MARK)
+    if at < 0:
+        return None
+    decoder = json.JSONDecoder()
+    try:
+        key, _ = decoder.raw_decode(text, at + len(DUPLICATE_MARK))
+    except ValueError:
+        return {"key": text[at + len(DUPLICATE_MARK) :][:200]}
+    return key if isinstance(key, dict) else {"key": key}

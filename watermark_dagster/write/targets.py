@@ -20,7 +20,7 @@ A write of a batch a forced change fenced the target against fails
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from deltalake import DeltaTable as RsDeltaTable
@@ -91,6 +91,26 @@ def _merge_evidence(
     return f"the target's version {version}"
 
 
+def _pause_after_conflict(
+    pipeline: Pipeline, batch_id: str, error: Exception, conflicts: int
+) -> None:
+    """Wait before writing again after the ``conflicts``-th lost commit race (doubled each
+    time, with jitter), saying so."""
+    pause = CONFLICT_PAUSE_SECONDS * 2 ** (conflicts - 1) * (0.5 + random.random())
+    log.warning(
+        "pipeline=%s batch=%s: a concurrent writer committed to %s first (%s); "
+        "writing again in %.1f s (attempt %d of %d)",
+        pipeline.name,
+        batch_id,
+        pipeline.target,
+        type(error).__name__,
+        pause,
+        conflicts + 1,
+        CONFLICT_ATTEMPTS,
+    )
+    time.sleep(pause)
+
+
 def target_writer(pipeline: Pipeline) -> "Callable[..., WriteResult]":
     """The function writing ``pipeline``'s batches: :func:`write_target` for a Delta target,
     :func:`~watermark_dagster.write.warehouse.write_warehouse` for a warehouse table (both
@@ -114,6 +134,7 @@ def write_target(
     retried: bool = False,
     root: str = UNBOUND_ROOT,
     first: TargetMark | None = None,
+    known_keys: Sequence[tuple[object, ...]] | None = None,
 ) -> WriteResult:
     """Write the transform's ``output`` for one batch to the pipeline's target.
 
@@ -134,6 +155,9 @@ def write_target(
             write's Delta transaction and labels.
         first: the target as the batch's first attempt found it: only what landed after
             it is this batch's write (:class:`~watermark_dagster.core.records.TargetMark`).
+        known_keys: the output's keys, one per change, when the driver holds them
+            (:class:`~watermark_dagster.read.derive.DerivedOutput`): a MERGE then takes
+            its key ranges from them instead of a job of its own.
 
     Returns:
         What this write committed (``committed`` is False when it committed nothing: an
@@ -194,6 +218,7 @@ def write_target(
             transaction=None if replay else (transaction_app_id(pipeline, root), write_seq),
             change_feed=pipeline.feed_on_create,
             root=root,
+            known_keys=known_keys,
         )
 
     conflicts = 0
@@ -216,19 +241,7 @@ def write_target(
             # Decided again on the target's new version: an append or overwrite finds its
             # transaction if it did commit, a MERGE its labelled commit; a replay's MERGE
             # is ordered by the _wm_seq guard whatever it races with.
-            pause = CONFLICT_PAUSE_SECONDS * 2 ** (conflicts - 1) * (0.5 + random.random())
-            log.warning(
-                "pipeline=%s batch=%s: a concurrent writer committed to %s first (%s); "
-                "writing again in %.1f s (attempt %d of %d)",
-                pipeline.name,
-                batch_id,
-                pipeline.target,
-                type(e).__name__,
-                pause,
-                conflicts + 1,
-                CONFLICT_ATTEMPTS,
-            )
-            time.sleep(pause)
+            _pause_after_conflict(pipeline, batch_id, e, conflicts)
     if conflicts:
         result = replace(result, conflicts=conflicts)
     if not result.committed and not replay:

@@ -213,9 +213,14 @@ def write_warehouse(
     retried: bool = False,
     root: str = UNBOUND_ROOT,
     first: TargetMark | None = None,
+    known_keys: Sequence[tuple[object, ...]] | None = None,
 ) -> WriteResult:
     """Load the transform's ``output`` for one batch into the pipeline's warehouse table,
     in one transaction with its state row (see the module docstring).
+
+    ``known_keys`` (the output's keys, held by the driver) is taken for the signature
+    :func:`~watermark_dagster.write.targets.write_target` shares: the staged rows are
+    checked in the warehouse itself.
 
     Returns:
         What the load changed; ``target_version`` is the state row's position after it.
@@ -230,7 +235,7 @@ def write_warehouse(
         ConfigurationError, RetryableError: the credentials were refused, or the server
             did not answer (:func:`~watermark_dagster.observe.warehouse_state.connected`).
     """
-    del spark  # the frame's own session stages it
+    del spark, known_keys  # the frame's own session stages it; the stage checks the keys
     target = warehouse_of(pipeline)
     frame = _prepared(output, pipeline, batch_id, write_seq)
     columns = [c for c in frame.columns if c != CHANGE_TYPE]
