@@ -442,6 +442,7 @@ class Ours:
 
     def _cycle(self, counter: JobCounter, label: str) -> Outcome | None:
         from watermark_dagster.core.records import BatchStatus
+        from watermark_dagster.frames.stages import STAGES, stage_group
         from watermark_dagster.operations.coordinate import (
             finalize_batch,
             look_before_planning,
@@ -468,7 +469,10 @@ class Ours:
                 run_id="bench",
             )
             seconds[pipeline] = time.perf_counter() - began
-            jobs[pipeline] = counter.jobs(group)
+            # The run's stages start job groups of their own (frames/stages.py).
+            jobs[pipeline] = counter.jobs(group) + sum(
+                counter.jobs(stage_group(pipeline, batch.batch_id, stage)) for stage in STAGES
+            )
             written[pipeline] = outcome.rows_written
             counter.context.setJobGroup(whole, f"{label}-cycle")
         finalize_batch(
