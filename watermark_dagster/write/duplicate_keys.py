@@ -1,5 +1,6 @@
 """The duplicate-key check of a write that is not persisted and summarised first (a
-rewrite): the write's own Spark job fails at the first key with several rows
+rewrite, or a MERGE of changes whose keys the driver holds): the write's own Spark job
+fails at the first key with several rows
 (:func:`refusing_duplicate_keys`), and the key is read back from Spark's error
 (:func:`duplicate_key_in`).
 """
@@ -13,7 +14,7 @@ from pyspark.sql import functions as F
 
 from watermark_dagster.frames.changes import quoted
 
-# Spark's error when a rewrite's output holds several rows of one key starts with this,
+# Spark's error when a write's output holds several rows of one key starts with this,
 # followed by the key as JSON: the write job itself fails, so Delta commits nothing.
 DUPLICATE_KEY_MARKER = "watermark-duplicate-key:"
 _KEY_ROWS = "_wm_key_rows"

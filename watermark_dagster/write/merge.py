@@ -52,6 +52,7 @@ from watermark_dagster.write.commits import (
     newest_written_seq,
     preparing,
 )
+from watermark_dagster.write.duplicate_keys import duplicate_key_in, refusing_duplicate_keys
 from watermark_dagster.write.layout import (
     PERSISTENT_DELETION_VECTORS_CONF,
     create_target,
@@ -62,8 +63,6 @@ from watermark_dagster.write.layout import (
 from watermark_dagster.write.skipping import broadcastable, first_key_spans, skipping_condition
 from watermark_dagster.write.summary import (
     OutputSummary,
-    checked_unique,
-    duplicated_key,
     range_keys,
     summarize,
     summary_of_keys,
@@ -179,7 +178,7 @@ def merge_into_target(
     try:
         if known_keys is not None and by_keys:
             summary = summary_of_keys(prepared, keys, known_keys)
-            prepared = checked_unique(prepared, keys)
+            prepared = refusing_duplicate_keys(prepared, keys)
         else:
             assert persisted is not None
             summary = _summary(persisted, keys, changes, pipeline=pipeline, batch_id=batch_id)
@@ -271,12 +270,13 @@ def _summary(
 
 @contextmanager
 def _duplicates_named(pipeline: str, batch_id: str) -> Iterator[None]:
-    """A key :func:`~watermark_dagster.write.summary.checked_unique` found duplicated in the
-    MERGE's source, raised as :func:`duplicate_key_error` (the MERGE committed nothing)."""
+    """A key :func:`~watermark_dagster.write.duplicate_keys.refusing_duplicate_keys` found
+    duplicated in the MERGE's source, raised as :func:`duplicate_key_error` (the MERGE
+    committed nothing)."""
     try:
         yield
     except Exception as e:
-        key = duplicated_key(e)
+        key = duplicate_key_in(e)
         if key is None:
             raise
         error = duplicate_key_error(key, pipeline=pipeline, batch_id=batch_id)

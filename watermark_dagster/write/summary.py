@@ -8,19 +8,19 @@ write.
 
 A declared batch's changes are one per touched key, and the driver holds those keys
 (:class:`~watermark_dagster.read.derive.DerivedOutput`): :func:`summary_of_keys` takes the
-ranges from them, :func:`checked_unique` checks the keys inside the MERGE's own source, and
-the commit's ``operationMetrics`` count what was inserted, updated and deleted. The
+ranges from them, the keys are checked unique inside the MERGE's own source
+(:mod:`~watermark_dagster.write.duplicate_keys`), and the commit's ``operationMetrics``
+count what was inserted, updated and deleted. The
 output is then evaluated once, by the MERGE, with no job before it.
 """
 
 import datetime
 import decimal
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -220,36 +220,3 @@ def summary_of_keys(
     return OutputSummary(
         rows=len(values), deletes=0, key_ranges=key_ranges, null_keys=frozenset(nulls)
     )
-
-
-# The text of the error a duplicated key raises inside the MERGE's source; the key follows
-# as JSON.
-DUPLICATE_MARK = "watermark-duplicate-key:"
-_ROWS_OF_KEY = "_wm_rows_of_key"
-
-
-def checked_unique(frame: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """``frame``, failing the job that reads it when a key has several rows: the duplicate
-    check of :func:`summarize`, run inside whatever job evaluates the frame (the MERGE's
-    own) instead of a job of its own. The error names the key
-    (:func:`duplicated_key`)."""
-    columns = [quoted(k) for k in keys]
-    counted = frame.withColumn(_ROWS_OF_KEY, F.count(F.lit(1)).over(Window.partitionBy(*columns)))
-    key = F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
-    failing = F.when(F.col(_ROWS_OF_KEY) > 1, F.raise_error(F.concat(F.lit(DUPLICATE_MARK), key)))
-    return counted.where(failing.isNull()).drop(_ROWS_OF_KEY)
-
-
-def duplicated_key(error: BaseException) -> dict[str, Any] | None:
-    """The key :func:`checked_unique` found duplicated, from the error its job raised
-    (Spark's, as PySpark gives it), or None for any other error."""
-    text = str(error)
-    at = text.find(DUPLICATE_MARK)
-    if at < 0:
-        return None
-    decoder = json.JSONDecoder()
-    try:
-        key, _ = decoder.raw_decode(text, at + len(DUPLICATE_MARK))
-    except ValueError:
-        return {"key": text[at + len(DUPLICATE_MARK) :][:200]}
-    return key if isinstance(key, dict) else {"key": key}
