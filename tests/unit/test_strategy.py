@@ -265,6 +265,37 @@ def test_one_form_measured_alone_has_the_other_measured_once(rewrite: bool) -> N
     assert both.estimates == {str(whole): 1.0, "incremental": 9.0}
 
 
+@pytest.mark.parametrize("rewrite", [False, True])
+def test_small_snapshots_measure_the_step_form_once_after_the_whole_one(rewrite: bool) -> None:
+    """The size rule runs small snapshots whole; once that is measured, incremental runs
+    once too, and the cheaper of the two is kept (a full diff of a small target read by
+    other pipelines cost 1.7x incremental: benchmarks/declared.py at 200k orders)."""
+    whole = Strategy.REWRITE if rewrite else Strategy.FULL
+    small = AUTO_FULL_BELOW_BYTES // 2
+    changed = small // 100
+    assert decide_strategy(
+        Strategy.AUTO, changed, small, replay=False, rewrite=rewrite
+    ).strategy is (whole)
+    measured_whole = _runs((whole, 17.0, changed, small))
+    once = decide_strategy(
+        Strategy.AUTO, changed, small, replay=False, history=measured_whole, rewrite=rewrite
+    )
+    assert once.strategy is Strategy.INCREMENTAL
+    assert once.reason.endswith("measuring incremental once"), once.reason
+    # Then the measures decide, either way.
+    for incremental, kept in ((10.0, Strategy.INCREMENTAL), (30.0, whole)):
+        history = [*measured_whole, *_runs((Strategy.INCREMENTAL, incremental, changed, small))]
+        decided = decide_strategy(
+            Strategy.AUTO, changed, small, replay=False, history=history, rewrite=rewrite
+        )
+        assert decided.strategy is kept
+    # A batch that changed a large share of the snapshots stays whole.
+    large = decide_strategy(
+        Strategy.AUTO, small // 2, small, replay=False, history=measured_whole, rewrite=rewrite
+    )
+    assert large.strategy is whole
+
+
 def test_rewrite_takes_full_s_place_only_where_the_change_feed_may_hold_every_row() -> None:
     # The size rule's whole form.
     for changed, total in ((BIG, BIG), (1, AUTO_FULL_BELOW_BYTES - 1)):
