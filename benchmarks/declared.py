@@ -33,6 +33,11 @@ its own targets and control tables, and is up to date before each measured commi
 jobs are counted per contender and per pipeline (a job group each, read back from Spark's
 status tracker).
 
+``--learn N`` runs N unmeasured batches first: `auto` tries each form it has not measured
+once (the whole form, ``maintain``, ``incremental``), so the measured repeats show what it
+settles on rather than its first tries. Each repeat records the strategy every pipeline of
+ours ran.
+
 After each repeat every target is compared with the full transforms over the upstreams'
 snapshots (row count and a hash sum over every column); a difference stops the run with
 exit 1. Prints medians and min-max of the paired repeats, the ratios declared/hand-written
@@ -63,7 +68,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -405,6 +410,7 @@ class Outcome:
     pipelines: dict[str, float]
     pipeline_jobs: dict[str, int]
     rows_written: dict[str, int]
+    strategies: dict[str, str] = field(default_factory=dict)
 
 
 class Ours:
@@ -460,7 +466,7 @@ class Ours:
         batch, _ = plan_next(self.store, look, actor="bench")
         if batch is None:
             return None
-        seconds, jobs, written = {}, {}, {}
+        seconds, jobs, written, strategies = {}, {}, {}, {}
         for pipeline in batch.pipelines:
             group = counter.group(f"{label}-{pipeline}")
             # The run's stages start job groups of their own (frames/stages.py), named by
@@ -480,6 +486,8 @@ class Ours:
             staged = {j for g in stages for j in counter.job_ids(g)} - earlier
             jobs[pipeline] = counter.jobs(group) + len(staged)
             written[pipeline] = outcome.rows_written
+            ran = outcome.strategy
+            strategies[pipeline] = "full load" if ran is None else str(ran.choice.strategy)
             counter.context.setJobGroup(whole, f"{label}-cycle")
         finalize_batch(
             self.store, self.store.get_batch(batch.batch_id), registry=self.registry, actor="bench"
@@ -489,7 +497,7 @@ class Ours:
         if status is not BatchStatus.COMPLETED:
             raise CycleError(f"{label}: batch {batch.batch_id} ended {status}, not completed")
         all_jobs = counter.jobs(whole) + sum(jobs.values())
-        return Outcome(total, all_jobs, seconds, jobs, written)
+        return Outcome(total, all_jobs, seconds, jobs, written, strategies)
 
     def committed(self) -> dict[str, int | None]:
         """The committed watermark of each upstream."""
@@ -862,6 +870,17 @@ def run(
         result["first_load_seconds"][name] = round(seconds, 3)
         out(f"  first load {name:<12} {seconds:8.2f}s (not compared)")
     result["first_check"] = check_targets(spark, upstreams, versions, lab)
+    result["learned"] = []
+    for learning in range(args.learn):
+        # Unmeasured batches first, so that `auto` has measured each form it tries once.
+        commits = commit_changes(
+            spark, upstreams, fraction=args.change, salt=1_000 + learning, profile=args.profile[0]
+        )
+        versions = {t: c.version for t, c in commits.items()}
+        ran = {name: lab.process(name, versions).strategies for name in lab.names}
+        result["learned"].append(ran)
+        out(f"learning batch {learning + 1}/{args.learn} (not measured): "
+            f"{ {n: s for n, s in ran.items() if s} }")  # fmt: skip
     for repeat in range(args.repeats):
         group = lab.counter.group("commit")
         commits = commit_changes(
@@ -885,6 +904,7 @@ def run(
             "pipelines": {},
             "pipeline_jobs": {},
             "rows_written": {},
+            "strategies": {},
             "loadavg": list(os.getloadavg()),
         }
         for name in order:
@@ -896,7 +916,11 @@ def run(
                 record["pipeline_jobs"][name] = outcome.pipeline_jobs
             if name in OURS:
                 record["rows_written"][name] = outcome.rows_written
-            shown = ", ".join(f"{p} {s:.2f}s" for p, s in outcome.pipelines.items())
+                record["strategies"][name] = outcome.strategies
+            shown = ", ".join(
+                f"{p} {s:.2f}s" + (f" {ran}" if (ran := outcome.strategies.get(p)) else "")
+                for p, s in outcome.pipelines.items()
+            )
             out(f"  {name:<12} {outcome.seconds:7.2f}s {outcome.jobs:4d} jobs  {shown}")
         record["check"] = check_targets(spark, upstreams, versions, lab)
         result["repeats"].append(record)
@@ -1044,6 +1068,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "customers are a tenth of it, payments half")  # fmt: skip
     parser.add_argument("--change", type=_fraction, default=0.01, help="change per commit (1%%)")
     parser.add_argument("--repeats", type=int, default=5, help="paired repeats (5)")
+    parser.add_argument("--learn", type=int, default=0, help="unmeasured batches before the "
+                        "repeats, so that `auto` has measured its forms (0: the repeats include "
+                        "its first tries)")  # fmt: skip
     parser.add_argument(
         "--contenders", type=_contenders, default=list(CONTENDERS),
         help=f"comma-separated subset of {','.join(CONTENDERS)}",
