@@ -269,7 +269,7 @@ def test_one_form_measured_alone_has_the_other_measured_once(rewrite: bool) -> N
 def test_small_snapshots_measure_the_step_form_once_after_the_whole_one(rewrite: bool) -> None:
     """The size rule runs small snapshots whole; once that is measured, incremental runs
     once too, and the cheaper of the two is kept (a full diff of a small target read by
-    other pipelines cost 1.7x incremental: benchmarks/declared.py at 200k orders)."""
+    other pipelines can cost more than incremental: `benchmarks.declared --learn 3`)."""
     whole = Strategy.REWRITE if rewrite else Strategy.FULL
     small = AUTO_FULL_BELOW_BYTES // 2
     changed = small // 100

@@ -417,9 +417,10 @@ def decide_strategy(
         return choice(ranked[0], reason)
     if whole in measured and share < AUTO_FULL_FRACTION:
         # Also where small snapshots have the size rule pick the whole form: on a target
-        # another pipeline reads that form is a full diff, which costs more than the step
-        # form on small targets too (benchmarks/declared.py, `declared_minimal` at 200k
-        # orders: 16.9 s, against 9.9 s incremental).
+        # another pipeline reads that form is a full diff, which can cost more than the
+        # step form on small targets too (`benchmarks.declared --learn 3` at 200k orders:
+        # `declared_minimal` settled on `incremental` for orders_enriched, where the size
+        # rule had it run `full` every batch).
         return choice(step, f"{sized}; measuring {step} once")
     if step in measured and by_size in steps and total < AUTO_MEASURE_WHOLE_BELOW_BYTES:
         return choice(whole, f"{sized}; measuring {whole} once")
