@@ -8,11 +8,12 @@ checkpoint) changes nothing the second time, and re-running an older batch canno
 overwrite what a newer one wrote.
 
 Cost: the output is persisted once and one aggregate gives every count and check (see
-:mod:`~watermark_dagster.write.summary`); the MERGE condition carries the key ranges of
-the batch's changes, so Delta skips the files those keys cannot be in, and targets have
-deletion vectors, so the files that do hold a changed key are not rewritten, unless the
-target is small enough that rewriting them is cheaper (see
-:mod:`~watermark_dagster.write.layout`).
+:mod:`~watermark_dagster.write.summary`), or, for changes whose keys the driver holds (a
+declared batch's), no job runs before the MERGE at all; the MERGE condition carries the key
+ranges of the batch's changes (:mod:`~watermark_dagster.write.skipping`), so Delta skips
+the files those keys cannot be in, and targets have deletion vectors, so the files that do
+hold a changed key are not rewritten, unless the target is small enough that rewriting them
+is cheaper (see :mod:`~watermark_dagster.write.layout`).
 """
 
 import logging
