@@ -469,14 +469,15 @@ class Bench:
         assert decision.skip is None, decision.skipped_reason
         run_id = uuid.uuid4().hex
         attempt = store.begin_checkpoint(pipeline, batch_id, run_id=run_id)
+        # One commit closes the attempt with its history row, as run_pipeline's does.
         store.finish_checkpoint(
-            pipeline, batch_id, attempt, CheckpointStatus.SUCCESS, rows_read=1, rows_written=1
-        )
-        store.record(
-            "PIPELINE_SUCCEEDED",
+            pipeline,
+            batch_id,
+            attempt,
+            CheckpointStatus.SUCCESS,
+            rows_read=1,
+            rows_written=1,
             actor=run_id,
-            batch_id=batch_id,
-            pipeline=pipeline,
             detail={"attempt": attempt, "rows_read": 1, "rows_written": 1},
         )
 

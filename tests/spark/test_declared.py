@@ -417,7 +417,9 @@ def test_an_incremental_batch_of_a_declared_pipeline_stays_within_its_job_budget
     assert batch is not None
     assert set(batch.pipelines) == {"orders_enriched", "customer_payments"}
     tracker = spark.sparkContext.statusTracker()
+    tables = ("batches", "committed_watermarks", "pipeline_checkpoints", "history")
     for name in batch.pipelines:
+        control = {t: store.table_version(t) for t in tables}
         outcome = execute_pipeline(
             spark=spark,
             store=store,
@@ -428,6 +430,10 @@ def test_an_incremental_batch_of_a_declared_pipeline_stays_within_its_job_budget
         )
         assert not outcome.full_load
         assert outcome.rows_written > 0
+        # Two control-table commits: the attempt's begin (the crash record, before the
+        # write) and one after the write, which closes it with its history row.
+        made = {t: store.table_version(t) - v for t, v in control.items()}
+        assert made == {**dict.fromkeys(tables, 0), "pipeline_checkpoints": 2}, (name, made)
         jobs = {
             stage: len(tracker.getJobIdsForGroup(stage_group(name, batch.batch_id, stage)))
             for stage in STAGES

@@ -137,6 +137,78 @@ def test_checkpoint_attempts(tmp_path: Path) -> None:
     ]
 
 
+def _history_table_rows(root: Path, event: str) -> list[dict]:
+    """The rows of ``event`` the ``history`` Delta table itself holds (not the store's view)."""
+    rows = DeltaTable(str(root / "history")).to_pyarrow_table().to_pylist()
+    return [r for r in rows if r["event"] == event]
+
+
+def test_a_run_closes_with_one_commit_that_holds_its_history_row(tmp_path: Path) -> None:
+    """An attempt's outcome and its history row are one commit of pipeline_checkpoints:
+    history is read with the row from there, and the batch's advance copies it into the
+    history table once, however often the advance is repeated."""
+    store = WatermarkStore(tmp_path)
+    batch, _ = store.create_batch(_positions(), PIPELINES, actor="test")
+    assert batch is not None
+    bid = batch.batch_id
+    assert store.begin_checkpoint("pipeline_a", bid, run_id="r1") == 1
+    store.finish_checkpoint(
+        "pipeline_a",
+        bid,
+        1,
+        CheckpointStatus.FAILED,
+        error="boom",
+        actor="r1",
+        detail={"attempt": 1, "error": "boom"},
+    )
+    for pipeline in PIPELINES:
+        attempt = store.begin_checkpoint(pipeline, bid, run_id="r2")
+        checkpoints, history = (store.table_version(t) for t in ("pipeline_checkpoints", "history"))
+        store.finish_checkpoint(
+            pipeline,
+            bid,
+            attempt,
+            CheckpointStatus.SUCCESS,
+            rows_read=3,
+            rows_written=2,
+            actor="r2",
+            detail={"attempt": attempt, "rows_read": 3, "rows_written": 2},
+        )
+        assert store.table_version("pipeline_checkpoints") == checkpoints + 1
+        assert store.table_version("history") == history  # no commit of its own
+
+    def runs(rows: list[dict]) -> list[tuple]:
+        return sorted(
+            (r["event"], r["pipeline"], r["actor"], json.loads(r["detail"])["attempt"])
+            for r in rows
+            if r["event"].startswith("PIPELINE_")
+        )
+
+    expected = [
+        ("PIPELINE_FAILED", "pipeline_a", "r1", 1),
+        ("PIPELINE_SUCCEEDED", "pipeline_a", "r2", 2),
+        ("PIPELINE_SUCCEEDED", "pipeline_b", "r2", 1),
+    ]
+    reader = ReadOnlyWatermarkStore(tmp_path)
+    for view in (store, reader):
+        assert runs(view.history()) == expected
+        assert runs(view.history(batch_id=bid)) == expected
+        assert runs(view.history(limit=50)) == expected
+        assert runs(view.history(upstream="up1")) == []  # attempts name no upstream
+    newest = store.history(limit=2)
+    assert [r["event"] for r in newest] == ["PIPELINE_SUCCEEDED", "PIPELINE_SUCCEEDED"]
+    assert _history_table_rows(tmp_path, "PIPELINE_SUCCEEDED") == []
+
+    for upstream in ("up1", "up2", "up3"):
+        store.advance(batch, upstream, actor="test")
+        store.advance(batch, upstream, actor="test")  # a finalizer's repeat copies nothing
+    copied = _history_table_rows(tmp_path, "PIPELINE_SUCCEEDED")
+    copied += _history_table_rows(tmp_path, "PIPELINE_FAILED")
+    assert runs(copied) == expected  # each once
+    assert runs(store.history()) == expected  # read once, from history or the checkpoint
+    assert runs(store.history(batch_id=bid)) == expected
+
+
 # ------------------------------------------------------------------ races between processes
 
 
@@ -413,35 +485,40 @@ def test_strategy_runs_are_the_pipelines_measured_runs_in_the_newest_two_buckets
     tmp_path: Path,
 ) -> None:
     """What `auto` weighs: the strategy each PIPELINE_SUCCEEDED row of the pipeline records
-    (as run_pipeline writes it), from the newest STRATEGY_BUCKETS buckets only, so the read
-    stays flat however long history grows."""
+    (as run_pipeline writes it, in the checkpoint row that closes the attempt, or as an
+    older release wrote it, in history), from the newest STRATEGY_BUCKETS buckets only, so
+    the read stays flat however long history grows."""
     from watermark_dagster.config.pipeline import Strategy
     from watermark_dagster.core.strategy import MeasuredStrategy, StrategyChoice
     from watermark_dagster.store.history import STRATEGY_BUCKETS
 
     store = WatermarkStore(tmp_path)
+    size = schema.BUCKET_SIZE
 
     def succeeded(seq: int, pipeline: str, strategy: Strategy | None, seconds: float) -> None:
         detail: dict[str, object] = {"attempt": 1, "rows_read": 1, "rows_written": 1}
         if strategy is not None:
             choice = StrategyChoice(strategy, "test", changed_bytes=seq, snapshot_bytes=1000)
             detail["strategy"] = MeasuredStrategy(choice, seconds).measured()
-        store.record(
-            "PIPELINE_SUCCEEDED",
-            actor="test",
-            batch_id=f"b{seq:06d}",
-            pipeline=pipeline,
-            detail=detail,
-        )
+        batch_id = f"b{seq:06d}"
+        if seq == size + 5:  # an older release's row, appended to history apart
+            store.record(
+                "PIPELINE_SUCCEEDED", actor="t", batch_id=batch_id, pipeline=pipeline, detail=detail
+            )
+            return
+        attempt = store.begin_checkpoint(pipeline, batch_id, run_id="t")
+        ok = CheckpointStatus.SUCCESS
+        store.finish_checkpoint(pipeline, batch_id, attempt, ok, actor="t", detail=detail)
 
-    size = schema.BUCKET_SIZE
     succeeded(5, "totals", Strategy.FULL, 9.0)  # bucket 0: older than the newest two
     succeeded(size + 5, "totals", Strategy.INCREMENTAL, 2.0)
     succeeded(size + 6, "other", Strategy.FULL, 1.0)  # another pipeline
     succeeded(2 * size + 1, "totals", None, 0.0)  # a full load: nothing measured
     succeeded(2 * size + 2, "totals", Strategy.FULL, 3.5)
-    store.record(
-        "PIPELINE_FAILED", actor="test", batch_id=f"b{2 * size + 3:06d}", pipeline="totals"
+    failed = f"b{2 * size + 3:06d}"
+    assert store.begin_checkpoint("totals", failed, run_id="t") == 1
+    store.finish_checkpoint(
+        "totals", failed, 1, CheckpointStatus.FAILED, actor="t", detail={"attempt": 1}
     )
 
     runs = store.strategy_runs("totals")

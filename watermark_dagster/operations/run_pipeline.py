@@ -195,13 +195,12 @@ def run_pipeline(
             raise  # a stand-in for a killed process: nothing gets to record anything
         error = _error_text(exc)
         store.finish_checkpoint(
-            pipeline_name, batch_id, attempt, CheckpointStatus.FAILED, error=error
-        )
-        store.record(
-            "PIPELINE_FAILED",
+            pipeline_name,
+            batch_id,
+            attempt,
+            CheckpointStatus.FAILED,
+            error=error,
             actor=run_id,
-            batch_id=batch_id,
-            pipeline=pipeline_name,
             detail={"attempt": attempt, "error": error},
         )
         raise
@@ -210,14 +209,6 @@ def run_pipeline(
             upstream_input.release()
     outcome = PipelineOutcome(
         pipeline_name, batch, attempt, reports, write, full_load=bound.full_load, strategy=measured
-    )
-    store.finish_checkpoint(
-        pipeline_name,
-        batch_id,
-        attempt,
-        CheckpointStatus.SUCCESS,
-        rows_read=outcome.rows_read,
-        rows_written=outcome.rows_written,
     )
     # A write Delta skipped (its commit landed before a crash) measured nothing: no seconds
     # are recorded, so `auto` weighs nothing from it. Its strategy may not be the one that
@@ -231,11 +222,16 @@ def run_pipeline(
     if measured is not None and not replay and write.already_applied:
         rewritten = _rewritten(pipeline, batch_id, root)
         recorded = {"strategy": str(Strategy.REWRITE)} if rewritten else None
-    store.record(
-        "PIPELINE_SUCCEEDED",
+    # One control-table commit after the write: the checkpoint row that closes the attempt,
+    # holding its history row (store/checkpoints.py).
+    store.finish_checkpoint(
+        pipeline_name,
+        batch_id,
+        attempt,
+        CheckpointStatus.SUCCESS,
+        rows_read=outcome.rows_read,
+        rows_written=outcome.rows_written,
         actor=run_id,
-        batch_id=batch_id,
-        pipeline=pipeline_name,
         detail={
             "attempt": attempt,
             "rows_read": outcome.rows_read,

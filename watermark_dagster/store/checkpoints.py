@@ -3,6 +3,8 @@ and closed with its outcome, and the newest batch each pipeline succeeded on.
 """
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from deltalake import DeltaTable
 
@@ -20,6 +22,12 @@ from watermark_dagster.errors import BatchStateError
 from watermark_dagster.store import codec
 from watermark_dagster.store.schema import bucket_of
 from watermark_dagster.store.tables import BATCHES, CHECKPOINTS, ControlTables, where
+
+# The history event of an attempt's outcome, committed with the checkpoint row that closes it.
+RUN_EVENTS = {
+    CheckpointStatus.SUCCESS: "PIPELINE_SUCCEEDED",
+    CheckpointStatus.FAILED: "PIPELINE_FAILED",
+}
 
 
 class Checkpoints(ControlTables):
@@ -66,8 +74,25 @@ class Checkpoints(ControlTables):
         rows_read: int | None = None,
         rows_written: int | None = None,
         error: str | None = None,
+        actor: str | None = None,
+        detail: Mapping[str, Any] | None = None,
     ) -> None:
-        """Close one attempt with its outcome, counts and error."""
+        """Close one attempt with its outcome, counts and error, in one commit.
+
+        With ``detail``, the attempt's history row (``PIPELINE_SUCCEEDED`` or
+        ``PIPELINE_FAILED``, by ``actor``) is committed with it, in the row's
+        ``pending_history``: :meth:`~watermark_dagster.store.history.History.history` reads
+        it from there, and the batch's advance copies it into ``history``
+        (:meth:`~watermark_dagster.store.history.History.run_rows`). A run therefore closes
+        with one control-table commit, and no kill can leave it without its history row.
+        """
+        pending = (
+            None
+            if detail is None
+            else codec.pending_history(
+                RUN_EVENTS[status], actor, batch_id=batch_id, pipeline=pipeline, detail=detail
+            )
+        )
 
         def decide(dt: DeltaTable) -> None:
             rows = self._rows(
@@ -91,7 +116,8 @@ class Checkpoints(ControlTables):
                 error=error,
             )
             key = ("pipeline", "batch_id", "attempt")
-            self._merge(dt, CHECKPOINTS, [codec.checkpoint_row(finished)], on=key)
+            row = {**codec.checkpoint_row(finished), "pending_history": pending}
+            self._merge(dt, CHECKPOINTS, [row], on=key)
 
         self._cas(CHECKPOINTS, decide)
 
@@ -132,4 +158,4 @@ class Checkpoints(ControlTables):
         return None
 
 
-__all__ = ["Checkpoints"]
+__all__ = ["RUN_EVENTS", "Checkpoints"]

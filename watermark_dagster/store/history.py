@@ -2,13 +2,17 @@
 
 History rows follow the change they describe, and none is lost to a process killed in
 between: a watermark change (a manual move, a start point) commits its history row with
-it (``pending_history``), recorded right after or by the next change; a plan's and an
-advance's rows are written once per batch (a compare-and-swap on ``history``), and the
-next planner or finalizer writes one a killed process left out. Only a batch's status
-changes and a replay's plan are appended after their commit without such a guard: a kill
-in between leaves them without their history row (the state itself stays consistent).
+it (``pending_history``), recorded right after or by the next change; a pipeline
+attempt's outcome commits its row with the checkpoint row that closes it (the
+checkpoint's ``pending_history``), read from there until the batch's advance copies it
+into ``history`` in the advance's own history commit; a plan's and an advance's rows are
+written once per batch (a compare-and-swap on ``history``), and the next planner or
+finalizer writes one a killed process left out. Only a batch's status changes and a
+replay's plan are appended after their commit without such a guard: a kill in between
+leaves them without their history row (the state itself stays consistent).
 """
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -17,8 +21,9 @@ from deltalake import DeltaTable
 from watermark_dagster.core.strategy import StrategyRun
 from watermark_dagster.store import codec
 from watermark_dagster.store.reads import StateReads
+from watermark_dagster.store.schema import HISTORY as HISTORY_SCHEMA
 from watermark_dagster.store.schema import NO_BATCH_BUCKET, bucket_of
-from watermark_dagster.store.tables import HISTORY, WATERMARKS, where
+from watermark_dagster.store.tables import CHECKPOINTS, HISTORY, WATERMARKS, where
 
 # How many of history's newest buckets (each BUCKET_SIZE batches) `auto` reads its
 # pipeline's measured runs from.
@@ -69,9 +74,10 @@ class History(StateReads):
         return bool(self._record_all_once([row]))
 
     def _record_all_once(self, rows: Sequence[dict[str, Any]]) -> int:
-        """Append those of ``rows`` (one batch's steps) whose ``(event, batch_id,
-        upstream)`` is not in ``history`` yet, in one compare-and-swap commit that reads
-        only the batch's bucket. Returns how many this call wrote."""
+        """Append those of ``rows`` (one batch's steps) not in ``history`` yet (by
+        ``(event, batch_id, upstream)``, or the change id of a row that carries one), in one
+        compare-and-swap commit that reads only the batch's bucket. Returns how many this
+        call wrote."""
         if not rows:
             return 0
         self.ensure_tables()
@@ -79,11 +85,8 @@ class History(StateReads):
 
         def decide(dt: DeltaTable) -> int:
             ids = sorted({r["batch_id"] for r in rows})
-            there = {
-                (r["event"], r["batch_id"], r["upstream"])
-                for r in self._rows(dt, {"batch_id": ids}, buckets=buckets)
-            }
-            todo = [r for r in rows if (r["event"], r["batch_id"], r.get("upstream")) not in there]
+            there = {_once_key(r) for r in self._rows(dt, {"batch_id": ids}, buckets=buckets)}
+            todo = [r for r in rows if _once_key(r) not in there]
             if todo:
                 self._insert(dt, HISTORY, todo)
             return len(todo)
@@ -152,15 +155,51 @@ class History(StateReads):
         """
         dt = self._load(HISTORY)
         key = where(upstream=upstream, batch_id=batch_id)
+        # Attempts' rows name no upstream: none when reading one upstream's.
+        runs = upstream is None
         if batch_id is not None:
-            rows = self._rows(dt, key, buckets=[bucket_of(batch_id)])
+            bucket = [bucket_of(batch_id)]
+            rows = self._rows(dt, key, buckets=bucket)
+            if runs:
+                rows = _with_runs(rows, self.run_rows(bucket, batch_id=batch_id))
         elif limit is not None:
             rows = self._rows(dt, key, buckets=[NO_BATCH_BUCKET])
-            rows += self._rows_newest_first(dt, key, enough=lambda found: len(found) >= limit)
+            found: list[dict[str, Any]] = []
+            for bucket in self._batch_buckets(dt):
+                there = self._rows(dt, key, buckets=[bucket])
+                found += _with_runs(there, self.run_rows([bucket])) if runs else there
+                if len(found) >= limit:
+                    break
+            rows += found
         else:
             rows = self._rows(dt, key)
+            if runs:
+                rows = _with_runs(rows, self.run_rows(None))
         rows.sort(key=lambda r: r["at"])
         return rows[-limit:] if limit is not None else rows
+
+    def run_rows(
+        self, buckets: Sequence[int] | None, *, batch_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The history rows of pipeline attempts' outcomes that ``pipeline_checkpoints``
+        holds (each closing row's ``pending_history``), in ``buckets`` (every bucket when
+        None), optionally of one batch; they may be in ``history`` too, once the batch
+        advanced."""
+        held = self._rows(
+            self._load(CHECKPOINTS),
+            where(batch_id=batch_id),
+            buckets=buckets,
+            also=lambda r: r.get("pending_history") is not None,
+        )
+        blank = dict.fromkeys(HISTORY_SCHEMA.names)
+        found = [{**blank, **codec.pending_row(r["pending_history"])[0]} for r in held]
+        return [{**row, "bucket": bucket_of(row["batch_id"])} for row in found]
+
+    def _batch_buckets(self, dt: DeltaTable) -> list[int]:
+        """The buckets of batches' rows in ``history`` or ``pipeline_checkpoints``, newest
+        first (from the logs, no data read)."""
+        found = set(self._buckets(dt)) | set(self._buckets(self._load(CHECKPOINTS)))
+        return sorted(found - {NO_BATCH_BUCKET}, reverse=True)
 
     def strategy_runs(self, pipeline: str) -> list[StrategyRun]:
         """The measured runs of ``pipeline``'s strategies that ``history`` holds in its
@@ -172,10 +211,39 @@ class History(StateReads):
         """
         dt = self._load(HISTORY)
         match = where(event="PIPELINE_SUCCEEDED", pipeline=pipeline)
-        newest = [b for b in self._buckets(dt) if b != NO_BATCH_BUCKET][:STRATEGY_BUCKETS]
+        newest = self._batch_buckets(dt)[:STRATEGY_BUCKETS]
         rows = self._rows(dt, match, buckets=newest) if newest else []
+        held = self.run_rows(newest) if newest else []
+        mine = [r for r in held if r["event"] == match["event"] and r.get("pipeline") == pipeline]
+        rows = _with_runs(rows, mine)
         rows.sort(key=lambda r: r["at"])
         return [run for run in map(codec.strategy_run, rows) if run is not None]
+
+
+def _change_id(row: dict[str, Any]) -> str | None:
+    """The change id a row's ``detail`` carries (rows first committed elsewhere, in a
+    ``pending_history``), else None."""
+    text = row.get("detail")
+    if not text or "change_id" not in text:
+        return None
+    detail = json.loads(text)
+    found = detail.get("change_id") if isinstance(detail, dict) else None
+    return str(found) if found is not None else None
+
+
+def _once_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes a batch's history row the same step as another: its change id, else its
+    event, batch and upstream."""
+    change = _change_id(row)
+    if change is not None:
+        return ("change", change)
+    return (row["event"], row["batch_id"], row.get("upstream"))
+
+
+def _with_runs(rows: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` read from ``history`` and the attempts' rows of ``runs`` not among them."""
+    there = {_change_id(r) for r in rows} - {None}
+    return rows + [r for r in runs if _change_id(r) not in there]
 
 
 __all__ = ["STRATEGY_BUCKETS", "History"]

@@ -84,6 +84,9 @@ PIPELINE_CHECKPOINTS = pa.schema(
         # none yet) and this root's transaction position of the pipeline.
         pa.field("target_version", pa.int64()),
         pa.field("target_position", pa.int64()),
+        # The history row of the attempt's outcome (PIPELINE_SUCCEEDED or PIPELINE_FAILED),
+        # committed with the row that closes it; a batch's advance copies it into history.
+        pa.field("pending_history", pa.string()),
     ]
 )
 

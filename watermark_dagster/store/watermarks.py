@@ -122,6 +122,10 @@ class WatermarkMoves(BatchChanges):
                     detail=detail,
                 )
             )
+        if rows:
+            # The batch's attempts' rows, held by their checkpoints, join the advance's commit.
+            bucket = [bucket_of(batch.batch_id)]
+            rows += self.run_rows(bucket, batch_id=batch.batch_id)
         self._record_all_once(rows)
         self._cas(BATCHES, lambda dt: self._mark_advanced(dt, batch.batch_id, upstreams))
         return {u: step.decision for u, step in steps.items()}
